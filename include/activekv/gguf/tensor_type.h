@@ -33,6 +33,10 @@ size_t block_bytes(TensorType t);
 /// block size or the type is unsupported.
 size_t row_bytes(TensorType t, uint64_t n);
 
+/// Exact IEEE-754 binary16 -> binary32 widening (subnormals, +-0, inf and NaN
+/// payloads preserved), bit-identical to numpy's float16 -> float32 cast.
+float f16_to_f32(uint16_t bits);
+
 /// Dequantises `n` elements (a multiple of block_elements(t)) from `src`
 /// (which must hold row_bytes(t, n) bytes) into `dst` (n floats).
 /// Throws Error for an unsupported type or a bad n.
