@@ -75,8 +75,12 @@ TEST(Malformed, TruncatedBuilderHasFieldNames) {
   expect_error({full.begin(), full.begin() + 20}, "header.kv_count");
   // kv_count 1 needs >= 13 bytes after the header, so cut 30 fails on the count...
   expect_error({full.begin(), full.begin() + 30}, "header.kv_count", "cannot fit");
-  // ...and cut 40 inside the 17-byte key "llama.block_count".
-  expect_error({full.begin(), full.begin() + 40}, "kv[0].key", "string length 17");
+  // ...and (with no tensors to reserve room for) cut 40 is inside the 17-byte key.
+  Builder kv_only;
+  kv_only.header(0, 1).kv_u32("llama.block_count", 1);
+  const auto& k = kv_only.bytes;
+  expect_error({k.begin(), k.begin() + 40}, "kv[0].key", "string length 17");
+  expect_error({k.begin(), k.end() - 1}, "kv['llama.block_count'].value", "truncated");
 }
 
 TEST(Malformed, BadMagic) {
