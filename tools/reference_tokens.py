@@ -68,6 +68,14 @@ def build_reference(v):
     return tok
 
 
+def fnv1a64_ids(ids) -> str:
+    h = 0xCBF29CE484222325
+    for i in ids:
+        for b in int(i).to_bytes(4, "little", signed=True):
+            h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return f"{h:016x}"
+
+
 def golden_texts(root: str):
     with open("/work/shared/data/pride-and-prejudice.txt", encoding="utf-8", newline="") as f:
         pp = f.read()
@@ -148,6 +156,18 @@ def main() -> int:
     except Exception as e:  # transformers is optional here
         hf_note = f"transformers check skipped: {e}"
 
+    # Whole-corpus checks: token count and an FNV-1a hash of the ids (as
+    # little-endian int32), so the C++ test can compare long encodings cheaply.
+    corpora = []
+    for name, limit in (("pride-and-prejudice.txt", None), ("tinyshakespeare.txt", 20000)):
+        with open(os.path.join("/work/shared/data", name), "rb") as f:
+            raw = f.read()
+        if limit is not None:
+            raw = raw[:limit]
+        ids = ref.encode(raw.decode("utf-8"), add_special_tokens=False).ids
+        corpora.append({"file": name, "bytes": len(raw), "n_tokens": len(ids),
+                        "fnv1a64": fnv1a64_ids(ids)})
+
     out = {
         "model": os.path.basename(args.model),
         "reference": (f"tokenizers {tokenizers.__version__}: BPE from GGUF vocab+merges, "
@@ -159,6 +179,7 @@ def main() -> int:
         "chat": {"messages": messages, "add_generation_prompt": True, "expected": chat,
                  "expected_no_generation_prompt": chat_no_gen},
         "cases": cases,
+        "corpora": corpora,
     }
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w", encoding="utf-8") as f:
