@@ -1,0 +1,62 @@
+// Exact decode/prefill attention over the paged bf16 history (CPU reference).
+//
+// Query rows attend causally: a row at absolute position p sees the keys at
+// positions <= p. GQA: query head h uses KV head h / (n_heads / n_kv_heads),
+// and each KV head's K/V plane is read once for all the query heads of its group.
+//
+// The history is split into *tiles* of `tile_pages` pages (SPEC §2). Each tile
+// yields a Partial (O, LSE) by an online softmax over its pages; tile partials
+// are merged in ascending order with attention::merge (SPEC §4). Within a
+// tile, each page costs two fp32 GEMMs (S = Q·K^T, O += P·V) through OpenBLAS
+// after widening the page's bf16 planes to fp32.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "activekv/attention/partial.h"
+#include "activekv/kv/page_store.h"
+
+namespace activekv::attention {
+
+/// A block of query rows. q: [n_rows][n_heads][head_dim] fp32 (RoPE applied).
+/// positions: [n_rows] absolute token positions, each < the history length.
+struct QueryRows {
+  const float* q = nullptr;
+  int n_rows = 0;
+  int n_heads = 0;
+  const int64_t* positions = nullptr;
+};
+
+/// The readable history of one layer: its page table and how many tokens of
+/// it are written (tokens [0, n_tokens)).
+struct LayerHistory {
+  const kv::PageStore* store = nullptr;
+  std::span<const kv::PageId> page_table;
+  int64_t n_tokens = 0;
+};
+
+struct AttentionOptions {
+  float softmax_scale = 0.0f;  ///< multiplies q·k; 0 means 1/sqrt(head_dim)
+  int tile_pages = 32;         ///< pages per tile (SPEC default 32)
+};
+
+/// Reusable scratch buffers, so a decode step allocates nothing once warm.
+struct Workspace {
+  std::vector<float> q_group, k, v, scores, acc, row_max, row_sum;
+};
+
+/// Attention of `q` over pages [first_page, first_page + n_pages) of `history`.
+/// Returns the tile's Partial [n_rows][n_heads][head_dim]; rows that see no key
+/// of the tile are empty (LSE = -inf). Throws InvalidArgument on shape mismatch.
+Partial attend_tile(const LayerHistory& history, size_t first_page, size_t n_pages,
+                    const QueryRows& q, const AttentionOptions& opt, Workspace& ws);
+
+/// Attention over the whole history: one partial per tile, merged in
+/// ascending tile order. With one tile the result is that tile's partial
+/// unchanged (no merge arithmetic).
+Partial attend(const LayerHistory& history, const QueryRows& q, const AttentionOptions& opt,
+               Workspace& ws);
+
+}  // namespace activekv::attention

@@ -1,0 +1,69 @@
+// Llama-family forward pass on the CPU, with the KV history in host pages.
+//
+// Per layer: x += Wo · attn(RoPE(Wq·n), RoPE(Wk·n), Wv·n) with n = RMSNorm(x);
+// then x += W_down · (silu(W_gate·m) * (W_up·m)) with m = RMSNorm(x).
+// Attention reads the history only through the sequence's page tables
+// (attention::attend: per-tile partials merged by LSE). All compute is fp32;
+// GEMMs go through OpenBLAS, elementwise work through OpenMP.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "activekv/attention/paged_attention.h"
+#include "activekv/gguf/gguf.h"
+#include "activekv/kv/page_store.h"
+#include "activekv/model/config.h"
+#include "activekv/model/weights.h"
+
+namespace activekv::model {
+
+struct ForwardOptions {
+  int prefill_chunk = 256;  ///< tokens per forward call during prefill
+  attention::AttentionOptions attention;
+};
+
+/// Called after each prefill chunk with (tokens done, tokens total).
+using ProgressFn = std::function<void(int64_t done, int64_t total)>;
+
+class LlamaModel {
+ public:
+  /// Reads config and weights from an opened GGUF file (the file may be
+  /// closed afterwards: weights are copied). Throws Error on unsupported or
+  /// malformed models.
+  explicit LlamaModel(const gguf::File& f, ForwardOptions opt = {});
+
+  const ModelConfig& config() const { return config_; }
+  const ForwardOptions& options() const { return opt_; }
+  /// The KV shape a PageStore for this model must have, for a given page size.
+  kv::KvShape kv_shape(int page_size) const;
+
+  /// Runs `tokens` at positions seq.n_tokens() .. + n-1, appending their K/V
+  /// to `seq`. Writes logits [n][vocab] if all_logits, else only the last
+  /// row's [vocab]; `logits` must be at least that large.
+  /// Throws InvalidArgument on a bad token id or a short logits buffer;
+  /// the sequence is unchanged on such errors.
+  void forward(std::span<const int32_t> tokens, kv::SequenceKv& seq, std::span<float> logits,
+               bool all_logits = false);
+
+  /// Runs a long prompt in chunks of options().prefill_chunk, returning the
+  /// last token's logits [vocab]. `progress` (may be empty) is called per chunk.
+  std::vector<float> prefill(std::span<const int32_t> tokens, kv::SequenceKv& seq,
+                             const ProgressFn& progress = {});
+
+ private:
+  void layer_forward(int l, int T, const int64_t* pos, kv::SequenceKv& seq);
+
+  ModelConfig config_;
+  Weights w_;
+  ForwardOptions opt_;
+  // Activations, reused across calls: x [T][d], norm [T][d], q [T][nh*hd],
+  // k,v [T][nkv*hd], gate/up [T][ffn], tmp [T][d].
+  std::vector<float> x_, norm_, q_, k_, v_, gate_, up_, tmp_;
+  std::vector<int64_t> pos_;
+  attention::Workspace ws_;
+};
+
+}  // namespace activekv::model

@@ -1,0 +1,20 @@
+// Subcommands of the `activekv` CLI. Each registers its flags on a CLI11 app
+// and returns the callback that runs it (exit code).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+#include <string>
+
+namespace activekv::cli {
+
+/// Path of the default model and prompt (set at build time to the repo's
+/// models/ and data/ folders; ACTIVEKV_MODEL overrides the model).
+std::string default_model_path();
+std::string default_prompt_path();
+
+void add_generate(CLI::App& app, std::function<int()>& run);
+void add_inspect(CLI::App& app, std::function<int()>& run);
+
+}  // namespace activekv::cli

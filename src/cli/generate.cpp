@@ -1,0 +1,162 @@
+// `activekv generate`: prompt -> prefill (chunked, with a progress line) ->
+// decode loop streaming text -> summary of speed, latency, bytes and memory.
+// Flag names follow llama.cpp's llama-cli where one exists.
+#include <fmt/format.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "activekv/core/blas.h"
+#include "activekv/model/llama_model.h"
+#include "activekv/model/sampler.h"
+#include "activekv/tokenizer/tokenizer.h"
+#include "commands.h"
+#include "stats.h"
+
+namespace activekv::cli {
+namespace {
+
+struct GenerateArgs {
+  std::string model;
+  std::string prompt;
+  std::string prompt_file;
+  int n_predict = 128;
+  int n_ctx = 0;  // 0: prompt + n_predict
+  int threads = int(std::max(1u, std::thread::hardware_concurrency()));
+  model::SamplerParams sampling;
+  bool chat = false;
+  int page_size = 1024;
+  int tile_pages = 32;
+  int prefill_chunk = 256;
+};
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(fmt::format("cannot read prompt file '{}'", path));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string prompt_text(const GenerateArgs& a, const Tokenizer& tok) {
+  if (!a.prompt.empty() && !a.prompt_file.empty()) throw Error("give either -p or -f, not both");
+  std::string text = !a.prompt.empty()        ? a.prompt
+                     : !a.prompt_file.empty() ? read_file(a.prompt_file)
+                                              : read_file(default_prompt_path());
+  if (!a.chat) return text;
+  const ChatMessage msg{"user", text};
+  return tok.apply_chat_template(std::span<const ChatMessage>(&msg, 1), true);
+}
+
+struct Timings {
+  double load_ms = 0, prefill_ms = 0;
+  std::vector<double> step_ms;
+  double history_bytes = 0;  // summed over decode steps
+};
+
+void print_summary(const Timings& t, size_t n_prompt, const model::ModelConfig& c, int threads) {
+  const size_t n_gen = t.step_ms.size();
+  double decode_ms = 0;
+  for (double s : t.step_ms) decode_ms += s;
+  fmt::print(stderr, "\n\n--- activekv summary ({}, {} threads) ---\n", c.name.empty() ? c.arch : c.name, threads);
+  fmt::print(stderr, "model load           {:10.1f} ms\n", t.load_ms);
+  fmt::print(stderr, "prompt tokens        {:10d}\n", n_prompt);
+  fmt::print(stderr, "prefill              {:10.1f} tokens/s ({:.1f} ms)\n",
+             t.prefill_ms > 0 ? 1000.0 * double(n_prompt) / t.prefill_ms : 0.0, t.prefill_ms);
+  fmt::print(stderr, "decode               {:10.2f} tokens/s ({} tokens, {:.1f} ms)\n",
+             decode_ms > 0 ? 1000.0 * double(n_gen) / decode_ms : 0.0, n_gen, decode_ms);
+  fmt::print(stderr, "per-token latency    median {:.2f} ms, p90 {:.2f} ms\n",
+             quantile(t.step_ms, 0.5), quantile(t.step_ms, 0.9));
+  fmt::print(stderr, "history read/token   {:10.2f} MiB (bf16 pages, {} B per token of context)\n",
+             n_gen ? t.history_bytes / double(n_gen) / (1024.0 * 1024.0) : 0.0, c.kv_bytes_per_token());
+  fmt::print(stderr, "peak RSS             {:10.1f} MiB\n", double(peak_rss_bytes()) / (1024.0 * 1024.0));
+}
+
+int run(const GenerateArgs& a) {
+  omp_set_num_threads(a.threads);
+  set_blas_threads(a.threads);
+  Timings t;
+  auto t0 = std::chrono::steady_clock::now();
+  const std::string model_path = a.model.empty() ? default_model_path() : a.model;
+  const gguf::File file = gguf::File::open(model_path);
+  const Tokenizer tok = Tokenizer::from_gguf(file);
+  model::ForwardOptions fopt;
+  fopt.prefill_chunk = a.prefill_chunk;
+  fopt.attention.tile_pages = a.tile_pages;
+  model::LlamaModel lm(file, fopt);
+  const model::ModelConfig& c = lm.config();
+  t.load_ms = ms_since(t0);
+
+  const std::vector<int32_t> prompt = tok.encode(prompt_text(a, tok), tok.add_bos_default());
+  if (prompt.empty()) throw Error("the prompt is empty");
+  const int64_t n_ctx = a.n_ctx > 0 ? a.n_ctx : int64_t(prompt.size()) + a.n_predict;
+  if (int64_t(prompt.size()) + a.n_predict > n_ctx) {
+    throw Error(fmt::format("prompt of {} tokens plus -n {} exceeds the context -c {}", prompt.size(),
+                            a.n_predict, n_ctx));
+  }
+  if (n_ctx > c.context_length) {
+    fmt::print(stderr, "warning: context {} exceeds the model's trained context {}\n", n_ctx, c.context_length);
+  }
+  const kv::KvShape shape = lm.kv_shape(a.page_size);
+  const size_t max_pages = size_t((n_ctx + a.page_size - 1) / a.page_size) * size_t(c.n_layers);
+  kv::PageStore store(shape, max_pages);
+  kv::SequenceKv seq(store);
+  model::Sampler sampler(a.sampling);
+
+  fmt::print(stderr, "activekv: {} | {} layers, {} KV heads x {} | page {} tokens, tile {} pages | {} prompt tokens\n",
+             model_path, c.n_layers, c.n_kv_heads, c.head_dim, a.page_size, a.tile_pages, prompt.size());
+  t0 = std::chrono::steady_clock::now();
+  std::vector<float> logits = lm.prefill(prompt, seq, [&](int64_t done, int64_t total) {
+    const double ms = ms_since(t0);
+    fmt::print(stderr, "\rprefill {:6d}/{} tokens  {:7.1f} tokens/s", done, total, 1000.0 * double(done) / ms);
+    std::fflush(stderr);
+  });
+  t.prefill_ms = ms_since(t0);
+  fmt::print(stderr, "\n");
+  if (!a.chat) {
+    fmt::print("{}", a.prompt.empty() && a.prompt_file.empty() ? "[...] " : "");
+  }
+
+  for (int i = 0; i < a.n_predict; ++i) {
+    const auto ts = std::chrono::steady_clock::now();
+    const int32_t id = sampler.sample(logits);
+    if (tok.is_end_of_generation(id)) break;
+    fmt::print("{}", tok.token_to_piece(id));
+    std::fflush(stdout);
+    if (i + 1 == a.n_predict) break;  // the last token needs no forward pass
+    t.history_bytes += double(seq.n_tokens() + 1) * double(c.kv_bytes_per_token());
+    const int32_t one[1] = {id};
+    lm.forward(one, seq, logits);
+    t.step_ms.push_back(ms_since(ts));
+  }
+  print_summary(t, prompt.size(), c, a.threads);
+  return 0;
+}
+
+}  // namespace
+
+void add_generate(CLI::App& app, std::function<int()>& run_fn) {
+  auto a = std::make_shared<GenerateArgs>();
+  app.add_option("-m,--model", a->model, "GGUF model file (default: the installed SmolLM2-135M-Instruct)");
+  app.add_option("-p,--prompt", a->prompt, "Prompt text");
+  app.add_option("-f,--file", a->prompt_file, "Read the prompt from a file (default: data/default_prompt.txt)");
+  app.add_option("-n,--n-predict", a->n_predict, "Tokens to generate")->capture_default_str()->check(CLI::Range(0, 1 << 30));
+  app.add_option("-c,--ctx-size", a->n_ctx, "Context size in tokens (0 = prompt + n-predict)")->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("-t,--threads", a->threads, "CPU threads")->capture_default_str()->check(CLI::Range(1, 1024));
+  app.add_option("--temp", a->sampling.temperature, "Temperature (<= 0: greedy)")->capture_default_str();
+  app.add_option("--top-k", a->sampling.top_k, "Top-k (<= 0: off)")->capture_default_str();
+  app.add_option("--top-p", a->sampling.top_p, "Top-p in (0, 1]")->capture_default_str();
+  app.add_option("--seed", a->sampling.seed, "Sampling seed")->capture_default_str();
+  app.add_flag("--chat", a->chat, "Wrap the prompt in the model's ChatML chat template");
+  app.add_option("--page-size", a->page_size, "Tokens per KV page")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  app.add_option("--tile-pages", a->tile_pages, "Pages per attention tile")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  app.add_option("--prefill-chunk", a->prefill_chunk, "Tokens per prefill forward pass")->capture_default_str()->check(CLI::Range(1, 1 << 16));
+  run_fn = [a] { return run(*a); };
+}
+
+}  // namespace activekv::cli

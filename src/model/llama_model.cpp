@@ -1,0 +1,105 @@
+#include "activekv/model/llama_model.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "activekv/core/blas.h"
+#include "activekv/model/ops.h"
+
+namespace activekv::model {
+
+LlamaModel::LlamaModel(const gguf::File& f, ForwardOptions opt)
+    : config_(ModelConfig::from_gguf(f)), w_(Weights::load(f, config_)), opt_(opt) {
+  if (opt_.prefill_chunk <= 0) {
+    throw InvalidArgument(fmt::format("prefill_chunk must be positive, got {}", opt_.prefill_chunk));
+  }
+}
+
+kv::KvShape LlamaModel::kv_shape(int page_size) const {
+  return kv::KvShape{config_.n_layers, config_.n_kv_heads, config_.head_dim, page_size};
+}
+
+void LlamaModel::layer_forward(int l, int T, const int64_t* pos, kv::SequenceKv& seq) {
+  const ModelConfig& c = config_;
+  const LayerWeights& L = w_.layers[size_t(l)];
+  const int d = c.d_model, q_dim = c.n_heads * c.head_dim, kv_dim = c.n_kv_heads * c.head_dim;
+
+  rms_norm(x_.data(), L.attn_norm.data(), T, d, c.rms_eps, norm_.data());
+  gemm_nt(T, q_dim, d, 1.0f, norm_.data(), d, L.wq.data(), d, 0.0f, q_.data(), q_dim);
+  gemm_nt(T, kv_dim, d, 1.0f, norm_.data(), d, L.wk.data(), d, 0.0f, k_.data(), kv_dim);
+  gemm_nt(T, kv_dim, d, 1.0f, norm_.data(), d, L.wv.data(), d, 0.0f, v_.data(), kv_dim);
+  rope(q_.data(), T, c.n_heads, c.head_dim, pos, c);
+  rope(k_.data(), T, c.n_kv_heads, c.head_dim, pos, c);
+  seq.write(l, pos[0], T, k_.data(), v_.data());
+
+  const attention::LayerHistory history{&seq.store(), seq.page_table(l), pos[T - 1] + 1};
+  const attention::QueryRows rows{q_.data(), T, c.n_heads, pos};
+  const attention::Partial out = attention::attend(history, rows, opt_.attention, ws_);
+  gemm_nt(T, d, q_dim, 1.0f, out.o.data(), q_dim, L.wo.data(), q_dim, 0.0f, tmp_.data(), d);
+  add_inplace(x_.data(), tmp_.data(), int64_t(T) * d);
+
+  rms_norm(x_.data(), L.ffn_norm.data(), T, d, c.rms_eps, norm_.data());
+  gemm_nt(T, c.ffn_dim, d, 1.0f, norm_.data(), d, L.w_gate.data(), d, 0.0f, gate_.data(), c.ffn_dim);
+  gemm_nt(T, c.ffn_dim, d, 1.0f, norm_.data(), d, L.w_up.data(), d, 0.0f, up_.data(), c.ffn_dim);
+  swiglu(gate_.data(), up_.data(), T, c.ffn_dim);
+  gemm_nt(T, d, c.ffn_dim, 1.0f, gate_.data(), c.ffn_dim, L.w_down.data(), c.ffn_dim, 0.0f,
+          tmp_.data(), d);
+  add_inplace(x_.data(), tmp_.data(), int64_t(T) * d);
+}
+
+void LlamaModel::forward(std::span<const int32_t> tokens, kv::SequenceKv& seq,
+                         std::span<float> logits, bool all_logits) {
+  const ModelConfig& c = config_;
+  const int T = int(tokens.size());
+  if (T == 0) throw InvalidArgument("forward: no tokens");
+  const size_t need = size_t(all_logits ? T : 1) * size_t(c.vocab_size);
+  if (logits.size() < need) {
+    throw InvalidArgument(fmt::format("forward: logits buffer holds {} floats, {} needed", logits.size(), need));
+  }
+  for (int32_t id : tokens) {
+    if (id < 0 || id >= c.vocab_size) {
+      throw InvalidArgument(fmt::format("forward: token id {} outside vocabulary of {}", id, c.vocab_size));
+    }
+  }
+  const int d = c.d_model;
+  x_.resize(size_t(T) * d);
+  norm_.resize(size_t(T) * d);
+  tmp_.resize(size_t(T) * d);
+  q_.resize(size_t(T) * c.n_heads * c.head_dim);
+  k_.resize(size_t(T) * c.n_kv_heads * c.head_dim);
+  v_.resize(size_t(T) * c.n_kv_heads * c.head_dim);
+  gate_.resize(size_t(T) * c.ffn_dim);
+  up_.resize(size_t(T) * c.ffn_dim);
+  pos_.resize(size_t(T));
+  const int64_t start = seq.n_tokens();
+  for (int t = 0; t < T; ++t) {
+    pos_[size_t(t)] = start + t;
+    std::copy_n(w_.token_embd.data() + size_t(tokens[size_t(t)]) * d, d, x_.data() + size_t(t) * d);
+  }
+
+  seq.reserve(T);  // may throw (store full): nothing written yet
+  for (int l = 0; l < c.n_layers; ++l) layer_forward(l, T, pos_.data(), seq);
+  seq.commit(T);
+
+  const int first = all_logits ? 0 : T - 1;
+  const int rows = T - first;
+  rms_norm(x_.data() + size_t(first) * d, w_.output_norm.data(), rows, d, c.rms_eps, norm_.data());
+  gemm_nt(rows, c.vocab_size, d, 1.0f, norm_.data(), d, w_.head().data(), d, 0.0f, logits.data(),
+          c.vocab_size);
+}
+
+std::vector<float> LlamaModel::prefill(std::span<const int32_t> tokens, kv::SequenceKv& seq,
+                                       const ProgressFn& progress) {
+  std::vector<float> logits(size_t(config_.vocab_size));
+  const int64_t n = int64_t(tokens.size());
+  for (int64_t done = 0; done < n;) {
+    const int64_t len = std::min<int64_t>(opt_.prefill_chunk, n - done);
+    forward(tokens.subspan(size_t(done), size_t(len)), seq, logits);
+    done += len;
+    if (progress) progress(done, n);
+  }
+  return logits;
+}
+
+}  // namespace activekv::model
