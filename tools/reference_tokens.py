@@ -102,7 +102,29 @@ def golden_texts(root: str):
         "Zero\u00a0width\u200bspace and nbsp; math ∑∫√ ≠ ≤; arrows →⇒; symbols ©®™ ½",
         "\ufeffBOM at start, ${PATH}/usr/bin && echo \"done\" || exit 1;;",
         prose,
+    ] + random_texts()
+
+
+def random_texts(n: int = 4, length: int = 300, seed: int = 1234):
+    """Deterministic random mixes of the character classes the regex cares about."""
+    import random
+
+    rng = random.Random(seed)
+    pools = [
+        "abcXYZ", "'sStTrevmld", "0123456789", "\u0663\u00bd\u2163",  # digits, ½, roman IV
+        " ", "  ", "\t", "\n", "\r\n", "\u00a0\u3000\u2009", "\u200b\ufeff",
+        ".,;:!?-_()[]{}<>\"#$%&*+/=@\\^`|~", "éàçøßÆ", "日本語中文한국어", "😀👍🏽🇫🇷✨",
+        "<|im_start|>", "<|im_end|>", "<|endoftext|>", "<repo_name>", "<|im_", "\u0301\u0308",
     ]
+    out = []
+    for _ in range(n):
+        parts = []
+        while sum(len(p) for p in parts) < length:
+            pool = rng.choice(pools)
+            parts.append(pool if pool.startswith("<") else
+                         "".join(rng.choice(pool) for _ in range(rng.randint(1, 6))))
+        out.append("".join(parts))
+    return out
 
 
 def main() -> int:
@@ -159,7 +181,8 @@ def main() -> int:
     # Whole-corpus checks: token count and an FNV-1a hash of the ids (as
     # little-endian int32), so the C++ test can compare long encodings cheaply.
     corpora = []
-    for name, limit in (("pride-and-prejudice.txt", None), ("tinyshakespeare.txt", 20000)):
+    for name, limit in (("pride-and-prejudice.txt", None), ("tinyshakespeare.txt", 20000),
+                        ("wikitext2-test.raw", None)):
         with open(os.path.join("/work/shared/data", name), "rb") as f:
             raw = f.read()
         if limit is not None:

@@ -123,6 +123,10 @@ void Tokenizer::Impl::encode_text(std::string_view text, std::vector<int32_t>& o
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos,
                                        bool parse_special) const {
   const Impl& m = *impl_;
+  // The pre-tokenizer keeps 32-bit byte offsets.
+  if (text.size() > UINT32_MAX)
+    throw InvalidArgument(fmt::format("tokenizer: text of {} bytes is too long to encode (max {})",
+                                      text.size(), UINT32_MAX));
   std::vector<int32_t> out;
   out.reserve(text.size() / 3 + 2);
   if (add_bos && m.bos >= 0) out.push_back(m.bos);
