@@ -11,6 +11,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -160,6 +161,17 @@ TEST_F(SmolLM2, TinyShakespeareRoundTrip) {
   ASSERT_GE(text.size(), 20000u);
   text.resize(20000);
   EXPECT_EQ(tok_->decode(tok_->encode(text, false)), text);
+}
+
+TEST_F(SmolLM2, ConcurrentEncodeAgrees) {
+  const std::string text = read_file("/work/shared/data/tinyshakespeare.txt").substr(0, 200000);
+  const auto want = tok_->encode(text, false);
+  std::vector<std::vector<int32_t>> got(4);
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < got.size(); ++i)
+    threads.emplace_back([&, i] { got[i] = Tokenizer(*tok_).encode(text, false); });
+  for (auto& t : threads) t.join();
+  for (const auto& g : got) EXPECT_EQ(g, want);
 }
 
 TEST_F(SmolLM2, EncodeSpeed) {
