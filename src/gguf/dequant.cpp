@@ -67,6 +67,7 @@ void convert_bf16(const uint8_t* src, float* dst, uint64_t n) {
 void dequantize(TensorType t, const uint8_t* src, float* dst, uint64_t n) {
   const uint64_t blocks = n / block_elements(t);  // throws for unsupported types
   (void)row_bytes(t, n);                          // throws unless n is whole blocks
+  if (n == 0) return;  // callers may pass null buffers for empty ranges; memcpy must not see them
   switch (t) {
     case TensorType::F32: std::memcpy(dst, src, n * sizeof(float)); return;
     case TensorType::F16: convert_f16(src, dst, n); return;

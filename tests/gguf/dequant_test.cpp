@@ -133,6 +133,7 @@ TEST(Dequant, RejectsBadRequests) {
   EXPECT_THROW(dequantize(TensorType::Q4_0, src, dst, 31), Error);
   EXPECT_THROW(dequantize(TensorType::Q6_K, src, dst, 32), Error);
   EXPECT_THROW(dequantize(static_cast<TensorType>(6), src, dst, 32), Error);
+  dequantize(TensorType::F32, nullptr, nullptr, 0);  // empty range: a no-op
   EXPECT_EQ(type_name(static_cast<TensorType>(6)), "type#6");
   EXPECT_EQ(type_name(TensorType::Q5_K), "Q5_K");
   EXPECT_FALSE(is_supported(static_cast<TensorType>(99)));

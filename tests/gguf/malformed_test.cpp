@@ -225,7 +225,7 @@ TEST(Malformed, BadAlignment) {
   Builder h;
   h.header(1, 1).str("general.alignment").u32(10).u64(uint64_t{1} << 63);
   h.tensor("w", {32}, kF32, 0).data(128);
-  expect_error(h.bytes, "", "");
+  expect_error(h.bytes, "tensor_infos[0].offset", "exceeds file size");
 }
 
 TEST(Malformed, CustomAlignmentIsUsed) {
