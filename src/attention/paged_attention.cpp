@@ -32,10 +32,6 @@ void check_shapes(const LayerHistory& h, const QueryRows& q) {
   }
 }
 
-void widen(const bf16* src, size_t n, float* dst) {
-  for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(src[i]);
-}
-
 // Online-softmax update of rows [0, M) with the scores of one page.
 // Row i belongs to query row i / group and may see page keys t <= limit[i].
 void softmax_update(Workspace& ws, int M, int n_keys, int group, int head_dim,
@@ -91,8 +87,8 @@ void attend_group(const LayerHistory& h, size_t first_page, size_t n_pages, cons
     const kv::PageId id = h.page_table[p];
     ws.k.resize(size_t(n_keys) * d);
     ws.v.resize(size_t(n_keys) * d);
-    widen(h.store->k_plane(id, kv_head), size_t(n_keys) * d, ws.k.data());
-    widen(h.store->v_plane(id, kv_head), size_t(n_keys) * d, ws.v.data());
+    kv::decode_elements(s.format, h.store->k_plane(id, kv_head), size_t(n_keys) * d, ws.k.data());
+    kv::decode_elements(s.format, h.store->v_plane(id, kv_head), size_t(n_keys) * d, ws.v.data());
     for (int r = 0; r < q.n_rows; ++r) limit[size_t(r)] = q.positions[r] - tok0;
 
     ws.scores.resize(size_t(M) * n_keys);

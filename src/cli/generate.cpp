@@ -31,6 +31,7 @@ struct GenerateArgs {
   model::SamplerParams sampling;
   bool chat = false;
   int page_size = 1024;
+  std::string kv_format = "bf16";
   int tile_pages = 32;
   int prefill_chunk = 256;
 };
@@ -59,7 +60,8 @@ struct Timings {
   double history_bytes = 0;  // summed over decode steps
 };
 
-void print_summary(const Timings& t, size_t n_prompt, const model::ModelConfig& c, int threads) {
+void print_summary(const Timings& t, size_t n_prompt, const model::ModelConfig& c, const kv::KvShape& shape,
+                   int threads) {
   const size_t n_gen = t.step_ms.size();
   double decode_ms = 0;
   for (double s : t.step_ms) decode_ms += s;
@@ -72,8 +74,9 @@ void print_summary(const Timings& t, size_t n_prompt, const model::ModelConfig& 
              decode_ms > 0 ? 1000.0 * double(n_gen) / decode_ms : 0.0, n_gen, decode_ms);
   fmt::print(stderr, "per-token latency    median {:.2f} ms, p90 {:.2f} ms\n",
              quantile(t.step_ms, 0.5), quantile(t.step_ms, 0.9));
-  fmt::print(stderr, "history read/token   {:10.2f} MiB (bf16 pages, {} B per token of context)\n",
-             n_gen ? t.history_bytes / double(n_gen) / (1024.0 * 1024.0) : 0.0, c.kv_bytes_per_token());
+  fmt::print(stderr, "history read/token   {:10.2f} MiB ({} pages, {} B per token of context)\n",
+             n_gen ? t.history_bytes / double(n_gen) / (1024.0 * 1024.0) : 0.0, kv::format_name(shape.format),
+             shape.bytes_per_token_per_layer() * size_t(c.n_layers));
   fmt::print(stderr, "peak RSS             {:10.1f} MiB\n", double(peak_rss_bytes()) / (1024.0 * 1024.0));
 }
 
@@ -102,7 +105,7 @@ int run(const GenerateArgs& a) {
   if (n_ctx > c.context_length) {
     fmt::print(stderr, "warning: context {} exceeds the model's trained context {}\n", n_ctx, c.context_length);
   }
-  const kv::KvShape shape = lm.kv_shape(a.page_size);
+  const kv::KvShape shape = lm.kv_shape(a.page_size, kv::parse_page_format(a.kv_format));
   const size_t max_pages = size_t((n_ctx + a.page_size - 1) / a.page_size) * size_t(c.n_layers);
   kv::PageStore store(shape, max_pages);
   kv::SequenceKv seq(store);
@@ -129,12 +132,12 @@ int run(const GenerateArgs& a) {
     fmt::print("{}", tok.token_to_piece(id));
     std::fflush(stdout);
     if (i + 1 == a.n_predict) break;  // the last token needs no forward pass
-    t.history_bytes += double(seq.n_tokens() + 1) * double(c.kv_bytes_per_token());
+    t.history_bytes += double(seq.n_tokens() + 1) * double(shape.bytes_per_token_per_layer()) * c.n_layers;
     const int32_t one[1] = {id};
     lm.forward(one, seq, logits);
     t.step_ms.push_back(ms_since(ts));
   }
-  print_summary(t, prompt.size(), c, a.threads);
+  print_summary(t, prompt.size(), c, shape, a.threads);
   return 0;
 }
 
@@ -154,6 +157,8 @@ void add_generate(CLI::App& app, std::function<int()>& run_fn) {
   app.add_option("--seed", a->sampling.seed, "Sampling seed")->capture_default_str();
   app.add_flag("--chat", a->chat, "Wrap the prompt in the model's ChatML chat template");
   app.add_option("--page-size", a->page_size, "Tokens per KV page")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  app.add_option("--kv-format", a->kv_format, "History page format: bf16 (exact tier) or f32 (reference)")
+      ->capture_default_str()->check(CLI::IsMember({"bf16", "f32"}));
   app.add_option("--tile-pages", a->tile_pages, "Pages per attention tile")->capture_default_str()->check(CLI::Range(1, 1 << 20));
   app.add_option("--prefill-chunk", a->prefill_chunk, "Tokens per prefill forward pass")->capture_default_str()->check(CLI::Range(1, 1 << 16));
   run_fn = [a] { return run(*a); };

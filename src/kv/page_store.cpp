@@ -24,7 +24,7 @@ PageStore::PageStore(const KvShape& shape, size_t max_pages) : shape_(shape), ma
 PageId PageStore::allocate() {
   if (!free_.empty()) {
     PageId id = free_.back();
-    std::fill_n(pages_[id].get(), shape_.page_elements(), bf16{});
+    std::fill_n(pages_[id].get(), shape_.page_bytes(), std::byte{0});
     free_.pop_back();
     live_[id] = true;
     return id;
@@ -33,7 +33,7 @@ PageId PageStore::allocate() {
     throw Error(fmt::format("PageStore: out of pages ({} pages of {} bytes in use, limit {})",
                             pages_in_use(), shape_.page_bytes(), max_pages_));
   }
-  std::unique_ptr<bf16[]> page(new (std::nothrow) bf16[shape_.page_elements()]());
+  std::unique_ptr<std::byte[]> page(new (std::nothrow) std::byte[shape_.page_bytes()]());
   if (!page) {
     throw Error(fmt::format("PageStore: cannot allocate a page of {} bytes ({} pages in use)",
                             shape_.page_bytes(), pages_in_use()));
@@ -51,24 +51,24 @@ void PageStore::release(PageId id) {
   free_.push_back(id);
 }
 
-bf16* PageStore::page(PageId id) const {
+std::byte* PageStore::page(PageId id) const {
   if (id >= pages_.size() || !live_[id]) {
     throw InvalidArgument(fmt::format("PageStore: page {} is not allocated", id));
   }
   return pages_[id].get();
 }
 
-bf16* PageStore::k_plane(PageId id, int kv_head) {
-  return page(id) + size_t(kv_head) * shape_.plane_elements();
+std::byte* PageStore::k_plane(PageId id, int kv_head) {
+  return page(id) + size_t(kv_head) * shape_.plane_bytes();
 }
-const bf16* PageStore::k_plane(PageId id, int kv_head) const {
-  return page(id) + size_t(kv_head) * shape_.plane_elements();
+const std::byte* PageStore::k_plane(PageId id, int kv_head) const {
+  return page(id) + size_t(kv_head) * shape_.plane_bytes();
 }
-bf16* PageStore::v_plane(PageId id, int kv_head) {
-  return page(id) + size_t(shape_.n_kv_heads + kv_head) * shape_.plane_elements();
+std::byte* PageStore::v_plane(PageId id, int kv_head) {
+  return page(id) + size_t(shape_.n_kv_heads + kv_head) * shape_.plane_bytes();
 }
-const bf16* PageStore::v_plane(PageId id, int kv_head) const {
-  return page(id) + size_t(shape_.n_kv_heads + kv_head) * shape_.plane_elements();
+const std::byte* PageStore::v_plane(PageId id, int kv_head) const {
+  return page(id) + size_t(shape_.n_kv_heads + kv_head) * shape_.plane_bytes();
 }
 
 SequenceKv::SequenceKv(PageStore& store)
@@ -114,14 +114,9 @@ void SequenceKv::write(int layer, int64_t pos, int64_t n, const float* k, const 
     const PageId id = table[size_t(t / s.page_size)];
     const size_t slot = size_t(t % s.page_size) * size_t(s.head_dim);
     for (int h = 0; h < s.n_kv_heads; ++h) {
-      const float* ks = k + size_t(i) * row + size_t(h) * size_t(s.head_dim);
-      const float* vs = v + size_t(i) * row + size_t(h) * size_t(s.head_dim);
-      bf16* kd = store_->k_plane(id, h) + slot;
-      bf16* vd = store_->v_plane(id, h) + slot;
-      for (int d = 0; d < s.head_dim; ++d) {
-        kd[d] = f32_to_bf16(ks[d]);
-        vd[d] = f32_to_bf16(vs[d]);
-      }
+      const size_t src = size_t(i) * row + size_t(h) * size_t(s.head_dim);
+      encode_elements(s.format, k + src, size_t(s.head_dim), store_->k_plane(id, h), slot);
+      encode_elements(s.format, v + src, size_t(s.head_dim), store_->v_plane(id, h), slot);
     }
   }
 }

@@ -10,14 +10,22 @@
 namespace activekv::model {
 
 LlamaModel::LlamaModel(const gguf::File& f, ForwardOptions opt)
-    : config_(ModelConfig::from_gguf(f)), w_(Weights::load(f, config_)), opt_(opt) {
-  if (opt_.prefill_chunk <= 0) {
-    throw InvalidArgument(fmt::format("prefill_chunk must be positive, got {}", opt_.prefill_chunk));
-  }
+    : config_(ModelConfig::from_gguf(f)), w_(Weights::load(f, config_)) {
+  set_options(opt);
 }
 
-kv::KvShape LlamaModel::kv_shape(int page_size) const {
-  return kv::KvShape{config_.n_layers, config_.n_kv_heads, config_.head_dim, page_size};
+void LlamaModel::set_options(const ForwardOptions& opt) {
+  if (opt.prefill_chunk <= 0) {
+    throw InvalidArgument(fmt::format("prefill_chunk must be positive, got {}", opt.prefill_chunk));
+  }
+  if (opt.attention.tile_pages <= 0) {
+    throw InvalidArgument(fmt::format("tile_pages must be positive, got {}", opt.attention.tile_pages));
+  }
+  opt_ = opt;
+}
+
+kv::KvShape LlamaModel::kv_shape(int page_size, kv::PageFormat format) const {
+  return kv::KvShape{config_.n_layers, config_.n_kv_heads, config_.head_dim, page_size, format};
 }
 
 void LlamaModel::layer_forward(int l, int T, const int64_t* pos, kv::SequenceKv& seq) {

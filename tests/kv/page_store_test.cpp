@@ -7,7 +7,17 @@
 namespace activekv {
 namespace {
 
-kv::KvShape shape(int page_size = 4) { return {2, 2, 3, page_size}; }
+kv::KvShape shape(int page_size = 4, kv::PageFormat f = kv::PageFormat::bf16) {
+  return {2, 2, 3, page_size, f};
+}
+
+// Value i of a plane, widened to fp32.
+float at(kv::PageFormat f, const std::byte* plane, size_t i) {
+  float out[8];
+  kv::decode_elements(f, plane, i + 1, out);  // i < 8 in these tests
+  return out[i];
+}
+float at(const std::byte* plane, size_t i) { return at(kv::PageFormat::bf16, plane, i); }
 
 TEST(PageStore, RejectsBadShape) {
   EXPECT_THROW(kv::PageStore(kv::KvShape{0, 1, 1, 1}), InvalidArgument);
@@ -20,16 +30,21 @@ TEST(PageStore, AllocateReleaseReuse) {
   EXPECT_NE(a, b);
   EXPECT_THROW(s.allocate(), Error);  // pool full
   EXPECT_EQ(s.pages_in_use(), 2u);
-  s.k_plane(a, 1)[0] = f32_to_bf16(5.0f);
+  const float five = 5.0f;
+  kv::encode_elements(kv::PageFormat::bf16, &five, 1, s.k_plane(a, 1), 0);
+  EXPECT_EQ(at(s.k_plane(a, 1), 0), 5.0f);
   s.release(a);
   EXPECT_THROW(s.release(a), InvalidArgument);
   const kv::PageId c = s.allocate();
   EXPECT_EQ(c, a);
-  EXPECT_EQ(bf16_to_f32(s.k_plane(c, 1)[0]), 0.0f);  // reused pages come back zeroed
+  EXPECT_EQ(at(s.k_plane(c, 1), 0), 0.0f);  // reused pages come back zeroed
 }
 
-TEST(SequenceKv, WritesLandInHeadMajorPlanes) {
-  kv::PageStore s(shape(4));
+class SequenceKvFormats : public ::testing::TestWithParam<kv::PageFormat> {};
+
+TEST_P(SequenceKvFormats, WritesLandInHeadMajorPlanes) {
+  const kv::PageFormat f = GetParam();
+  kv::PageStore s(shape(4, f));
   kv::SequenceKv seq(s);
   const int n = 6;  // spans two pages
   std::vector<float> k(size_t(n) * 2 * 3), v(k.size());
@@ -44,8 +59,26 @@ TEST(SequenceKv, WritesLandInHeadMajorPlanes) {
   ASSERT_EQ(seq.page_table(1).size(), 2u);
   // token 5, head 1, dim 2 -> page 1, slot 1
   const kv::PageId p = seq.page_table(1)[1];
-  EXPECT_EQ(bf16_to_f32(s.k_plane(p, 1)[1 * 3 + 2]), float(5 * 6 + 1 * 3 + 2));
-  EXPECT_EQ(bf16_to_f32(s.v_plane(p, 1)[1 * 3 + 2]), -float(5 * 6 + 1 * 3 + 2));
+  EXPECT_EQ(at(f, s.k_plane(p, 1), 1 * 3 + 2), float(5 * 6 + 1 * 3 + 2));
+  EXPECT_EQ(at(f, s.v_plane(p, 1), 1 * 3 + 2), -float(5 * 6 + 1 * 3 + 2));
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, SequenceKvFormats,
+                         ::testing::Values(kv::PageFormat::bf16, kv::PageFormat::f32));
+
+TEST(PageFormat, F32KeepsEveryBitAndBf16Rounds) {
+  const float x = 1.0f + 0x1.0p-20f;
+  std::byte plane[8];
+  float back = 0;
+  kv::encode_elements(kv::PageFormat::f32, &x, 1, plane, 1);
+  kv::decode_elements(kv::PageFormat::f32, plane + 4, 1, &back);
+  EXPECT_EQ(back, x);
+  kv::encode_elements(kv::PageFormat::bf16, &x, 1, plane, 0);
+  kv::decode_elements(kv::PageFormat::bf16, plane, 1, &back);
+  EXPECT_EQ(back, 1.0f);
+  EXPECT_EQ(kv::parse_page_format("f32"), kv::PageFormat::f32);
+  EXPECT_THROW(kv::parse_page_format("int4"), InvalidArgument);
+  EXPECT_EQ(shape(4, kv::PageFormat::f32).page_bytes(), 2 * shape(4).page_bytes());
 }
 
 TEST(SequenceKv, FullStoreLosesNothingAlreadyStored) {
@@ -60,7 +93,7 @@ TEST(SequenceKv, FullStoreLosesNothingAlreadyStored) {
   EXPECT_EQ(seq.n_tokens(), 8);
   EXPECT_EQ(seq.page_table(0).size(), 2u);
   EXPECT_EQ(s.pages_in_use(), 4u);
-  EXPECT_EQ(bf16_to_f32(s.v_plane(seq.page_table(1)[1], 0)[0]), 2.0f);
+  EXPECT_EQ(at(s.v_plane(seq.page_table(1)[1], 0), 0), 2.0f);
 }
 
 TEST(SequenceKv, WriteOutsideReservedSpaceThrows) {

@@ -1,4 +1,4 @@
-// Exact decode/prefill attention over the paged bf16 history (CPU reference).
+// Exact decode/prefill attention over the paged history (CPU reference).
 //
 // Query rows attend causally: a row at absolute position p sees the keys at
 // positions <= p. GQA: query head h uses KV head h / (n_heads / n_kv_heads),
@@ -8,7 +8,7 @@
 // yields a Partial (O, LSE) by an online softmax over its pages; tile partials
 // are merged in ascending order with attention::merge (SPEC §4). Within a
 // tile, each page costs two fp32 GEMMs (S = Q·K^T, O += P·V) through OpenBLAS
-// after widening the page's bf16 planes to fp32.
+// after widening the page's planes (bf16 or f32) to fp32.
 #pragma once
 
 #include <cstdint>

@@ -1,10 +1,10 @@
 // Host KV history: pages, the page pool and per-sequence page tables.
 //
 // A *page* holds `page_size` consecutive tokens of one layer: K and V for all
-// KV heads (SPEC §2). Layout of one page (format `bf16`, exact tier):
+// KV heads (SPEC §2). Layout of one page, elements of the page's format:
 //
-//   K plane: [n_kv_heads][page_size][head_dim]  bf16
-//   V plane: [n_kv_heads][page_size][head_dim]  bf16   (right after K)
+//   K planes: [n_kv_heads][page_size][head_dim]
+//   V planes: [n_kv_heads][page_size][head_dim]   (right after the K planes)
 //
 // Head-major, so that one (page, KV head, K|V) *plane* is contiguous: that is
 // the unit the compressed codecs encode and the unit a GQA kernel reads once
@@ -24,6 +24,7 @@
 
 #include "activekv/core/bf16.h"
 #include "activekv/core/error.h"
+#include "activekv/kv/page_format.h"
 
 namespace activekv::kv {
 
@@ -36,22 +37,24 @@ struct KvShape {
   int n_kv_heads = 0;
   int head_dim = 0;
   int page_size = 1024;  ///< tokens per page
+  PageFormat format = PageFormat::bf16;  ///< how written pages store K/V
 
   /// Elements in one plane (one page, one KV head, K or V).
   size_t plane_elements() const { return size_t(page_size) * size_t(head_dim); }
   /// Elements in one page (K and V for every KV head).
   size_t page_elements() const { return 2 * size_t(n_kv_heads) * plane_elements(); }
-  /// Bytes of one page in the bf16 format.
-  size_t page_bytes() const { return page_elements() * sizeof(bf16); }
-  /// History bytes per token per layer in the bf16 format (K and V).
+  /// Bytes of one plane and of one page in this shape's format.
+  size_t plane_bytes() const { return plane_elements() * element_bytes(format); }
+  size_t page_bytes() const { return page_elements() * element_bytes(format); }
+  /// History bytes per token per layer (K and V of every KV head).
   size_t bytes_per_token_per_layer() const {
-    return 2 * size_t(n_kv_heads) * size_t(head_dim) * sizeof(bf16);
+    return 2 * size_t(n_kv_heads) * size_t(head_dim) * element_bytes(format);
   }
   /// Throws InvalidArgument naming the field if any field is not positive.
   void validate() const;
 };
 
-/// A pool of bf16 pages in host memory. Not thread-safe for allocate/release;
+/// A pool of pages in host memory. Not thread-safe for allocate/release;
 /// page contents may be read concurrently once written.
 class PageStore {
  public:
@@ -66,22 +69,23 @@ class PageStore {
   /// Returns a page to the free list. Throws InvalidArgument for an id that is not allocated.
   void release(PageId id);
 
-  /// K plane of `kv_head` in page `id`: [page_size][head_dim] bf16.
-  bf16* k_plane(PageId id, int kv_head);
-  const bf16* k_plane(PageId id, int kv_head) const;
-  /// V plane of `kv_head` in page `id`: [page_size][head_dim] bf16.
-  bf16* v_plane(PageId id, int kv_head);
-  const bf16* v_plane(PageId id, int kv_head) const;
+  /// K plane of `kv_head` in page `id`: [page_size][head_dim] elements of
+  /// shape().format. Throws InvalidArgument for an unallocated page.
+  std::byte* k_plane(PageId id, int kv_head);
+  const std::byte* k_plane(PageId id, int kv_head) const;
+  /// V plane of `kv_head` in page `id`, same layout.
+  std::byte* v_plane(PageId id, int kv_head);
+  const std::byte* v_plane(PageId id, int kv_head) const;
 
   size_t pages_in_use() const { return pages_.size() - free_.size(); }
   size_t bytes_in_use() const { return pages_in_use() * shape_.page_bytes(); }
 
  private:
-  bf16* page(PageId id) const;
+  std::byte* page(PageId id) const;
 
   KvShape shape_;
   size_t max_pages_;
-  std::vector<std::unique_ptr<bf16[]>> pages_;
+  std::vector<std::unique_ptr<std::byte[]>> pages_;
   std::vector<bool> live_;
   std::vector<PageId> free_;
 };
@@ -108,7 +112,8 @@ class SequenceKv {
   /// Makes room for `n` more tokens in every layer (allocates pages).
   /// Throws Error if the store is full; nothing already stored is lost.
   void reserve(int64_t n);
-  /// Writes K and V of tokens [pos, pos + n) of `layer`, converting fp32 to bf16.
+  /// Writes K and V of tokens [pos, pos + n) of `layer`, converting fp32 to
+  /// the page format (bf16: round to nearest even).
   /// k and v: [n][n_kv_heads][head_dim] fp32 (the projection's natural layout).
   /// Positions must lie inside reserved space; throws InvalidArgument otherwise.
   void write(int layer, int64_t pos, int64_t n, const float* k, const float* v);

@@ -37,8 +37,12 @@ class LlamaModel {
 
   const ModelConfig& config() const { return config_; }
   const ForwardOptions& options() const { return opt_; }
-  /// The KV shape a PageStore for this model must have, for a given page size.
-  kv::KvShape kv_shape(int page_size) const;
+  /// Replaces the forward options (chunking, tiling). Throws InvalidArgument
+  /// for a non-positive prefill_chunk or tile_pages.
+  void set_options(const ForwardOptions& opt);
+  /// The KV shape a PageStore for this model must have, for a given page
+  /// size (tokens) and page format.
+  kv::KvShape kv_shape(int page_size, kv::PageFormat format = kv::PageFormat::bf16) const;
 
   /// Runs `tokens` at positions seq.n_tokens() .. + n-1, appending their K/V
   /// to `seq`. Writes logits [n][vocab] if all_logits, else only the last
