@@ -4,6 +4,8 @@
 
 #include <cstdlib>
 #include <exception>
+#include <string>
+#include <vector>
 
 #include "activekv/core/error.h"
 #include "commands.h"
@@ -20,6 +22,15 @@ std::string default_prompt_path() { return ACTIVEKV_DEFAULT_PROMPT; }
 }  // namespace activekv::cli
 
 int main(int argc, char** argv) {
+  // `activekv -n 64 ...` means `activekv generate -n 64 ...`: generate is the default.
+  std::vector<char*> args(argv, argv + argc);
+  const std::string first = argc > 1 ? argv[1] : "";
+  static char generate_word[] = "generate";
+  if (!first.empty() && first[0] == '-' && first != "-h" && first != "--help" && first != "--help-all") {
+    args.insert(args.begin() + 1, generate_word);
+  }
+  argc = int(args.size());
+  argv = args.data();
   CLI::App app{"ActiveKV: LLM decoding with the KV history in paged host memory.\n"
                "Run with no arguments to generate from the default model and prompt."};
   app.require_subcommand(0, 1);
