@@ -1,0 +1,89 @@
+#include "activekv/route/route.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "activekv/core/error.h"
+
+namespace activekv::route {
+namespace {
+
+// The format each page wants under `cfg`, before publication is considered.
+ReadFormat wanted(const RouteConfig& cfg, size_t page, size_t n_full) {
+  if (cfg.kind == RouteKind::exact) return ReadFormat::exact;
+  if (page >= n_full) return ReadFormat::exact;  // the tail is still being written
+  if (cfg.kind != RouteKind::hybrid) return compressed_format(cfg.kind);
+  const size_t recent_begin = n_full > size_t(cfg.recent_pages) ? n_full - size_t(cfg.recent_pages) : 0;
+  if (page == 0 || page >= recent_begin) return ReadFormat::exact;  // sink, recent window
+  return ReadFormat::int8s;
+}
+
+}  // namespace
+
+ReadFormat compressed_format(RouteKind kind) {
+  switch (kind) {
+    case RouteKind::lossless13: return ReadFormat::lossless13;
+    case RouteKind::int8s:
+    case RouteKind::hybrid: return ReadFormat::int8s;
+    case RouteKind::exact: break;
+  }
+  return ReadFormat::exact;
+}
+
+std::vector<Segment> plan_route(const RouteConfig& cfg, int64_t n_tokens, int page_size,
+                                const PublishedFn& published) {
+  if (page_size <= 0 || cfg.tile_pages <= 0 || cfg.recent_pages < 0 || n_tokens < 0) {
+    throw InvalidArgument(fmt::format(
+        "plan_route: bad arguments (page_size {}, tile_pages {}, recent_pages {}, n_tokens {})",
+        page_size, cfg.tile_pages, cfg.recent_pages, n_tokens));
+  }
+  const size_t n_pages = size_t((n_tokens + page_size - 1) / page_size);
+  const size_t n_full = size_t(n_tokens / page_size);
+  std::vector<Segment> out;
+  for (size_t p = 0; p < n_pages; ++p) {
+    ReadFormat f = wanted(cfg, p, n_full);
+    if (f != ReadFormat::exact && !(published && published(p, f))) f = ReadFormat::exact;
+    if (!out.empty() && out.back().format == f && out.back().n_pages < size_t(cfg.tile_pages)) {
+      out.back().n_pages++;
+    } else {
+      out.push_back({f, p, 1});
+    }
+  }
+  return out;
+}
+
+std::string kind_name(RouteKind kind) {
+  switch (kind) {
+    case RouteKind::exact: return "exact";
+    case RouteKind::lossless13: return "lossless13";
+    case RouteKind::int8s: return "int8s";
+    case RouteKind::hybrid: return "hybrid";
+  }
+  return "?";
+}
+
+RouteKind parse_kind(const std::string& name) {
+  for (RouteKind k : {RouteKind::exact, RouteKind::lossless13, RouteKind::int8s, RouteKind::hybrid}) {
+    if (kind_name(k) == name) return k;
+  }
+  throw InvalidArgument(fmt::format("unknown route '{}' (expected exact, lossless13, int8s or hybrid)", name));
+}
+
+std::string format_name(ReadFormat f) {
+  switch (f) {
+    case ReadFormat::exact: return "exact";
+    case ReadFormat::lossless13: return "lossless13";
+    case ReadFormat::int8s: return "int8s";
+  }
+  return "?";
+}
+
+void RouteReport::add(const std::vector<Segment>& segments) {
+  for (const Segment& s : segments) {
+    pages[size_t(s.format)] += s.n_pages;
+    tiles[size_t(s.format)] += 1;
+  }
+}
+
+}  // namespace activekv::route
