@@ -2,7 +2,8 @@
 # Runs the test suites (after scripts/setup.sh). What CI runs, via .ci/run.
 #   1. ctest on the Release build (build/), GPU-labelled tests excluded.
 #   2. The GGUF reader's tests again under ASan+UBSan (build-asan/).
-#   3. The GGUF fuzz target under libFuzzer+ASan+UBSan for FUZZ_SECONDS (default 60).
+#   3. The concurrency tests (background conversion) under ThreadSanitizer (build-tsan/).
+#   4. The GGUF fuzz target under libFuzzer+ASan+UBSan for FUZZ_SECONDS (default 60).
 # Set QUICK=1 to run only step 1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,9 +14,13 @@ ctest --test-dir build --output-on-failure --label-exclude gpu -j "$jobs"
 
 if [ "${QUICK:-0}" != 1 ]; then
   echo "[test] GGUF reader under ASan+UBSan" >&2
-  cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DACTIVEKV_SANITIZE=ON >/dev/null
+  cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DACTIVEKV_SANITIZE=address >/dev/null
   cmake --build build-asan --parallel "$jobs" --target test_gguf
   build-asan/bin/test_gguf --gtest_brief=1
+  echo "[test] background conversion under TSan" >&2
+  cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DACTIVEKV_SANITIZE=thread >/dev/null
+  cmake --build build-tsan --parallel "$jobs" --target test_convert
+  TSAN_OPTIONS=halt_on_error=1 build-tsan/bin/test_convert --gtest_brief=1
   echo "[test] GGUF fuzz target, ${FUZZ_SECONDS:-60} s" >&2
   scripts/fuzz.sh "${FUZZ_SECONDS:-60}"
 fi
