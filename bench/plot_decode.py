@@ -1,0 +1,51 @@
+#!/usr/bin/env python3
+"""Plot `bench decode` results: step latency vs context (depth), one panel per
+batch size, one line per tier/mode and peer, plus the bus limit.
+
+usage: plot_decode.py bench_decode.json [peers.json] -o decode.png
+"""
+import argparse
+import json
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("inputs", nargs="+")
+    ap.add_argument("-o", "--out", default="decode.png")
+    a = ap.parse_args()
+    recs, device, commit = [], "", ""
+    for path in a.inputs:
+        d = json.load(open(path))
+        recs += d["records"]
+        device = device or d.get("device", "")
+        commit = commit or d.get("commit", "")
+    batches = sorted({r["batch"] for r in recs})
+    fig, axes = plt.subplots(1, len(batches), figsize=(6.5 * len(batches), 5), squeeze=False)
+    for ax, b in zip(axes[0], batches):
+        rs = [r for r in recs if r["batch"] == b]
+        for fmt in sorted({r["format"] for r in rs}):
+            pts = sorted((r["context"], r["step_ms"]) for r in rs if r["format"] == fmt)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=fmt)
+        bus = sorted({(r["context"], r["bus_limit_ms"]) for r in rs if r["format"] == "bf16-streamed"})
+        if bus:
+            ax.plot([p[0] for p in bus], [p[1] for p in bus], "k--", label="bus limit (bf16 bytes / B)")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("depth (context tokens)")
+        ax.set_ylabel("step latency, ms (16 layers of attention)")
+        ax.set_title(f"batch {b}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"ActiveKV decode attention, 27B shape, {device} (commit {commit})")
+    fig.tight_layout()
+    fig.savefig(a.out, dpi=120)
+    print(f"plot written to {a.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+// `calibrate` and `bench decode` for the GPU decode engine (shared by the
+// `activekv` CLI subcommands and the standalone `activekv-bench` executable).
+//
+// Transfer model (SPEC §6): a copy of `b` bytes costs b / B(b), where B(b) is
+// the calibrated host->device bandwidth of back-to-back pinned copies of that
+// size (so the per-copy latency is inside it; `latency_ms` is the time of one
+// isolated 4 KiB copy, reported alone). Attention over N tokens costs
+// kernel_ms(N) (piecewise linear in N), the merge merge_ms(S) for S splits per
+// sequence. A step is simulated job by job: the copy stream runs copies back to
+// back, a copy into a ring slot waits for the attention that last used the
+// slot, attention on a job waits for its copy and for the previous attention.
+// The predicted step is when the last merge ends.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "activekv/cuda/decode_attention.h"
+
+namespace activekv::cuda {
+
+/// Calibrated profile of one GPU + host (units: bytes, milliseconds, GB/s = 1e9 B/s).
+struct Profile {
+  std::string device;
+  AttnShape attn;                   ///< shape the kernel curve was measured with
+  double latency_ms = 0;            ///< one isolated 4 KiB pinned H2D copy
+  std::vector<double> copy_bytes;   ///< ascending sizes
+  std::vector<double> copy_gbps;    ///< back-to-back H2D bandwidth at that size
+  std::vector<double> kernel_tokens;  ///< ascending token counts (batch 1)
+  std::vector<double> kernel_ms;      ///< split-attention kernel time at that count
+  std::vector<double> merge_splits;   ///< ascending splits per sequence
+  std::vector<double> merge_ms;
+
+  double bandwidth_gbps(double bytes) const;  ///< B(bytes), log-size interpolation, clamped
+  double copy_time_ms(double bytes) const { return bytes / (bandwidth_gbps(bytes) * 1e6); }
+  double kernel_time_ms(double tokens) const;  ///< linear interpolation / extrapolation
+  double merge_time_ms(double splits) const;
+  std::string to_json() const;
+};
+
+struct CalibrateOptions {
+  AttnShape attn{4, 6, 256, 1024, 512, 0.f};
+  int reps = 20;
+  std::string out_path = "profile.json";  ///< "" = don't write
+  int device = 0;
+};
+
+/// Measures the profile on the current machine (a few seconds). Prints a table.
+Profile calibrate(const CalibrateOptions& opt);
+
+struct BenchDecodeOptions {
+  int n_layers = 16;
+  AttnShape attn{4, 6, 256, 1024, 512, 0.f};
+  std::vector<int64_t> contexts{32768, 65536, 131072};
+  std::vector<int> batches{1, 4};
+  std::vector<std::string> modes{"streamed", "resident"};  ///< also "streamed-whole" (whole-layer staging)
+  int steps = 20;
+  int warmup = 3;
+  int tile_pages = 32;
+  int ring_slots = 3;
+  int host_threads = 0;  ///< 0 = hardware concurrency
+  std::string json_path = "bench_decode.json";
+  std::string profile_path = "profile.json";  ///< calibrated in-process and written here ("" = don't write)
+  std::string commit = "unknown";
+  std::string command;
+  int device = 0;
+};
+
+/// Runs the benchmark, prints a table, writes JSON records. Returns 0 on
+/// success, 1 if a streamed output was not bitwise equal to the resident one.
+int run_bench_decode(const BenchDecodeOptions& opt);
+
+/// Parses "32k,64K,131072" into token counts (k = 1024). Throws InvalidArgument.
+std::vector<int64_t> parse_sizes(const std::string& list);
+
+}  // namespace activekv::cuda

@@ -1,0 +1,92 @@
+// Paged BF16 decode attention on the GPU (exact tier) and the partial merge.
+//
+// Page layout (identical to the host layout of activekv/kv/page_store.h), bf16:
+//
+//   K planes: [n_kv_heads][page_size][head_dim]
+//   V planes: [n_kv_heads][page_size][head_dim]   (right after the K planes)
+//
+// The kernel works on *splits*: a span of `ntok` consecutive tokens inside one
+// page (split boundaries are fixed token positions, multiples of the split
+// size, so resident, whole-layer-staged and tile-streamed runs cut the history
+// at the same places and give the same bits). One CTA handles one split of one
+// KV head for all `group` query heads of that head (GQA: each K/V element is
+// read once from memory for the whole group), and writes one *partial*
+// (SPEC §4): the normalised output O (fp32) and LSE (fp32, natural log) per
+// query head. The merge kernel combines the partials of each sequence in
+// ascending split order, skipping partials whose LSE is -inf.
+//
+// Query head i uses KV head i / group (the llama.cpp / HF GQA convention).
+// Scores are s_t = (q . k_t) * softmax_scale; all arithmetic is fp32.
+//
+// Everything here is asynchronous on the given stream; errors in arguments
+// throw activekv::InvalidArgument, CUDA errors throw activekv::cuda::CudaError.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "activekv/core/error.h"
+
+typedef struct CUstream_st* cudaStream_t;
+
+namespace activekv::cuda {
+
+/// A failed CUDA runtime call; the message names the call and the CUDA error.
+class CudaError : public Error {
+ public:
+  explicit CudaError(const std::string& what) : Error(what) {}
+};
+
+/// Throws CudaError("<what>: <cuda error string>") if `status` != cudaSuccess.
+void check_cuda(int status, const char* what);
+
+/// Shape of one layer's attention.
+struct AttnShape {
+  int n_kv_heads = 0;
+  int group = 0;        ///< query heads per KV head (n_q_heads = n_kv_heads * group), 1..8
+  int head_dim = 0;     ///< 64 or 256 (the instantiated kernels)
+  int page_size = 1024; ///< tokens per page
+  int split_tokens = 512;  ///< tokens per CTA; divides page_size
+  float softmax_scale = 0.f;  ///< 0 = 1/sqrt(head_dim)
+
+  int n_q_heads() const { return n_kv_heads * group; }
+  /// Bytes of one page (K and V planes of every KV head, bf16).
+  size_t page_bytes() const { return size_t(2) * n_kv_heads * page_size * head_dim * 2; }
+  /// Throws InvalidArgument naming the field if the shape is not supported.
+  void validate() const;
+};
+
+/// One unit of kernel work: `ntok` tokens starting at token `tok0` of the page
+/// at device address `page`, for sequence `seq`; the partial goes to split slot
+/// `split` of that sequence. (16 bytes + pointer, device-resident arrays.)
+struct SplitWork {
+  const void* page = nullptr;  ///< device pointer to the page (bf16, layout above)
+  int32_t seq = 0;
+  int32_t tok0 = 0;
+  int32_t ntok = 0;
+  int32_t split = 0;
+};
+
+/// Partial buffers of a batch: O [n_seq][max_splits][n_q_heads][head_dim] fp32,
+/// LSE [n_seq][max_splits][n_q_heads] fp32 (device memory).
+struct Partials {
+  float* o = nullptr;
+  float* lse = nullptr;
+  int max_splits = 0;
+};
+
+/// Runs attention for `n_work` splits (device array `work`) with queries
+/// `q` [n_seq][n_q_heads][head_dim] fp32 (device), writing partials.
+/// Grid: n_work x n_kv_heads CTAs of 128 threads. n_work == 0 is a no-op.
+void launch_split_attention(const AttnShape& shape, const SplitWork* work, int n_work,
+                            const float* q, Partials partials, cudaStream_t stream);
+
+/// Merges, for each of `n_seq` sequences, its first n_splits[s] partials
+/// (device int array) in ascending order: out [n_seq][n_q_heads][head_dim] fp32,
+/// out_lse [n_seq][n_q_heads] fp32 (may be null). A sequence whose partials are
+/// all empty (LSE -inf) gets O = 0 and LSE = -inf.
+void launch_merge(const AttnShape& shape, Partials partials, const int32_t* n_splits,
+                  int n_seq, float* out, float* out_lse, cudaStream_t stream);
+
+}  // namespace activekv::cuda

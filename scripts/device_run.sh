@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# One device call: build the CUDA backend (standalone CMake project, needs only
+# the CUDA toolkit + CMake), run the GPU tests, calibrate + bench decode, the
+# PyTorch peers and the plot. Everything lands in $OUT.
+#
+#   AKV_COMMIT=$(git rev-parse HEAD) scripts/device_run.sh quick|full
+set -uo pipefail
+OUT=${OUT:-/tmp/activekv-out}
+mkdir -p "$OUT"
+PHASE=${1:-quick}
+COMMIT=${AKV_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+exec > >(tee -a "$OUT/run.log") 2>&1
+echo "== device_run.sh $PHASE, commit $COMMIT, $(date -u +%FT%TZ)"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv
+GTEST_ARG=""
+[ -d third_party_carry/googletest ] && GTEST_ARG="-DACTIVEKV_GTEST_SRC=$PWD/third_party_carry/googletest"
+t0=$(date +%s)
+cmake -S src/cuda -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release $GTEST_ARG > "$OUT/cmake.log" 2>&1 \
+  && cmake --build build-cuda -j 16 >> "$OUT/cmake.log" 2>&1 || { tail -40 "$OUT/cmake.log"; exit 1; }
+echo "== build ok in $(( $(date +%s) - t0 )) s"
+
+echo "== GPU tests"
+build-cuda/bin/test_cuda_decode --gtest_output=json:"$OUT/gtest.json"
+TEST_RC=$?
+echo "== tests rc=$TEST_RC"
+
+if [ "$PHASE" = quick ]; then
+  CTX=32k,128k; BATCH=1,4; STEPS=5; WARM=2; MODES=streamed,resident,streamed-whole
+else
+  CTX=32k,64k,128k; BATCH=1,4; STEPS=20; WARM=3; MODES=streamed,resident,streamed-whole
+fi
+CMD="activekv-bench decode --contexts $CTX --batches $BATCH --steps $STEPS --warmup $WARM --modes $MODES"
+echo "== $CMD"
+build-cuda/bin/activekv-bench decode --contexts $CTX --batches $BATCH --steps $STEPS --warmup $WARM \
+  --modes $MODES --json "$OUT/bench_decode.json" --profile "$OUT/profile.json" --commit "$COMMIT"
+echo "== bench rc=$?"
+echo "== peers"
+PYTHONUNBUFFERED=1 python3 bench/peers_torch.py --contexts $CTX --batches $BATCH --steps $STEPS --warmup $WARM \
+  --profile "$OUT/profile.json" --json "$OUT/peers.json" --commit "$COMMIT"
+echo "== peers rc=$?"
+python3 bench/plot_decode.py "$OUT/bench_decode.json" "$OUT/peers.json" -o "$OUT/decode.png"
+echo "== done in $(( $(date +%s) - t0 )) s"
