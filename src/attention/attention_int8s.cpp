@@ -1,0 +1,92 @@
+// int8s attention reading the codes directly (see attention_codecs.h).
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "activekv/attention/attention_codecs.h"
+#include "activekv/kv/codec_int8s.h"
+#include "codec_tile.h"
+
+namespace activekv::attention {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// One (query row, query head) over the tile's pages; writes O and LSE.
+void attend_row(const std::vector<kv::Int8sPageView>& views, int64_t first_token, int64_t end, const float* q,
+                int64_t pos, int kv_head, int d, float scale, float* o_out, float& lse_out) {
+  const size_t dn = static_cast<size_t>(d);
+  std::vector<float> qp(dn), scores, acc(dn, 0.0f), u(dn);
+  std::vector<int8_t> qq(dn);
+  float m = kNegInf, l = 0.0f;
+  for (size_t p = 0; p < views.size(); ++p) {
+    const kv::Int8sHeadView& hv = views[p].heads[size_t(kv_head)];
+    const int64_t tok0 = first_token + int64_t(p) * views[p].header.page_size;
+    const int64_t visible = std::min<int64_t>(std::min<int64_t>(end, pos + 1) - tok0, views[p].header.page_size);
+    if (visible <= 0) break;
+    // Fold the channel scales into the query and quantise it to int8 (one scale per row and page).
+    float qmax = 0.0f;
+    for (int j = 0; j < d; ++j) {
+      qp[size_t(j)] = q[j] * hv.c[size_t(j)];
+      qmax = std::max(qmax, std::fabs(qp[size_t(j)]));
+    }
+    const float a = qmax / 127.0f;
+    for (int j = 0; j < d; ++j) {
+      qq[size_t(j)] = a == 0.0f ? 0 : int8_t(std::clamp(std::nearbyint(qp[size_t(j)] / a), -127.0f, 127.0f));
+    }
+    const float row_scale = a * scale;
+    scores.resize(size_t(visible));
+    float page_max = kNegInf;
+    for (int64_t t = 0; t < visible; ++t) {
+      const int8_t* k = hv.kq + size_t(t) * d;
+      int32_t dot = 0;
+      for (int j = 0; j < d; ++j) dot += int32_t(qq[size_t(j)]) * int32_t(k[j]);
+      scores[size_t(t)] = (float(dot) * hv.s[size_t(t)]) * row_scale;
+      page_max = std::max(page_max, scores[size_t(t)]);
+    }
+    const float m_new = std::max(m, page_max);
+    const float alpha = m == kNegInf ? 0.0f : std::exp(m - m_new);
+    std::fill(u.begin(), u.end(), 0.0f);
+    float sum = 0.0f;
+    for (int64_t t = 0; t < visible; ++t) {
+      const float pt = std::exp(scores[size_t(t)] - m_new);
+      sum += pt;
+      const int8_t* v = hv.vq + size_t(t) * d;
+      for (int j = 0; j < d; ++j) u[size_t(j)] += pt * float(v[j]);
+    }
+    l = l * alpha + sum;
+    m = m_new;
+    for (int j = 0; j < d; ++j) acc[size_t(j)] = acc[size_t(j)] * alpha + hv.v[size_t(j)] * u[size_t(j)];
+  }
+  if (m == kNegInf || l == 0.0f) return;  // no visible key: stays empty
+  const float inv = 1.0f / l;
+  for (int j = 0; j < d; ++j) o_out[j] = acc[size_t(j)] * inv;
+  lse_out = m + std::log(l);
+}
+
+}  // namespace
+
+Partial attend_int8s_tile(std::span<const kv::EncodedPage* const> pages, int64_t first_token,
+                          int64_t history_tokens, const QueryRows& q, const AttentionOptions& opt) {
+  const detail::CodecTile tile =
+      detail::check_codec_tile("int8s attention", kv::CodecFormat::int8s, pages, first_token, history_tokens, q);
+  const int d = tile.first.head_dim;
+  const int group = q.n_heads / tile.first.n_kv_heads;
+  const float scale = opt.softmax_scale != 0.0f ? opt.softmax_scale : 1.0f / std::sqrt(float(d));
+  std::vector<kv::Int8sPageView> views;
+  views.reserve(tile.n_read);
+  for (size_t i = 0; i < tile.n_read; ++i) views.push_back(kv::parse_int8s_page(*pages[i]));
+
+  Partial out(q.n_rows, q.n_heads, d);
+  const int n_items = q.n_rows * q.n_heads;
+#pragma omp parallel for schedule(dynamic)
+  for (int item = 0; item < n_items; ++item) {
+    const int r = item / q.n_heads, head = item % q.n_heads;
+    attend_row(views, first_token, tile.end, q.q + (size_t(r) * q.n_heads + head) * d, q.positions[r], head / group,
+               d, scale, out.o_at(r, head), out.lse_at(r, head));
+  }
+  return out;
+}
+
+}  // namespace activekv::attention

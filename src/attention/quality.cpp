@@ -1,0 +1,178 @@
+// fp64 reference attention over stored/dequantised histories; own-format error.
+#include "activekv/attention/quality.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <limits>
+
+#include "activekv/core/error.h"
+#include "activekv/kv/codec_int8s.h"
+#include "activekv/kv/codec_lossless13.h"
+
+namespace activekv::attention {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+void check_dims(DenseHistoryF64& h, int heads, int dim) {
+  if (h.n_kv_heads == 0 && h.head_dim == 0) {
+    h.n_kv_heads = heads;
+    h.head_dim = dim;
+  }
+  if (h.n_kv_heads != heads || h.head_dim != dim) {
+    throw InvalidArgument(fmt::format("DenseHistoryF64: page of {} heads x {} dims appended to a history of {} x {}",
+                                      heads, dim, h.n_kv_heads, h.head_dim));
+  }
+}
+
+}  // namespace
+
+void DenseHistoryF64::append(const kv::EncodedPage& page, int n) {
+  const kv::PageHeader hdr = kv::read_header(page.bytes);
+  check_dims(*this, hdr.n_kv_heads, hdr.head_dim);
+  if (n < 0 || n > hdr.n_tokens) {
+    throw InvalidArgument(fmt::format("DenseHistoryF64: {} tokens requested from a page holding {}", n, hdr.n_tokens));
+  }
+  const int H = hdr.n_kv_heads, d = hdr.head_dim;
+  const size_t base = size_t(n_tokens) * H * d;
+  k.resize(base + size_t(n) * H * d);
+  v.resize(k.size());
+  if (hdr.format == kv::CodecFormat::int8s) {
+    const kv::Int8sPageView view = kv::parse_int8s_page(page);
+    for (int g = 0; g < H; ++g) {
+      const kv::Int8sHeadView& hv = view.heads[size_t(g)];
+      for (int t = 0; t < n; ++t) {
+        for (int j = 0; j < d; ++j) {
+          const size_t src = size_t(t) * d + j, dst = base + (size_t(t) * H + g) * d + j;
+          k[dst] = double(hv.c[size_t(j)]) * double(hv.s[size_t(t)]) * double(hv.kq[src]);  // exact in double
+          v[dst] = double(hv.v[size_t(j)]) * double(hv.vq[src]);
+        }
+      }
+    }
+  } else {
+    std::vector<bf16> tmp(2 * size_t(H) * hdr.page_size * d);
+    kv::decode_lossless13_page(page, tmp);
+    const size_t plane = size_t(hdr.page_size) * d;
+    for (int g = 0; g < H; ++g) {
+      for (int t = 0; t < n; ++t) {
+        for (int j = 0; j < d; ++j) {
+          const size_t dst = base + (size_t(t) * H + g) * d + j;
+          k[dst] = bf16_to_f32(tmp[size_t(g) * plane + size_t(t) * d + j]);
+          v[dst] = bf16_to_f32(tmp[size_t(H + g) * plane + size_t(t) * d + j]);
+        }
+      }
+    }
+  }
+  n_tokens += n;
+}
+
+void DenseHistoryF64::append(const kv::PageStore& store, kv::PageId id, int n) {
+  const kv::KvShape& s = store.shape();
+  check_dims(*this, s.n_kv_heads, s.head_dim);
+  if (n < 0 || n > s.page_size) {
+    throw InvalidArgument(fmt::format("DenseHistoryF64: {} tokens requested from a page of {}", n, s.page_size));
+  }
+  const int H = s.n_kv_heads, d = s.head_dim;
+  const size_t base = size_t(n_tokens) * H * d;
+  k.resize(base + size_t(n) * H * d);
+  v.resize(k.size());
+  std::vector<float> kf(size_t(n) * d), vf(kf.size());
+  for (int g = 0; g < H; ++g) {
+    kv::decode_elements(s.format, store.k_plane(id, g), kf.size(), kf.data());
+    kv::decode_elements(s.format, store.v_plane(id, g), vf.size(), vf.data());
+    for (int t = 0; t < n; ++t) {
+      for (int j = 0; j < d; ++j) {
+        const size_t dst = base + (size_t(t) * H + g) * d + j;
+        k[dst] = kf[size_t(t) * d + j];
+        v[dst] = vf[size_t(t) * d + j];
+      }
+    }
+  }
+  n_tokens += n;
+}
+
+DenseHistoryF64 dequantize_history(std::span<const kv::EncodedPage* const> pages, int64_t first_token,
+                                   int64_t history_tokens) {
+  DenseHistoryF64 h;
+  h.first_token = first_token;
+  for (size_t i = 0; i < pages.size(); ++i) {
+    if (pages[i] == nullptr) throw InvalidArgument(fmt::format("dequantize_history: page {} is null", i));
+    const kv::PageHeader hdr = kv::read_header(pages[i]->bytes);
+    const int64_t tok0 = first_token + int64_t(i) * hdr.page_size;
+    if (tok0 >= history_tokens) break;
+    h.append(*pages[i], int(std::min<int64_t>(hdr.page_size, history_tokens - tok0)));
+  }
+  return h;
+}
+
+ReferencePartial reference_attention(const DenseHistoryF64& h, const QueryRows& q, const AttentionOptions& opt) {
+  if (h.n_kv_heads <= 0 || q.n_heads % h.n_kv_heads != 0) {
+    throw InvalidArgument(fmt::format("reference_attention: {} query heads is not a multiple of {} KV heads",
+                                      q.n_heads, h.n_kv_heads));
+  }
+  const int d = h.head_dim, group = q.n_heads / h.n_kv_heads;
+  const double scale = opt.softmax_scale != 0.0f ? double(opt.softmax_scale) : 1.0 / std::sqrt(double(d));
+  ReferencePartial out;
+  out.n_rows = q.n_rows;
+  out.n_heads = q.n_heads;
+  out.head_dim = d;
+  out.o.assign(size_t(q.n_rows) * q.n_heads * d, 0.0);
+  out.lse.assign(size_t(q.n_rows) * q.n_heads, -kInf);
+  const int n_items = q.n_rows * q.n_heads;
+#pragma omp parallel for schedule(dynamic)
+  for (int item = 0; item < n_items; ++item) {
+    const int r = item / q.n_heads, head = item % q.n_heads, g = head / group;
+    const float* qr = q.q + (size_t(r) * q.n_heads + head) * d;
+    const int64_t visible = std::min<int64_t>(h.n_tokens, q.positions[r] - h.first_token + 1);
+    if (visible <= 0) continue;
+    std::vector<double> s(static_cast<size_t>(visible));
+    double m = -kInf;
+    for (int64_t t = 0; t < visible; ++t) {
+      double dot = 0;
+      for (int j = 0; j < d; ++j) dot += double(qr[j]) * h.k_at(t, g, j);
+      s[size_t(t)] = dot * scale;
+      m = std::max(m, s[size_t(t)]);
+    }
+    double sum = 0;
+    for (double& x : s) sum += (x = std::exp(x - m));
+    double* o = out.o.data() + (size_t(r) * q.n_heads + head) * d;
+    for (int64_t t = 0; t < visible; ++t) {
+      const double w = s[size_t(t)] / sum;
+      for (int j = 0; j < d; ++j) o[j] += w * h.v_at(t, g, j);
+    }
+    out.lse[size_t(r) * q.n_heads + head] = m + std::log(sum);
+  }
+  return out;
+}
+
+double own_format_error(const Partial& kernel, const ReferencePartial& ref) {
+  if (kernel.n_rows != ref.n_rows || kernel.n_heads != ref.n_heads || kernel.head_dim != ref.head_dim) {
+    throw InvalidArgument(fmt::format("own_format_error: kernel partial {}x{}x{} vs reference {}x{}x{}", kernel.n_rows,
+                                      kernel.n_heads, kernel.head_dim, ref.n_rows, ref.n_heads, ref.head_dim));
+  }
+  double worst = 0;
+  for (int r = 0; r < ref.n_rows; ++r) {
+    for (int h = 0; h < ref.n_heads; ++h) {
+      const bool ref_empty = ref.lse_at(r, h) == -kInf;
+      const bool ker_empty = kernel.lse_at(r, h) == -std::numeric_limits<float>::infinity();
+      if (ref_empty && ker_empty) continue;
+      if (ref_empty != ker_empty || !std::isfinite(kernel.lse_at(r, h))) return kInf;
+      double diff = 0, norm = 0;
+      for (int j = 0; j < ref.head_dim; ++j) {
+        const double k = kernel.o_at(r, h)[j], o = ref.o_at(r, h)[j];
+        if (!std::isfinite(k)) return kInf;
+        diff = std::max(diff, std::fabs(k - o));
+        norm = std::max(norm, std::fabs(o));
+      }
+      if (norm == 0) {
+        if (diff != 0) return kInf;
+        continue;
+      }
+      worst = std::max(worst, diff / norm);
+    }
+  }
+  return worst;
+}
+
+}  // namespace activekv::attention

@@ -1,0 +1,56 @@
+// Helpers for the compressed-page attention tests.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "activekv/attention/paged_attention.h"
+#include "activekv/core/bf16.h"
+#include "activekv/kv/codec.h"
+#include "activekv/kv/codec_int8s.h"
+
+namespace activekv::testing {
+
+/// Token-major fp32 history k, v [n_tokens][n_kv_heads][head_dim].
+struct RawHistory {
+  int n_tokens = 0, n_kv_heads = 0, head_dim = 0;
+  std::vector<float> k, v;
+};
+
+/// Splits a raw history into bf16 pages of the PageStore layout and encodes
+/// them (the last page holds the remainder).
+inline std::vector<kv::EncodedPage> encode_history(const RawHistory& h, int page_size, kv::CodecFormat f,
+                                                   kv::Int8sKeyScaling scaling = kv::Int8sKeyScaling::separable) {
+  kv::KvShape s;
+  s.n_layers = 1;
+  s.n_kv_heads = h.n_kv_heads;
+  s.head_dim = h.head_dim;
+  s.page_size = page_size;
+  std::vector<kv::EncodedPage> pages;
+  for (int t0 = 0; t0 < h.n_tokens; t0 += page_size) {
+    const int n = std::min(page_size, h.n_tokens - t0);
+    std::vector<bf16> page(s.page_elements());
+    for (int g = 0; g < h.n_kv_heads; ++g) {
+      for (int t = 0; t < n; ++t) {
+        for (int j = 0; j < h.head_dim; ++j) {
+          const size_t src = (size_t(t0 + t) * h.n_kv_heads + g) * h.head_dim + j;
+          page[size_t(g) * s.plane_elements() + size_t(t) * h.head_dim + j] = f32_to_bf16(h.k[src]);
+          page[size_t(h.n_kv_heads + g) * s.plane_elements() + size_t(t) * h.head_dim + j] = f32_to_bf16(h.v[src]);
+        }
+      }
+    }
+    pages.push_back(f == kv::CodecFormat::int8s ? kv::encode_int8s_page(s, page, n, scaling)
+                                                : kv::encode_page(f, s, page, n));
+  }
+  return pages;
+}
+
+inline std::vector<const kv::EncodedPage*> pointers(const std::vector<kv::EncodedPage>& pages, size_t first = 0,
+                                                    size_t n = SIZE_MAX) {
+  std::vector<const kv::EncodedPage*> out;
+  for (size_t i = first; i < pages.size() && i < first + n; ++i) out.push_back(&pages[i]);
+  return out;
+}
+
+}  // namespace activekv::testing
