@@ -134,7 +134,8 @@ TEST(Int8s, ZeroChannelGetsUnitScaleAndZeroToken) {
   for (int t = 0; t < 64; ++t) page[testing::at(sh, 0, t, 3)] = bf16{0x8000};  // -0: still a zero channel
   for (int j = 0; j < 16; ++j) page[testing::at(sh, 0, 9, j)] = bf16{0};       // zero key token
   for (int t = 0; t < 64; ++t) page[testing::at(sh, 1, t, 7)] = bf16{0};       // zero value channel
-  const kv::Int8sPageView view = kv::parse_int8s_page(kv::encode_int8s_page(sh, page, 64));
+  const kv::EncodedPage view_enc = kv::encode_int8s_page(sh, page, 64);
+  const kv::Int8sPageView view = kv::parse_int8s_page(view_enc);
   const kv::Int8sHeadView& hv = view.heads[0];
   EXPECT_EQ(hv.c[3], 1.0f);
   EXPECT_EQ(hv.s[9], 0.0f);
@@ -147,7 +148,8 @@ TEST(Int8s, ZeroChannelGetsUnitScaleAndZeroToken) {
   expect_matches_spec(sh, page, 64);
   // An all-zero page: every scale neutral, every code zero.
   std::vector<bf16> zero(sh.page_elements());
-  const kv::Int8sPageView z = kv::parse_int8s_page(kv::encode_int8s_page(sh, zero, 64));
+  const kv::EncodedPage z_enc = kv::encode_int8s_page(sh, zero, 64);
+  const kv::Int8sPageView z = kv::parse_int8s_page(z_enc);
   for (float c : z.heads[0].c) EXPECT_EQ(c, 1.0f);
   for (float s : z.heads[0].s) EXPECT_EQ(s, 0.0f);
 }
@@ -161,7 +163,8 @@ TEST(Int8s, ChannelScaleClampsToBothBounds) {
     page[testing::at(sh, 0, t, 0)] = f32_to_bf16((t % 2 ? -1.0f : 1.0f) * 0x1p30f);
     page[testing::at(sh, 0, t, 1)] = f32_to_bf16(0x1p-34f);
   }
-  const kv::Int8sPageView view = kv::parse_int8s_page(kv::encode_int8s_page(sh, page, 4));
+  const kv::EncodedPage view_enc = kv::encode_int8s_page(sh, page, 4);
+  const kv::Int8sPageView view = kv::parse_int8s_page(view_enc);
   EXPECT_EQ(view.heads[0].c[0], 0x1p14f);
   EXPECT_EQ(view.heads[0].c[1], 0x1p-14f);
   EXPECT_EQ(view.heads[0].kq[0], 127);
@@ -180,7 +183,8 @@ TEST(Int8s, CodesClipAt127WhenTheTokenScaleRoundsDown) {
     page[testing::at(sh, 0, t, 0)] = f32_to_bf16(row[t]);
     page[testing::at(sh, 0, t, 1)] = f32_to_bf16(row[t]);
   }
-  const kv::Int8sPageView view = kv::parse_int8s_page(kv::encode_int8s_page(sh, page, 4));
+  const kv::EncodedPage view_enc = kv::encode_int8s_page(sh, page, 4);
+  const kv::Int8sPageView view = kv::parse_int8s_page(view_enc);
   const kv::Int8sHeadView& hv = view.heads[0];
   ASSERT_EQ(hv.c[0], 1.0f);
   EXPECT_EQ(hv.s[0], 0x1p-24f);
@@ -207,7 +211,8 @@ TEST(Int8s, TiesRoundToEven) {
       page[testing::at(sh, 1, t, 1 - side)] = f32_to_bf16(float(half[i] / 128));
     }
   }
-  const kv::Int8sPageView view = kv::parse_int8s_page(kv::encode_int8s_page(sh, page, 16));
+  const kv::EncodedPage view_enc = kv::encode_int8s_page(sh, page, 16);
+  const kv::Int8sPageView view = kv::parse_int8s_page(view_enc);
   const kv::Int8sHeadView& hv = view.heads[0];
   ASSERT_EQ(hv.c[0], 1.0f);
   ASSERT_EQ(hv.c[1], 1.0f);
@@ -226,8 +231,8 @@ TEST(Int8s, TiesRoundToEven) {
 TEST(Int8s, PerTokenOnlyScalingHasUnitChannelScales) {
   const auto sh = testing::codec_shape(64, 1, 32);
   const auto page = testing::random_page(sh, 5);
-  const kv::Int8sPageView view =
-      kv::parse_int8s_page(kv::encode_int8s_page(sh, page, 64, kv::Int8sKeyScaling::per_token_only));
+  const kv::EncodedPage view_enc = kv::encode_int8s_page(sh, page, 64, kv::Int8sKeyScaling::per_token_only);
+  const kv::Int8sPageView view = kv::parse_int8s_page(view_enc);
   for (float c : view.heads[0].c) EXPECT_EQ(c, 1.0f);
   for (int t = 0; t < 64; ++t) {
     double m = 0;

@@ -62,6 +62,8 @@ struct Int8sPageView {
 /// implies, a scale NaN/inf/negative, a channel scale outside
 /// [2^-14, 2^14], a code of -128.
 Int8sPageView parse_int8s_page(const EncodedPage& page);
+/// The view aliases the blob: parsing a temporary would dangle.
+Int8sPageView parse_int8s_page(EncodedPage&& page) = delete;
 
 /// Payload bytes of an int8s page with these dimensions.
 size_t int8s_payload_bytes(int n_kv_heads, int head_dim, int n_tokens);
