@@ -39,9 +39,20 @@ int main(int argc, char** argv) {
   activekv::cli::add_generate(*gen, run_generate);
   auto* ins = app.add_subcommand("inspect", "Print a GGUF model's architecture and tensors");
   activekv::cli::add_inspect(*ins, run_inspect);
+#ifdef ACTIVEKV_HAVE_CUDA
+  std::function<int()> run_bench, run_calibrate;
+  auto* bench = app.add_subcommand("bench", "GPU benchmarks (bench decode)");
+  activekv::cli::add_bench(*bench, run_bench);
+  auto* cal = app.add_subcommand("calibrate", "Measure H2D bandwidth and kernel time: the transfer model's profile");
+  activekv::cli::add_calibrate(*cal, run_calibrate);
+#endif
   CLI11_PARSE(app, argc, argv);
   try {
     if (*ins) return run_inspect();
+#ifdef ACTIVEKV_HAVE_CUDA
+    if (*bench) return run_bench();
+    if (*cal) return run_calibrate();
+#endif
     return run_generate();  // `generate` or no subcommand
   } catch (const activekv::Error& e) {
     fmt::print(stderr, "activekv: error: {}\n", e.what());

@@ -1,0 +1,42 @@
+// `activekv bench decode`: the GPU decode benchmark (SPEC §1 27B attention
+// shape; streamed and resident exact tier). Same code as `activekv-bench decode`.
+#include <sstream>
+
+#include "activekv/cuda/bench.h"
+#include "commands.h"
+
+namespace activekv::cli {
+
+void add_bench(CLI::App& app, std::function<int()>& run) {
+  app.require_subcommand(1, 1);
+  auto* dec = app.add_subcommand("decode", "Decode-step latency vs depth: streamed from pinned host memory, "
+                                           "resident, transfer-model prediction, bus-limit ratio");
+  auto o = std::make_shared<cuda::BenchDecodeOptions>();
+  auto contexts = std::make_shared<std::string>("32k,64k,128k");
+  auto batches = std::make_shared<std::vector<int>>(std::vector<int>{1, 4});
+  auto modes = std::make_shared<std::vector<std::string>>(o->modes);
+  dec->add_option("--contexts,-d", *contexts, "Depths (context tokens), e.g. 32k,64k,128k");
+  dec->add_option("--batches,-b", *batches, "Batch sizes")->delimiter(',');
+  dec->add_option("--steps", o->steps, "Measured steps per configuration (median reported)");
+  dec->add_option("--warmup", o->warmup, "Warm-up steps");
+  dec->add_option("--layers", o->n_layers, "Attention layers per step");
+  dec->add_option("--tile-pages", o->tile_pages, "Pages per staging tile (0 = whole layer)");
+  dec->add_option("--ring", o->ring_slots, "Staging ring slots");
+  dec->add_option("--split", o->attn.split_tokens, "Tokens per attention CTA (divides the page size)");
+  dec->add_option("--modes", *modes, "streamed, streamed-whole, resident")->delimiter(',');
+  dec->add_option("--json", o->json_path, "JSON output");
+  dec->add_option("--profile", o->profile_path, "Calibration profile output");
+  dec->add_option("--commit", o->commit, "Commit recorded in the JSON");
+  run = [o, contexts, batches, modes, &app] {
+    o->contexts = cuda::parse_sizes(*contexts);
+    o->batches = *batches;
+    o->modes = *modes;
+    std::ostringstream cmd;
+    cmd << "activekv bench decode --contexts " << *contexts;
+    o->command = cmd.str();
+    (void)app;
+    return cuda::run_bench_decode(*o);
+  };
+}
+
+}  // namespace activekv::cli
