@@ -39,4 +39,11 @@ PYTHONUNBUFFERED=1 python3 bench/peers_torch.py --contexts $CTX --batches $BATCH
   --profile "$OUT/profile.json" --json "$OUT/peers.json" --commit "$COMMIT"
 echo "== peers rc=$?"
 python3 bench/plot_decode.py "$OUT/bench_decode.json" "$OUT/peers.json" -o "$OUT/decode.png"
+if [ "$PHASE" = full ]; then
+  echo "== resident kernel with 1024-token splits (variant, log + JSON)"
+  build-cuda/bin/activekv-bench decode --contexts 32k,128k --batches 1,4 --steps 20 --warmup 3 --modes resident \
+    --split 1024 --json "$OUT/bench_split1024.json" --profile "" --commit "$COMMIT" | tail -8
+  echo "== compute-sanitizer memcheck on the GPU tests"
+  timeout 120 compute-sanitizer --tool memcheck --print-limit 5 build-cuda/bin/test_cuda_decode 2>&1 | tail -6
+fi
 echo "== done in $(( $(date +%s) - t0 )) s"
