@@ -11,6 +11,7 @@
 #include <sstream>
 #include <thread>
 
+#include "activekv/convert/compressed_history.h"
 #include "activekv/core/blas.h"
 #include "activekv/model/llama_model.h"
 #include "activekv/model/sampler.h"
@@ -32,6 +33,8 @@ struct GenerateArgs {
   bool chat = false;
   int page_size = 1024;
   std::string kv_format = "bf16";
+  int recent_pages = 2;
+  int convert_threads = 1;
   int tile_pages = 32;
   int prefill_chunk = 256;
 };
@@ -57,10 +60,26 @@ std::string prompt_text(const GenerateArgs& a, const Tokenizer& tok) {
 struct Timings {
   double load_ms = 0, prefill_ms = 0;
   std::vector<double> step_ms;
-  double history_bytes = 0;  // summed over decode steps
+  route::RouteReport decode_route;  // pages, tiles and bytes read by the decode steps
 };
 
-void print_summary(const Timings& t, size_t n_prompt, const model::ModelConfig& c, const kv::KvShape& shape,
+// --kv-format: bf16/f32 are exact routes over pages of that format; the
+// compressed formats read bf16 pages converted in the background.
+struct HistoryPlan {
+  kv::PageFormat page_format = kv::PageFormat::bf16;
+  route::RouteKind route = route::RouteKind::exact;
+  std::vector<kv::CodecFormat> codecs;
+};
+
+HistoryPlan plan_history(const std::string& kv_format) {
+  if (kv_format == "bf16" || kv_format == "f32") return {kv::parse_page_format(kv_format), route::RouteKind::exact, {}};
+  const route::RouteKind kind = route::parse_kind(kv_format);
+  const kv::CodecFormat codec =
+      kind == route::RouteKind::lossless13 ? kv::CodecFormat::lossless13 : kv::CodecFormat::int8s;
+  return {kv::PageFormat::bf16, kind, {codec}};
+}
+
+void print_summary(const Timings& t, size_t n_prompt, const model::ModelConfig& c, const std::string& kv_format,
                    int threads) {
   const size_t n_gen = t.step_ms.size();
   double decode_ms = 0;
@@ -74,9 +93,11 @@ void print_summary(const Timings& t, size_t n_prompt, const model::ModelConfig& 
              decode_ms > 0 ? 1000.0 * double(n_gen) / decode_ms : 0.0, n_gen, decode_ms);
   fmt::print(stderr, "per-token latency    median {:.2f} ms, p90 {:.2f} ms\n",
              quantile(t.step_ms, 0.5), quantile(t.step_ms, 0.9));
-  fmt::print(stderr, "history read/token   {:10.2f} MiB ({} pages, {} B per token of context)\n",
-             n_gen ? t.history_bytes / double(n_gen) / (1024.0 * 1024.0) : 0.0, kv::format_name(shape.format),
-             shape.bytes_per_token_per_layer() * size_t(c.n_layers));
+  const auto& r = t.decode_route;
+  const double steps = double(std::max<size_t>(n_gen, 1));
+  fmt::print(stderr, "history read/token   {:10.2f} MiB ({}; per step {:.1f} exact + {:.1f} lossless13 + {:.1f} int8s pages)\n",
+             r.bytes / steps / (1024.0 * 1024.0), kv_format, double(r.pages[0]) / steps,
+             double(r.pages[1]) / steps, double(r.pages[2]) / steps);
   fmt::print(stderr, "peak RSS             {:10.1f} MiB\n", double(peak_rss_bytes()) / (1024.0 * 1024.0));
 }
 
@@ -105,26 +126,36 @@ int run(const GenerateArgs& a) {
   if (n_ctx > c.context_length) {
     fmt::print(stderr, "warning: context {} exceeds the model's trained context {}\n", n_ctx, c.context_length);
   }
-  const kv::KvShape shape = lm.kv_shape(a.page_size, kv::parse_page_format(a.kv_format));
-  const size_t max_pages = size_t((n_ctx + a.page_size - 1) / a.page_size) * size_t(c.n_layers);
-  kv::PageStore store(shape, max_pages);
+  const HistoryPlan plan = plan_history(a.kv_format);
+  const kv::KvShape shape = lm.kv_shape(a.page_size, plan.page_format);
+  const size_t pages_per_layer = size_t((n_ctx + a.page_size - 1) / a.page_size);
+  kv::PageStore store(shape, pages_per_layer * size_t(c.n_layers));
   kv::SequenceKv seq(store);
+  std::unique_ptr<convert::ConversionPool> pool;
+  if (!plan.codecs.empty()) pool = std::make_unique<convert::ConversionPool>(a.convert_threads);
+  // Declared after seq: destroyed (its conversions cancelled) before seq frees its pages.
+  std::unique_ptr<convert::CompressedHistory> compressed;
+  if (pool) compressed = std::make_unique<convert::CompressedHistory>(seq, plan.codecs, pages_per_layer, pool.get());
+  route::RoutedView view;
+  view.compressed = compressed.get();
+  view.config = {plan.route, a.recent_pages, a.tile_pages};
   model::Sampler sampler(a.sampling);
 
-  fmt::print(stderr, "activekv: {} | {} layers, {} KV heads x {} | page {} tokens, tile {} pages | {} prompt tokens\n",
-             model_path, c.n_layers, c.n_kv_heads, c.head_dim, a.page_size, a.tile_pages, prompt.size());
+  fmt::print(stderr, "activekv: {} | {} layers, {} KV heads x {} | {} history, page {} tokens, tile {} pages | {} prompt tokens\n",
+             model_path, c.n_layers, c.n_kv_heads, c.head_dim, a.kv_format, a.page_size, a.tile_pages, prompt.size());
   t0 = std::chrono::steady_clock::now();
   std::vector<float> logits = lm.prefill(prompt, seq, [&](int64_t done, int64_t total) {
     const double ms = ms_since(t0);
     fmt::print(stderr, "\rprefill {:6d}/{} tokens  {:7.1f} tokens/s", done, total, 1000.0 * double(done) / ms);
     std::fflush(stderr);
-  });
+  }, &view);
   t.prefill_ms = ms_since(t0);
   fmt::print(stderr, "\n");
   if (!a.chat) {
     fmt::print("{}", a.prompt.empty() && a.prompt_file.empty() ? "[...] " : "");
   }
 
+  view.report = &t.decode_route;
   for (int i = 0; i < a.n_predict; ++i) {
     const auto ts = std::chrono::steady_clock::now();
     const int32_t id = sampler.sample(logits);
@@ -132,12 +163,12 @@ int run(const GenerateArgs& a) {
     fmt::print("{}", tok.token_to_piece(id));
     std::fflush(stdout);
     if (i + 1 == a.n_predict) break;  // the last token needs no forward pass
-    t.history_bytes += double(seq.n_tokens() + 1) * double(shape.bytes_per_token_per_layer()) * c.n_layers;
     const int32_t one[1] = {id};
-    lm.forward(one, seq, logits);
+    lm.forward(one, seq, logits, false, &view);
+    if (compressed) compressed->schedule();
     t.step_ms.push_back(ms_since(ts));
   }
-  print_summary(t, prompt.size(), c, shape, a.threads);
+  print_summary(t, prompt.size(), c, a.kv_format, a.threads);
   return 0;
 }
 
@@ -157,8 +188,14 @@ void add_generate(CLI::App& app, std::function<int()>& run_fn) {
   app.add_option("--seed", a->sampling.seed, "Sampling seed")->capture_default_str();
   app.add_flag("--chat", a->chat, "Wrap the prompt in the model's ChatML chat template");
   app.add_option("--page-size", a->page_size, "Tokens per KV page")->capture_default_str()->check(CLI::Range(1, 1 << 20));
-  app.add_option("--kv-format", a->kv_format, "History page format: bf16 (exact tier) or f32 (reference)")
-      ->capture_default_str()->check(CLI::IsMember({"bf16", "f32"}));
+  app.add_option("--kv-format", a->kv_format,
+                 "History format: bf16 (exact tier), f32 (reference), lossless13, int8s, or hybrid "
+                 "(exact sink/recent/tail, int8s between)")
+      ->capture_default_str()->check(CLI::IsMember({"bf16", "f32", "lossless13", "int8s", "hybrid"}));
+  app.add_option("--recent-pages", a->recent_pages, "hybrid: full pages before the tail kept exact")
+      ->capture_default_str()->check(CLI::Range(0, 1 << 20));
+  app.add_option("--convert-threads", a->convert_threads, "Background page-conversion threads")
+      ->capture_default_str()->check(CLI::Range(1, 256));
   app.add_option("--tile-pages", a->tile_pages, "Pages per attention tile")->capture_default_str()->check(CLI::Range(1, 1 << 20));
   app.add_option("--prefill-chunk", a->prefill_chunk, "Tokens per prefill forward pass")->capture_default_str()->check(CLI::Range(1, 1 << 16));
   run_fn = [a] { return run(*a); };

@@ -28,7 +28,8 @@ kv::KvShape LlamaModel::kv_shape(int page_size, kv::PageFormat format) const {
   return kv::KvShape{config_.n_layers, config_.n_kv_heads, config_.head_dim, page_size, format};
 }
 
-void LlamaModel::layer_forward(int l, int T, const int64_t* pos, kv::SequenceKv& seq) {
+void LlamaModel::layer_forward(int l, int T, const int64_t* pos, kv::SequenceKv& seq,
+                               const route::RoutedView& view) {
   const ModelConfig& c = config_;
   const LayerWeights& L = w_.layers[size_t(l)];
   const int d = c.d_model, q_dim = c.n_heads * c.head_dim, kv_dim = c.n_kv_heads * c.head_dim;
@@ -40,10 +41,11 @@ void LlamaModel::layer_forward(int l, int T, const int64_t* pos, kv::SequenceKv&
   rope(q_.data(), T, c.n_heads, c.head_dim, pos, c);
   rope(k_.data(), T, c.n_kv_heads, c.head_dim, pos, c);
   seq.write(l, pos[0], T, k_.data(), v_.data());
+  if (opt_.on_queries) opt_.on_queries(l, T, q_.data(), pos);
 
   const attention::LayerHistory history{&seq.store(), seq.page_table(l), pos[T - 1] + 1};
   const attention::QueryRows rows{q_.data(), T, c.n_heads, pos};
-  const attention::Partial out = attention::attend(history, rows, opt_.attention, ws_);
+  const attention::Partial out = route::attend_routed(history, l, view, rows, opt_.attention, ws_);
   gemm_nt(T, d, q_dim, 1.0f, out.o.data(), q_dim, L.wo.data(), q_dim, 0.0f, tmp_.data(), d);
   add_inplace(x_.data(), tmp_.data(), int64_t(T) * d);
 
@@ -57,7 +59,7 @@ void LlamaModel::layer_forward(int l, int T, const int64_t* pos, kv::SequenceKv&
 }
 
 void LlamaModel::forward(std::span<const int32_t> tokens, kv::SequenceKv& seq,
-                         std::span<float> logits, bool all_logits) {
+                         std::span<float> logits, bool all_logits, const route::RoutedView* view) {
   const ModelConfig& c = config_;
   const int T = int(tokens.size());
   if (T == 0) throw InvalidArgument("forward: no tokens");
@@ -86,8 +88,11 @@ void LlamaModel::forward(std::span<const int32_t> tokens, kv::SequenceKv& seq,
     std::copy_n(w_.token_embd.data() + size_t(tokens[size_t(t)]) * d, d, x_.data() + size_t(t) * d);
   }
 
+  route::RoutedView exact;
+  exact.config.tile_pages = opt_.attention.tile_pages;
+  const route::RoutedView& v = view ? *view : exact;
   seq.reserve(T);  // may throw (store full): nothing written yet
-  for (int l = 0; l < c.n_layers; ++l) layer_forward(l, T, pos_.data(), seq);
+  for (int l = 0; l < c.n_layers; ++l) layer_forward(l, T, pos_.data(), seq, v);
   seq.commit(T);
 
   const int first = all_logits ? 0 : T - 1;
@@ -98,12 +103,13 @@ void LlamaModel::forward(std::span<const int32_t> tokens, kv::SequenceKv& seq,
 }
 
 std::vector<float> LlamaModel::prefill(std::span<const int32_t> tokens, kv::SequenceKv& seq,
-                                       const ProgressFn& progress) {
+                                       const ProgressFn& progress, const route::RoutedView* view) {
   std::vector<float> logits(size_t(config_.vocab_size));
   const int64_t n = int64_t(tokens.size());
   for (int64_t done = 0; done < n;) {
     const int64_t len = std::min<int64_t>(opt_.prefill_chunk, n - done);
-    forward(tokens.subspan(size_t(done), size_t(len)), seq, logits);
+    forward(tokens.subspan(size_t(done), size_t(len)), seq, logits, false, view);
+    if (view && view->compressed) view->compressed->schedule();
     done += len;
     if (progress) progress(done, n);
   }

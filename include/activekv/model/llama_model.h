@@ -17,12 +17,18 @@
 #include "activekv/kv/page_store.h"
 #include "activekv/model/config.h"
 #include "activekv/model/weights.h"
+#include "activekv/route/routed_attention.h"
 
 namespace activekv::model {
+
+/// Sees each layer's query rows after RoPE: q [T][n_heads][head_dim] at
+/// positions pos[T]. For evaluation tools (collecting real attention samples).
+using QueryObserver = std::function<void(int layer, int T, const float* q, const int64_t* pos)>;
 
 struct ForwardOptions {
   int prefill_chunk = 256;  ///< tokens per forward call during prefill
   attention::AttentionOptions attention;
+  QueryObserver on_queries;  ///< optional
 };
 
 /// Called after each prefill chunk with (tokens done, tokens total).
@@ -48,17 +54,20 @@ class LlamaModel {
   /// to `seq`. Writes logits [n][vocab] if all_logits, else only the last
   /// row's [vocab]; `logits` must be at least that large.
   /// Throws InvalidArgument on a bad token id or a short logits buffer;
-  /// the sequence is unchanged on such errors.
+  /// the sequence is unchanged on such errors. `view` chooses the route the
+  /// history is read along (nullptr: exact, tiles of options().attention.tile_pages).
   void forward(std::span<const int32_t> tokens, kv::SequenceKv& seq, std::span<float> logits,
-               bool all_logits = false);
+               bool all_logits = false, const route::RoutedView* view = nullptr);
 
   /// Runs a long prompt in chunks of options().prefill_chunk, returning the
-  /// last token's logits [vocab]. `progress` (may be empty) is called per chunk.
+  /// last token's logits [vocab]. `progress` (may be empty) is called per
+  /// chunk; `view` as in forward(); if it has a compressed history, pages
+  /// that fill up are scheduled for conversion after each chunk.
   std::vector<float> prefill(std::span<const int32_t> tokens, kv::SequenceKv& seq,
-                             const ProgressFn& progress = {});
+                             const ProgressFn& progress = {}, const route::RoutedView* view = nullptr);
 
  private:
-  void layer_forward(int l, int T, const int64_t* pos, kv::SequenceKv& seq);
+  void layer_forward(int l, int T, const int64_t* pos, kv::SequenceKv& seq, const route::RoutedView& view);
 
   ModelConfig config_;
   Weights w_;

@@ -1,0 +1,28 @@
+// Attention over a layer's history along a route (SPEC §2, §4): each segment
+// of the route is one tile read in its format -- exact bf16/f32 pages through
+// attention::attend_tile, published compressed pages through the codec
+// kernels that read the codes directly -- and the tile partials merge in
+// ascending order. With the exact route this is attention::attend exactly
+// (same tiles, same merge), so results are bitwise identical to it.
+#pragma once
+
+#include "activekv/attention/paged_attention.h"
+#include "activekv/convert/compressed_history.h"
+#include "activekv/route/route.h"
+
+namespace activekv::route {
+
+/// What a forward pass needs to read the history along a route.
+struct RoutedView {
+  convert::CompressedHistory* compressed = nullptr;  ///< nullptr: everything exact
+  RouteConfig config;                                      ///< kind, recent window, tile size
+  RouteReport* report = nullptr;                           ///< if set, accumulates pages/tiles/bytes
+};
+
+/// Attention of `q` over layer `layer` of `history` along `view`'s route.
+/// Throws InvalidArgument on shape mismatch (see attention::attend_tile).
+attention::Partial attend_routed(const attention::LayerHistory& history, int layer, const RoutedView& view,
+                                 const attention::QueryRows& q, const attention::AttentionOptions& opt,
+                                 attention::Workspace& ws);
+
+}  // namespace activekv::route
