@@ -87,8 +87,10 @@ void attend_group(const LayerHistory& h, size_t first_page, size_t n_pages, cons
     const kv::PageId id = h.page_table[p];
     ws.k.resize(size_t(n_keys) * d);
     ws.v.resize(size_t(n_keys) * d);
-    kv::decode_elements(s.format, h.store->k_plane(id, kv_head), size_t(n_keys) * d, ws.k.data());
-    kv::decode_elements(s.format, h.store->v_plane(id, kv_head), size_t(n_keys) * d, ws.v.data());
+    if (!h.read_planes || !h.read_planes(p, kv_head, n_keys, ws.k.data(), ws.v.data())) {
+      kv::decode_elements(s.format, h.store->k_plane(id, kv_head), size_t(n_keys) * d, ws.k.data());
+      kv::decode_elements(s.format, h.store->v_plane(id, kv_head), size_t(n_keys) * d, ws.v.data());
+    }
     for (int r = 0; r < q.n_rows; ++r) limit[size_t(r)] = q.positions[r] - tok0;
 
     ws.scores.resize(size_t(M) * n_keys);

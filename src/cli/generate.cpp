@@ -95,7 +95,7 @@ void print_summary(const Timings& t, size_t n_prompt, const model::ModelConfig& 
              quantile(t.step_ms, 0.5), quantile(t.step_ms, 0.9));
   const auto& r = t.decode_route;
   const double steps = double(std::max<size_t>(n_gen, 1));
-  fmt::print(stderr, "history read/token   {:10.2f} MiB ({}; per step {:.1f} exact + {:.1f} lossless13 + {:.1f} int8s pages)\n",
+  fmt::print(stderr, "history read/token   {:10.2f} MiB ({}; per step {:.0f} exact + {:.0f} lossless13 + {:.0f} int8s pages)\n",
              r.bytes / steps / (1024.0 * 1024.0), kv_format, double(r.pages[0]) / steps,
              double(r.pages[1]) / steps, double(r.pages[2]) / steps);
   fmt::print(stderr, "peak RSS             {:10.1f} MiB\n", double(peak_rss_bytes()) / (1024.0 * 1024.0));

@@ -12,16 +12,18 @@ CompressedHistory::CompressedHistory(const kv::SequenceKv& seq, std::vector<kv::
   if (seq.shape().format != kv::PageFormat::bf16) {
     throw InvalidArgument("CompressedHistory: compressed formats are converted from bf16 pages only");
   }
-  slots_ = std::make_unique<Slot[]>(formats_.size() * size_t(seq.shape().n_layers) * max_pages_);
+  const size_t n = formats_.size() * size_t(seq.shape().n_layers) * max_pages_;
+  published_ = std::make_unique<std::atomic<const kv::EncodedPage*>[]>(n);
+  owned_ = std::make_unique<std::unique_ptr<const kv::EncodedPage>[]>(n);
+  for (size_t i = 0; i < n; ++i) published_[i].store(nullptr, std::memory_order_relaxed);
 }
 
 CompressedHistory::~CompressedHistory() {
   if (pool_) pool_->cancel(this);
 }
 
-CompressedHistory::Slot& CompressedHistory::slot(size_t f, int layer, size_t page) const {
-  const size_t layers = size_t(seq_->shape().n_layers);
-  return slots_[(f * layers + size_t(layer)) * max_pages_ + page];
+size_t CompressedHistory::slot(size_t f, int layer, size_t page) const {
+  return (f * size_t(seq_->shape().n_layers) + size_t(layer)) * max_pages_ + page;
 }
 
 bool CompressedHistory::produces(kv::CodecFormat format) const {
@@ -30,9 +32,10 @@ bool CompressedHistory::produces(kv::CodecFormat format) const {
 
 void CompressedHistory::convert(size_t f, int layer, size_t page) {
   const kv::PageId id = seq_->page_table(layer)[page];
-  auto encoded = std::make_shared<const kv::EncodedPage>(
+  const size_t i = slot(f, layer, page);
+  owned_[i] = std::make_unique<const kv::EncodedPage>(
       kv::encode_page(formats_[f], seq_->store(), id, seq_->shape().page_size));
-  slot(f, layer, page).store(std::move(encoded), std::memory_order_release);
+  published_[i].store(owned_[i].get(), std::memory_order_release);
   counts_[f].fetch_add(1, std::memory_order_relaxed);
 }
 
@@ -62,15 +65,19 @@ void CompressedHistory::wait() {
 void CompressedHistory::clear() {
   if (pool_) pool_->cancel(this);
   const size_t n = formats_.size() * size_t(seq_->shape().n_layers) * max_pages_;
-  for (size_t i = 0; i < n; ++i) slots_[i].store(nullptr);
+  for (size_t i = 0; i < n; ++i) {
+    published_[i].store(nullptr, std::memory_order_relaxed);
+    owned_[i].reset();
+  }
   for (auto& c : counts_) c.store(0);
   scheduled_pages_ = 0;
 }
 
-std::shared_ptr<const kv::EncodedPage> CompressedHistory::published(int layer, size_t page,
-                                                                    kv::CodecFormat format) const {
+const kv::EncodedPage* CompressedHistory::published(int layer, size_t page, kv::CodecFormat format) const {
   for (size_t f = 0; f < formats_.size(); ++f) {
-    if (formats_[f] == format && page < max_pages_) return slot(f, layer, page).load(std::memory_order_acquire);
+    if (formats_[f] == format && page < max_pages_) {
+      return published_[slot(f, layer, page)].load(std::memory_order_acquire);
+    }
   }
   return nullptr;
 }

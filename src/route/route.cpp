@@ -31,8 +31,7 @@ ReadFormat compressed_format(RouteKind kind) {
   return ReadFormat::exact;
 }
 
-std::vector<Segment> plan_route(const RouteConfig& cfg, int64_t n_tokens, int page_size,
-                                const PublishedFn& published) {
+RoutePlan plan_route(const RouteConfig& cfg, int64_t n_tokens, int page_size, const PublishedFn& published) {
   if (page_size <= 0 || cfg.tile_pages <= 0 || cfg.recent_pages < 0 || n_tokens < 0) {
     throw InvalidArgument(fmt::format(
         "plan_route: bad arguments (page_size {}, tile_pages {}, recent_pages {}, n_tokens {})",
@@ -40,17 +39,21 @@ std::vector<Segment> plan_route(const RouteConfig& cfg, int64_t n_tokens, int pa
   }
   const size_t n_pages = size_t((n_tokens + page_size - 1) / page_size);
   const size_t n_full = size_t(n_tokens / page_size);
-  std::vector<Segment> out;
+  RoutePlan plan;
+  plan.page_format.resize(n_pages);
   for (size_t p = 0; p < n_pages; ++p) {
     ReadFormat f = wanted(cfg, p, n_full);
     if (f != ReadFormat::exact && !(published && published(p, f))) f = ReadFormat::exact;
-    if (!out.empty() && out.back().format == f && out.back().n_pages < size_t(cfg.tile_pages)) {
-      out.back().n_pages++;
+    plan.page_format[p] = f;
+    const Kernel k = f == ReadFormat::int8s ? Kernel::int8s : Kernel::bf16;
+    const bool tile_start = p % size_t(cfg.tile_pages) == 0;
+    if (!plan.segments.empty() && !tile_start && plan.segments.back().kernel == k) {
+      plan.segments.back().n_pages++;
     } else {
-      out.push_back({f, p, 1});
+      plan.segments.push_back({k, p, 1});
     }
   }
-  return out;
+  return plan;
 }
 
 std::string kind_name(RouteKind kind) {
@@ -79,11 +82,9 @@ std::string format_name(ReadFormat f) {
   return "?";
 }
 
-void RouteReport::add(const std::vector<Segment>& segments) {
-  for (const Segment& s : segments) {
-    pages[size_t(s.format)] += s.n_pages;
-    tiles[size_t(s.format)] += 1;
-  }
+void RouteReport::add(const RoutePlan& plan) {
+  for (ReadFormat f : plan.page_format) pages[size_t(f)]++;
+  for (const Segment& s : plan.segments) segments[size_t(s.kernel)]++;
 }
 
 }  // namespace activekv::route

@@ -12,12 +12,20 @@ using route::RouteConfig;
 using route::RouteKind;
 using route::Segment;
 
-std::string describe(const std::vector<Segment>& segs) {
+// "e0+4 i4+3 ...": segments as kernel initial (b = bf16, i = int8s), first page, count.
+std::string describe(const route::RoutePlan& plan) {
   std::string s;
-  for (const Segment& g : segs) {
-    s += route::format_name(g.format).substr(0, 1) + std::to_string(g.first_page) + "+" +
+  for (const Segment& g : plan.segments) {
+    s += std::string(g.kernel == route::Kernel::int8s ? "i" : "b") + std::to_string(g.first_page) + "+" +
          std::to_string(g.n_pages) + " ";
   }
+  return s;
+}
+
+// Page formats as initials: "eeiil..." (e exact, l lossless13, i int8s).
+std::string formats(const route::RoutePlan& plan) {
+  std::string s;
+  for (ReadFormat f : plan.page_format) s += route::format_name(f).substr(0, 1);
   return s;
 }
 
@@ -27,35 +35,45 @@ TEST(Route, ExactTilesAreFixedSlicesOfThePageTable) {
   RouteConfig c;
   c.tile_pages = 4;
   // 10 pages used (9 full + tail): tiles 0-3, 4-7, 8-9
-  EXPECT_EQ(describe(route::plan_route(c, 9 * 16 + 3, 16, kAll)), "e0+4 e4+4 e8+2 ");
+  EXPECT_EQ(describe(route::plan_route(c, 9 * 16 + 3, 16, kAll)), "b0+4 b4+4 b8+2 ");
 }
 
 TEST(Route, HybridKeepsSinkRecentAndTailExact) {
   RouteConfig c{RouteKind::hybrid, 2, 32};
   // 10 full pages + tail: sink 0, middle 1..7 int8s, recent 8,9, tail 10
-  EXPECT_EQ(describe(route::plan_route(c, 10 * 16 + 5, 16, kAll)), "e0+1 i1+7 e8+3 ");
+  const auto plan = route::plan_route(c, 10 * 16 + 5, 16, kAll);
+  EXPECT_EQ(describe(plan), "b0+1 i1+7 b8+3 ");
+  EXPECT_EQ(formats(plan), "eiiiiiiieee");
   // no tail: recent = pages 8, 9
-  EXPECT_EQ(describe(route::plan_route(c, 10 * 16, 16, kAll)), "e0+1 i1+7 e8+2 ");
+  EXPECT_EQ(describe(route::plan_route(c, 10 * 16, 16, kAll)), "b0+1 i1+7 b8+2 ");
 }
 
 TEST(Route, UnpublishedPagesAreServedExact) {
   RouteConfig c{RouteKind::hybrid, 2, 32};
   auto published = [](size_t p, ReadFormat f) { return f == ReadFormat::int8s && p != 4; };
-  EXPECT_EQ(describe(route::plan_route(c, 10 * 16, 16, published)), "e0+1 i1+3 e4+1 i5+3 e8+2 ");
-  EXPECT_EQ(describe(route::plan_route(c, 10 * 16, 16, nullptr)), "e0+10 ");
+  EXPECT_EQ(describe(route::plan_route(c, 10 * 16, 16, published)), "b0+1 i1+3 b4+1 i5+3 b8+2 ");
+  EXPECT_EQ(describe(route::plan_route(c, 10 * 16, 16, nullptr)), "b0+10 ");
 }
 
-TEST(Route, CompressedSegmentsSplitIntoTiles) {
+TEST(Route, TilesAreFixedSlicesCutWhereTheKernelChanges) {
   RouteConfig c{RouteKind::int8s, 2, 3};
-  // int8s route: all full pages compressed, tail exact
-  EXPECT_EQ(describe(route::plan_route(c, 7 * 16 + 1, 16, kAll)), "i0+3 i3+3 i6+1 e7+1 ");
+  // int8s route: all full pages compressed, tail exact; tiles [0,3) [3,6) [6,8)
+  EXPECT_EQ(describe(route::plan_route(c, 7 * 16 + 1, 16, kAll)), "i0+3 i3+3 i6+1 b7+1 ");
+}
+
+TEST(Route, Lossless13SharesTheExactTilesSoResultsMatchBitwise) {
+  RouteConfig exact{RouteKind::exact, 2, 4}, l13{RouteKind::lossless13, 2, 4};
+  const auto a = route::plan_route(exact, 9 * 16 + 3, 16, kAll);
+  const auto b = route::plan_route(l13, 9 * 16 + 3, 16, kAll);
+  EXPECT_EQ(describe(a), describe(b));
+  EXPECT_EQ(formats(b), "llllllllle");
 }
 
 TEST(Route, ShortHistoriesStayExact) {
   RouteConfig c{RouteKind::hybrid, 2, 32};
-  EXPECT_EQ(describe(route::plan_route(c, 3 * 16, 16, kAll)), "e0+3 ");
-  EXPECT_EQ(describe(route::plan_route(c, 5, 16, kAll)), "e0+1 ");
-  EXPECT_TRUE(route::plan_route(c, 0, 16, kAll).empty());
+  EXPECT_EQ(describe(route::plan_route(c, 3 * 16, 16, kAll)), "b0+3 ");
+  EXPECT_EQ(describe(route::plan_route(c, 5, 16, kAll)), "b0+1 ");
+  EXPECT_TRUE(route::plan_route(c, 0, 16, kAll).segments.empty());
 }
 
 TEST(Route, ReportCountsPagesAndTiles) {
@@ -64,7 +82,7 @@ TEST(Route, ReportCountsPagesAndTiles) {
   r.add(route::plan_route(c, 12 * 16, 16, kAll));
   EXPECT_EQ(r.pages[size_t(ReadFormat::exact)], 3u);
   EXPECT_EQ(r.pages[size_t(ReadFormat::int8s)], 9u);
-  EXPECT_EQ(r.tiles[size_t(ReadFormat::int8s)], 3u);
+  EXPECT_EQ(r.segments[size_t(route::Kernel::int8s)], 3u);  // pages 1-3, 4-7, 8 (tiles of 4)
 }
 
 TEST(Route, BadArgumentsAndNames) {

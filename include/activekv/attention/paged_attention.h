@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -35,6 +36,11 @@ struct LayerHistory {
   const kv::PageStore* store = nullptr;
   std::span<const kv::PageId> page_table;
   int64_t n_tokens = 0;
+  /// Optional: supplies the K and V planes of (page index, KV head) instead
+  /// of the store -- e.g. a page read from its lossless13 encoding, whose
+  /// values are the stored bf16 values bit for bit. Writes n_keys*head_dim
+  /// fp32 values to k and to v; returns false to fall back to the store.
+  std::function<bool(size_t page, int kv_head, int n_keys, float* k, float* v)> read_planes;
 };
 
 struct AttentionOptions {

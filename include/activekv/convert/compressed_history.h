@@ -3,9 +3,12 @@
 // After each commit, pages that are fully written in every layer are queued
 // for conversion into each wanted codec format. A conversion job reads the
 // bf16 page (full pages are never written again) and publishes the encoded
-// page with one atomic store; readers load it atomically and get either the
-// complete page or nothing, in which case the route serves the page exact.
-// Decode never waits for conversion.
+// page with one atomic pointer store (release); readers load it (acquire) and
+// get either the complete page or nullptr, in which case the route serves the
+// page exact. Decode never waits for conversion. Each (format, layer, page)
+// slot is written by exactly one job, and published pages stay alive until
+// clear() or destruction, which run on the reading thread after cancelling
+// the jobs.
 //
 // Lifetime: a CompressedHistory must be destroyed (or clear()ed) before the
 // SequenceKv it reads from releases its pages; the destructor cancels queued
@@ -14,6 +17,7 @@
 
 #include <atomic>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "activekv/convert/conversion_pool.h"
@@ -45,15 +49,15 @@ class CompressedHistory {
   void clear();
 
   /// The published page, or nullptr if not (yet) converted into `format`.
-  std::shared_ptr<const kv::EncodedPage> published(int layer, size_t page, kv::CodecFormat format) const;
+  /// Valid until clear() or destruction.
+  const kv::EncodedPage* published(int layer, size_t page, kv::CodecFormat format) const;
   /// Pages published so far in `format`, over all layers.
   size_t published_count(kv::CodecFormat format) const;
   /// True when `format` is one this history produces.
   bool produces(kv::CodecFormat format) const;
 
  private:
-  using Slot = std::atomic<std::shared_ptr<const kv::EncodedPage>>;
-  Slot& slot(size_t format_index, int layer, size_t page) const;
+  size_t slot(size_t format_index, int layer, size_t page) const;
   void convert(size_t format_index, int layer, size_t page);
 
   const kv::SequenceKv* seq_;
@@ -61,7 +65,8 @@ class CompressedHistory {
   size_t max_pages_;
   ConversionPool* pool_;
   size_t scheduled_pages_ = 0;  // full pages already queued (all layers, all formats)
-  std::unique_ptr<Slot[]> slots_;  // [format][layer][page]
+  std::unique_ptr<std::atomic<const kv::EncodedPage*>[]> published_;  // [format][layer][page]
+  std::unique_ptr<std::unique_ptr<const kv::EncodedPage>[]> owned_;   // same index; one writer each
   std::vector<std::atomic<size_t>> counts_;  // published per format
 };
 

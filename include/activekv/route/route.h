@@ -1,8 +1,12 @@
 // Routes: which pages a step reads in which format (SPEC §2).
 //
-// A route is a list of *segments* in ascending page order; each segment is at
-// most `tile_pages` consecutive pages read in one format, so it is also one
-// attention tile and yields one partial. Partials merge in segment order.
+// A route gives every page the format it is read in, and cuts the pages into
+// *segments* in ascending order. Tiles are fixed slices of the page table
+// ([0, T), [T, 2T), ... with T = tile_pages); a tile is cut further only where
+// the kernel changes. exact and lossless13 pages share the bf16 kernel
+// (lossless13 decodes to the very same bf16 values), so a lossless13 route
+// computes bit for bit what the exact route computes; int8s pages have their
+// own kernel. Each segment yields one partial; partials merge in order.
 //
 // Route kinds:
 //   exact       every page as stored (bf16 or f32 pages).
@@ -33,11 +37,21 @@ struct RouteConfig {
   int tile_pages = 32;   ///< max pages per segment (tile)
 };
 
-/// Pages [first_page, first_page + n_pages) read in `format`.
+/// The arithmetic a segment runs: the bf16 kernel (exact and lossless13
+/// pages) or the int8s kernel.
+enum class Kernel { bf16, int8s };
+
+/// Pages [first_page, first_page + n_pages), all run by `kernel`.
 struct Segment {
-  ReadFormat format = ReadFormat::exact;
+  Kernel kernel = Kernel::bf16;
   size_t first_page = 0;
   size_t n_pages = 0;
+};
+
+/// The formats of every used page and the segments, in ascending order.
+struct RoutePlan {
+  std::vector<ReadFormat> page_format;  ///< [n_pages used]
+  std::vector<Segment> segments;
 };
 
 /// Tells whether page `page` of the layer is published in `format`.
@@ -46,8 +60,7 @@ using PublishedFn = std::function<bool(size_t page, ReadFormat format)>;
 /// Plans the route over a layer history of `n_tokens` tokens in pages of
 /// `page_size`. Throws InvalidArgument for non-positive page_size or
 /// tile_pages, or negative recent_pages / n_tokens.
-std::vector<Segment> plan_route(const RouteConfig& cfg, int64_t n_tokens, int page_size,
-                                const PublishedFn& published);
+RoutePlan plan_route(const RouteConfig& cfg, int64_t n_tokens, int page_size, const PublishedFn& published);
 
 /// The format a route kind wants for a compressed page ("exact" has none).
 ReadFormat compressed_format(RouteKind kind);
@@ -57,12 +70,12 @@ std::string kind_name(RouteKind kind);
 RouteKind parse_kind(const std::string& name);
 std::string format_name(ReadFormat f);
 
-/// What a step read: pages and tiles per format, and bytes.
+/// What a step read: pages per format, segments per kernel, and bytes.
 struct RouteReport {
   size_t pages[3] = {0, 0, 0};  ///< indexed by ReadFormat
-  size_t tiles[3] = {0, 0, 0};
+  size_t segments[2] = {0, 0};  ///< indexed by Kernel
   double bytes = 0;             ///< history bytes read (all layers added)
-  void add(const std::vector<Segment>& segments);
+  void add(const RoutePlan& plan);
 };
 
 }  // namespace activekv::route

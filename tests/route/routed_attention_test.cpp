@@ -1,0 +1,149 @@
+// Attention along routes: the exact route is attention::attend; lossless13
+// reads the same bf16 values and so the same bits; hybrid is repeatable and
+// within the own-format bound of its fp64 reference.
+#include "activekv/route/routed_attention.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+#include "activekv/attention/quality.h"
+
+namespace activekv {
+namespace {
+
+using route::RouteKind;
+
+struct History {
+  kv::PageStore store;
+  kv::SequenceKv seq;
+  History(int n_tokens, int page_size, uint32_t seed)
+      : store(kv::KvShape{1, 2, 64, page_size}), seq(store) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> n01;
+    std::vector<float> k(size_t(n_tokens) * 128), v(k.size());
+    for (size_t i = 0; i < k.size(); ++i) {
+      k[i] = n01(rng);
+      v[i] = 0.5f + n01(rng);
+    }
+    seq.reserve(n_tokens);
+    seq.write(0, 0, n_tokens, k.data(), v.data());
+    seq.commit(n_tokens);
+  }
+  attention::LayerHistory layer() const { return {&store, seq.page_table(0), seq.n_tokens()}; }
+};
+
+std::vector<float> queries(int rows, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> n01;
+  std::vector<float> q(size_t(rows) * 4 * 64);
+  for (float& x : q) x = n01(rng);
+  return q;
+}
+
+bool bitwise_equal(const attention::Partial& a, const attention::Partial& b) {
+  return a.o.size() == b.o.size() && std::memcmp(a.o.data(), b.o.data(), a.o.size() * 4) == 0 &&
+         std::memcmp(a.lse.data(), b.lse.data(), a.lse.size() * 4) == 0;
+}
+
+attention::Partial run(const History& h, RouteKind kind, convert::CompressedHistory* c, const attention::QueryRows& q,
+                       int tile_pages = 4, route::RouteReport* report = nullptr) {
+  route::RoutedView view{c, {kind, 2, tile_pages}, report};
+  attention::Workspace ws;
+  return route::attend_routed(h.layer(), 0, view, q, {}, ws);
+}
+
+TEST(RoutedAttention, ExactRouteIsAttendBitwise) {
+  History h(13 * 64 + 9, 64, 1);
+  auto q = queries(2, 2);
+  std::vector<int64_t> pos{13 * 64 + 8, 500};
+  const attention::QueryRows rows{q.data(), 2, 4, pos.data()};
+  attention::Workspace ws;
+  attention::AttentionOptions opt;
+  opt.tile_pages = 4;
+  EXPECT_TRUE(bitwise_equal(run(h, RouteKind::exact, nullptr, rows), attention::attend(h.layer(), rows, opt, ws)));
+}
+
+TEST(RoutedAttention, Lossless13RouteIsExactRouteBitwise) {
+  History h(13 * 64 + 9, 64, 3);
+  convert::CompressedHistory c(h.seq, {kv::CodecFormat::lossless13}, 16, nullptr);
+  c.schedule();  // synchronous: all 13 full pages published
+  EXPECT_EQ(c.published_count(kv::CodecFormat::lossless13), 13u);
+  auto q = queries(1, 4);
+  std::vector<int64_t> pos{13 * 64 + 8};
+  const attention::QueryRows rows{q.data(), 1, 4, pos.data()};
+  route::RouteReport report;
+  const auto l13 = run(h, RouteKind::lossless13, &c, rows, 4, &report);
+  EXPECT_EQ(report.pages[size_t(route::ReadFormat::lossless13)], 13u);
+  EXPECT_LT(report.bytes, 14.0 * 64 * 2 * 2 * 64 * 2);  // fewer bytes than bf16
+  EXPECT_TRUE(bitwise_equal(l13, run(h, RouteKind::exact, nullptr, rows)));
+}
+
+TEST(RoutedAttention, UnpublishedPagesAreServedExact) {
+  History h(10 * 64, 64, 5);
+  convert::CompressedHistory c(h.seq, {kv::CodecFormat::int8s}, 16, nullptr);  // nothing scheduled
+  auto q = queries(1, 6);
+  std::vector<int64_t> pos{10 * 64 - 1};
+  const attention::QueryRows rows{q.data(), 1, 4, pos.data()};
+  EXPECT_TRUE(bitwise_equal(run(h, RouteKind::hybrid, &c, rows), run(h, RouteKind::exact, nullptr, rows)));
+}
+
+TEST(RoutedAttention, HybridIsRepeatableAndWithinItsOwnFormatBound) {
+  History h(12 * 64 + 20, 64, 7);
+  convert::CompressedHistory c(h.seq, {kv::CodecFormat::int8s}, 16, nullptr);
+  c.schedule();
+  auto q = queries(3, 8);
+  std::vector<int64_t> pos{12 * 64 + 19, 12 * 64 + 10, 11 * 64};
+  const attention::QueryRows rows{q.data(), 3, 4, pos.data()};
+  route::RouteReport report;
+  const auto a = run(h, RouteKind::hybrid, &c, rows, 4, &report);
+  const auto b = run(h, RouteKind::hybrid, &c, rows);
+  EXPECT_TRUE(bitwise_equal(a, b));
+  // sink 0 + recent 10, 11 + tail 12 exact; 1..9 int8s (per call of 3 rows)
+  EXPECT_EQ(report.pages[size_t(route::ReadFormat::int8s)], 9u);
+  EXPECT_EQ(report.pages[size_t(route::ReadFormat::exact)], 4u);
+
+  // fp64 reference over the history as the route reads it (int8s dequantised).
+  attention::DenseHistoryF64 ref_hist;
+  const int64_t n = h.seq.n_tokens();
+  for (size_t p = 0; p < 13; ++p) {
+    const int n_tok = int(std::min<int64_t>(64, n - int64_t(p) * 64));
+    if (p >= 1 && p <= 9) {
+      ref_hist.append(*c.published(0, p, kv::CodecFormat::int8s), n_tok);
+    } else {
+      ref_hist.append(h.store, h.seq.page_table(0)[p], n_tok);
+    }
+  }
+  const auto ref = attention::reference_attention(ref_hist, rows, {});
+  const double err = attention::own_format_error(a, ref);
+  std::printf("[measured] hybrid route own-format error (random K, V with channel means): %.5f\n", err);
+  EXPECT_LE(err, 0.005);
+}
+
+TEST(CompressedHistory, RejectsNonBf16PagesAndOverflow) {
+  kv::PageStore f32_store(kv::KvShape{1, 1, 8, 4, kv::PageFormat::f32});
+  kv::SequenceKv seq(f32_store);
+  EXPECT_THROW(convert::CompressedHistory(seq, {kv::CodecFormat::int8s}, 4, nullptr), InvalidArgument);
+  History h(5 * 64, 64, 9);
+  convert::CompressedHistory c(h.seq, {kv::CodecFormat::int8s}, 4, nullptr);
+  EXPECT_THROW(c.schedule(), Error);
+}
+
+TEST(CompressedHistory, BackgroundConversionPublishesEveryFullPage) {
+  History h(20 * 64 + 3, 64, 11);
+  convert::ConversionPool pool(2);
+  convert::CompressedHistory c(h.seq, {kv::CodecFormat::int8s, kv::CodecFormat::lossless13}, 32, &pool);
+  c.schedule();
+  auto q = queries(1, 12);
+  std::vector<int64_t> pos{20 * 64 + 2};
+  const attention::QueryRows rows{q.data(), 1, 4, pos.data()};
+  for (int i = 0; i < 20; ++i) run(h, RouteKind::hybrid, &c, rows);  // reads race with publication
+  c.wait();
+  EXPECT_EQ(c.published_count(kv::CodecFormat::int8s), 20u);
+  EXPECT_EQ(c.published_count(kv::CodecFormat::lossless13), 20u);
+  EXPECT_EQ(pool.failed(), 0u);
+}
+
+}  // namespace
+}  // namespace activekv
