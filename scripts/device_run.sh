@@ -3,7 +3,7 @@
 # the CUDA toolkit + CMake), run the GPU tests, calibrate + bench decode, the
 # PyTorch peers and the plot. Everything lands in $OUT.
 #
-#   AKV_COMMIT=$(git rev-parse HEAD) scripts/device_run.sh quick|full
+#   AKV_COMMIT=$(git rev-parse HEAD) scripts/device_run.sh check|quick|full
 set -uo pipefail
 OUT=${OUT:-/tmp/activekv-out}
 mkdir -p "$OUT"
@@ -24,6 +24,18 @@ build-cuda/bin/test_cuda_decode --gtest_output=json:"$OUT/gtest.json"
 TEST_RC=$?
 echo "== tests rc=$TEST_RC"
 
+if [ "$PHASE" = check ]; then
+  # Kernel check: resident only, two split sizes, then memcheck; no peers.
+  for SPL in 512 1024; do
+    echo "== resident, split $SPL"
+    build-cuda/bin/activekv-bench decode --contexts 32k,128k --batches 1,4 --steps 10 --warmup 3 --modes resident \
+      --split $SPL --json "$OUT/bench_check_split$SPL.json" --profile "" --commit "$COMMIT" | grep -E "resident|GB/s"
+  done
+  echo "== compute-sanitizer memcheck on the GPU tests"
+  timeout 150 compute-sanitizer --tool memcheck --print-limit 5 build-cuda/bin/test_cuda_decode 2>&1 | tail -6
+  echo "== done in $(( $(date +%s) - t0 )) s"
+  exit 0
+fi
 if [ "$PHASE" = quick ]; then
   CTX=32k,128k; BATCH=1,4; STEPS=5; WARM=2; MODES=streamed,resident,streamed-whole
 else

@@ -1,16 +1,14 @@
 // Paged BF16 decode attention (split kernel) and the SPEC §4 merge.
 // See include/activekv/cuda/decode_attention.h for the contract.
 //
-// Split kernel: 128 threads = 4 warps per CTA; lane i owns channels
-// [i*C, i*C + C) of the head (C = head_dim / 32: one 16-byte load per token row
-// for head_dim 256), so every K/V row is one coalesced 512-byte warp load, read
-// once for all `group` query heads. Warp w takes tokens w*U.., stepping 4*U
-// (U = 4 rows in flight per operand). The per-head dot products are reduced
-// across the warp with a transpose-reduce (GMAX/2 + GMAX/4 + ... shuffles, then
-// a butterfly on one value, then GMAX broadcasts) instead of GMAX full
-// butterflies. Online softmax in base 2 per warp; the 4 warp states merge in
-// shared memory in fixed order. All reductions have a fixed order: outputs are
-// bitwise repeatable.
+// Split kernel (tensor cores, mma.sync m16n8k16 bf16): one CTA = one split x
+// one KV head; the group's query heads are the rows of the M dimension, so each
+// K/V byte is read once for the whole group. The fp32 query and softmax weights
+// enter the tensor cores as three bf16 terms (hi + mid + lo, ~24 bits), K/V are
+// exact bf16, accumulation is fp32: results agree with an fp32/fp64 reference
+// to fp32 tolerance. Online softmax in base 2; warp states merge in fixed order;
+// no atomics, so outputs are bitwise repeatable. Details at the kernel.
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -41,118 +39,117 @@ void AttnShape::validate() const {
 
 namespace {
 
-constexpr int kThreads = 128;
-constexpr int kWarps = kThreads / 32;
-constexpr int kUnroll = 4;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
+constexpr int kBlk = 16;     // tokens per mma block (k of P.V, 2 n-tiles of Q.K^T)
+constexpr int kStages = 3;   // cp.async ring depth per warp (2 blocks in flight while one is computed)
+constexpr int kRows = 8;     // query heads per KV head held in the mma M dimension (rows 8..15 unused)
 
-template <int C> struct RowVec;
-template <> struct RowVec<8> {
-  uint4 v;
-  __device__ static RowVec load(const uint16_t* p) {
-    RowVec r; r.v = __ldg(reinterpret_cast<const uint4*>(p)); return r;
-  }
-  __device__ void to_float(float* f) const {
-    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      f[2 * i] = __uint_as_float(w[i] << 16);
-      f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-    }
-  }
-};
-template <> struct RowVec<2> {
-  uint32_t v;
-  __device__ static RowVec load(const uint16_t* p) {
-    RowVec r; r.v = __ldg(reinterpret_cast<const unsigned int*>(p)); return r;
-  }
-  __device__ void to_float(float* f) const {
-    f[0] = __uint_as_float(v << 16);
-    f[1] = __uint_as_float(v & 0xffff0000u);
-  }
-};
-
-__host__ __device__ constexpr int ilog2(int x) { return x <= 1 ? 0 : 1 + ilog2(x / 2); }
-
-// Reduces v[0..GMAX) (one partial per head in every lane) across the warp;
-// returns the full sums, identical in every lane, in s[0..GMAX).
-template <int GMAX>
-__device__ __forceinline__ void warp_reduce_heads(float (&v)[GMAX], float (&s)[GMAX], int lane) {
-  constexpr int K = ilog2(GMAX);
-#pragma unroll
-  for (int st = 0; st < K; ++st) {
-    const int half = GMAX >> (st + 1);
-    const int mask = 16 >> st;
-    const bool upper = (lane & mask) != 0;
-#pragma unroll
-    for (int j = 0; j < half; ++j) {
-      const float send = upper ? v[j] : v[j + half];
-      const float keep = upper ? v[j + half] : v[j];
-      v[j] = keep + __shfl_xor_sync(0xffffffffu, send, mask);
-    }
-  }
-#pragma unroll
-  for (int mask = 16 >> K; mask >= 1; mask >>= 1) v[0] += __shfl_xor_sync(0xffffffffu, v[0], mask);
-  // lane L now holds the sum of head (L >> (5 - K)) & (GMAX - 1)
-#pragma unroll
-  for (int g = 0; g < GMAX; ++g) s[g] = __shfl_sync(0xffffffffu, v[0], g << (5 - K));
+// Warps per CTA: head_dim 256 -> 2 warps (96 KiB of ring per CTA, 2 CTAs per SM so
+// one CTA's start/end overlaps the other's streaming); head_dim 64 -> 4 warps.
+template <int HD> __host__ __device__ constexpr int warps_for() { return HD >= 256 ? 2 : 4; }
+template <int HD> __host__ __device__ constexpr int stage_bytes() { return 2 * kBlk * HD * 2; }  // K and V rows of one block
+template <int HD>
+constexpr size_t split_smem_bytes() {
+  const size_t ring = size_t(warps_for<HD>()) * kStages * stage_bytes<HD>();
+  const size_t merge = size_t(warps_for<HD>()) * kRows * HD * 4 + 2 * size_t(warps_for<HD>()) * kRows * 4;
+  const size_t qfrag = size_t(HD / 16) * 2 * 3 * 32 * 4;  // after the ring, not aliased
+  static_assert(HD == 64 || HD == 256, "instantiated head dims");
+  return (ring > merge ? ring : merge) + qfrag;
 }
 
-__device__ __forceinline__ void cp_async_row(void* smem_dst, const void* gmem_src, int bytes) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
-  if (bytes == 16)
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem_src) : "memory");
-  else
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem_src) : "memory");
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// 16-byte async copy; src_bytes = 0 zero-fills the destination (rows past the split's end).
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N> __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
-
-constexpr int kStages = 4;  // cp.async pipeline depth per warp (kUnroll rows of K and V per stage)
-
-template <int HD>
-constexpr size_t ring_bytes() { return size_t(kWarps) * kStages * kUnroll * 2 * HD * 2; }
-template <int HD, int G>
-constexpr size_t split_smem_bytes() {
-  const size_t merge = size_t(kWarps) * G * HD * 4 + 2 * size_t(kWarps) * G * 4;
-  return ring_bytes<HD>() > merge ? ring_bytes<HD>() : merge;
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
+}
+// D += A (16x16 bf16, rows 8..15 zero) * B (16x8 bf16), fp32 accumulate.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void mma_bf16_full(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+// Splits the fp32 pair (x0, x1) into three bf16 pairs hi + mid + lo that sum to
+// x to ~24 significant bits (each residual is exact in fp32), so that products
+// with exact bf16 K/V on the tensor cores keep fp32 accuracy. o[0] = hi, o[1] = mid, o[2] = lo.
+__device__ __forceinline__ void split3(float x0, float x1, uint32_t (&o)[3]) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+  const float2 hf = __bfloat1622float2(h);
+  const float r0 = x0 - hf.x, r1 = x1 - hf.y;
+  const __nv_bfloat162 m = __floats2bfloat162_rn(r0, r1);
+  const float2 mf = __bfloat1622float2(m);
+  o[0] = *reinterpret_cast<const uint32_t*>(&h);
+  o[1] = *reinterpret_cast<const uint32_t*>(&m);
+  o[2] = pack_bf16(r0 - mf.x, r1 - mf.y);
 }
 
-// G: largest group this instantiation serves (runtime `group` <= G, masked);
-// GP: power of two >= G used by the warp transpose-reduce.
-template <int HD, int G, int GP>
-__global__ void __launch_bounds__(kThreads)
+// Tensor-core split kernel. CTA = one split x one KV head, W warps; warp w
+// handles the split's 16-token blocks w, w+W, ... through its own cp.async ring
+// (K and V rows of a block, XOR-swizzled 16-byte chunks so that ldmatrix is
+// conflict-free). Per block:
+//   S[8 heads x 16 tok] = Q[heads x HD] . K^T    (m16n8k16, heads in M, Q as
+//                          3 bf16 terms -> fp32-accurate scores, base 2)
+//   online softmax per head (4 lanes per head, fixed-order reductions)
+//   O^T[HD x 8 heads]  += V^T[HD x 16 tok] . P^T  (P as 3 bf16 terms; the
+//                          score C-fragment IS the P^T B-fragment: no shuffles)
+// The W warp states merge in shared memory in fixed order. No atomics: bitwise repeatable.
+template <int HD>
+__global__ void __launch_bounds__(warps_for<HD>() * 32, 1)
 split_attention_kernel(const SplitWork* __restrict__ work, const float* __restrict__ q,
                        float* __restrict__ part_o, float* __restrict__ part_lse, int max_splits,
                        int n_kv, int group, int page_size, float scale_log2) {
-  constexpr int C = HD / 32;
-  extern __shared__ __align__(16) unsigned char smem[];
+  constexpr int W = warps_for<HD>();
+  constexpr int KS = HD / 16;  // k-steps of Q.K^T = m-tiles of V^T.P^T
+  constexpr int CH = HD / 8;   // 16-byte chunks per row
+  constexpr int SB = stage_bytes<HD>();
+  extern __shared__ __align__(128) unsigned char smem[];
   const SplitWork w = work[blockIdx.x];
   const int h = blockIdx.y;
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int nq = n_kv * group;
+  const int g = lane >> 2, q4 = lane & 3;  // this lane's score row (head) and column pair
 
-  const uint16_t* kp = static_cast<const uint16_t*>(w.page) + (size_t(h) * page_size + w.tok0) * HD + lane * C;
+  const uint16_t* kp = static_cast<const uint16_t*>(w.page) + (size_t(h) * page_size + w.tok0) * HD;
   const uint16_t* vp = kp + size_t(n_kv) * page_size * HD;
-  // This warp's ring: stage st holds K rows [st][0..U) then V rows [st][U..2U), HD bf16 each.
-  uint16_t* ring = reinterpret_cast<uint16_t*>(smem) + size_t(warp) * kStages * kUnroll * 2 * HD + lane * C;
-  const int first = warp * kUnroll;
-  const int n_it = w.ntok > first ? (w.ntok - first + kWarps * kUnroll - 1) / (kWarps * kUnroll) : 0;
-  // Each lane copies (and later reads back) only its own C channels of every
-  // row, so the lane's own cp.async.wait_group is all the ordering needed.
+  const uint32_t ring = smem_u32(smem) + uint32_t(warp) * kStages * SB;
+  const int nblk = (w.ntok + kBlk - 1) / kBlk;
+  const int n_it = warp < nblk ? (nblk - warp + W - 1) / W : 0;
+
   auto issue = [&](int it) {
-    const int st = it % kStages;
-    const int t0 = first + it * kWarps * kUnroll;
+    const uint32_t sk = ring + uint32_t(it % kStages) * SB, sv = sk + kBlk * HD * 2;
+    const int t0 = (warp + it * W) * kBlk;
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      if (t0 + u < w.ntok) {
-        cp_async_row(ring + (size_t(st) * 2 * kUnroll + u) * HD, kp + size_t(t0 + u) * HD, 2 * C);
-        cp_async_row(ring + (size_t(st) * 2 * kUnroll + kUnroll + u) * HD, vp + size_t(t0 + u) * HD, 2 * C);
-      }
+    for (int i = 0; i < kBlk * CH / 32; ++i) {
+      const int idx = lane + 32 * i;
+      const int r = idx / CH, c = idx % CH;
+      const bool ok = t0 + r < w.ntok;
+      const size_t off = size_t(ok ? t0 + r : t0) * HD + c * 8;
+      const uint32_t so = uint32_t(r * CH + (c ^ (r & 7))) * 16;
+      cp_async16(sk + so, kp + off, ok ? 16 : 0);
+      cp_async16(sv + so, vp + off, ok ? 16 : 0);
     }
   };
 #pragma unroll
@@ -161,137 +158,168 @@ split_attention_kernel(const SplitWork* __restrict__ work, const float* __restri
     cp_async_commit();
   }
 
-  float qr[G][C];
+  // Q fragments (A operand, row g = head g of the group, rows 8..15 zero),
+  // pre-scaled to base 2, as 3 bf16 terms; the same for every warp, so kept
+  // once per CTA in shared memory after the ring: [k][half][term][lane].
+  static_assert(size_t(W) * kRows * HD * 4 + 2 * W * kRows * 4 <= size_t(W) * kStages * SB,
+                "the merge area must fit in the ring it aliases (sm_q follows the ring)");
+  uint32_t* sm_q = reinterpret_cast<uint32_t*>(smem + size_t(W) * kStages * SB);
+  {
+    const bool gv = g < group;
+    const float* qrow = q + (size_t(w.seq) * nq + size_t(h) * group + (gv ? g : 0)) * HD;
+    for (int e = warp; e < KS * 2; e += W) {
+      const int k = e >> 1, hf = e & 1;
+      const int c = 16 * k + 8 * hf + 2 * q4;
+      const float x0 = gv ? qrow[c] * scale_log2 : 0.f;
+      const float x1 = gv ? qrow[c + 1] * scale_log2 : 0.f;
+      uint32_t t[3];
+      split3(x0, x1, t);
 #pragma unroll
-  for (int g = 0; g < G; ++g) {
-#pragma unroll
-    for (int c = 0; c < C; ++c)
-      qr[g][c] = g < group ? q[(size_t(w.seq) * nq + h * group + g) * HD + lane * C + c] * scale_log2 : 0.f;
+      for (int sp = 0; sp < 3; ++sp) sm_q[(e * 3 + sp) * 32 + lane] = t[sp];
+    }
   }
-  float m[G], l[G], acc[G][C];
+  __syncthreads();
+
+  float m_run = -INFINITY, l_run = 0.f;  // head g; l_run: this lane's columns only
+  float oacc[KS][4];                     // O^T: (ch 16mt+g [+8], heads 2q4, 2q4+1)
 #pragma unroll
-  for (int g = 0; g < G; ++g) {
-    m[g] = -INFINITY;
-    l[g] = 0.f;
+  for (int mt = 0; mt < KS; ++mt)
 #pragma unroll
-    for (int c = 0; c < C; ++c) acc[g][c] = 0.f;
-  }
+    for (int i = 0; i < 4; ++i) oacc[mt][i] = 0.f;
+  // ldmatrix addressing: lanes 8i..8i+7 give the rows of matrix i =
+  // (tokens 0-7 | 8-15) x (chunk +0 | +1).
+  const int lr = ((lane >> 4) << 3) + (lane & 7);
+  const int lc = (lane >> 3) & 1;
 
   for (int it = 0; it < n_it; ++it) {
     if (it + kStages - 1 < n_it) issue(it + kStages - 1);
     cp_async_commit();
     cp_async_wait<kStages - 1>();
-    const int st = it % kStages;
-    const int t0 = first + it * kWarps * kUnroll;
-    const int nvalid = min(kUnroll, w.ntok - t0);
-    const uint16_t* kst = ring + size_t(st) * 2 * kUnroll * HD;
-    const uint16_t* vst = kst + size_t(kUnroll) * HD;
-    float s[kUnroll][GP];
+    __syncwarp();  // every lane's copies of this stage are visible to the whole warp
+    const uint32_t sk = ring + uint32_t(it % kStages) * SB, sv = sk + kBlk * HD * 2;
+    const int nvalid = min(kBlk, w.ntok - (warp + it * W) * kBlk);
+
+    float sacc[3][2][4];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      float kf[C];
-      if (u < nvalid) {
-        RowVec<C> r;
-        if constexpr (C == 8) r.v = *reinterpret_cast<const uint4*>(kst + u * HD);
-        else r.v = *reinterpret_cast<const unsigned int*>(kst + u * HD);
-        r.to_float(kf);
-      } else {
+    for (int sp = 0; sp < 3; ++sp)
 #pragma unroll
-        for (int c = 0; c < C; ++c) kf[c] = 0.f;
-      }
-      float part[GP];
+      for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-      for (int g = 0; g < GP; ++g) {
-        float d = 0.f;
-        if (g < G) {
+        for (int i = 0; i < 4; ++i) sacc[sp][nt][i] = 0.f;
 #pragma unroll
-          for (int c = 0; c < C; ++c) d = fmaf(qr[g < G ? g : 0][c], kf[c], d);
-        }
-        part[g] = d;
-      }
-      warp_reduce_heads<GP>(part, s[u], lane);
-    }
+    for (int k = 0; k < KS; ++k) {
+      uint32_t b[4];
+      ldsm_x4(b, sk + uint32_t(lr * CH + ((2 * k + lc) ^ (lr & 7))) * 16);
 #pragma unroll
-    for (int g = 0; g < G; ++g) {
-      float mx = m[g];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u)
-        if (u < nvalid) mx = fmaxf(mx, s[u][g]);
-      const float alpha = exp2f(m[g] - mx);  // m = -inf -> 0
-      l[g] *= alpha;
-#pragma unroll
-      for (int c = 0; c < C; ++c) acc[g][c] *= alpha;
-      m[g] = mx;
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      if (u < nvalid) {
-        float vf[C];
-        RowVec<C> r;
-        if constexpr (C == 8) r.v = *reinterpret_cast<const uint4*>(vst + u * HD);
-        else r.v = *reinterpret_cast<const unsigned int*>(vst + u * HD);
-        r.to_float(vf);
-#pragma unroll
-        for (int g = 0; g < G; ++g) {
-          const float p = exp2f(s[u][g] - m[g]);
-          l[g] += p;
-#pragma unroll
-          for (int c = 0; c < C; ++c) acc[g][c] = fmaf(p, vf[c], acc[g][c]);
-        }
+      for (int sp = 0; sp < 3; ++sp) {
+        const uint32_t a0 = sm_q[((2 * k) * 3 + sp) * 32 + lane];
+        const uint32_t a2 = sm_q[((2 * k + 1) * 3 + sp) * 32 + lane];
+        mma_bf16(sacc[sp][0], a0, a2, b[0], b[1]);
+        mma_bf16(sacc[sp][1], a0, a2, b[2], b[3]);
       }
     }
+    float s[2][2];
+    float bm = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const float v = (sacc[2][nt][j] + sacc[1][nt][j]) + sacc[0][nt][j];
+        s[nt][j] = nt * 8 + 2 * q4 + j < nvalid ? v : -INFINITY;
+        bm = fmaxf(bm, s[nt][j]);
+      }
+    bm = fmaxf(bm, __shfl_xor_sync(0xffffffffu, bm, 1));
+    bm = fmaxf(bm, __shfl_xor_sync(0xffffffffu, bm, 2));
+    const float mx = fmaxf(m_run, bm);
+    const bool none = mx == -INFINITY;
+    const float alpha = none ? 1.f : exp2f(m_run - mx);  // m_run = -inf -> 0
+    float p[2][2];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) p[nt][j] = none ? 0.f : exp2f(s[nt][j] - mx);
+    l_run = fmaf(l_run, alpha, (p[0][0] + p[0][1]) + (p[1][0] + p[1][1]));
+    m_run = mx;
+    // Rescale O^T (columns = heads 2q4, 2q4+1) only when some factor is not exactly 1.
+    if (__any_sync(0xffffffffu, alpha != 1.f)) {
+      const float a0 = __shfl_sync(0xffffffffu, alpha, (2 * q4) * 4);
+      const float a1 = __shfl_sync(0xffffffffu, alpha, (2 * q4 + 1) * 4);
+#pragma unroll
+      for (int mt = 0; mt < KS; ++mt) {
+        oacc[mt][0] *= a0; oacc[mt][1] *= a1; oacc[mt][2] *= a0; oacc[mt][3] *= a1;
+      }
+    }
+    uint32_t pb[2][3];
+    split3(p[0][0], p[0][1], pb[0]);
+    split3(p[1][0], p[1][1], pb[1]);
+#pragma unroll
+    for (int mt = 0; mt < KS; ++mt) {
+      uint32_t a[4];
+      ldsm_x4_t(a, sv + uint32_t(lr * CH + ((2 * mt + lc) ^ (lr & 7))) * 16);
+#pragma unroll
+      for (int sp = 2; sp >= 0; --sp) mma_bf16_full(oacc[mt], a, pb[0][sp], pb[1][sp]);
+    }
+    __syncwarp();  // all lanes done reading this stage before it is refilled
   }
   cp_async_wait<0>();
+  // Row sum over the 4 lanes of head g, butterfly (same bits in all 4 lanes).
+  l_run += __shfl_xor_sync(0xffffffffu, l_run, 1);
+  l_run += __shfl_xor_sync(0xffffffffu, l_run, 2);
   __syncthreads();  // the merge area below aliases every warp's ring
 
-  // Merge the warps' states in fixed order (warp 0, 1, 2, 3).
-  float* sm_acc = reinterpret_cast<float*>(smem);           // [kWarps][G][HD]
-  float* sm_m = sm_acc + size_t(kWarps) * G * HD;           // [kWarps][G]
-  float* sm_l = sm_m + kWarps * G;                          // [kWarps][G]
-  if (lane == 0) {
+  float* sm_acc = reinterpret_cast<float*>(smem);  // [W][kRows][HD]
+  float* sm_m = sm_acc + size_t(W) * kRows * HD;   // [W][kRows]
+  float* sm_l = sm_m + W * kRows;                  // [W][kRows]
+  if (q4 == 0) { sm_m[warp * kRows + g] = m_run; sm_l[warp * kRows + g] = l_run; }
 #pragma unroll
-    for (int g = 0; g < G; ++g) { sm_m[warp * G + g] = m[g]; sm_l[warp * G + g] = l[g]; }
-  }
+  for (int mt = 0; mt < KS; ++mt)
 #pragma unroll
-  for (int g = 0; g < G; ++g)
-#pragma unroll
-    for (int c = 0; c < C; ++c) sm_acc[(size_t(warp) * G + g) * HD + lane * C + c] = acc[g][c];
+    for (int i = 0; i < 4; ++i) {
+      const int ch = 16 * mt + g + (i >= 2 ? 8 : 0), hd_row = 2 * q4 + (i & 1);
+      sm_acc[(size_t(warp) * kRows + hd_row) * HD + ch] = oacc[mt][i];
+    }
   __syncthreads();
 
   const size_t base = (size_t(w.seq) * max_splits + w.split) * nq + size_t(h) * group;
-  for (int idx = threadIdx.x; idx < group * HD; idx += kThreads) {
-    const int g = idx / HD, c = idx % HD;
+  for (int idx = threadIdx.x; idx < group * HD; idx += W * 32) {
+    const int gg = idx / HD, c = idx % HD;
     float M = -INFINITY;
 #pragma unroll
-    for (int i = 0; i < kWarps; ++i) M = fmaxf(M, sm_m[i * G + g]);
+    for (int i = 0; i < W; ++i) M = fmaxf(M, sm_m[i * kRows + gg]);
     float L = 0.f, O = 0.f;
     if (M != -INFINITY) {
 #pragma unroll
-      for (int i = 0; i < kWarps; ++i) {
-        const float mi = sm_m[i * G + g];
+      for (int i = 0; i < W; ++i) {
+        const float mi = sm_m[i * kRows + gg];
         if (mi == -INFINITY) continue;
         const float sc = exp2f(mi - M);
-        L = fmaf(sc, sm_l[i * G + g], L);
-        O = fmaf(sc, sm_acc[(size_t(i) * G + g) * HD + c], O);
+        L = fmaf(sc, sm_l[i * kRows + gg], L);
+        O = fmaf(sc, sm_acc[(size_t(i) * kRows + gg) * HD + c], O);
       }
     }
-    part_o[(base + g) * HD + c] = M == -INFINITY ? 0.f : O / L;
-    if (c == 0) part_lse[base + g] = M == -INFINITY ? -INFINITY : (M + log2f(L)) * kLn2;
+    part_o[(base + gg) * HD + c] = M == -INFINITY ? 0.f : O / L;
+    if (c == 0) part_lse[base + gg] = M == -INFINITY ? -INFINITY : (M + log2f(L)) * kLn2;
   }
 }
 
-// Merge: grid (n_seq, n_q_heads, HD / 64), 64 threads (one channel each).
-// Weights exp(LSE_j - M) are computed once per CTA into shared memory; every
-// thread then sums them in ascending order (same bits everywhere) and
-// accumulates its channel, skipping empty partials (weight 0: O never read).
-constexpr int kMergeThreads = 64;
+// Merge: grid (n_seq, n_q_heads, HD / 32), 256 threads = 8 warps x 32 channels.
+// Weights exp(LSE_j - M) are computed once per CTA into shared memory; warp r
+// sums splits r, r+8, ... of its channel, then the 8 partial sums are added in
+// fixed order (r = 0..7): same bits every run, and the dependent chain per
+// thread is n/8 long instead of n. Empty partials (weight 0) are never read.
+constexpr int kMergeThreads = 256;
+constexpr int kMergeCh = 32;
+constexpr int kMergeWays = kMergeThreads / kMergeCh;
 __global__ void __launch_bounds__(kMergeThreads)
 merge_kernel(const float* __restrict__ part_o, const float* __restrict__ part_lse, int max_splits,
              const int32_t* __restrict__ n_splits, int nq, int hd, float* __restrict__ out,
              float* __restrict__ out_lse) {
   extern __shared__ float wts[];  // [max_splits]
   __shared__ float red[kMergeThreads / 32];
-  const int s = blockIdx.x, h = blockIdx.y, c = blockIdx.z * kMergeThreads + threadIdx.x;
+  __shared__ float red_l[kMergeWays], red_o[kMergeWays][kMergeCh];
+  const int s = blockIdx.x, h = blockIdx.y;
+  const int cl = threadIdx.x % kMergeCh, way = threadIdx.x / kMergeCh;
+  const int c = blockIdx.z * kMergeCh + cl;
   const int n = n_splits[s];
   const float* lse = part_lse + size_t(s) * max_splits * nq + h;
   float M = -INFINITY;
@@ -310,31 +338,40 @@ merge_kernel(const float* __restrict__ part_o, const float* __restrict__ part_ls
   __syncthreads();
   float L = 0.f, O = 0.f;
   const float* o = part_o + (size_t(s) * max_splits * nq + h) * hd + c;
-#pragma unroll 8
-  for (int j = 0; j < n; ++j) {
+#pragma unroll 4
+  for (int j = way; j < n; j += kMergeWays) {
     const float wj = wts[j];
     const float oj = wj != 0.f ? __ldg(o + size_t(j) * nq * hd) : 0.f;
     L += wj;
     O = fmaf(wj, oj, O);
   }
-  const bool empty = !(L > 0.f);
-  out[(size_t(s) * nq + h) * hd + c] = empty ? 0.f : O / L;
-  if (out_lse && c == 0) out_lse[size_t(s) * nq + h] = empty ? -INFINITY : M + logf(L);
+  if (cl == 0) red_l[way] = L;
+  red_o[way][cl] = O;
+  __syncthreads();
+  if (way == 0) {
+    L = red_l[0];
+    O = red_o[0][cl];
+#pragma unroll
+    for (int r = 1; r < kMergeWays; ++r) { L += red_l[r]; O += red_o[r][cl]; }
+    const bool empty = !(L > 0.f);
+    out[(size_t(s) * nq + h) * hd + c] = empty ? 0.f : O / L;
+    if (out_lse && c == 0) out_lse[size_t(s) * nq + h] = empty ? -INFINITY : M + logf(L);
+  }
 }
 
-template <int HD, int G, int GP>
+template <int HD>
 void launch_split(const AttnShape& sh, const SplitWork* work, int n_work, const float* q,
                   Partials p, float scale_log2, cudaStream_t st) {
-  constexpr size_t smem = split_smem_bytes<HD, G>();
+  constexpr size_t smem = split_smem_bytes<HD>();
   static bool configured = false;  // per instantiation (and device 0; set again harmlessly per process)
   if (!configured) {
-    check_cuda(cudaFuncSetAttribute(split_attention_kernel<HD, G, GP>,
+    check_cuda(cudaFuncSetAttribute(split_attention_kernel<HD>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
                "cudaFuncSetAttribute(split_attention_kernel)");
     configured = true;
   }
   dim3 grid(n_work, sh.n_kv_heads);
-  split_attention_kernel<HD, G, GP><<<grid, kThreads, smem, st>>>(
+  split_attention_kernel<HD><<<grid, warps_for<HD>() * 32, smem, st>>>(
       work, q, p.o, p.lse, p.max_splits, sh.n_kv_heads, sh.group, sh.page_size, scale_log2);
 }
 
@@ -348,15 +385,8 @@ void launch_split_attention(const AttnShape& shape, const SplitWork* work, int n
   const float scale = shape.softmax_scale > 0.f ? shape.softmax_scale
                                                 : 1.f / std::sqrt(float(shape.head_dim));
   const float sl2 = scale * kLog2e;
-  const int g = shape.group;
-  if (shape.head_dim == 256) {
-    if (g <= 4) launch_split<256, 4, 4>(shape, work, n_work, q, partials, sl2, stream);
-    else if (g <= 6) launch_split<256, 6, 8>(shape, work, n_work, q, partials, sl2, stream);
-    else launch_split<256, 8, 8>(shape, work, n_work, q, partials, sl2, stream);
-  } else {
-    if (g <= 4) launch_split<64, 4, 4>(shape, work, n_work, q, partials, sl2, stream);
-    else launch_split<64, 8, 8>(shape, work, n_work, q, partials, sl2, stream);
-  }
+  if (shape.head_dim == 256) launch_split<256>(shape, work, n_work, q, partials, sl2, stream);
+  else launch_split<64>(shape, work, n_work, q, partials, sl2, stream);
   check_cuda(cudaGetLastError(), "split_attention_kernel launch");
 }
 
@@ -366,7 +396,7 @@ void launch_merge(const AttnShape& shape, Partials partials, const int32_t* n_sp
   if (n_seq <= 0) return;
   if (partials.max_splits <= 0 || partials.max_splits > 12288)
     throw InvalidArgument("launch_merge: max_splits must be 1..12288, got " + std::to_string(partials.max_splits));
-  dim3 grid(n_seq, shape.n_q_heads(), shape.head_dim / kMergeThreads);
+  dim3 grid(n_seq, shape.n_q_heads(), shape.head_dim / kMergeCh);
   merge_kernel<<<grid, kMergeThreads, size_t(partials.max_splits) * sizeof(float), stream>>>(
       partials.o, partials.lse, partials.max_splits, n_splits, shape.n_q_heads(), shape.head_dim, out, out_lse);
   check_cuda(cudaGetLastError(), "merge_kernel launch");

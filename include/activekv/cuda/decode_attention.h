@@ -78,7 +78,8 @@ struct Partials {
 
 /// Runs attention for `n_work` splits (device array `work`) with queries
 /// `q` [n_seq][n_q_heads][head_dim] fp32 (device), writing partials.
-/// Grid: n_work x n_kv_heads CTAs of 128 threads. n_work == 0 is a no-op.
+/// Grid: n_work x n_kv_heads CTAs (64 threads for head_dim 256, 128 for 64).
+/// n_work == 0 is a no-op.
 void launch_split_attention(const AttnShape& shape, const SplitWork* work, int n_work,
                             const float* q, Partials partials, cudaStream_t stream);
 
