@@ -14,11 +14,22 @@ namespace {
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // One (query row, query head) over the tile's pages; writes O and LSE.
+// Quantises x[d] to int8 codes with step `a` (round half even, clipped).
+void quantise_row(const float* x, int d, float a, int8_t* out) {
+  for (int j = 0; j < d; ++j) out[j] = a == 0.0f ? 0 : int8_t(std::clamp(std::nearbyint(x[j] / a), -127.0f, 127.0f));
+}
+
+int32_t dot_i8(const int8_t* a, const int8_t* b, int d) {
+  int32_t dot = 0;
+  for (int j = 0; j < d; ++j) dot += int32_t(a[j]) * int32_t(b[j]);
+  return dot;
+}
+
 void attend_row(const std::vector<kv::Int8sPageView>& views, int64_t first_token, int64_t end, const float* q,
-                int64_t pos, int kv_head, int d, float scale, float* o_out, float& lse_out) {
+                int64_t pos, int kv_head, int d, float scale, int query_terms, float* o_out, float& lse_out) {
   const size_t dn = static_cast<size_t>(d);
-  std::vector<float> qp(dn), scores, acc(dn, 0.0f), u(dn);
-  std::vector<int8_t> qq(dn);
+  std::vector<float> qp(dn), residual(dn), scores, acc(dn, 0.0f), u(dn);
+  std::vector<int8_t> qq(dn), qq_lo(dn);
   float m = kNegInf, l = 0.0f;
   for (size_t p = 0; p < views.size(); ++p) {
     const kv::Int8sHeadView& hv = views[p].heads[size_t(kv_head)];
@@ -32,17 +43,22 @@ void attend_row(const std::vector<kv::Int8sPageView>& views, int64_t first_token
       qmax = std::max(qmax, std::fabs(qp[size_t(j)]));
     }
     const float a = qmax / 127.0f;
-    for (int j = 0; j < d; ++j) {
-      qq[size_t(j)] = a == 0.0f ? 0 : int8_t(std::clamp(std::nearbyint(qp[size_t(j)] / a), -127.0f, 127.0f));
+    quantise_row(qp.data(), d, a, qq.data());
+    // Second term: the rounding residual, quantised on a grid 127x finer, so
+    // q' = a*qq + (a/127)*qq_lo up to a/254/127 per channel (two int8 dots).
+    const float a_lo = a / 127.0f;
+    if (query_terms == 2) {
+      for (int j = 0; j < d; ++j) residual[size_t(j)] = qp[size_t(j)] - a * float(qq[size_t(j)]);
+      quantise_row(residual.data(), d, a_lo, qq_lo.data());
     }
     const float row_scale = a * scale;
     scores.resize(size_t(visible));
     float page_max = kNegInf;
     for (int64_t t = 0; t < visible; ++t) {
       const int8_t* k = hv.kq + size_t(t) * d;
-      int32_t dot = 0;
-      for (int j = 0; j < d; ++j) dot += int32_t(qq[size_t(j)]) * int32_t(k[j]);
-      scores[size_t(t)] = (float(dot) * hv.s[size_t(t)]) * row_scale;
+      float dot = float(dot_i8(qq.data(), k, d));
+      if (query_terms == 2) dot += float(dot_i8(qq_lo.data(), k, d)) / 127.0f;
+      scores[size_t(t)] = (dot * hv.s[size_t(t)]) * row_scale;
       page_max = std::max(page_max, scores[size_t(t)]);
     }
     const float m_new = std::max(m, page_max);
@@ -84,7 +100,7 @@ Partial attend_int8s_tile(std::span<const kv::EncodedPage* const> pages, int64_t
   for (int item = 0; item < n_items; ++item) {
     const int r = item / q.n_heads, head = item % q.n_heads;
     attend_row(views, first_token, tile.end, q.q + (size_t(r) * q.n_heads + head) * d, q.positions[r], head / group,
-               d, scale, out.o_at(r, head), out.lse_at(r, head));
+               d, scale, opt.int8s_query_terms, out.o_at(r, head), out.lse_at(r, head));
   }
   return out;
 }

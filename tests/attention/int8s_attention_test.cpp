@@ -51,10 +51,13 @@ Case random_case(int n_tokens, int H, int d, int heads, std::vector<int64_t> pos
   return c;
 }
 
-double own_error(const Case& c, int page_size, kv::Int8sKeyScaling scaling, Partial* kernel_out = nullptr) {
+double own_error(const Case& c, int page_size, kv::Int8sKeyScaling scaling, Partial* kernel_out = nullptr,
+                 int query_terms = 2) {
   const auto pages = testing::encode_history(c.hist, page_size, kv::CodecFormat::int8s, scaling);
   const auto ptrs = testing::pointers(pages);
-  const Partial kernel = attention::attend_int8s_tile(ptrs, 0, c.hist.n_tokens, c.rows(), {});
+  attention::AttentionOptions opt;
+  opt.int8s_query_terms = query_terms;
+  const Partial kernel = attention::attend_int8s_tile(ptrs, 0, c.hist.n_tokens, c.rows(), opt);
   const auto ref = attention::reference_attention(attention::dequantize_history(ptrs, 0, c.hist.n_tokens), c.rows(), {});
   if (kernel_out) *kernel_out = kernel;
   return attention::own_format_error(kernel, ref);
@@ -186,14 +189,23 @@ Case outlier_case() {
   return c;
 }
 
+// With the query in one int8 term (SPEC §3.3 as written) the separable key
+// scale is what keeps the error inside the bound: the plain per-token
+// quantiser leaves the outlier channels in the key codes' scale. With the
+// two-term query (the default) both meet it, since the own-format error does
+// not count key rounding (the reference reads the same dequantised keys).
 TEST(Int8sAttention, OutlierChannels64KSeparableMeetsBoundPlainPerTokenDoesNot) {
   const Case c = outlier_case();
-  const double separable = own_error(c, 1024, kv::Int8sKeyScaling::separable);
-  const double plain = own_error(c, 1024, kv::Int8sKeyScaling::per_token_only);
-  std::printf("64K outlier case, own-format error: int8s (separable) %.6f, plain per-token 8-bit %.6f, bound %.3f\n",
-              separable, plain, kBound);
+  const double separable = own_error(c, 1024, kv::Int8sKeyScaling::separable, nullptr, 1);
+  const double plain = own_error(c, 1024, kv::Int8sKeyScaling::per_token_only, nullptr, 1);
+  std::printf("64K outlier case, one-term int8 query, own-format error: int8s (separable) %.6f, "
+              "plain per-token 8-bit %.6f, bound %.3f\n", separable, plain, kBound);
   EXPECT_LE(separable, kBound);
   EXPECT_GT(plain, kBound);
+  const double separable2 = own_error(c, 1024, kv::Int8sKeyScaling::separable);
+  const double plain2 = own_error(c, 1024, kv::Int8sKeyScaling::per_token_only);
+  std::printf("64K outlier case, two-term int8 query: int8s %.6f, plain per-token %.6f\n", separable2, plain2);
+  EXPECT_LE(separable2, separable);
 }
 
 }  // namespace

@@ -40,12 +40,17 @@ struct LayerHistory {
   /// of the store -- e.g. a page read from its lossless13 encoding, whose
   /// values are the stored bf16 values bit for bit. Writes n_keys*head_dim
   /// fp32 values to k and to v; returns false to fall back to the store.
-  std::function<bool(size_t page, int kv_head, int n_keys, float* k, float* v)> read_planes;
+  std::function<bool(size_t page, int kv_head, int n_keys, float* k, float* v)> read_planes = {};
 };
 
 struct AttentionOptions {
   float softmax_scale = 0.0f;  ///< multiplies q·k; 0 means 1/sqrt(head_dim)
   int tile_pages = 32;         ///< pages per tile (SPEC default 32)
+  /// int8s kernels: int8 terms the channel-scaled query is split into. 1 is
+  /// SPEC §3.3 as written (one int8 code per channel, one scale per row and
+  /// page); 2 adds the rounding residual as a second int8 code on a 127x finer
+  /// grid -- two integer dot products, ~127x less query rounding error.
+  int int8s_query_terms = 2;
 };
 
 /// Reusable scratch buffers, so a decode step allocates nothing once warm.
