@@ -16,6 +16,7 @@ std::string default_prompt_path();
 
 void add_generate(CLI::App& app, std::function<int()>& run);
 void add_inspect(CLI::App& app, std::function<int()>& run);
+void add_eval(CLI::App& app, std::function<int()>& run);
 #ifdef ACTIVEKV_HAVE_CUDA
 /// `bench decode` and `calibrate`: the GPU decode engine (src/cuda/bench.cpp).
 void add_bench(CLI::App& app, std::function<int()>& run);

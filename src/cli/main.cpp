@@ -9,6 +9,7 @@
 
 #include "activekv/core/error.h"
 #include "commands.h"
+#include "provenance.h"
 
 namespace activekv::cli {
 
@@ -31,6 +32,7 @@ int main(int argc, char** argv) {
   }
   argc = int(args.size());
   argv = args.data();
+  activekv::cli::set_command_line(argc, argv);
   CLI::App app{"ActiveKV: LLM decoding with the KV history in paged host memory.\n"
                "Run with no arguments to generate from the default model and prompt."};
   app.require_subcommand(0, 1);
@@ -39,6 +41,9 @@ int main(int argc, char** argv) {
   activekv::cli::add_generate(*gen, run_generate);
   auto* ins = app.add_subcommand("inspect", "Print a GGUF model's architecture and tensors");
   activekv::cli::add_inspect(*ins, run_inspect);
+  std::function<int()> run_eval;
+  auto* ev = app.add_subcommand("eval", "Quality contract (SPEC 5): own-format error, perplexity, top-1, KL");
+  activekv::cli::add_eval(*ev, run_eval);
 #ifdef ACTIVEKV_HAVE_CUDA
   std::function<int()> run_bench, run_calibrate;
   auto* bench = app.add_subcommand("bench", "GPU benchmarks (bench decode)");
@@ -49,6 +54,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     if (*ins) return run_inspect();
+    if (*ev) return run_eval();
 #ifdef ACTIVEKV_HAVE_CUDA
     if (*bench) return run_bench();
     if (*cal) return run_calibrate();

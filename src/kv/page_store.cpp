@@ -128,6 +128,13 @@ void SequenceKv::commit(int64_t n) {
   n_tokens_ += n;
 }
 
+void SequenceKv::truncate(int64_t n) {
+  if (n < 0 || n > n_tokens_) {
+    throw InvalidArgument(fmt::format("SequenceKv::truncate: {} outside [0, {}]", n, n_tokens_));
+  }
+  n_tokens_ = n;
+}
+
 void SequenceKv::clear() {
   for (auto& table : page_tables_) {
     for (PageId id : table) store_->release(id);

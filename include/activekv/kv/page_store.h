@@ -119,6 +119,9 @@ class SequenceKv {
   void write(int layer, int64_t pos, int64_t n, const float* k, const float* v);
   /// Marks `n` reserved tokens as written in every layer.
   void commit(int64_t n);
+  /// Forgets tokens [n, n_tokens()) (0 <= n <= n_tokens()); their pages stay
+  /// reserved and are overwritten by later writes. Throws InvalidArgument.
+  void truncate(int64_t n);
   /// Drops all tokens and returns the pages to the store.
   void clear();
 

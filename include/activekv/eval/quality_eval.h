@@ -1,0 +1,95 @@
+// The quality contract of SPEC §5, measured on real text with a real model.
+//
+// (a) own-format error: real samples -- one layer's history and its query
+//     rows, from the model run on a window of real text -- read along each
+//     route; error = max over rows and heads of
+//     |O_kernel - O_ref|_inf / |O_ref|_inf, O_ref = fp64 attention with the
+//     unquantised query over the history as the route reads it (int8s pages
+//     dequantised). Plus one synthetic long case with outlier key channels,
+//     where a plain per-token 8-bit key quantiser is measured beside int8s.
+// (b) model-level loss against the exact route: the window's first
+//     `context - scored` tokens are prefilled exactly and every full page is
+//     converted (what a long prompt leaves behind); then the last `scored`
+//     tokens run teacher-forced along each route. Reported per route:
+//     perplexity of those tokens, its increase over exact (%), top-1
+//     agreement with exact's argmax, mean KL(exact || route) in nats, and
+//     whether the logits are bitwise equal to exact.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "activekv/model/llama_model.h"
+#include "activekv/route/route.h"
+
+namespace activekv::eval {
+
+struct EvalConfig {
+  std::vector<std::string> text_files;  ///< real text, UTF-8
+  int context = 8192;                   ///< window tokens (prefix + scored)
+  int scored = 512;                     ///< tokens scored at the window's end
+  int page_size = 1024;
+  int tile_pages = 32;
+  int recent_pages = 2;
+  int chunk = 64;                        ///< rows per teacher-forced forward
+  int layers_per_text = 16;              ///< own-format samples per text (layers spread evenly)
+  int query_rows = 8;                    ///< query rows per sample
+  int synthetic_tokens = 65536;          ///< 0 skips the synthetic case
+  std::vector<route::RouteKind> routes{route::RouteKind::lossless13, route::RouteKind::int8s,
+                                       route::RouteKind::hybrid};
+};
+
+/// One own-format sample.
+struct SampleError {
+  std::string route;
+  std::string text;
+  int layer = 0;
+  int64_t history_tokens = 0;
+  double error = 0;            ///< with the default two-term int8 query
+  double error_one_term = 0;   ///< with the query in one int8 term (SPEC §3.3 as written)
+};
+
+/// The synthetic outlier case; index 0: one-term int8 query, 1: two-term.
+struct SyntheticErrors {
+  double separable[2] = {-1, -1};  ///< int8s along the hybrid route
+  double per_token[2] = {-1, -1};  ///< plain per-token key quantiser, same middle pages
+};
+
+/// Model-level figures of one route on one text.
+struct RouteQuality {
+  std::string route;
+  std::string text;
+  double ppl = 0;
+  double ppl_increase_pct = 0;
+  double top1_agreement = 0;   ///< fraction of scored positions
+  double mean_kl = 0;          ///< nats
+  bool bitwise_equal_to_exact = false;
+  double bytes_per_token = 0;  ///< history bytes the scored steps read per token (all layers)
+};
+
+struct EvalResult {
+  std::vector<SampleError> samples;
+  std::vector<RouteQuality> routes;  ///< includes "exact" rows (the baseline)
+  SyntheticErrors synthetic;
+  /// Worst own-format error over the samples of `route` (-1 if none).
+  double worst_sample_error(const std::string& route, bool one_term = false) const;
+};
+
+/// Called with a line of progress text.
+using Progress = std::function<void(const std::string&)>;
+
+/// Runs (a) and (b). `tokenize` turns a text file's contents into ids.
+/// Throws Error if a text is shorter than `context` tokens or the config is
+/// inconsistent (scored >= context, non-positive sizes).
+EvalResult run_quality_eval(model::LlamaModel& m,
+                            const std::function<std::vector<int32_t>(const std::string&)>& tokenize,
+                            const EvalConfig& cfg, const Progress& progress);
+
+/// The synthetic case alone, over `n_tokens` tokens of random keys with
+/// outlier channels and queries small on those channels.
+SyntheticErrors synthetic_outlier_errors(int n_tokens, int page_size, int n_kv_heads, int head_dim, int n_heads,
+                                         int recent_pages, int tile_pages);
+
+}  // namespace activekv::eval

@@ -1,0 +1,45 @@
+#include "provenance.h"
+
+#include <cstdio>
+#include <memory>
+
+namespace activekv::cli {
+namespace {
+
+std::string g_command;
+
+std::string run(const std::string& cmd) {
+  std::unique_ptr<FILE, int (*)(FILE*)> p(popen(cmd.c_str(), "r"), pclose);
+  if (!p) return "";
+  std::string out;
+  char buf[256];
+  while (fgets(buf, sizeof buf, p.get())) out += buf;
+  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
+  return out;
+}
+
+std::string quote(const std::string& a) {
+  if (!a.empty() && a.find_first_of(" \t\"'\\$`") == std::string::npos) return a;
+  std::string q = "'";
+  for (char c : a) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+}  // namespace
+
+void set_command_line(int argc, char** argv) {
+  g_command.clear();
+  for (int i = 0; i < argc; ++i) g_command += (i ? " " : "") + quote(argv[i]);
+}
+
+const std::string& command_line() { return g_command; }
+
+std::string git_commit() {
+  const std::string dir = quote(ACTIVEKV_SOURCE_DIR);
+  const std::string head = run("git -C " + dir + " rev-parse HEAD 2>/dev/null");
+  if (head.empty()) return "unknown";
+  const std::string dirty = run("git -C " + dir + " status --porcelain --untracked-files=no 2>/dev/null");
+  return dirty.empty() ? head : head + "-dirty";
+}
+
+}  // namespace activekv::cli

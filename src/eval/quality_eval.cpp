@@ -1,0 +1,202 @@
+#include "activekv/eval/quality_eval.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "activekv/model/sampler.h"
+#include "own_format.h"
+
+namespace activekv::eval {
+namespace {
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(fmt::format("eval: cannot read text file '{}'", path));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void validate(const EvalConfig& c) {
+  if (c.text_files.empty()) throw InvalidArgument("eval: no text files");
+  if (c.context <= 0 || c.scored <= 0 || c.scored >= c.context || c.page_size <= 0 || c.chunk <= 0 ||
+      c.query_rows <= 0 || c.query_rows > c.scored || c.layers_per_text < 0) {
+    throw InvalidArgument(fmt::format("eval: inconsistent sizes (context {}, scored {}, page {}, chunk {}, rows {})",
+                                      c.context, c.scored, c.page_size, c.chunk, c.query_rows));
+  }
+}
+
+// log-softmax of one row, in double.
+void log_softmax(const float* x, size_t n, std::vector<double>& out) {
+  out.resize(n);
+  double m = -INFINITY;
+  for (size_t i = 0; i < n; ++i) m = std::max(m, double(x[i]));
+  double s = 0;
+  for (size_t i = 0; i < n; ++i) s += std::exp(double(x[i]) - m);
+  const double lse = m + std::log(s);
+  for (size_t i = 0; i < n; ++i) out[i] = double(x[i]) - lse;
+}
+
+// Runs tokens [prefix, context) teacher-forced along `view`, returning logits [scored][vocab].
+std::vector<float> score_window(model::LlamaModel& m, kv::SequenceKv& seq, const std::vector<int32_t>& ids,
+                                int64_t prefix, const EvalConfig& cfg, const route::RoutedView& view) {
+  const size_t vocab = size_t(m.config().vocab_size);
+  std::vector<float> logits(size_t(cfg.scored) * vocab);
+  seq.truncate(prefix);
+  for (int64_t done = 0; done < cfg.scored;) {
+    const int64_t n = std::min<int64_t>(cfg.chunk, cfg.scored - done);
+    m.forward(std::span<const int32_t>(ids).subspan(size_t(prefix + done), size_t(n)), seq,
+              std::span<float>(logits).subspan(size_t(done) * vocab), true, &view);
+    done += n;
+  }
+  return logits;
+}
+
+// Layers spread evenly over the model: k of n.
+std::vector<int> spread_layers(int k, int n) {
+  std::vector<int> out;
+  for (int i = 0; i < k; ++i) out.push_back(k == 1 ? 0 : int(std::lround(double(i) * (n - 1) / (k - 1))));
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+struct Baseline {
+  std::vector<float> logits;  // exact route, [scored][vocab]
+  double nll = 0;
+};
+
+RouteQuality compare(const std::string& route, const std::string& text, const std::vector<float>& logits,
+                     const Baseline& exact, const std::vector<int32_t>& ids, int64_t prefix, size_t vocab,
+                     double bytes_per_token) {
+  RouteQuality q{route, text};
+  const size_t n = logits.size() / vocab;
+  double nll = 0, kl = 0;
+  size_t agree = 0;
+  std::vector<double> lp, lq;
+  for (size_t r = 0; r < n; ++r) {
+    const float* a = exact.logits.data() + r * vocab;
+    const float* b = logits.data() + r * vocab;
+    log_softmax(a, vocab, lp);
+    log_softmax(b, vocab, lq);
+    const size_t next = size_t(prefix) + r + 1;
+    if (next < ids.size()) nll -= lq[size_t(ids[next])];
+    for (size_t i = 0; i < vocab; ++i) kl += std::exp(lp[i]) * (lp[i] - lq[i]);
+    agree += model::argmax({a, vocab}) == model::argmax({b, vocab});
+  }
+  const size_t scored_next = std::min(n, ids.size() - size_t(prefix) - 1);
+  q.ppl = std::exp(nll / double(scored_next));
+  q.ppl_increase_pct = 100.0 * (q.ppl / std::exp(exact.nll / double(scored_next)) - 1.0);
+  q.top1_agreement = double(agree) / double(n);
+  q.mean_kl = kl / double(n);
+  q.bitwise_equal_to_exact = std::memcmp(logits.data(), exact.logits.data(), logits.size() * sizeof(float)) == 0;
+  q.bytes_per_token = bytes_per_token;
+  return q;
+}
+
+double nll_of(const std::vector<float>& logits, const std::vector<int32_t>& ids, int64_t prefix, size_t vocab) {
+  double nll = 0;
+  std::vector<double> lp;
+  for (size_t r = 0; r < logits.size() / vocab && size_t(prefix) + r + 1 < ids.size(); ++r) {
+    log_softmax(logits.data() + r * vocab, vocab, lp);
+    nll -= lp[size_t(ids[size_t(prefix) + r + 1])];
+  }
+  return nll;
+}
+
+}  // namespace
+
+double EvalResult::worst_sample_error(const std::string& route, bool one_term) const {
+  double w = -1;
+  for (const SampleError& s : samples) {
+    if (s.route == route) w = std::max(w, one_term ? s.error_one_term : s.error);
+  }
+  return w;
+}
+
+EvalResult run_quality_eval(model::LlamaModel& m,
+                            const std::function<std::vector<int32_t>(const std::string&)>& tokenize,
+                            const EvalConfig& cfg, const Progress& progress) {
+  validate(cfg);
+  const model::ModelConfig& mc = m.config();
+  const size_t vocab = size_t(mc.vocab_size);
+  const int64_t prefix = cfg.context - cfg.scored;
+  const size_t pages = size_t((cfg.context + cfg.page_size - 1) / cfg.page_size);
+  EvalResult result;
+
+  for (const std::string& path : cfg.text_files) {
+    const std::string text = std::filesystem::path(path).filename().string();
+    std::vector<int32_t> ids = tokenize(read_text(path));
+    if (int64_t(ids.size()) < cfg.context + 1) {
+      throw Error(fmt::format("eval: '{}' has {} tokens, fewer than context {} + 1", path, ids.size(), cfg.context));
+    }
+    ids.resize(size_t(cfg.context) + 1);  // the window, and the token after it for the last score
+
+    kv::PageStore store(m.kv_shape(cfg.page_size), pages * size_t(mc.n_layers));
+    kv::SequenceKv seq(store);
+    progress(fmt::format("{}: prefill {} tokens (exact)", text, prefix));
+    m.prefill(std::span<const int32_t>(ids).first(size_t(prefix)), seq);
+    convert::CompressedHistory compressed(seq, {kv::CodecFormat::lossless13, kv::CodecFormat::int8s}, pages, nullptr);
+    compressed.schedule();  // every page full after the prefix, synchronously
+
+    // Exact route first; capture query rows of the first scored chunk for samples.
+    const std::vector<int> layers = spread_layers(cfg.layers_per_text, mc.n_layers);
+    std::vector<std::vector<float>> sample_q(size_t(mc.n_layers));
+    model::ForwardOptions opt = m.options();
+    const model::ForwardOptions saved = opt;
+    opt.on_queries = [&](int layer, int T, const float* q, const int64_t* pos) {
+      if (pos[0] != prefix || std::find(layers.begin(), layers.end(), layer) == layers.end()) return;
+      const size_t n = size_t(std::min(T, cfg.query_rows)) * size_t(mc.n_heads * mc.head_dim);
+      sample_q[size_t(layer)].assign(q, q + n);
+    };
+    m.set_options(opt);
+    route::RouteReport exact_report;
+    route::RoutedView exact_view{&compressed, {route::RouteKind::exact, cfg.recent_pages, cfg.tile_pages}, &exact_report};
+    progress(fmt::format("{}: score {} tokens along the exact route", text, cfg.scored));
+    Baseline exact{score_window(m, seq, ids, prefix, cfg, exact_view), 0};
+    m.set_options(saved);
+    exact.nll = nll_of(exact.logits, ids, prefix, vocab);
+    result.routes.push_back(compare("exact", text, exact.logits, exact, ids, prefix, vocab,
+                                    exact_report.bytes / cfg.scored));
+
+    // (a) own-format samples: history = the prefix + the rows' own tokens.
+    std::vector<int64_t> pos(size_t(cfg.query_rows));
+    for (int r = 0; r < cfg.query_rows; ++r) pos[size_t(r)] = prefix + r;
+    seq.truncate(prefix + cfg.query_rows);
+    for (route::RouteKind kind : cfg.routes) {
+      const route::RouteConfig rc{kind, cfg.recent_pages, cfg.tile_pages};
+      for (int layer : layers) {
+        const attention::LayerHistory h{&store, seq.page_table(layer), seq.n_tokens()};
+        const attention::QueryRows q{sample_q[size_t(layer)].data(), cfg.query_rows, mc.n_heads, pos.data()};
+        result.samples.push_back({route::kind_name(kind), text, layer, seq.n_tokens(),
+                                  route_own_format_error(h, layer, compressed, rc, q, 2),
+                                  route_own_format_error(h, layer, compressed, rc, q, 1)});
+      }
+      progress(fmt::format("{}: {} own-format samples along {}, worst so far {:.5f}", text, layers.size(),
+                           route::kind_name(kind), result.worst_sample_error(route::kind_name(kind))));
+    }
+
+    // (b) each route against exact.
+    for (route::RouteKind kind : cfg.routes) {
+      progress(fmt::format("{}: score {} tokens along the {} route", text, cfg.scored, route::kind_name(kind)));
+      route::RouteReport report;
+      route::RoutedView view{&compressed, {kind, cfg.recent_pages, cfg.tile_pages}, &report};
+      const std::vector<float> logits = score_window(m, seq, ids, prefix, cfg, view);
+      result.routes.push_back(compare(route::kind_name(kind), text, logits, exact, ids, prefix, vocab,
+                                      report.bytes / cfg.scored));
+    }
+  }
+  if (cfg.synthetic_tokens > 0) {
+    progress(fmt::format("synthetic: {} tokens with outlier key channels", cfg.synthetic_tokens));
+    result.synthetic = synthetic_outlier_errors(
+        cfg.synthetic_tokens, cfg.page_size, mc.n_kv_heads, mc.head_dim, mc.n_heads, cfg.recent_pages, cfg.tile_pages);
+  }
+  return result;
+}
+
+}  // namespace activekv::eval
