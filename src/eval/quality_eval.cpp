@@ -123,6 +123,9 @@ EvalResult run_quality_eval(model::LlamaModel& m,
                             const std::function<std::vector<int32_t>(const std::string&)>& tokenize,
                             const EvalConfig& cfg, const Progress& progress) {
   validate(cfg);
+  auto say = [&](const std::string& line) {
+    if (progress) progress(line);
+  };
   const model::ModelConfig& mc = m.config();
   const size_t vocab = size_t(mc.vocab_size);
   const int64_t prefix = cfg.context - cfg.scored;
@@ -139,7 +142,7 @@ EvalResult run_quality_eval(model::LlamaModel& m,
 
     kv::PageStore store(m.kv_shape(cfg.page_size), pages * size_t(mc.n_layers));
     kv::SequenceKv seq(store);
-    progress(fmt::format("{}: prefill {} tokens (exact)", text, prefix));
+    say(fmt::format("{}: prefill {} tokens (exact)", text, prefix));
     m.prefill(std::span<const int32_t>(ids).first(size_t(prefix)), seq);
     convert::CompressedHistory compressed(seq, {kv::CodecFormat::lossless13, kv::CodecFormat::int8s}, pages, nullptr);
     compressed.schedule();  // every page full after the prefix, synchronously
@@ -157,7 +160,7 @@ EvalResult run_quality_eval(model::LlamaModel& m,
     m.set_options(opt);
     route::RouteReport exact_report;
     route::RoutedView exact_view{&compressed, {route::RouteKind::exact, cfg.recent_pages, cfg.tile_pages}, &exact_report};
-    progress(fmt::format("{}: score {} tokens along the exact route", text, cfg.scored));
+    say(fmt::format("{}: score {} tokens along the exact route", text, cfg.scored));
     Baseline exact{score_window(m, seq, ids, prefix, cfg, exact_view), 0};
     m.set_options(saved);
     exact.nll = nll_of(exact.logits, ids, prefix, vocab);
@@ -177,13 +180,13 @@ EvalResult run_quality_eval(model::LlamaModel& m,
                                   route_own_format_error(h, layer, compressed, rc, q, 2),
                                   route_own_format_error(h, layer, compressed, rc, q, 1)});
       }
-      progress(fmt::format("{}: {} own-format samples along {}, worst so far {:.5f}", text, layers.size(),
+      say(fmt::format("{}: {} own-format samples along {}, worst so far {:.5f}", text, layers.size(),
                            route::kind_name(kind), result.worst_sample_error(route::kind_name(kind))));
     }
 
     // (b) each route against exact.
     for (route::RouteKind kind : cfg.routes) {
-      progress(fmt::format("{}: score {} tokens along the {} route", text, cfg.scored, route::kind_name(kind)));
+      say(fmt::format("{}: score {} tokens along the {} route", text, cfg.scored, route::kind_name(kind)));
       route::RouteReport report;
       route::RoutedView view{&compressed, {kind, cfg.recent_pages, cfg.tile_pages}, &report};
       const std::vector<float> logits = score_window(m, seq, ids, prefix, cfg, view);
@@ -192,7 +195,7 @@ EvalResult run_quality_eval(model::LlamaModel& m,
     }
   }
   if (cfg.synthetic_tokens > 0) {
-    progress(fmt::format("synthetic: {} tokens with outlier key channels", cfg.synthetic_tokens));
+    say(fmt::format("synthetic: {} tokens with outlier key channels", cfg.synthetic_tokens));
     result.synthetic = synthetic_outlier_errors(
         cfg.synthetic_tokens, cfg.page_size, mc.n_kv_heads, mc.head_dim, mc.n_heads, cfg.recent_pages, cfg.tile_pages);
   }
