@@ -16,7 +16,7 @@ build="$root/build-fuzz"
 
 cmake -S "$root" -B "$build" -G Ninja \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DACTIVEKV_BUILD_FUZZERS=ON -DACTIVEKV_BUILD_TESTS=OFF \
+  -DACTIVEKV_BUILD_FUZZERS=ON -DACTIVEKV_BUILD_TESTS=OFF -DACTIVEKV_BUILD_BENCHMARKS=OFF -DACTIVEKV_CUDA=OFF \
   -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang
 cmake --build "$build" --target gguf_fuzz
 

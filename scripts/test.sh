@@ -14,11 +14,11 @@ ctest --test-dir build --output-on-failure --label-exclude gpu -j "$jobs"
 
 if [ "${QUICK:-0}" != 1 ]; then
   echo "[test] GGUF reader under ASan+UBSan" >&2
-  cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DACTIVEKV_SANITIZE=address >/dev/null
+  cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DACTIVEKV_SANITIZE=address -DACTIVEKV_CUDA=OFF >/dev/null
   cmake --build build-asan --parallel "$jobs" --target test_gguf
   build-asan/bin/test_gguf --gtest_brief=1
   echo "[test] background conversion under TSan" >&2
-  cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DACTIVEKV_SANITIZE=thread >/dev/null
+  cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DACTIVEKV_SANITIZE=thread -DACTIVEKV_CUDA=OFF >/dev/null
   cmake --build build-tsan --parallel "$jobs" --target test_convert test_route
   # OpenMP off here: GCC's libgomp is not TSan-instrumented, so its barriers
   # read as races; the pool's std::threads are what this run checks.
