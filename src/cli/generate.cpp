@@ -16,6 +16,9 @@
 #include "activekv/model/llama_model.h"
 #include "activekv/model/sampler.h"
 #include "activekv/tokenizer/tokenizer.h"
+#ifdef ACTIVEKV_HAVE_CUDA
+#include "activekv/cuda/attention_backend.h"
+#endif
 #include "commands.h"
 #include "stats.h"
 
@@ -37,6 +40,7 @@ struct GenerateArgs {
   int convert_threads = 1;
   int tile_pages = 32;
   int prefill_chunk = 256;
+  std::string device = "cpu";  // cpu | cuda: where the exact attention runs (layers stay on the CPU)
 };
 
 std::string read_file(const std::string& path) {
@@ -114,6 +118,12 @@ int run(const GenerateArgs& a) {
   fopt.attention.tile_pages = a.tile_pages;
   model::LlamaModel lm(file, fopt);
   const model::ModelConfig& c = lm.config();
+  if (a.device == "cuda" && a.kv_format != "bf16") {
+    throw Error(fmt::format("--device cuda supports --kv-format bf16 only, not '{}'", a.kv_format));
+  }
+#ifndef ACTIVEKV_HAVE_CUDA
+  if (a.device == "cuda") throw Error("--device cuda: this activekv was built without the CUDA backend (ACTIVEKV_CUDA=OFF)");
+#endif
   t.load_ms = ms_since(t0);
 
   const std::vector<int32_t> prompt = tok.encode(prompt_text(a, tok), tok.add_bos_default());
@@ -140,6 +150,18 @@ int run(const GenerateArgs& a) {
   view.compressed = compressed.get();
   view.config = {plan.route, a.recent_pages, a.tile_pages};
   model::Sampler sampler(a.sampling);
+#ifdef ACTIVEKV_HAVE_CUDA
+  // --device cuda: every layer's attention on the GPU (lm keeps a non-owning
+  // pointer and calls it only inside forward); the model layers stay on the CPU.
+  std::unique_ptr<cuda::CudaAttentionBackend> gpu_attention;
+  if (a.device == "cuda") {
+    gpu_attention = std::make_unique<cuda::CudaAttentionBackend>(shape, c.n_heads);
+    fopt.attention_backend = gpu_attention.get();
+    lm.set_options(fopt);
+    fmt::print(stderr, "activekv: attention on {} (split {} tokens), model layers on the CPU\n",
+               gpu_attention->device_name(), gpu_attention->attn_shape().split_tokens);
+  }
+#endif
 
   fmt::print(stderr, "activekv: {} | {} layers, {} KV heads x {} | {} history, page {} tokens, tile {} pages | {} prompt tokens\n",
              model_path, c.n_layers, c.n_kv_heads, c.head_dim, a.kv_format, a.page_size, a.tile_pages, prompt.size());
@@ -197,6 +219,8 @@ void add_generate(CLI::App& app, std::function<int()>& run_fn) {
   app.add_option("--convert-threads", a->convert_threads, "Background page-conversion threads")
       ->capture_default_str()->check(CLI::Range(1, 256));
   app.add_option("--tile-pages", a->tile_pages, "Pages per attention tile")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  app.add_option("--device", a->device, "Where the attention runs: cpu, or cuda (exact bf16 history on the GPU; model layers stay on the CPU)")
+      ->capture_default_str()->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--prefill-chunk", a->prefill_chunk, "Tokens per prefill forward pass")->capture_default_str()->check(CLI::Range(1, 1 << 16));
   run_fn = [a] { return run(*a); };
 }
