@@ -7,12 +7,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 #include <thread>
 
 #include "activekv/convert/compressed_history.h"
 #include "activekv/core/blas.h"
+#include "activekv/core/text_file.h"
 #include "activekv/model/llama_model.h"
 #include "activekv/model/sampler.h"
 #include "activekv/tokenizer/tokenizer.h"
@@ -43,19 +42,11 @@ struct GenerateArgs {
   std::string device = "cpu";  // cpu | cuda: where the exact attention runs (layers stay on the CPU)
 };
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(fmt::format("cannot read prompt file '{}'", path));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 std::string prompt_text(const GenerateArgs& a, const Tokenizer& tok) {
   if (!a.prompt.empty() && !a.prompt_file.empty()) throw Error("give either -p or -f, not both");
   std::string text = !a.prompt.empty()        ? a.prompt
-                     : !a.prompt_file.empty() ? read_file(a.prompt_file)
-                                              : read_file(default_prompt_path());
+                     : !a.prompt_file.empty() ? read_text_file(a.prompt_file, "prompt file")
+                                              : read_text_file(default_prompt_path(), "prompt file");
   if (!a.chat) return text;
   const ChatMessage msg{"user", text};
   return tok.apply_chat_template(std::span<const ChatMessage>(&msg, 1), true);

@@ -6,22 +6,13 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
+#include "activekv/core/text_file.h"
 #include "activekv/model/sampler.h"
 #include "own_format.h"
 
 namespace activekv::eval {
 namespace {
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(fmt::format("eval: cannot read text file '{}'", path));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 void validate(const EvalConfig& c) {
   if (c.text_files.empty()) throw InvalidArgument("eval: no text files");
@@ -134,7 +125,7 @@ EvalResult run_quality_eval(model::LlamaModel& m,
 
   for (const std::string& path : cfg.text_files) {
     const std::string text = std::filesystem::path(path).filename().string();
-    std::vector<int32_t> ids = tokenize(read_text(path));
+    std::vector<int32_t> ids = tokenize(read_text_file(path, "eval text file"));
     if (int64_t(ids.size()) < cfg.context + 1) {
       throw Error(fmt::format("eval: '{}' has {} tokens, fewer than context {} + 1", path, ids.size(), cfg.context));
     }
