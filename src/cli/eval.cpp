@@ -30,6 +30,10 @@ struct EvalArgs {
   eval::EvalConfig cfg;
 };
 
+// A measured error, or null where the route had no samples (-1).
+nlohmann::json optional(double error) { return error < 0 ? nlohmann::json(nullptr) : nlohmann::json(error); }
+std::string cell(double error) { return error < 0 ? "-" : fmt::format("{:.5f}", error); }
+
 // Per-route aggregate over texts: equal-weight scored tokens per text.
 nlohmann::json aggregate(const std::vector<eval::RouteQuality>& rows, const std::string& route) {
   double nll = 0, nll_exact = 0, top1 = 0, kl = 0, bytes = 0;
@@ -41,13 +45,13 @@ nlohmann::json aggregate(const std::vector<eval::RouteQuality>& rows, const std:
     nll_exact += std::log(r.ppl / (1.0 + r.ppl_increase_pct / 100.0));
     top1 += r.top1_agreement;
     kl += r.mean_kl;
-    bytes += r.bytes_per_token;
+    bytes += r.bytes_per_step;
     bitwise = bitwise && r.bitwise_equal_to_exact;
     ++n;
   }
   const double ppl = std::exp(nll / n), ppl_exact = std::exp(nll_exact / n);
   return {{"ppl", ppl}, {"ppl_increase_pct", 100.0 * (ppl / ppl_exact - 1.0)}, {"top1_agreement", top1 / n},
-          {"mean_kl", kl / n}, {"bitwise_equal_to_exact", bitwise}, {"history_bytes_per_token", bytes / n}};
+          {"mean_kl", kl / n}, {"bitwise_equal_to_exact", bitwise}, {"history_bytes_per_step", bytes / n}};
 }
 
 int run(EvalArgs& a) {
@@ -61,15 +65,15 @@ int run(EvalArgs& a) {
   a.cfg.text_files.clear();
   for (const auto& t : a.texts) a.cfg.text_files.push_back(std::filesystem::path(t).is_absolute() ? t : a.data_dir + "/" + t);
 
+  const std::string commit = git_commit();  // the tree this run started from
   const auto t0 = std::chrono::steady_clock::now();
   const eval::EvalResult r = eval::run_quality_eval(
       lm, [&](const std::string& text) { return tok.encode(text, tok.add_bos_default()); }, a.cfg,
       [&](const std::string& line) { fmt::print(stderr, "[eval {:6.0f} s] {}\n", ms_since(t0) / 1000.0, line); });
 
   fmt::print("\n{:12s} {:24s} {:>9s} {:>8s} {:>9s} {:>10s} {:>9s} {:>9s} {:>10s} {:>8s}\n", "route", "text", "ppl",
-             "dppl %", "top-1", "mean KL", "own err", "(1-term)", "MiB/token", "bitwise");
+             "dppl %", "top-1", "mean KL", "own err", "(1-term)", "MiB/step", "bitwise");
   nlohmann::json records = nlohmann::json::array();
-  const std::string commit = git_commit();
   auto base = [&](const std::string& route, const std::string& text) {
     return nlohmann::json{{"format", route}, {"model", model_name}, {"text", text}, {"context", a.cfg.context},
                           {"scored_tokens", a.cfg.scored}, {"page_size", a.cfg.page_size},
@@ -85,13 +89,14 @@ int run(EvalArgs& a) {
         worst1 = std::max(worst1, s.error_one_term);
       }
     }
-    fmt::print("{:12s} {:24s} {:9.4f} {:8.3f} {:9.4f} {:10.2e} {:9.5f} {:9.5f} {:10.2f} {:>8s}\n", q.route, q.text, q.ppl,
-               q.ppl_increase_pct, q.top1_agreement, q.mean_kl, worst, worst1, q.bytes_per_token / 1048576.0,
+    fmt::print("{:12s} {:24s} {:9.4f} {:8.3f} {:9.4f} {:10.2e} {:>9s} {:>9s} {:10.2f} {:>8s}\n", q.route, q.text, q.ppl,
+               q.ppl_increase_pct, q.top1_agreement, q.mean_kl, cell(worst), cell(worst1), q.bytes_per_step / 1048576.0,
                q.bitwise_equal_to_exact ? "yes" : "no");
     nlohmann::json j = base(q.route, q.text);
-    j.update({{"n_samples", n}, {"own_format_error", worst}, {"own_format_error_one_term_query", worst1}, {"ppl", q.ppl}, {"ppl_increase_pct", q.ppl_increase_pct},
+    j.update({{"n_samples", n}, {"own_format_error", optional(worst)},
+              {"own_format_error_one_term_query", optional(worst1)}, {"ppl", q.ppl}, {"ppl_increase_pct", q.ppl_increase_pct},
               {"top1_agreement", q.top1_agreement}, {"mean_kl", q.mean_kl},
-              {"bitwise_equal_to_exact", q.bitwise_equal_to_exact}, {"history_bytes_per_token", q.bytes_per_token}});
+              {"bitwise_equal_to_exact", q.bitwise_equal_to_exact}, {"history_bytes_per_step", q.bytes_per_step}});
     records.push_back(j);
   }
   std::vector<std::string> routes{"exact"};
@@ -101,13 +106,13 @@ int run(EvalArgs& a) {
     int n = 0;
     for (const auto& s : r.samples) n += s.route == route;
     j.update(aggregate(r.routes, route));
-    j.update({{"n_samples", n}, {"own_format_error", r.worst_sample_error(route)},
-              {"own_format_error_one_term_query", r.worst_sample_error(route, true)}});
+    j.update({{"n_samples", n}, {"own_format_error", optional(r.worst_sample_error(route))},
+              {"own_format_error_one_term_query", optional(r.worst_sample_error(route, true))}});
     records.push_back(j);
-    fmt::print("{:12s} {:24s} {:9.4f} {:8.3f} {:9.4f} {:10.2e} {:9.5f} {:9.5f}\n", route,
+    fmt::print("{:12s} {:24s} {:9.4f} {:8.3f} {:9.4f} {:10.2e} {:>9s} {:>9s}\n", route,
                "all (" + std::to_string(n) + " samples)", j["ppl"].get<double>(), j["ppl_increase_pct"].get<double>(),
-               j["top1_agreement"].get<double>(), j["mean_kl"].get<double>(), r.worst_sample_error(route),
-               r.worst_sample_error(route, true));
+               j["top1_agreement"].get<double>(), j["mean_kl"].get<double>(), cell(r.worst_sample_error(route)),
+               cell(r.worst_sample_error(route, true)));
   }
   if (a.cfg.synthetic_tokens > 0) {
     const auto& s = r.synthetic;

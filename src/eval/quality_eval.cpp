@@ -49,6 +49,9 @@ std::vector<float> score_window(model::LlamaModel& m, kv::SequenceKv& seq, const
   return logits;
 }
 
+// Forward calls score_window makes; each reads every history page once per layer.
+double n_steps(const EvalConfig& cfg) { return double((cfg.scored + cfg.chunk - 1) / cfg.chunk); }
+
 // Layers spread evenly over the model: k of n.
 std::vector<int> spread_layers(int k, int n) {
   std::vector<int> out;
@@ -64,7 +67,7 @@ struct Baseline {
 
 RouteQuality compare(const std::string& route, const std::string& text, const std::vector<float>& logits,
                      const Baseline& exact, const std::vector<int32_t>& ids, int64_t prefix, size_t vocab,
-                     double bytes_per_token) {
+                     double bytes_per_step) {
   RouteQuality q{route, text};
   const size_t n = logits.size() / vocab;
   double nll = 0, kl = 0;
@@ -86,7 +89,7 @@ RouteQuality compare(const std::string& route, const std::string& text, const st
   q.top1_agreement = double(agree) / double(n);
   q.mean_kl = kl / double(n);
   q.bitwise_equal_to_exact = std::memcmp(logits.data(), exact.logits.data(), logits.size() * sizeof(float)) == 0;
-  q.bytes_per_token = bytes_per_token;
+  q.bytes_per_step = bytes_per_step;
   return q;
 }
 
@@ -156,7 +159,7 @@ EvalResult run_quality_eval(model::LlamaModel& m,
     m.set_options(saved);
     exact.nll = nll_of(exact.logits, ids, prefix, vocab);
     result.routes.push_back(compare("exact", text, exact.logits, exact, ids, prefix, vocab,
-                                    exact_report.bytes / cfg.scored));
+                                    exact_report.bytes / n_steps(cfg)));
 
     // (a) own-format samples: history = the prefix + the rows' own tokens.
     std::vector<int64_t> pos(size_t(cfg.query_rows));
@@ -182,7 +185,7 @@ EvalResult run_quality_eval(model::LlamaModel& m,
       route::RoutedView view{&compressed, {kind, cfg.recent_pages, cfg.tile_pages}, &report};
       const std::vector<float> logits = score_window(m, seq, ids, prefix, cfg, view);
       result.routes.push_back(compare(route::kind_name(kind), text, logits, exact, ids, prefix, vocab,
-                                      report.bytes / cfg.scored));
+                                      report.bytes / n_steps(cfg)));
     }
   }
   if (cfg.synthetic_tokens > 0) {

@@ -66,7 +66,7 @@ struct RouteQuality {
   double top1_agreement = 0;   ///< fraction of scored positions
   double mean_kl = 0;          ///< nats
   bool bitwise_equal_to_exact = false;
-  double bytes_per_token = 0;  ///< history bytes the scored steps read per token (all layers)
+  double bytes_per_step = 0;   ///< history bytes one forward step reads (all layers), mean over the scored steps
 };
 
 struct EvalResult {
