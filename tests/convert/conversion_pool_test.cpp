@@ -46,22 +46,24 @@ TEST(ConversionPool, FailedJobIsLoggedAndCounted) {
 
 TEST(ConversionPool, CancelDropsQueuedJobsAndWaitsForRunning) {
   convert::ConversionPool pool(1);
-  std::atomic<bool> release{false};
+  std::atomic<bool> started{false}, release{false};
   std::atomic<int> ran{0};
   int owner = 0;
   pool.submit(&owner, [&] {
+    started = true;
     while (!release) std::this_thread::yield();
     ran++;
   });
   for (int i = 0; i < 50; ++i) pool.submit(&owner, [&] { ran++; });
+  while (!started) std::this_thread::yield();  // the first job is running, the rest queued
   std::thread t([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
     release = true;
   });
   pool.cancel(&owner);  // returns only once the running job finished
   t.join();
-  EXPECT_GE(ran.load(), 1);
-  EXPECT_LT(ran.load(), 51);
+  EXPECT_GE(ran.load(), 1);   // cancel waited for the running job
+  EXPECT_LT(ran.load(), 51);  // and dropped queued ones (200 ms is ample for cancel to take the lock)
 }
 
 TEST(ConversionPool, DestructorDrainsQueuedJobs) {

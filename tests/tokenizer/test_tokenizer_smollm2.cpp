@@ -32,6 +32,9 @@ std::string model_path() {
   return dir + "/" + kModelFile;
 }
 
+// The real texts beside the checkout (CI lays shared/ next to its clone).
+std::string shared_data() { return std::string(ACTIVEKV_SOURCE_DIR) + "/../shared/data/"; }
+
 std::string read_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   if (!f) return {};
@@ -146,8 +149,8 @@ TEST_F(SmolLM2, ChatTemplateMatchesReference) {
 TEST_F(SmolLM2, CorporaMatchReferenceAndRoundTrip) {
   for (const auto& c : golden_["corpora"]) {
     const std::string name = c["file"].get<std::string>();
-    std::string text = read_file("/work/shared/data/" + name);
-    ASSERT_FALSE(text.empty()) << "cannot read /work/shared/data/" << name;
+    std::string text = read_file(shared_data() + name);
+    ASSERT_FALSE(text.empty()) << "cannot read " << shared_data() << name;
     text.resize(c["bytes"].get<size_t>());
     const auto ids = tok_->encode(text, false);
     EXPECT_EQ(ids.size(), c["n_tokens"].get<size_t>()) << name;
@@ -157,14 +160,14 @@ TEST_F(SmolLM2, CorporaMatchReferenceAndRoundTrip) {
 }
 
 TEST_F(SmolLM2, TinyShakespeareRoundTrip) {
-  std::string text = read_file("/work/shared/data/tinyshakespeare.txt");
+  std::string text = read_file(shared_data() + "tinyshakespeare.txt");
   ASSERT_GE(text.size(), 20000u);
   text.resize(20000);
   EXPECT_EQ(tok_->decode(tok_->encode(text, false)), text);
 }
 
 TEST_F(SmolLM2, ConcurrentEncodeAgrees) {
-  const std::string text = read_file("/work/shared/data/tinyshakespeare.txt").substr(0, 200000);
+  const std::string text = read_file(shared_data() + "tinyshakespeare.txt").substr(0, 200000);
   const auto want = tok_->encode(text, false);
   std::vector<std::vector<int32_t>> got(4);
   std::vector<std::thread> threads;
@@ -175,7 +178,7 @@ TEST_F(SmolLM2, ConcurrentEncodeAgrees) {
 }
 
 TEST_F(SmolLM2, EncodeSpeed) {
-  const std::string text = read_file("/work/shared/data/pride-and-prejudice.txt");
+  const std::string text = read_file(shared_data() + "pride-and-prejudice.txt");
   ASSERT_FALSE(text.empty());
   (void)tok_->encode(text.substr(0, 10000), false);  // warm up
   const auto t0 = std::chrono::steady_clock::now();
