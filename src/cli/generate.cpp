@@ -7,6 +7,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <limits>
+#include <optional>
+#include <random>
 #include <thread>
 
 #include "activekv/convert/compressed_history.h"
@@ -26,8 +29,9 @@ namespace {
 
 struct GenerateArgs {
   std::string model;
-  std::string prompt;
+  std::optional<std::string> prompt;  // -p given (possibly empty)
   std::string prompt_file;
+  int64_t seed = 42;                   // -1: a random seed, printed
   int n_predict = 128;
   int n_ctx = 0;  // 0: prompt + n_predict
   int threads = int(std::max(1u, std::thread::hardware_concurrency()));
@@ -43,8 +47,8 @@ struct GenerateArgs {
 };
 
 std::string prompt_text(const GenerateArgs& a, const Tokenizer& tok) {
-  if (!a.prompt.empty() && !a.prompt_file.empty()) throw Error("give either -p or -f, not both");
-  std::string text = !a.prompt.empty()        ? a.prompt
+  if (a.prompt && !a.prompt_file.empty()) throw Error("give either -p or -f, not both");
+  std::string text = a.prompt                 ? *a.prompt
                      : !a.prompt_file.empty() ? read_text_file(a.prompt_file, "prompt file")
                                               : read_text_file(default_prompt_path(), "prompt file");
   if (!a.chat) return text;
@@ -140,7 +144,10 @@ int run(const GenerateArgs& a) {
   route::RoutedView view;
   view.compressed = compressed.get();
   view.config = {plan.route, a.recent_pages, a.tile_pages};
-  model::Sampler sampler(a.sampling);
+  model::SamplerParams sampling = a.sampling;
+  sampling.seed = a.seed >= 0 ? uint64_t(a.seed) : uint64_t(std::random_device{}()) << 32 | std::random_device{}();
+  if (a.seed < 0) fmt::print(stderr, "seed {}\n", sampling.seed);
+  model::Sampler sampler(sampling);
 #ifdef ACTIVEKV_HAVE_CUDA
   // --device cuda: every layer's attention on the GPU (lm keeps a non-owning
   // pointer and calls it only inside forward); the model layers stay on the CPU.
@@ -165,7 +172,7 @@ int run(const GenerateArgs& a) {
   t.prefill_ms = ms_since(t0);
   fmt::print(stderr, "\n");
   if (!a.chat) {
-    fmt::print("{}", a.prompt.empty() && a.prompt_file.empty() ? "[...] " : "");
+    fmt::print("{}", !a.prompt && a.prompt_file.empty() ? "[...] " : "");
   }
 
   view.report = &t.decode_route;
@@ -198,7 +205,8 @@ void add_generate(CLI::App& app, std::function<int()>& run_fn) {
   app.add_option("--temp", a->sampling.temperature, "Temperature (<= 0: greedy)")->capture_default_str();
   app.add_option("--top-k", a->sampling.top_k, "Top-k (<= 0: off)")->capture_default_str();
   app.add_option("--top-p", a->sampling.top_p, "Top-p in (0, 1]")->capture_default_str();
-  app.add_option("--seed", a->sampling.seed, "Sampling seed")->capture_default_str();
+  app.add_option("--seed", a->seed, "Sampling seed (-1: random, printed)")->capture_default_str()
+      ->check(CLI::Range(int64_t(-1), std::numeric_limits<int64_t>::max()));
   app.add_flag("--chat", a->chat, "Wrap the prompt in the model's ChatML chat template");
   app.add_option("--page-size", a->page_size, "Tokens per KV page")->capture_default_str()->check(CLI::Range(1, 1 << 20));
   app.add_option("--kv-format", a->kv_format,
