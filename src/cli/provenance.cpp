@@ -21,15 +21,25 @@ std::string run(const std::string& cmd) {
 std::string quote(const std::string& a) {
   if (!a.empty() && a.find_first_of(" \t\"'\\$`") == std::string::npos) return a;
   std::string q = "'";
-  for (char c : a) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
+  for (char c : a) {
+    if (c == '\'') {
+      q.append("'\\''");
+    } else {
+      q.push_back(c);
+    }
+  }
+  q.push_back('\'');
+  return q;
 }
 
 }  // namespace
 
 void set_command_line(int argc, char** argv) {
   g_command.clear();
-  for (int i = 0; i < argc; ++i) g_command += (i ? " " : "") + quote(argv[i]);
+  for (int i = 0; i < argc; ++i) {
+    if (i) g_command.push_back(' ');
+    g_command.append(quote(argv[i]));
+  }
 }
 
 const std::string& command_line() { return g_command; }
