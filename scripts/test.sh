@@ -1,16 +1,15 @@
 #!/usr/bin/env bash
 # Runs the test suites (after scripts/setup.sh). What CI runs, via .ci/run.
-#   1. ctest on the Release build (build/), GPU-labelled tests excluded.
-#   2. The GGUF reader's tests again under ASan+UBSan (build-asan/).
-#   3. The concurrency tests (background conversion) under ThreadSanitizer (build-tsan/).
-#   4. The GGUF fuzz target under libFuzzer+ASan+UBSan for FUZZ_SECONDS (default 60).
-# Set QUICK=1 to run only step 1.
+#   1. The GGUF reader's tests under ASan+UBSan (build-asan/).
+#   2. The concurrency tests (background conversion) under ThreadSanitizer (build-tsan/).
+#   3. The GGUF fuzz target under libFuzzer+ASan+UBSan for FUZZ_SECONDS (default 60).
+#   4. ctest on the Release build (build/), GPU-labelled tests excluded.
+# Set QUICK=1 to run only step 4.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
 
 cmake --build build --parallel "$jobs"
-ctest --test-dir build --output-on-failure --label-exclude gpu -j "$jobs"
 
 if [ "${QUICK:-0}" != 1 ]; then
   echo "[test] GGUF reader under ASan+UBSan" >&2
@@ -29,3 +28,6 @@ if [ "${QUICK:-0}" != 1 ]; then
   echo "[test] GGUF fuzz target, ${FUZZ_SECONDS:-60} s" >&2
   scripts/fuzz.sh "${FUZZ_SECONDS:-60}"
 fi
+
+# ctest last, so that its summary closes the log.
+ctest --test-dir build --output-on-failure --label-exclude gpu -j "$jobs"
