@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -26,6 +27,29 @@ void check_dims(DenseHistoryF64& h, int heads, int dim) {
   }
 }
 
+// Appends n tokens of every KV head to `h`. fill(g, k, v) writes head g's
+// planes, k and v [n][head_dim] in double; they are scattered into the
+// token-major dense layout.
+template <class Fill>
+void append_planes(DenseHistoryF64& h, int n, Fill fill) {
+  const int H = h.n_kv_heads, d = h.head_dim;
+  const size_t base = size_t(h.n_tokens) * H * d;
+  h.k.resize(base + size_t(n) * H * d);
+  h.v.resize(h.k.size());
+  std::vector<double> kp(size_t(n) * d), vp(kp.size());
+  for (int g = 0; g < H; ++g) {
+    fill(g, kp.data(), vp.data());
+    for (int t = 0; t < n; ++t) {
+      for (int j = 0; j < d; ++j) {
+        const size_t dst = base + (size_t(t) * H + g) * d + j;
+        h.k[dst] = kp[size_t(t) * d + j];
+        h.v[dst] = vp[size_t(t) * d + j];
+      }
+    }
+  }
+  h.n_tokens += n;
+}
+
 }  // namespace
 
 void DenseHistoryF64::append(const kv::EncodedPage& page, int n) {
@@ -35,36 +59,28 @@ void DenseHistoryF64::append(const kv::EncodedPage& page, int n) {
     throw InvalidArgument(fmt::format("DenseHistoryF64: {} tokens requested from a page holding {}", n, hdr.n_tokens));
   }
   const int H = hdr.n_kv_heads, d = hdr.head_dim;
-  const size_t base = size_t(n_tokens) * H * d;
-  k.resize(base + size_t(n) * H * d);
-  v.resize(k.size());
+  const size_t m = size_t(n) * d;
   if (hdr.format == kv::CodecFormat::int8s) {
     const kv::Int8sPageView view = kv::parse_int8s_page(page);
-    for (int g = 0; g < H; ++g) {
+    append_planes(*this, n, [&](int g, double* k_out, double* v_out) {
       const kv::Int8sHeadView& hv = view.heads[size_t(g)];
-      for (int t = 0; t < n; ++t) {
-        for (int j = 0; j < d; ++j) {
-          const size_t src = size_t(t) * d + j, dst = base + (size_t(t) * H + g) * d + j;
-          k[dst] = double(hv.c[size_t(j)]) * double(hv.s[size_t(t)]) * double(hv.kq[src]);  // exact in double
-          v[dst] = double(hv.v[size_t(j)]) * double(hv.vq[src]);
-        }
+      for (size_t i = 0; i < m; ++i) {
+        const size_t t = i / size_t(d), j = i % size_t(d);
+        k_out[i] = double(hv.c[j]) * double(hv.s[t]) * double(hv.kq[i]);  // exact in double
+        v_out[i] = double(hv.v[j]) * double(hv.vq[i]);
       }
-    }
-  } else {
-    std::vector<bf16> tmp(2 * size_t(H) * hdr.page_size * d);
-    kv::decode_lossless13_page(page, tmp);
-    const size_t plane = size_t(hdr.page_size) * d;
-    for (int g = 0; g < H; ++g) {
-      for (int t = 0; t < n; ++t) {
-        for (int j = 0; j < d; ++j) {
-          const size_t dst = base + (size_t(t) * H + g) * d + j;
-          k[dst] = bf16_to_f32(tmp[size_t(g) * plane + size_t(t) * d + j]);
-          v[dst] = bf16_to_f32(tmp[size_t(H + g) * plane + size_t(t) * d + j]);
-        }
-      }
-    }
+    });
+    return;
   }
-  n_tokens += n;
+  std::vector<bf16> tmp(2 * size_t(H) * hdr.page_size * d);
+  kv::decode_lossless13_page(page, tmp);
+  const size_t plane = size_t(hdr.page_size) * d;
+  append_planes(*this, n, [&](int g, double* k_out, double* v_out) {
+    for (size_t i = 0; i < m; ++i) {
+      k_out[i] = bf16_to_f32(tmp[size_t(g) * plane + i]);
+      v_out[i] = bf16_to_f32(tmp[size_t(H + g) * plane + i]);
+    }
+  });
 }
 
 void DenseHistoryF64::append(const kv::PageStore& store, kv::PageId id, int n) {
@@ -73,23 +89,13 @@ void DenseHistoryF64::append(const kv::PageStore& store, kv::PageId id, int n) {
   if (n < 0 || n > s.page_size) {
     throw InvalidArgument(fmt::format("DenseHistoryF64: {} tokens requested from a page of {}", n, s.page_size));
   }
-  const int H = s.n_kv_heads, d = s.head_dim;
-  const size_t base = size_t(n_tokens) * H * d;
-  k.resize(base + size_t(n) * H * d);
-  v.resize(k.size());
-  std::vector<float> kf(size_t(n) * d), vf(kf.size());
-  for (int g = 0; g < H; ++g) {
+  std::vector<float> kf(size_t(n) * s.head_dim), vf(kf.size());
+  append_planes(*this, n, [&](int g, double* k_out, double* v_out) {
     kv::decode_elements(s.format, store.k_plane(id, g), kf.size(), kf.data());
     kv::decode_elements(s.format, store.v_plane(id, g), vf.size(), vf.data());
-    for (int t = 0; t < n; ++t) {
-      for (int j = 0; j < d; ++j) {
-        const size_t dst = base + (size_t(t) * H + g) * d + j;
-        k[dst] = kf[size_t(t) * d + j];
-        v[dst] = vf[size_t(t) * d + j];
-      }
-    }
-  }
-  n_tokens += n;
+    std::copy(kf.begin(), kf.end(), k_out);
+    std::copy(vf.begin(), vf.end(), v_out);
+  });
 }
 
 DenseHistoryF64 dequantize_history(std::span<const kv::EncodedPage* const> pages, int64_t first_token,
