@@ -34,8 +34,8 @@ void check_shapes(const LayerHistory& h, const QueryRows& q) {
 
 // Online-softmax update of rows [0, M) with the scores of one page.
 // Row i belongs to query row i / group and may see page keys t <= limit[i].
-void softmax_update(Workspace& ws, int M, int n_keys, int group, int head_dim,
-                    const std::vector<int64_t>& limit) {
+void softmax_update(Workspace& ws, int M, int n_keys, int group, int head_dim) {
+  const std::vector<int64_t>& limit = ws.key_limit;
 #pragma omp parallel for schedule(static) if (M >= 64)
   for (int i = 0; i < M; ++i) {
     float* s = ws.scores.data() + size_t(i) * n_keys;
@@ -78,7 +78,7 @@ void attend_group(const LayerHistory& h, size_t first_page, size_t n_pages, cons
   ws.acc.assign(size_t(M) * d, 0.0f);
   ws.row_max.assign(size_t(M), kNegInf);
   ws.row_sum.assign(size_t(M), 0.0f);
-  std::vector<int64_t> limit(size_t(q.n_rows));
+  ws.key_limit.resize(size_t(q.n_rows));
 
   for (size_t p = first_page; p < first_page + n_pages; ++p) {
     const int64_t tok0 = int64_t(p) * s.page_size;
@@ -91,11 +91,11 @@ void attend_group(const LayerHistory& h, size_t first_page, size_t n_pages, cons
       kv::decode_elements(s.format, h.store->k_plane(id, kv_head), size_t(n_keys) * d, ws.k.data());
       kv::decode_elements(s.format, h.store->v_plane(id, kv_head), size_t(n_keys) * d, ws.v.data());
     }
-    for (int r = 0; r < q.n_rows; ++r) limit[size_t(r)] = q.positions[r] - tok0;
+    for (int r = 0; r < q.n_rows; ++r) ws.key_limit[size_t(r)] = q.positions[r] - tok0;
 
     ws.scores.resize(size_t(M) * n_keys);
     gemm_nt(M, n_keys, d, scale, ws.q_group.data(), d, ws.k.data(), d, 0.0f, ws.scores.data(), n_keys);
-    softmax_update(ws, M, n_keys, group, d, limit);
+    softmax_update(ws, M, n_keys, group, d);
     gemm_nn(M, d, n_keys, 1.0f, ws.scores.data(), n_keys, ws.v.data(), d, 1.0f, ws.acc.data(), d);
   }
 

@@ -26,10 +26,6 @@ size_t CompressedHistory::slot(size_t f, int layer, size_t page) const {
   return (f * size_t(seq_->shape().n_layers) + size_t(layer)) * max_pages_ + page;
 }
 
-bool CompressedHistory::produces(kv::CodecFormat format) const {
-  return std::find(formats_.begin(), formats_.end(), format) != formats_.end();
-}
-
 void CompressedHistory::convert(size_t f, int layer, size_t page) {
   const kv::PageId id = seq_->page_table(layer)[page];
   const size_t i = slot(f, layer, page);

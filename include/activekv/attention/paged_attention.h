@@ -56,6 +56,7 @@ struct AttentionOptions {
 /// Reusable scratch buffers, so a decode step allocates nothing once warm.
 struct Workspace {
   std::vector<float> q_group, k, v, scores, acc, row_max, row_sum;
+  std::vector<int64_t> key_limit;  ///< per query row: last visible key of the current page
 };
 
 /// Attention of `q` over pages [first_page, first_page + n_pages) of `history`.

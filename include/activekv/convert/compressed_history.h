@@ -53,8 +53,6 @@ class CompressedHistory {
   const kv::EncodedPage* published(int layer, size_t page, kv::CodecFormat format) const;
   /// Pages published so far in `format`, over all layers.
   size_t published_count(kv::CodecFormat format) const;
-  /// True when `format` is one this history produces.
-  bool produces(kv::CodecFormat format) const;
 
  private:
   size_t slot(size_t format_index, int layer, size_t page) const;

@@ -78,7 +78,6 @@ class PageStore {
   const std::byte* v_plane(PageId id, int kv_head) const;
 
   size_t pages_in_use() const { return pages_.size() - free_.size(); }
-  size_t bytes_in_use() const { return pages_in_use() * shape_.page_bytes(); }
 
  private:
   std::byte* page(PageId id) const;
