@@ -25,11 +25,24 @@ int32_t dot_i8(const int8_t* a, const int8_t* b, int d) {
   return dot;
 }
 
+// Per-thread buffers of attend_row, sized once per tile.
+struct RowScratch {
+  explicit RowScratch(size_t d) : qp(d), residual(d), acc(d), u(d), qq(d), qq_lo(d) {}
+  std::vector<float> qp, residual, scores, acc, u;
+  std::vector<int8_t> qq, qq_lo;
+};
+
 void attend_row(const std::vector<kv::Int8sPageView>& views, int64_t first_token, int64_t end, const float* q,
-                int64_t pos, int kv_head, int d, float scale, int query_terms, float* o_out, float& lse_out) {
-  const size_t dn = static_cast<size_t>(d);
-  std::vector<float> qp(dn), residual(dn), scores, acc(dn, 0.0f), u(dn);
-  std::vector<int8_t> qq(dn), qq_lo(dn);
+                int64_t pos, int kv_head, int d, float scale, int query_terms, RowScratch& sc, float* o_out,
+                float& lse_out) {
+  std::vector<float>& qp = sc.qp;
+  std::vector<float>& residual = sc.residual;
+  std::vector<float>& scores = sc.scores;
+  std::vector<float>& acc = sc.acc;
+  std::vector<float>& u = sc.u;
+  std::vector<int8_t>& qq = sc.qq;
+  std::vector<int8_t>& qq_lo = sc.qq_lo;
+  std::fill(acc.begin(), acc.end(), 0.0f);
   float m = kNegInf, l = 0.0f;
   for (size_t p = 0; p < views.size(); ++p) {
     const kv::Int8sHeadView& hv = views[p].heads[size_t(kv_head)];
@@ -96,11 +109,15 @@ Partial attend_int8s_tile(std::span<const kv::EncodedPage* const> pages, int64_t
 
   Partial out(q.n_rows, q.n_heads, d);
   const int n_items = q.n_rows * q.n_heads;
-#pragma omp parallel for schedule(dynamic)
-  for (int item = 0; item < n_items; ++item) {
-    const int r = item / q.n_heads, head = item % q.n_heads;
-    attend_row(views, first_token, tile.end, q.q + (size_t(r) * q.n_heads + head) * d, q.positions[r], head / group,
-               d, scale, opt.int8s_query_terms, out.o_at(r, head), out.lse_at(r, head));
+#pragma omp parallel
+  {
+    RowScratch scratch{static_cast<size_t>(d)};
+#pragma omp for schedule(dynamic)
+    for (int item = 0; item < n_items; ++item) {
+      const int r = item / q.n_heads, head = item % q.n_heads;
+      attend_row(views, first_token, tile.end, q.q + (size_t(r) * q.n_heads + head) * d, q.positions[r],
+                 head / group, d, scale, opt.int8s_query_terms, scratch, out.o_at(r, head), out.lse_at(r, head));
+    }
   }
   return out;
 }
