@@ -47,7 +47,6 @@ struct GenerateArgs {
 };
 
 std::string prompt_text(const GenerateArgs& a, const Tokenizer& tok) {
-  if (a.prompt && !a.prompt_file.empty()) throw Error("give either -p or -f, not both");
   std::string text = a.prompt                 ? *a.prompt
                      : !a.prompt_file.empty() ? read_text_file(a.prompt_file, "prompt file")
                                               : read_text_file(default_prompt_path(), "prompt file");
@@ -100,7 +99,37 @@ void print_summary(const Timings& t, size_t n_prompt, const model::ModelConfig& 
   fmt::print(stderr, "peak RSS             {:10.1f} MiB\n", double(peak_rss_bytes()) / (1024.0 * 1024.0));
 }
 
+// Argument combinations that cannot work, rejected before the model loads.
+void check_args(const GenerateArgs& a) {
+  if (a.device == "cuda" && a.kv_format != "bf16") {
+    throw Error(fmt::format("--device cuda supports --kv-format bf16 only, not '{}'", a.kv_format));
+  }
+#ifndef ACTIVEKV_HAVE_CUDA
+  if (a.device == "cuda") throw Error("--device cuda: this activekv was built without the CUDA backend (ACTIVEKV_CUDA=OFF)");
+#endif
+  if (a.prompt && !a.prompt_file.empty()) throw Error("give either -p or -f, not both");
+}
+
+// Samples, streams and runs one forward step per token; times each step.
+void decode_loop(const GenerateArgs& a, model::LlamaModel& lm, const Tokenizer& tok, kv::SequenceKv& seq,
+                 convert::CompressedHistory* compressed, const route::RoutedView& view, model::Sampler& sampler,
+                 std::vector<float>& logits, Timings& t) {
+  for (int i = 0; i < a.n_predict; ++i) {
+    const auto ts = std::chrono::steady_clock::now();
+    const int32_t id = sampler.sample(logits);
+    if (tok.is_end_of_generation(id)) break;
+    fmt::print("{}", tok.token_to_piece(id));
+    std::fflush(stdout);
+    if (i + 1 == a.n_predict) break;  // the last token needs no forward pass
+    const int32_t one[1] = {id};
+    lm.forward(one, seq, logits, false, &view);
+    if (compressed) compressed->schedule();
+    t.step_ms.push_back(ms_since(ts));
+  }
+}
+
 int run(const GenerateArgs& a) {
+  check_args(a);
   omp_set_num_threads(a.threads);
   set_blas_threads(a.threads);
   Timings t;
@@ -113,12 +142,6 @@ int run(const GenerateArgs& a) {
   fopt.attention.tile_pages = a.tile_pages;
   model::LlamaModel lm(file, fopt);
   const model::ModelConfig& c = lm.config();
-  if (a.device == "cuda" && a.kv_format != "bf16") {
-    throw Error(fmt::format("--device cuda supports --kv-format bf16 only, not '{}'", a.kv_format));
-  }
-#ifndef ACTIVEKV_HAVE_CUDA
-  if (a.device == "cuda") throw Error("--device cuda: this activekv was built without the CUDA backend (ACTIVEKV_CUDA=OFF)");
-#endif
   t.load_ms = ms_since(t0);
 
   const std::vector<int32_t> prompt = tok.encode(prompt_text(a, tok), tok.add_bos_default());
@@ -176,18 +199,7 @@ int run(const GenerateArgs& a) {
   }
 
   view.report = &t.decode_route;
-  for (int i = 0; i < a.n_predict; ++i) {
-    const auto ts = std::chrono::steady_clock::now();
-    const int32_t id = sampler.sample(logits);
-    if (tok.is_end_of_generation(id)) break;
-    fmt::print("{}", tok.token_to_piece(id));
-    std::fflush(stdout);
-    if (i + 1 == a.n_predict) break;  // the last token needs no forward pass
-    const int32_t one[1] = {id};
-    lm.forward(one, seq, logits, false, &view);
-    if (compressed) compressed->schedule();
-    t.step_ms.push_back(ms_since(ts));
-  }
+  decode_loop(a, lm, tok, seq, compressed.get(), view, sampler, logits, t);
   print_summary(t, prompt.size(), c, a.kv_format, a.threads);
   return 0;
 }
