@@ -3,6 +3,7 @@
 // Flag names follow llama.cpp's llama-cli where one exists.
 #include <fmt/format.h>
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -87,10 +88,14 @@ void print_summary(const Timings& t, size_t n_prompt, const model::ModelConfig& 
   fmt::print(stderr, "prompt tokens        {:10d}\n", n_prompt);
   fmt::print(stderr, "prefill              {:10.1f} tokens/s ({:.1f} ms)\n",
              t.prefill_ms > 0 ? 1000.0 * double(n_prompt) / t.prefill_ms : 0.0, t.prefill_ms);
-  fmt::print(stderr, "decode               {:10.2f} tokens/s ({} tokens, {:.1f} ms)\n",
-             decode_ms > 0 ? 1000.0 * double(n_gen) / decode_ms : 0.0, n_gen, decode_ms);
-  fmt::print(stderr, "per-token latency    median {:.2f} ms, p90 {:.2f} ms\n",
-             quantile(t.step_ms, 0.5), quantile(t.step_ms, 0.9));
+  if (n_gen == 0) {
+    fmt::print(stderr, "decode               no decode step was run (-n below 2, or end of text at once)\n");
+  } else {
+    fmt::print(stderr, "decode               {:10.2f} tokens/s ({} tokens, {:.1f} ms)\n",
+               1000.0 * double(n_gen) / decode_ms, n_gen, decode_ms);
+    fmt::print(stderr, "per-token latency    median {:.2f} ms, p90 {:.2f} ms\n", quantile(t.step_ms, 0.5),
+               quantile(t.step_ms, 0.9));
+  }
   const auto& r = t.decode_route;
   const double steps = double(std::max<size_t>(n_gen, 1));
   fmt::print(stderr, "history read/token   {:10.2f} MiB ({}; per step {:.0f} exact + {:.0f} lossless13 + {:.0f} int8s pages)\n",
@@ -187,13 +192,17 @@ int run(const GenerateArgs& a) {
   fmt::print(stderr, "activekv: {} | {} layers, {} KV heads x {} | {} history, page {} tokens, tile {} pages | {} prompt tokens\n",
              model_path, c.n_layers, c.n_kv_heads, c.head_dim, a.kv_format, a.page_size, a.tile_pages, prompt.size());
   t0 = std::chrono::steady_clock::now();
+  // On a terminal the progress line redraws itself; in a log, one line per chunk.
+  const char* progress_end = isatty(STDERR_FILENO) ? "" : "\n";
+  const char* progress_start = isatty(STDERR_FILENO) ? "\r" : "";
   std::vector<float> logits = lm.prefill(prompt, seq, [&](int64_t done, int64_t total) {
     const double ms = ms_since(t0);
-    fmt::print(stderr, "\rprefill {:6d}/{} tokens  {:7.1f} tokens/s", done, total, 1000.0 * double(done) / ms);
+    fmt::print(stderr, "{}prefill {:6d}/{} tokens  {:7.1f} tokens/s{}", progress_start, done, total,
+               1000.0 * double(done) / ms, progress_end);
     std::fflush(stderr);
   }, &view);
   t.prefill_ms = ms_since(t0);
-  fmt::print(stderr, "\n");
+  if (!*progress_end) fmt::print(stderr, "\n");
   if (!a.chat) {
     fmt::print("{}", !a.prompt && a.prompt_file.empty() ? "[...] " : "");
   }
@@ -208,7 +217,7 @@ int run(const GenerateArgs& a) {
 
 void add_generate(CLI::App& app, std::function<int()>& run_fn) {
   auto a = std::make_shared<GenerateArgs>();
-  app.add_option("-m,--model", a->model, "GGUF model file (default: the installed SmolLM2-135M-Instruct)");
+  app.add_option("-m,--model", a->model, "GGUF model file (default: $ACTIVEKV_MODEL, else the installed SmolLM2-135M-Instruct)");
   app.add_option("-p,--prompt", a->prompt, "Prompt text");
   app.add_option("-f,--file", a->prompt_file, "Read the prompt from a file (default: data/default_prompt.txt)");
   app.add_option("-n,--n-predict", a->n_predict, "Tokens to generate")->capture_default_str()->check(CLI::Range(0, 1 << 30));
