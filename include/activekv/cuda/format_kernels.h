@@ -1,0 +1,71 @@
+// GPU kernels for the compressed page formats (SPEC §3.2, §3.3): int8s
+// attention that reads the codes where they lie, and lossless13 unpacking
+// into the bf16 layout so the exact kernel of decode_attention.h reads it.
+//
+// Both read *encoded page blobs* exactly as the host codecs write them
+// (activekv/kv/codec.h: 64-byte header + payload; layouts in
+// activekv/kv/codec_int8s.h and codec_lossless13.h). The GPU does not
+// validate blobs: the host validates a page before it is published or handed
+// to the engine (DecodeEngine::set_batch checks every header). Every launch
+// here is asynchronous on `stream`; argument errors throw InvalidArgument,
+// CUDA errors CudaError.
+#pragma once
+
+#include <cstdint>
+
+#include "activekv/cuda/decode_attention.h"
+
+namespace activekv::cuda {
+
+/// Switches of the int8s kernel. Defaults are the measured choice.
+struct Int8sKernelOptions {
+  /// int8 terms the channel-scaled query is split into: 1 = SPEC §3.3 as
+  /// written; 2 = plus the rounding residual on a 127x finer grid (two dp4a
+  /// dot products per key word; see docs/routing.md for why it is the default).
+  int query_terms = 2;
+  /// SPEC §4 trick 1: skip the accumulator rescale when every query head's
+  /// factor in the CTA is exactly 1.0 (multiplying by 1.0 changes no bit).
+  bool skip_unit_rescale = true;
+  /// SPEC §4 trick 2: scores in base 2 against a running reference rounded
+  /// up to an integer, so every rescale factor is an exact power of two and
+  /// LSE = (reference + log2 l) ln 2. Off by default (measured: no gain).
+  bool pow2_reference = false;
+};
+
+/// int8s split attention: same work list, grid, partial layout and merge as
+/// launch_split_attention, but `SplitWork::page` points at an int8s blob
+/// (header first) holding `shape.page_size` tokens, `shape.n_kv_heads` heads
+/// of `shape.head_dim` channels. Per CTA (one split x one KV head, 128
+/// threads): the channel scales c_j fold into each query head's row, the row
+/// is quantised to int8 (one scale per row and page, round half to even,
+/// clipped to +-127; the residual as a second term when query_terms == 2),
+/// q.k runs as __dp4a on the raw key codes, the token scale s_t and the row
+/// scale multiply after; online softmax in base 2 in fp32; P.V accumulates
+/// p * value code in fp32 and the page's value scale v_j multiplies once at
+/// the end (a split never crosses a page, so this is SPEC §3.3's page-boundary
+/// rescale). Output: O normalised fp32 and LSE fp32 (natural log) per query head.
+/// head_dim 64 or 256; page_size a multiple of 16.
+void launch_split_attention_int8s(const AttnShape& shape, const SplitWork* work, int n_work, const float* q,
+                                  Partials partials, const Int8sKernelOptions& opt, cudaStream_t stream);
+
+/// One lossless13 page to unpack: the blob at `src` (device, header first,
+/// `src_bytes` long) is written as a bf16 page (layout of decode_attention.h)
+/// at `dst` (device, 16-byte aligned, shape.page_bytes() long). Tokens at and
+/// past the blob's n_tokens are not written.
+struct UnpackWork {
+  const void* src = nullptr;
+  void* dst = nullptr;
+  uint64_t src_bytes = 0;
+};
+
+/// Unpacks `n_items` lossless13 pages (device array `items`): grid
+/// n_items x (2 n_kv_heads planes), each CTA decodes one plane, 8 values
+/// (13 bytes) per thread step, table planes through a 32-entry exponent table
+/// in shared memory, raw planes copied. The result is the original bf16 bits
+/// (the format is lossless). A plane whose directory entry or extent does not
+/// fit the blob is written as bf16 NaN (0x7fc0) instead of being read: a
+/// corrupt page that slipped past the host shows up as NaN, never as an
+/// out-of-bounds read.
+void launch_unpack_lossless13(const AttnShape& shape, const UnpackWork* items, int n_items, cudaStream_t stream);
+
+}  // namespace activekv::cuda

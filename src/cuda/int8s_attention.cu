@@ -1,0 +1,280 @@
+// int8s split attention on the GPU, reading the codes in place (SPEC §3.3).
+// Contract: include/activekv/cuda/format_kernels.h. CPU reference:
+// attention::attend_int8s_tile (same quantisation of the query, same integer
+// dot products; the GPU keeps scores in base 2 and sums in a different order,
+// so the two agree to fp32 rounding, not bit for bit).
+//
+// CTA = one split (<= page) x one KV head, 128 threads, tokens in blocks of
+// 128 (one token per thread for the scores):
+//   prologue  q'_g = q_g * c (channel scales folded in), a_g = max|q'_g| / 127,
+//             int8 codes of q'_g (and of the residual on the a_g/127 grid) in
+//             shared memory;
+//   per block key and value codes of 128 tokens -> shared memory (16-byte
+//             loads, key rows padded so that each thread's 16-byte reads of its
+//             own row are bank-conflict free);
+//             score_t = ((dot_hi + dot_lo / 127) * s_t) * a_g * scale * log2 e
+//             with __dp4a on 4 codes at a time (exact int32 sums);
+//             block max and sum per head by warp butterflies + fixed-order
+//             combination of the 4 warps (bitwise repeatable);
+//             P.V: thread owns 2 channels for every head, acc += p * code;
+//   end       O = acc * v_j / l, LSE = (m + log2 l) ln 2.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <string>
+
+#include "activekv/cuda/format_kernels.h"
+
+namespace activekv::cuda {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kWarps = kThreads / 32;
+constexpr int kTok = 128;   // tokens per block (one per thread)
+constexpr int kHeads = 8;   // max query heads per KV head
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr int kHeaderBytes = 64;
+
+template <int HD> __host__ __device__ constexpr int k_row_bytes() { return HD + 16; }  // padded key row
+template <int HD>
+constexpr size_t int8s_smem_bytes() {
+  return size_t(kTok) * k_row_bytes<HD>()    // key codes
+         + size_t(kTok) * HD                  // value codes
+         + size_t(2) * kHeads * HD            // query codes, 2 terms
+         + size_t(kHeads) * kTok * 4          // scores / probabilities
+         + size_t(kTok) * 4                   // token scales
+         + size_t(2) * kWarps * kHeads * 4    // block reductions
+         + size_t(3) * kHeads * 4;            // row scales, alpha, scratch
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o >= 1; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o >= 1; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ int8_t quantise(float x, float step) {
+  return step == 0.f ? int8_t(0) : int8_t(fminf(fmaxf(rintf(x / step), -127.f), 127.f));
+}
+
+template <int HD>
+__global__ void __launch_bounds__(kThreads)
+int8s_split_kernel(const SplitWork* __restrict__ work, const float* __restrict__ q, float* __restrict__ part_o,
+                   float* __restrict__ part_lse, int max_splits, int n_kv, int group, int page_size,
+                   float scale_log2, Int8sKernelOptions opt) {
+  constexpr int KR = k_row_bytes<HD>();
+  constexpr int CH = HD / 16;  // 16-byte chunks per row
+  extern __shared__ __align__(16) unsigned char smem[];
+  int8_t* sk = reinterpret_cast<int8_t*>(smem);
+  int8_t* sv = sk + kTok * KR;
+  int8_t* sq = sv + kTok * HD;                                   // [term][head][HD]
+  float* sp = reinterpret_cast<float*>(sq + 2 * kHeads * HD);    // [head][kTok]
+  float* ss = sp + kHeads * kTok;                                 // [kTok]
+  float* red_a = ss + kTok;                                       // [warp][head]
+  float* red_b = red_a + kWarps * kHeads;                         // [warp][head]
+  float* row_scale = red_b + kWarps * kHeads;                     // [head]
+  float* alpha_s = row_scale + kHeads;                            // [head]
+
+  const SplitWork w = work[blockIdx.x];
+  const int h = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int nq = n_kv * group;
+  const size_t n = size_t(page_size);
+  const size_t section = 4 * size_t(HD) + 2 * n + 2 * n * HD;
+  const unsigned char* base = static_cast<const unsigned char*>(w.page) + kHeaderBytes + size_t(h) * section;
+  const __half* c_scale = reinterpret_cast<const __half*>(base);
+  const __half* s_scale = reinterpret_cast<const __half*>(base + 2 * HD);
+  const int8_t* kq = reinterpret_cast<const int8_t*>(base + 2 * HD + 2 * n);
+  const __half* v_scale = reinterpret_cast<const __half*>(base + 2 * HD + 2 * n + n * HD);
+  const int8_t* vq = reinterpret_cast<const int8_t*>(base + 4 * HD + 2 * n + n * HD);
+
+  // --- prologue: quantise each query head's channel-scaled row -------------
+  for (int g = 0; g < group; ++g) {
+    const float* qrow = q + (size_t(w.seq) * nq + size_t(h) * group + g) * HD;
+    float mx = 0.f;
+    for (int j = tid; j < HD; j += kThreads) mx = fmaxf(mx, fabsf(qrow[j] * __half2float(c_scale[j])));
+    mx = warp_max(mx);
+    if (lane == 0) red_a[warp * kHeads + g] = mx;
+  }
+  __syncthreads();
+  for (int g = 0; g < group; ++g) {
+    float mx = red_a[g];
+#pragma unroll
+    for (int i = 1; i < kWarps; ++i) mx = fmaxf(mx, red_a[i * kHeads + g]);
+    const float a = mx / 127.f, a_lo = a / 127.f;
+    const float* qrow = q + (size_t(w.seq) * nq + size_t(h) * group + g) * HD;
+    for (int j = tid; j < HD; j += kThreads) {
+      const float x = qrow[j] * __half2float(c_scale[j]);
+      const int8_t hi = quantise(x, a);
+      sq[g * HD + j] = hi;
+      sq[(kHeads + g) * HD + j] = opt.query_terms == 2 ? quantise(x - a * float(hi), a_lo) : int8_t(0);
+    }
+    if (tid == 0) row_scale[g] = a * scale_log2;
+  }
+
+  float m_run[kHeads], l_run[kHeads];
+  float acc[kHeads][2];
+#pragma unroll
+  for (int g = 0; g < kHeads; ++g) { m_run[g] = -INFINITY; l_run[g] = 0.f; acc[g][0] = acc[g][1] = 0.f; }
+  const int pv_ch = 2 * tid;  // this thread's value channels (threads >= HD/2 own none)
+
+  for (int t0 = 0; t0 < w.ntok; t0 += kTok) {
+    const int nb = min(kTok, w.ntok - t0);
+    __syncthreads();  // previous block fully consumed (and the prologue's smem visible)
+    // --- stage key and value codes of the block ---------------------------
+    for (int i = tid; i < kTok * CH; i += kThreads) {
+      const int r = i / CH, c = i % CH;
+      int4 kv = make_int4(0, 0, 0, 0), vv = kv;
+      if (r < nb) {
+        const size_t off = size_t(w.tok0 + t0 + r) * HD + size_t(c) * 16;
+        kv = *reinterpret_cast<const int4*>(kq + off);
+        vv = *reinterpret_cast<const int4*>(vq + off);
+      }
+      *reinterpret_cast<int4*>(sk + r * KR + c * 16) = kv;
+      *reinterpret_cast<int4*>(sv + r * HD + c * 16) = vv;
+    }
+    if (tid < nb) ss[tid] = __half2float(s_scale[w.tok0 + t0 + tid]);
+    __syncthreads();
+
+    // --- scores: one token per thread, every head of the group ------------
+    int dhi[kHeads], dlo[kHeads];
+#pragma unroll
+    for (int g = 0; g < kHeads; ++g) dhi[g] = dlo[g] = 0;
+    const int8_t* krow = sk + tid * KR;
+#pragma unroll 4
+    for (int c = 0; c < CH; ++c) {
+      const int4 kw = *reinterpret_cast<const int4*>(krow + c * 16);
+#pragma unroll
+      for (int g = 0; g < kHeads; ++g) {
+        if (g >= group) break;
+        const int4 qh = *reinterpret_cast<const int4*>(sq + g * HD + c * 16);
+        dhi[g] = __dp4a(kw.x, qh.x, dhi[g]);
+        dhi[g] = __dp4a(kw.y, qh.y, dhi[g]);
+        dhi[g] = __dp4a(kw.z, qh.z, dhi[g]);
+        dhi[g] = __dp4a(kw.w, qh.w, dhi[g]);
+        if (opt.query_terms == 2) {
+          const int4 ql = *reinterpret_cast<const int4*>(sq + (kHeads + g) * HD + c * 16);
+          dlo[g] = __dp4a(kw.x, ql.x, dlo[g]);
+          dlo[g] = __dp4a(kw.y, ql.y, dlo[g]);
+          dlo[g] = __dp4a(kw.z, ql.z, dlo[g]);
+          dlo[g] = __dp4a(kw.w, ql.w, dlo[g]);
+        }
+      }
+    }
+    const bool valid = tid < nb;
+    const float st = valid ? ss[tid] : 0.f;
+#pragma unroll
+    for (int g = 0; g < kHeads; ++g) {
+      if (g >= group) break;
+      const float dot = float(dhi[g]) + float(dlo[g]) / 127.f;
+      const float s = valid ? (dot * st) * row_scale[g] : -INFINITY;
+      sp[g * kTok + tid] = s;
+      const float bm = warp_max(s);
+      if (lane == 0) red_a[warp * kHeads + g] = bm;
+    }
+    __syncthreads();
+    // --- online softmax statistics (every thread computes the same values) --
+    bool all_unit = true;
+#pragma unroll
+    for (int g = 0; g < kHeads; ++g) {
+      if (g >= group) break;
+      float bm = red_a[g];
+#pragma unroll
+      for (int i = 1; i < kWarps; ++i) bm = fmaxf(bm, red_a[i * kHeads + g]);
+      float mx = fmaxf(m_run[g], bm);
+      if (opt.pow2_reference && mx != -INFINITY) mx = ceilf(mx);
+      if (opt.pow2_reference) mx = fmaxf(mx, m_run[g]);  // the reference never moves down
+      const float alpha = mx == -INFINITY ? 1.f : exp2f(m_run[g] - mx);  // m_run = -inf -> 0
+      m_run[g] = mx;
+      const float s = sp[g * kTok + tid];
+      const float p = mx == -INFINITY ? 0.f : exp2f(s - mx);
+      const float ps = warp_sum(p);
+      if (lane == 0) red_b[warp * kHeads + g] = ps;
+      // p is written back by the same thread that read s: no race.
+      sp[g * kTok + tid] = p;
+      alpha_s[g] = alpha;  // same value from every thread
+      all_unit = all_unit && alpha == 1.f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int g = 0; g < kHeads; ++g) {
+      if (g >= group) break;
+      float bsum = red_b[g];
+#pragma unroll
+      for (int i = 1; i < kWarps; ++i) bsum += red_b[i * kHeads + g];
+      l_run[g] = fmaf(l_run[g], alpha_s[g], bsum);
+    }
+    // --- P.V on raw value codes --------------------------------------------
+    if (pv_ch < HD) {
+      if (!(opt.skip_unit_rescale && all_unit)) {
+#pragma unroll
+        for (int g = 0; g < kHeads; ++g) { acc[g][0] *= alpha_s[g]; acc[g][1] *= alpha_s[g]; }
+      }
+      for (int t = 0; t < nb; ++t) {
+        const char2 v2 = *reinterpret_cast<const char2*>(sv + t * HD + pv_ch);
+        const float v0 = float(v2.x), v1 = float(v2.y);
+#pragma unroll
+        for (int g = 0; g < kHeads; ++g) {
+          if (g >= group) break;
+          const float p = sp[g * kTok + t];
+          acc[g][0] = fmaf(p, v0, acc[g][0]);
+          acc[g][1] = fmaf(p, v1, acc[g][1]);
+        }
+      }
+    }
+  }
+
+  // --- write the partial -------------------------------------------------
+  const size_t out_base = (size_t(w.seq) * max_splits + w.split) * nq + size_t(h) * group;
+  if (pv_ch < HD) {
+    const float vs0 = __half2float(v_scale[pv_ch]), vs1 = __half2float(v_scale[pv_ch + 1]);
+#pragma unroll
+    for (int g = 0; g < kHeads; ++g) {
+      if (g >= group) break;
+      const bool empty = m_run[g] == -INFINITY || !(l_run[g] > 0.f);
+      float* o = part_o + (out_base + g) * HD + pv_ch;
+      o[0] = empty ? 0.f : (acc[g][0] * vs0) / l_run[g];
+      o[1] = empty ? 0.f : (acc[g][1] * vs1) / l_run[g];
+      if (tid == 0) part_lse[out_base + g] = empty ? -INFINITY : (m_run[g] + log2f(l_run[g])) * kLn2;
+    }
+  }
+}
+
+template <int HD>
+void launch(const AttnShape& sh, const SplitWork* work, int n_work, const float* q, Partials p, float sl2,
+            const Int8sKernelOptions& opt, cudaStream_t st) {
+  constexpr size_t smem = int8s_smem_bytes<HD>();
+  static bool configured = false;
+  if (!configured) {
+    check_cuda(cudaFuncSetAttribute(int8s_split_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+               "cudaFuncSetAttribute(int8s_split_kernel)");
+    configured = true;
+  }
+  int8s_split_kernel<HD><<<dim3(n_work, sh.n_kv_heads), kThreads, smem, st>>>(
+      work, q, p.o, p.lse, p.max_splits, sh.n_kv_heads, sh.group, sh.page_size, sl2, opt);
+}
+
+}  // namespace
+
+void launch_split_attention_int8s(const AttnShape& shape, const SplitWork* work, int n_work, const float* q,
+                                  Partials partials, const Int8sKernelOptions& opt, cudaStream_t stream) {
+  shape.validate();
+  if (shape.page_size % 16 != 0)
+    throw InvalidArgument("int8s attention: page_size must be a multiple of 16, got " + std::to_string(shape.page_size));
+  if (opt.query_terms != 1 && opt.query_terms != 2)
+    throw InvalidArgument("int8s attention: query_terms must be 1 or 2, got " + std::to_string(opt.query_terms));
+  if (n_work < 0) throw InvalidArgument("launch_split_attention_int8s: n_work < 0");
+  if (n_work == 0) return;
+  const float scale = shape.softmax_scale > 0.f ? shape.softmax_scale : 1.f / std::sqrt(float(shape.head_dim));
+  const float sl2 = scale * kLog2e;
+  if (shape.head_dim == 256) launch<256>(shape, work, n_work, q, partials, sl2, opt, stream);
+  else launch<64>(shape, work, n_work, q, partials, sl2, opt, stream);
+  check_cuda(cudaGetLastError(), "int8s_split_kernel launch");
+}
+
+}  // namespace activekv::cuda
