@@ -65,7 +65,7 @@ struct Fixture {
       seqs[s].tables.resize(c.n_layers);
       const int64_t np = (c.lengths[s] + sh.page_size - 1) / sh.page_size;
       for (int l = 0; l < c.n_layers; ++l)
-        for (int64_t p = 0; p < np; ++p) seqs[s].tables[l].push_back(ids[next++]);
+        for (int64_t p = 0; p < np; ++p) seqs[s].tables[l].push_back(pool->page_ref(ids[next++]));
     }
     q.resize(size_t(c.n_layers) * S * sh.n_q_heads() * sh.head_dim);
     std::normal_distribution<float> nd(0.f, 1.5f);
@@ -89,7 +89,7 @@ struct Fixture {
           double mx = -INFINITY;
           for (int64_t t = 0; t < n; ++t) {
             const uint16_t* page =
-                reinterpret_cast<const uint16_t*>(pool->page(seqs[s].tables[l][t / sh.page_size]));
+                reinterpret_cast<const uint16_t*>(pool->at(seqs[s].tables[l][t / sh.page_size]));
             const uint16_t* k = page + (size_t(kvh) * sh.page_size + t % sh.page_size) * hd;
             double d = 0;
             for (int i = 0; i < hd; ++i) d += double(qr[i]) * double(bf(k[i]));
@@ -102,7 +102,7 @@ struct Fixture {
             const double p = std::exp(sc[t] - mx);
             den += p;
             const uint16_t* page =
-                reinterpret_cast<const uint16_t*>(pool->page(seqs[s].tables[l][t / sh.page_size]));
+                reinterpret_cast<const uint16_t*>(pool->at(seqs[s].tables[l][t / sh.page_size]));
             const uint16_t* v = page + (size_t(sh.n_kv_heads + kvh) * sh.page_size + t % sh.page_size) * hd;
             for (int i = 0; i < hd; ++i) out[i] += p * double(bf(v[i]));
           }
@@ -269,10 +269,15 @@ TEST(CudaDecode, RejectsBadArguments) {
   DecodeEngine eng(ec, pool);
   SeqPages sp;
   sp.n_tokens = 40;  // needs 3 pages
-  sp.tables = {{0, 1}};
+  sp.tables = {{pool.page_ref(0), pool.page_ref(1)}};
   EXPECT_THROW(eng.set_batch({sp}), InvalidArgument);
-  sp.tables = {{0, 1, 9}};  // id outside the pool
-  EXPECT_THROW(eng.set_batch({sp}), InvalidArgument);
+  sp.tables = {{pool.page_ref(0), pool.page_ref(1), PageRef{9 * sh.page_bytes(), sh.page_bytes(), PageKind::bf16}}};
+  EXPECT_THROW(eng.set_batch({sp}), InvalidArgument);  // page outside the pool
+  sp.tables = {{pool.page_ref(0), pool.page_ref(1), PageRef{0, 100, PageKind::bf16}}};
+  EXPECT_THROW(eng.set_batch({sp}), InvalidArgument);  // wrong size for a bf16 page
+  sp.tables = {{pool.page_ref(0), pool.page_ref(1), PageRef{0, sh.page_bytes(), PageKind::int8s}}};
+  EXPECT_THROW(eng.set_batch({sp}), InvalidArgument);  // not an int8s blob
+  EXPECT_THROW(pool.page_ref(4), InvalidArgument);
   EXPECT_THROW(eng.set_batch({}), InvalidArgument);
   ec.ring_slots = 1;
   EXPECT_THROW(DecodeEngine(ec, pool), InvalidArgument);

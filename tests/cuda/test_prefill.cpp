@@ -121,7 +121,7 @@ TEST(CudaPrefill, ChunkMatchesFp64CausalReference) {
       SeqPages sp;
       sp.n_tokens = T;
       sp.tables.resize(1);
-      for (size_t i = 0; i < n_pages; ++i) sp.tables[0].push_back(uint32_t(i));
+      for (size_t i = 0; i < n_pages; ++i) sp.tables[0].push_back(host.page_ref(uint32_t(i)));
       eng.set_batch({sp});
       float* dout1;
       ASSERT_EQ(cudaSuccess, cudaMalloc(&dout1, size_t(nq) * hd * 4));
