@@ -12,7 +12,11 @@
 #include <thread>
 
 #include "activekv/core/blas.h"
+#include "activekv/core/error.h"
 #include "activekv/eval/quality_eval.h"
+#ifdef ACTIVEKV_HAVE_CUDA
+#include "activekv/cuda/int8s_tile.h"
+#endif
 #include "activekv/tokenizer/tokenizer.h"
 #include "commands.h"
 #include "provenance.h"
@@ -27,8 +31,23 @@ struct EvalArgs {
   std::vector<std::string> texts{"wikitext2-test.raw", "pride-and-prejudice.txt", "tinyshakespeare.txt"};
   std::string json_out;
   int threads = int(std::max(1u, std::thread::hardware_concurrency()));
+  std::string device = "cpu";  ///< where the own-format samples' int8s kernel runs
+  std::vector<std::string> routes{"lossless13", "int8s", "hybrid"};
   eval::EvalConfig cfg;
 };
+
+// The int8s kernel of the own-format samples: the CPU reference, or the GPU
+// kernel (a build with the CUDA backend).
+route::Int8sTileFn int8s_kernel(const std::string& device) {
+  if (device == "cpu") return {};
+#ifdef ACTIVEKV_HAVE_CUDA
+  if (device == "cuda") return cuda::Int8sTileRunner{};
+  throw InvalidArgument("eval: --device must be cpu or cuda, got '" + device + "'");
+#else
+  throw InvalidArgument("eval: --device " + device + ": this build has no CUDA backend (configure with nvcc "
+                        "present, ACTIVEKV_CUDA=ON)");
+#endif
+}
 
 // A measured error, or null where the route had no samples (-1).
 nlohmann::json optional(double error) { return error < 0 ? nlohmann::json(nullptr) : nlohmann::json(error); }
@@ -57,6 +76,13 @@ nlohmann::json aggregate(const std::vector<eval::RouteQuality>& rows, const std:
 int run(EvalArgs& a) {
   omp_set_num_threads(a.threads);
   set_blas_threads(a.threads);
+  a.cfg.int8s_tile = int8s_kernel(a.device);
+  a.cfg.routes.clear();
+  for (const auto& r : a.routes) {
+    const route::RouteKind k = route::parse_kind(r);
+    if (k == route::RouteKind::exact) throw InvalidArgument("eval: --routes: exact is always scored (the baseline)");
+    a.cfg.routes.push_back(k);
+  }
   const std::string model_path = a.model.empty() ? default_model_path() : a.model;
   const gguf::File file = gguf::File::open(model_path);
   const Tokenizer tok = Tokenizer::from_gguf(file);
@@ -77,7 +103,8 @@ int run(EvalArgs& a) {
   auto base = [&](const std::string& route, const std::string& text) {
     return nlohmann::json{{"format", route}, {"model", model_name}, {"text", text}, {"context", a.cfg.context},
                           {"scored_tokens", a.cfg.scored}, {"page_size", a.cfg.page_size},
-                          {"recent_pages", a.cfg.recent_pages}, {"commit", commit}, {"command", command_line()}};
+                          {"recent_pages", a.cfg.recent_pages}, {"int8s_kernel", a.device},
+                          {"commit", commit}, {"command", command_line()}};
   };
   for (const auto& q : r.routes) {
     int n = 0;
@@ -149,6 +176,10 @@ void add_eval(CLI::App& app, std::function<int()>& run_fn) {
   app.add_option("--synthetic-tokens", a->cfg.synthetic_tokens, "Synthetic outlier case length (0: skip)")->capture_default_str();
   app.add_option("--json", a->json_out, "Output JSON (default: eval-<model>.json)");
   app.add_option("-t,--threads", a->threads, "CPU threads")->capture_default_str();
+  app.add_option("--routes", a->routes, "Routes scored against exact: lossless13, int8s, hybrid")
+      ->delimiter(',')->capture_default_str();
+  app.add_option("--device", a->device, "Where the own-format samples' int8s kernel runs: cpu, or cuda (the GPU "
+                                        "kernel; the model and the scoring stay on the CPU)")->capture_default_str();
   run_fn = [a] { return run(*a); };
 }
 

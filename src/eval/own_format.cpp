@@ -19,9 +19,10 @@ kv::CodecFormat codec_of(route::ReadFormat f) {
 }  // namespace
 
 double route_own_format_error(const attention::LayerHistory& h, int layer, convert::CompressedHistory& c,
-                              const route::RouteConfig& cfg, const attention::QueryRows& q, int query_terms) {
+                              const route::RouteConfig& cfg, const attention::QueryRows& q, int query_terms,
+                              const route::Int8sTileFn& int8s_tile) {
   const kv::KvShape& s = h.store->shape();
-  route::RoutedView view{&c, cfg, nullptr};
+  route::RoutedView view{&c, cfg, nullptr, int8s_tile};
   attention::Workspace ws;
   attention::AttentionOptions opt;
   opt.int8s_query_terms = query_terms;
@@ -44,7 +45,7 @@ double route_own_format_error(const attention::LayerHistory& h, int layer, conve
 }
 
 SyntheticErrors synthetic_outlier_errors(int n_tokens, int page_size, int n_kv_heads, int head_dim, int n_heads,
-                                         int recent_pages, int tile_pages) {
+                                         int recent_pages, int tile_pages, const route::Int8sTileFn& int8s_tile) {
   // Keys: unit normal plus a per-channel offset, with 4 outlier channels per
   // head 50-100x larger (as real K has); values: normal with channel means.
   kv::PageStore store(kv::KvShape{1, n_kv_heads, head_dim, page_size});
@@ -90,7 +91,7 @@ SyntheticErrors synthetic_outlier_errors(int n_tokens, int page_size, int n_kv_h
   separable.schedule();
   const attention::LayerHistory h{&store, seq.page_table(0), n_tokens};
   SyntheticErrors out;
-  for (int terms : {1, 2}) out.separable[terms - 1] = route_own_format_error(h, 0, separable, cfg, qr, terms);
+  for (int terms : {1, 2}) out.separable[terms - 1] = route_own_format_error(h, 0, separable, cfg, qr, terms, int8s_tile);
 
   // The plain per-token quantiser on the same pages, through the same kernel.
   std::vector<kv::EncodedPage> plain;
@@ -110,7 +111,10 @@ SyntheticErrors synthetic_outlier_errors(int n_tokens, int page_size, int n_kv_h
     std::vector<attention::Partial> parts;
     for (size_t i = 0; i < ptrs.size(); i += size_t(tile_pages)) {
       const size_t n = std::min(size_t(tile_pages), ptrs.size() - i);
-      parts.push_back(attention::attend_int8s_tile({ptrs.data() + i, n}, int64_t(i + 1) * page_size, n_tokens, qr, opt));
+      const std::span<const kv::EncodedPage* const> tile{ptrs.data() + i, n};
+      const int64_t first = int64_t(i + 1) * page_size;
+      parts.push_back(int8s_tile ? int8s_tile(tile, first, n_tokens, qr, opt)
+                                 : attention::attend_int8s_tile(tile, first, n_tokens, qr, opt));
     }
     out.per_token[terms - 1] = attention::own_format_error(attention::merge(parts), ref_o);
   }

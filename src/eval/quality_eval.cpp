@@ -171,8 +171,8 @@ EvalResult run_quality_eval(model::LlamaModel& m,
         const attention::LayerHistory h{&store, seq.page_table(layer), seq.n_tokens()};
         const attention::QueryRows q{sample_q[size_t(layer)].data(), cfg.query_rows, mc.n_heads, pos.data()};
         result.samples.push_back({route::kind_name(kind), text, layer, seq.n_tokens(),
-                                  route_own_format_error(h, layer, compressed, rc, q, 2),
-                                  route_own_format_error(h, layer, compressed, rc, q, 1)});
+                                  route_own_format_error(h, layer, compressed, rc, q, 2, cfg.int8s_tile),
+                                  route_own_format_error(h, layer, compressed, rc, q, 1, cfg.int8s_tile)});
       }
       say(fmt::format("{}: {} own-format samples along {}, worst so far {:.5f}", text, layers.size(),
                            route::kind_name(kind), result.worst_sample_error(route::kind_name(kind))));
@@ -191,7 +191,8 @@ EvalResult run_quality_eval(model::LlamaModel& m,
   if (cfg.synthetic_tokens > 0) {
     say(fmt::format("synthetic: {} tokens with outlier key channels", cfg.synthetic_tokens));
     result.synthetic = synthetic_outlier_errors(
-        cfg.synthetic_tokens, cfg.page_size, mc.n_kv_heads, mc.head_dim, mc.n_heads, cfg.recent_pages, cfg.tile_pages);
+        cfg.synthetic_tokens, cfg.page_size, mc.n_kv_heads, mc.head_dim, mc.n_heads, cfg.recent_pages, cfg.tile_pages,
+        cfg.int8s_tile);
   }
   return result;
 }

@@ -56,6 +56,7 @@ attention::Partial attend_int8s_segment(const attention::LayerHistory& history, 
     if (view.report) view.report->bytes += double(pages.back()->bytes.size());
   }
   const int64_t first_token = int64_t(seg.first_page) * history.store->shape().page_size;
+  if (view.int8s_tile) return view.int8s_tile(pages, first_token, history.n_tokens, q, opt);
   return attention::attend_int8s_tile(pages, first_token, history.n_tokens, q, opt);
 }
 

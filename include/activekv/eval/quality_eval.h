@@ -23,6 +23,7 @@
 
 #include "activekv/model/llama_model.h"
 #include "activekv/route/route.h"
+#include "activekv/route/routed_attention.h"
 
 namespace activekv::eval {
 
@@ -39,6 +40,10 @@ struct EvalConfig {
   int synthetic_tokens = 65536;          ///< 0 skips the synthetic case
   std::vector<route::RouteKind> routes{route::RouteKind::lossless13, route::RouteKind::int8s,
                                        route::RouteKind::hybrid};
+  /// If set, the own-format samples and the synthetic case compute their
+  /// int8s tiles with it (e.g. the GPU kernel, `eval --device cuda`); the
+  /// teacher-forced scoring keeps the CPU kernels.
+  route::Int8sTileFn int8s_tile = {};
 };
 
 /// One own-format sample.
@@ -90,6 +95,7 @@ EvalResult run_quality_eval(model::LlamaModel& m,
 /// The synthetic case alone, over `n_tokens` tokens of random keys with
 /// outlier channels and queries small on those channels.
 SyntheticErrors synthetic_outlier_errors(int n_tokens, int page_size, int n_kv_heads, int head_dim, int n_heads,
-                                         int recent_pages, int tile_pages);
+                                         int recent_pages, int tile_pages,
+                                         const route::Int8sTileFn& int8s_tile = {});
 
 }  // namespace activekv::eval

@@ -6,17 +6,27 @@
 // (same tiles, same merge), so results are bitwise identical to it.
 #pragma once
 
+#include <functional>
+#include <span>
+
 #include "activekv/attention/paged_attention.h"
 #include "activekv/convert/compressed_history.h"
 #include "activekv/route/route.h"
 
 namespace activekv::route {
 
+/// Computes one int8s tile with the contract of attention::attend_int8s_tile
+/// (pages, first_token, history_tokens, q, opt) -- e.g. the GPU kernel
+/// (cuda::Int8sTileRunner) in place of the CPU one.
+using Int8sTileFn = std::function<attention::Partial(std::span<const kv::EncodedPage* const>, int64_t, int64_t,
+                                                     const attention::QueryRows&, const attention::AttentionOptions&)>;
+
 /// What a forward pass needs to read the history along a route.
 struct RoutedView {
   convert::CompressedHistory* compressed = nullptr;  ///< nullptr: everything exact
   RouteConfig config;                                      ///< kind, recent window, tile size
   RouteReport* report = nullptr;                           ///< if set, accumulates pages/tiles/bytes
+  Int8sTileFn int8s_tile = {};                             ///< empty: attention::attend_int8s_tile (CPU)
 };
 
 /// Attention of `q` over layer `layer` of `history` along `view`'s route.

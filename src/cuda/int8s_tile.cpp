@@ -1,0 +1,121 @@
+// Int8sTileRunner: see include/activekv/cuda/int8s_tile.h.
+#include "activekv/cuda/int8s_tile.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "activekv/kv/codec_int8s.h"
+
+namespace activekv::cuda {
+namespace {
+
+#define AKV_CUDA(call) check_cuda(static_cast<int>(call), #call)
+
+// Device buffer freed on scope exit (also when a later call throws).
+struct Dev {
+  void* p = nullptr;
+  explicit Dev(size_t bytes) { AKV_CUDA(cudaMalloc(&p, std::max<size_t>(bytes, 16))); }
+  ~Dev() { cudaFree(p); }
+  template <class T> T* as() const { return static_cast<T*>(p); }
+};
+
+int split_size(int page_size) {
+  for (int s = std::min(512, page_size); s >= 1; --s)
+    if (page_size % s == 0) return s;
+  return 1;
+}
+
+}  // namespace
+
+attention::Partial Int8sTileRunner::operator()(std::span<const kv::EncodedPage* const> pages, int64_t first_token,
+                                               int64_t history_tokens, const attention::QueryRows& q,
+                                               const attention::AttentionOptions& opt) const {
+  if (pages.empty()) throw InvalidArgument("Int8sTileRunner: no pages");
+  std::vector<kv::PageHeader> headers;
+  for (const kv::EncodedPage* p : pages) {
+    if (!p) throw InvalidArgument("Int8sTileRunner: null page");
+    headers.push_back(kv::parse_int8s_page(*p).header);  // validates everything before upload
+  }
+  const kv::PageHeader& h0 = headers.front();
+  for (const kv::PageHeader& h : headers)
+    if (h.page_size != h0.page_size || h.n_kv_heads != h0.n_kv_heads || h.head_dim != h0.head_dim)
+      throw InvalidArgument("Int8sTileRunner: pages of different dimensions in one tile");
+  if (q.n_heads % h0.n_kv_heads != 0)
+    throw InvalidArgument("Int8sTileRunner: " + std::to_string(q.n_heads) + " query heads are not a multiple of " +
+                          std::to_string(h0.n_kv_heads) + " KV heads");
+  AttnShape sh;
+  sh.n_kv_heads = h0.n_kv_heads;
+  sh.group = q.n_heads / h0.n_kv_heads;
+  sh.head_dim = h0.head_dim;
+  sh.page_size = h0.page_size;
+  sh.split_tokens = split_size(h0.page_size);
+  sh.softmax_scale = opt.softmax_scale;
+  sh.validate();
+  const int64_t ps = sh.page_size;
+  const int spp = sh.page_size / sh.split_tokens;
+  const int64_t end = std::min<int64_t>(history_tokens, first_token + int64_t(pages.size()) * ps);
+
+  // Upload: every page full (the kernel addresses sections by page_size); a
+  // page holding fewer tokens is only read up to its n_tokens below.
+  std::vector<size_t> offs;
+  size_t total = 0;
+  for (const kv::EncodedPage* p : pages) {
+    offs.push_back(total);
+    total += (p->bytes.size() + 255) / 256 * 256;
+  }
+  Dev dpages(total);
+  for (size_t i = 0; i < pages.size(); ++i)
+    AKV_CUDA(cudaMemcpy(dpages.as<std::byte>() + offs[i], pages[i]->bytes.data(), pages[i]->bytes.size(),
+                        cudaMemcpyHostToDevice));
+
+  std::vector<SplitWork> work;
+  const int max_splits = int(pages.size()) * spp;
+  for (int r = 0; r < q.n_rows; ++r) {
+    const int64_t pos = q.positions[r];
+    if (pos < 0 || pos >= history_tokens)
+      throw InvalidArgument("Int8sTileRunner: query position " + std::to_string(pos) + " outside [0, " +
+                            std::to_string(history_tokens) + ")");
+    const int64_t row_end = std::min(end, pos + 1);
+    for (size_t i = 0; i < pages.size(); ++i) {
+      const int64_t t_page = first_token + int64_t(i) * ps;
+      const int64_t visible = std::min<int64_t>(row_end - t_page, ps);
+      if (visible <= 0) break;
+      if (visible > headers[i].n_tokens)
+        throw InvalidArgument("Int8sTileRunner: page " + std::to_string(i) + " holds " +
+                              std::to_string(headers[i].n_tokens) + " tokens, the tile needs " + std::to_string(visible));
+      if (headers[i].n_tokens != ps)
+        throw InvalidArgument("Int8sTileRunner: the GPU kernel reads full int8s pages only");
+      for (int k = 0; k < spp; ++k) {
+        const int64_t t0 = int64_t(k) * sh.split_tokens;
+        if (t0 >= visible) break;
+        work.push_back(SplitWork{dpages.as<std::byte>() + offs[i], r, int32_t(t0),
+                                 int32_t(std::min<int64_t>(sh.split_tokens, visible - t0)), int32_t(i * spp + k)});
+      }
+    }
+  }
+  const size_t rows = size_t(q.n_rows) * q.n_heads;
+  attention::Partial out(q.n_rows, q.n_heads, sh.head_dim);
+  if (work.empty()) return out;  // no row sees a key of this tile
+  Dev dwork(work.size() * sizeof(SplitWork)), dq(rows * sh.head_dim * 4);
+  Dev po(rows * max_splits * sh.head_dim * 4), pl(rows * max_splits * 4);
+  Dev dout(rows * sh.head_dim * 4), dlse(rows * 4), dn(q.n_rows * 4);
+  AKV_CUDA(cudaMemcpy(dwork.p, work.data(), work.size() * sizeof(SplitWork), cudaMemcpyHostToDevice));
+  AKV_CUDA(cudaMemcpy(dq.p, q.q, rows * sh.head_dim * 4, cudaMemcpyHostToDevice));
+  const std::vector<float> ninf(rows * max_splits, -__builtin_inff());
+  AKV_CUDA(cudaMemcpy(pl.p, ninf.data(), ninf.size() * 4, cudaMemcpyHostToDevice));
+  const std::vector<int32_t> n_splits(size_t(q.n_rows), max_splits);
+  AKV_CUDA(cudaMemcpy(dn.p, n_splits.data(), n_splits.size() * 4, cudaMemcpyHostToDevice));
+  Int8sKernelOptions kopt = kernel_;
+  kopt.query_terms = opt.int8s_query_terms;
+  const Partials parts{po.as<float>(), pl.as<float>(), max_splits};
+  launch_split_attention_int8s(sh, dwork.as<SplitWork>(), int(work.size()), dq.as<float>(), parts, kopt, nullptr);
+  launch_merge(sh, parts, dn.as<int32_t>(), q.n_rows, dout.as<float>(), dlse.as<float>(), nullptr);
+  AKV_CUDA(cudaMemcpy(out.o.data(), dout.p, rows * sh.head_dim * 4, cudaMemcpyDeviceToHost));
+  AKV_CUDA(cudaMemcpy(out.lse.data(), dlse.p, rows * 4, cudaMemcpyDeviceToHost));
+  return out;
+}
+
+}  // namespace activekv::cuda
