@@ -21,6 +21,8 @@ void add_eval(CLI::App& app, std::function<int()>& run);
 /// `bench decode` and `calibrate`: the GPU decode engine (src/cuda/bench.cpp).
 void add_bench(CLI::App& app, std::function<int()>& run);
 void add_calibrate(CLI::App& app, std::function<int()>& run);
+/// `activekv gate`: the economic gate (SPEC 6) over bench + eval JSON.
+void add_gate(CLI::App& app, std::function<int()>& run);
 #endif
 
 }  // namespace activekv::cli

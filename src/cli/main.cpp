@@ -56,6 +56,9 @@ int main(int argc, char** argv) {
   std::function<int()> run_eval;
   auto* ev = app.add_subcommand("eval", "Quality contract (SPEC 5): own-format error, perplexity, top-1, KL");
   activekv::cli::add_eval(*ev, run_eval);
+  std::function<int()> run_gate;
+  auto* gate = app.add_subcommand("gate", "Economic gate (SPEC 6): accept a format per context from bench + eval results");
+  activekv::cli::add_gate(*gate, run_gate);
 #ifdef ACTIVEKV_HAVE_CUDA
   std::function<int()> run_bench, run_calibrate;
   auto* bench = app.add_subcommand("bench", "GPU benchmarks (bench decode)");
@@ -67,6 +70,7 @@ int main(int argc, char** argv) {
   try {
     if (*ins) return run_inspect();
     if (*ev) return run_eval();
+    if (*gate) return run_gate();
 #ifdef ACTIVEKV_HAVE_CUDA
     if (*bench) return run_bench();
     if (*cal) return run_calibrate();

@@ -1,0 +1,89 @@
+// `activekv gate`: the economic gate of SPEC §6 over measured results -- a
+// `bench decode --json` file (bytes, B(chunk), kernel and step times from one
+// GPU run) and an `eval --json` file (the quality contract). CPU only: it
+// reads measurements, it does not take them.
+#include <fmt/format.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "activekv/core/error.h"
+#include "activekv/cost/gate.h"
+#include "commands.h"
+#include "provenance.h"
+
+namespace activekv::cli {
+namespace {
+
+struct GateArgs {
+  std::string bench = ACTIVEKV_SOURCE_DIR "/bench/results/h200_bench_formats.json";
+  std::string eval = ACTIVEKV_SOURCE_DIR "/bench/results/eval-SmolLM2-135M-Instruct.Q4_1.json";
+  int batch = 1;
+  std::string json_out;
+};
+
+void print_rows(const std::vector<cost::GateRow>& rows) {
+  fmt::print("{:<10} {:>7} {:>10} {:>9} {:>9} {:>9} {:>7} {:>8} {:>12} {:>10} {:>6}  {}\n", "format", "context",
+             "bytes/step", "saved ms", "added ms", "net ms", "gate", "verdict", "0.7x rule", "meas. net", "sign",
+             "quality");
+  for (const auto& r : rows) {
+    const bool false_reject = r.accept && !r.withdrawn_rule_accept;
+    fmt::print("{:<10} {:>6}K {:>9.3f}x {:>9.3f} {:>9.3f} {:>9.3f} {:>7} {:>8} {:>12} {:>10.3f} {:>6}  {}\n", r.format,
+               r.context / 1024, r.bytes_per_step / r.bytes_exact, r.saved_ms, r.added_ms, r.net_ms,
+               r.bus_accept ? "win" : "lose", r.accept ? "ACCEPT" : "reject",
+               r.withdrawn_rule_accept ? "accept" : (false_reject ? "REJECT(fal)" : "reject"), r.measured_net_ms,
+               r.sign_matches ? "ok" : "WRONG", r.quality.describe());
+  }
+}
+
+nlohmann::json to_json(const std::vector<cost::GateRow>& rows, const GateArgs& a) {
+  nlohmann::json out = {{"command", command_line()}, {"bench", a.bench}, {"eval", a.eval}, {"batch", a.batch}};
+  for (const auto& r : rows)
+    out["rows"].push_back({{"format", r.format}, {"context", r.context}, {"bytes_per_step", r.bytes_per_step},
+                           {"bytes_exact", r.bytes_exact}, {"saved_ms", r.saved_ms}, {"added_ms", r.added_ms},
+                           {"net_ms", r.net_ms}, {"kernel_ms", r.kernel_ms}, {"kernel_exact_ms", r.kernel_exact_ms},
+                           {"bus_accept", r.bus_accept}, {"quality", r.quality.describe()},
+                           {"quality_pass", r.quality.pass()}, {"accept", r.accept},
+                           {"withdrawn_rule_accept", r.withdrawn_rule_accept},
+                           {"measured_net_ms", r.measured_net_ms}, {"sign_matches", r.sign_matches}});
+  return out;
+}
+
+}  // namespace
+
+void add_gate(CLI::App& app, std::function<int()>& run) {
+  auto a = std::make_shared<GateArgs>();
+  app.add_option("--bench", a->bench, "`bench decode --json` output with bf16 and candidate formats, "
+                                      "streamed and resident")->capture_default_str();
+  app.add_option("--eval", a->eval, "`eval --json` output (quality contract per format)")->capture_default_str();
+  app.add_option("--batch", a->batch, "Batch size of the records to judge")->capture_default_str();
+  app.add_option("--json", a->json_out, "Also write the rows as JSON");
+  run = [a] {
+    const auto points = cost::read_bench_json(a->bench);
+    const auto quality = cost::read_eval_json(a->eval);
+    const auto rows = cost::run_gate(points, quality, a->batch);
+    if (rows.empty())
+      throw activekv::InvalidArgument(fmt::format("gate: {} holds no (format, context) with streamed and resident records for "
+                                        "both bf16 and a candidate at batch {}", a->bench, a->batch));
+    fmt::print("economic gate (SPEC 6), batch {}: net = transfer saved - kernel time added; accept iff net > 0 and "
+               "the quality contract holds.\n  bench: {}\n  eval:  {}\n\n", a->batch, a->bench, a->eval);
+    print_rows(rows);
+    int wrong = 0, false_rejects = 0;
+    for (const auto& r : rows) {
+      wrong += !r.sign_matches;
+      false_rejects += r.bus_accept && !r.withdrawn_rule_accept;
+    }
+    fmt::print("\n{} of {} verdicts match the sign of the measured net time; the withdrawn 0.7x kernel-speed rule "
+               "would have rejected {} sizes that save time.\n", rows.size() - size_t(wrong), rows.size(),
+               false_rejects);
+    if (!a->json_out.empty()) {
+      std::ofstream f(a->json_out);
+      if (!f) throw activekv::Error("gate: cannot write " + a->json_out);
+      f << to_json(rows, *a).dump(2) << "\n";
+      fmt::print("JSON written to {}\n", a->json_out);
+    }
+    return wrong == 0 ? 0 : 1;
+  };
+}
+
+}  // namespace activekv::cli

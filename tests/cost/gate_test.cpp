@@ -1,0 +1,118 @@
+// The economic gate (SPEC §6) on hand-made bench records: the arithmetic of
+// saved/added/net, the quality verdict, the withdrawn 0.7x rule beside it,
+// the sign check against the measured net, and the JSON readers' errors.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "activekv/core/error.h"
+#include "activekv/cost/gate.h"
+
+namespace activekv::cost {
+namespace {
+
+BenchPoint pt(const std::string& f, const std::string& mode, int64_t ctx, double step, double dev, double bytes,
+              double gbps = 50.0) {
+  BenchPoint p;
+  p.format = f;
+  p.mode = mode;
+  p.context = ctx;
+  p.step_ms = step;
+  p.device_ms = dev;
+  p.history_bytes = bytes;
+  p.chunk_gbps = gbps;
+  return p;
+}
+
+TEST(Gate, NetIsSavedTransferMinusAddedKernelTime) {
+  // Exact: 1e9 bytes at 50 GB/s = 20 ms; F: 0.5e9 bytes = 10 ms saved; kernel 1 ms vs 4 ms -> added 3.
+  const std::vector<BenchPoint> pts{pt("bf16", "streamed", 8192, 20.1, 1.0, 1e9), pt("bf16", "resident", 8192, 1.1, 1.0, 1e9),
+                                    pt("int8s", "streamed", 8192, 10.5, 4.0, 0.5e9),
+                                    pt("int8s", "resident", 8192, 4.1, 4.0, 0.5e9)};
+  Quality good;
+  good.measured = true;
+  good.own_format_error = 0.001;
+  const auto rows = run_gate(pts, {{"int8s", good}});
+  ASSERT_EQ(rows.size(), 1u);
+  const GateRow& r = rows[0];
+  EXPECT_DOUBLE_EQ(r.saved_ms, 10.0);
+  EXPECT_DOUBLE_EQ(r.added_ms, 3.0);
+  EXPECT_DOUBLE_EQ(r.net_ms, 7.0);
+  EXPECT_TRUE(r.bus_accept);
+  EXPECT_TRUE(r.accept);
+  EXPECT_FALSE(r.withdrawn_rule_accept) << "kernel at 0.25x exact speed: the old rule rejects it";
+  EXPECT_NEAR(r.measured_net_ms, 9.6, 1e-12);
+  EXPECT_TRUE(r.sign_matches);
+}
+
+TEST(Gate, RejectsWhenKernelCostsMoreThanTransferSavesOrQualityFails) {
+  const std::vector<BenchPoint> pts{pt("bf16", "streamed", 1024, 2.0, 0.1, 1e8), pt("bf16", "resident", 1024, 0.2, 0.1, 1e8),
+                                    pt("slow", "streamed", 1024, 2.5, 3.0, 0.9e8),
+                                    pt("slow", "resident", 1024, 3.1, 3.0, 0.9e8),
+                                    pt("lossy", "streamed", 1024, 1.1, 0.1, 0.5e8),
+                                    pt("lossy", "resident", 1024, 0.2, 0.1, 0.5e8)};
+  Quality bad;
+  bad.measured = true;
+  bad.top1_agreement = 0.98;
+  Quality ok;
+  ok.measured = true;
+  const auto rows = run_gate(pts, {{"lossy", bad}, {"slow", ok}});
+  ASSERT_EQ(rows.size(), 2u);
+  for (const GateRow& r : rows) {
+    EXPECT_FALSE(r.accept) << r.format;
+    EXPECT_TRUE(r.sign_matches) << r.format;
+  }
+  const GateRow& slow = rows[0].format == "slow" ? rows[0] : rows[1];
+  EXPECT_LT(slow.net_ms, 0);
+  EXPECT_FALSE(slow.bus_accept);
+  const GateRow& lossy = rows[0].format == "lossy" ? rows[0] : rows[1];
+  EXPECT_TRUE(lossy.bus_accept);
+  EXPECT_NE(lossy.quality.describe().find("top-1"), std::string::npos);
+  EXPECT_EQ(Quality{}.describe(), "no eval");
+}
+
+TEST(Gate, SkipsContextsWithoutBothRecordsAndSignMismatchShows) {
+  const std::vector<BenchPoint> pts{pt("bf16", "streamed", 4096, 10, 1, 5e8), pt("bf16", "resident", 4096, 1, 1, 5e8),
+                                    pt("f", "streamed", 4096, 11, 1, 4e8), pt("f", "resident", 4096, 1, 1, 4e8),
+                                    pt("f", "streamed", 8192, 5, 1, 4e8)};
+  const auto rows = run_gate(pts, {});
+  ASSERT_EQ(rows.size(), 1u);  // 8192 lacks the bf16 and resident records
+  EXPECT_GT(rows[0].net_ms, 0);
+  EXPECT_LT(rows[0].measured_net_ms, 0);
+  EXPECT_FALSE(rows[0].sign_matches);
+  EXPECT_FALSE(rows[0].accept) << "no eval: never accepted";
+}
+
+TEST(Gate, ReadersNameTheProblem) {
+  const std::string path = testing::TempDir() + "/gate_bad.json";
+  {
+    std::ofstream(path) << R"({"records": [{"format": "bf16", "mode": "streamed"}]})";
+  }
+  try {
+    read_bench_json(path);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("\"context\""), std::string::npos) << e.what();
+  }
+  { std::ofstream(path) << "[1, 2"; }
+  EXPECT_THROW(read_bench_json(path), Error);
+  EXPECT_THROW(read_eval_json(path), Error);
+  EXPECT_THROW(read_bench_json(path + ".missing"), Error);
+  {
+    std::ofstream(path) << R"([{"text": "all", "format": "exact", "own_format_error": null, "ppl_increase_pct": 0,
+                                "top1_agreement": 1},
+                               {"text": "all", "format": "hybrid", "own_format_error": 0.0002,
+                                "ppl_increase_pct": -0.02, "top1_agreement": 0.996},
+                               {"text": "x", "format": "int8s", "own_format_error": 0.001,
+                                "ppl_increase_pct": 0.1, "top1_agreement": 0.98}])";
+  }
+  const auto q = read_eval_json(path);
+  EXPECT_EQ(q.size(), 2u);
+  EXPECT_TRUE(q.at("hybrid").pass());
+  EXPECT_TRUE(q.at("bf16").pass());
+  std::remove(path.c_str());
+}
+
+}  // namespace
+}  // namespace activekv::cost
