@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Plot `bench decode` results: step latency vs context (depth), one panel per
-batch size, one line per tier/mode and peer, plus the bus limit.
+batch size, one line per kv-format/mode and peer, plus each streamed format's
+bus limit (its bytes / B, dashed).
 
 usage: plot_decode.py bench_decode.json [peers.json] -o decode.png
 """
@@ -11,6 +12,10 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+
+def r_fmt(name):
+    return name.split("-")[0]
 
 
 def main():
@@ -28,12 +33,16 @@ def main():
     fig, axes = plt.subplots(1, len(batches), figsize=(6.5 * len(batches), 5), squeeze=False)
     for ax, b in zip(axes[0], batches):
         rs = [r for r in recs if r["batch"] == b]
-        for fmt in sorted({r["format"] for r in rs}):
-            pts = sorted((r["context"], r["step_ms"]) for r in rs if r["format"] == fmt)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=fmt)
-        bus = sorted({(r["context"], r["bus_limit_ms"]) for r in rs if r["format"] == "bf16-streamed"})
-        if bus:
-            ax.plot([p[0] for p in bus], [p[1] for p in bus], "k--", label="bus limit (bf16 bytes / B)")
+        def label(r):
+            return r["format"] + ("-" + r["mode"] if r.get("mode") else "")
+        for name in sorted({label(r) for r in rs}):
+            pts = sorted((r["context"], r["step_ms"]) for r in rs if label(r) == name)
+            line = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)[0]
+            bus = sorted((r["context"], r["bus_limit_ms"]) for r in rs
+                         if label(r) == name and r.get("mode") == "streamed")
+            if bus:
+                ax.plot([p[0] for p in bus], [p[1] for p in bus], "--", color=line.get_color(), alpha=0.6,
+                        label=f"bus limit ({r_fmt(name)} bytes / B)")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("depth (context tokens)")

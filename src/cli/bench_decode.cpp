@@ -4,6 +4,7 @@
 
 #include "activekv/cuda/bench.h"
 #include "commands.h"
+#include "provenance.h"
 
 namespace activekv::cli {
 
@@ -15,6 +16,7 @@ void add_bench(CLI::App& app, std::function<int()>& run) {
   auto contexts = std::make_shared<std::string>("32k,64k,128k");
   auto batches = std::make_shared<std::vector<int>>(std::vector<int>{1, 4});
   auto modes = std::make_shared<std::vector<std::string>>(o->modes);
+  auto formats = std::make_shared<std::vector<std::string>>(o->formats);
   dec->add_option("--contexts,-d", *contexts, "Depths (context tokens), e.g. 32k,64k,128k");
   dec->add_option("--batches,-b", *batches, "Batch sizes")->delimiter(',');
   dec->add_option("--steps", o->steps, "Measured steps per configuration (median reported)");
@@ -24,16 +26,23 @@ void add_bench(CLI::App& app, std::function<int()>& run) {
   dec->add_option("--ring", o->ring_slots, "Staging ring slots");
   dec->add_option("--split", o->attn.split_tokens, "Tokens per attention CTA (divides the page size)");
   dec->add_option("--modes", *modes, "streamed, streamed-whole, resident")->delimiter(',');
+  dec->add_option("--kv-format", *formats, "Routes over the history: bf16, lossless13, int8s, hybrid")
+      ->delimiter(',');
+  dec->add_option("--recent-pages", o->recent_pages, "hybrid: full pages kept exact before the tail");
+  dec->add_option("--query-terms", o->int8s.query_terms, "int8s kernel: int8 terms of the query (1 = SPEC as written)");
+  dec->add_flag("!--no-skip-unit-rescale", o->int8s.skip_unit_rescale,
+                "int8s kernel: always rescale (SPEC §4 trick 1 off)");
+  dec->add_flag("--pow2-reference", o->int8s.pow2_reference,
+                "int8s kernel: integer base-2 running reference (SPEC §4 trick 2)");
   dec->add_option("--json", o->json_path, "JSON output");
   dec->add_option("--profile", o->profile_path, "Calibration profile output");
   dec->add_option("--commit", o->commit, "Commit recorded in the JSON");
-  run = [o, contexts, batches, modes, &app] {
+  run = [o, contexts, batches, modes, formats, &app] {
     o->contexts = cuda::parse_sizes(*contexts);
     o->batches = *batches;
     o->modes = *modes;
-    std::ostringstream cmd;
-    cmd << "activekv bench decode --contexts " << *contexts;
-    o->command = cmd.str();
+    o->formats = *formats;
+    o->command = command_line();
     (void)app;
     return cuda::run_bench_decode(*o);
   };

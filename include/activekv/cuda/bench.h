@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "activekv/cuda/decode_attention.h"
+#include "activekv/cuda/format_kernels.h"
 
 namespace activekv::cuda {
 
@@ -31,10 +32,13 @@ struct Profile {
   std::vector<double> kernel_ms;      ///< split-attention kernel time at that count
   std::vector<double> merge_splits;   ///< ascending splits per sequence
   std::vector<double> merge_ms;
+  std::vector<double> int8s_kernel_ms;  ///< int8s kernel time at kernel_tokens
+  double unpack_ms_per_page = 0;        ///< lossless13 -> bf16 unpack, per page
 
   double bandwidth_gbps(double bytes) const;  ///< B(bytes), log-size interpolation, clamped
   double copy_time_ms(double bytes) const { return bytes / (bandwidth_gbps(bytes) * 1e6); }
-  double kernel_time_ms(double tokens) const;  ///< linear interpolation / extrapolation
+  double kernel_time_ms(double tokens) const;  ///< bf16 kernel; linear interpolation / extrapolation
+  double int8s_kernel_time_ms(double tokens) const;  ///< int8s kernel, same
   double merge_time_ms(double splits) const;
   std::string to_json() const;
 };
@@ -55,6 +59,10 @@ struct BenchDecodeOptions {
   std::vector<int64_t> contexts{32768, 65536, 131072};
   std::vector<int> batches{1, 4};
   std::vector<std::string> modes{"streamed", "resident"};  ///< also "streamed-whole" (whole-layer staging)
+  /// Routes over the history: bf16 (exact), lossless13, int8s, hybrid (SPEC §2).
+  std::vector<std::string> formats{"bf16"};
+  int recent_pages = 2;               ///< hybrid: full pages kept exact before the tail
+  Int8sKernelOptions int8s;           ///< int8s kernel switches
   int steps = 20;
   int warmup = 3;
   int tile_pages = 32;

@@ -1,0 +1,119 @@
+// The bench's host history in every format. See bench_pages.h.
+#include "bench_pages.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <span>
+#include <thread>
+
+#include "activekv/kv/codec.h"
+#include "activekv/kv/codec_lossless13.h"
+
+namespace activekv::cuda::bench {
+namespace {
+
+// Runs fn(i) for i in [0, n) on `threads` host threads.
+template <class Fn>
+void parallel_for(size_t n, int threads, Fn fn) {
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i = next++; i < n; i = next++) fn(i);
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (auto& th : pool) th.join();
+}
+
+// Encodes the full pages of every (sequence, layer) of `bf16` to `f` into
+// the arena, in page order; returns the refs and fills the timing.
+PageGrid encode_all(PinnedPagePool& pool, const PageGrid& bf16, const AttnShape& sh, int64_t full_pages,
+                    kv::CodecFormat f, PageKind kind, int threads, HistorySet::Conversion& conv) {
+  const kv::KvShape ks{1, sh.n_kv_heads, sh.head_dim, sh.page_size};
+  PageGrid out(bf16.size());
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<kv::EncodedPage> enc(static_cast<size_t>(full_pages));
+  for (size_t s = 0; s < bf16.size(); ++s) {
+    out[s].resize(bf16[s].size());
+    for (size_t l = 0; l < bf16[s].size(); ++l) {
+      parallel_for(size_t(full_pages), threads, [&](size_t p) {
+        const auto* page = reinterpret_cast<const activekv::bf16*>(pool.at(bf16[s][l][p]));
+        enc[p] = kv::encode_page(f, ks, std::span<const activekv::bf16>(page, ks.page_elements()), sh.page_size);
+      });
+      for (const kv::EncodedPage& e : enc) {
+        const PageRef r = pool.allocate(e.bytes.size(), kind);
+        std::memcpy(pool.at(r), e.bytes.data(), e.bytes.size());
+        out[s][l].push_back(r);
+      }
+      conv.pages += size_t(full_pages);
+    }
+  }
+  conv.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  conv.threads = threads;
+  std::printf("  %s: %zu pages encoded in %.2f s on %d host threads (%.0f pages/s)\n", kv::codec_name(f).c_str(),
+              conv.pages, conv.seconds, threads, double(conv.pages) / conv.seconds);
+  std::fflush(stdout);
+  return out;
+}
+
+}  // namespace
+
+HistorySet build_history(const AttnShape& sh, int n_layers, int max_batch, int64_t max_ctx, bool want_int8s,
+                         bool want_lossless13, int threads) {
+  const kv::KvShape ks{1, sh.n_kv_heads, sh.head_dim, sh.page_size};
+  const int64_t np = (max_ctx + sh.page_size - 1) / sh.page_size, full = max_ctx / sh.page_size;
+  const size_t n_pages = size_t(np) * n_layers * max_batch, n_full = size_t(full) * n_layers * max_batch;
+  const size_t pad = 256;
+  size_t extra = 0;
+  if (want_int8s) extra += n_full * (kv::encoded_page_bytes(kv::CodecFormat::int8s, ks) + pad);
+  if (want_lossless13) extra += n_full * (kv::lossless13_raw_page_bytes(ks) + pad);
+  std::printf("  pinning %.2f GiB of host history (bf16 %.2f GiB + encoded pages %.2f GiB)...\n",
+              double(n_pages * sh.page_bytes() + extra) / double(1ull << 30),
+              double(n_pages * sh.page_bytes()) / double(1ull << 30), double(extra) / double(1ull << 30));
+  std::fflush(stdout);
+  HistorySet h;
+  h.pool = std::make_unique<PinnedPagePool>(sh.page_bytes(), n_pages, extra);
+  fill_random_bf16(h.pool->data(), n_pages * sh.page_bytes(), 42, threads);
+  h.bf16.assign(size_t(max_batch), std::vector<std::vector<PageRef>>(size_t(n_layers)));
+  for (int s = 0; s < max_batch; ++s)
+    for (int l = 0; l < n_layers; ++l)
+      for (int64_t p = 0; p < np; ++p)
+        h.bf16[s][l].push_back(h.pool->page_ref(uint32_t((int64_t(s) * n_layers + l) * np + p)));
+  if (want_int8s)
+    h.int8s = encode_all(*h.pool, h.bf16, sh, full, kv::CodecFormat::int8s, PageKind::int8s, threads, h.int8s_conv);
+  if (want_lossless13)
+    h.lossless13 = encode_all(*h.pool, h.bf16, sh, full, kv::CodecFormat::lossless13, PageKind::lossless13, threads,
+                              h.lossless13_conv);
+  return h;
+}
+
+const std::vector<std::string>& route_names() {
+  static const std::vector<std::string> names{"bf16", "lossless13", "int8s", "hybrid"};
+  return names;
+}
+
+std::vector<SeqPages> route_tables(const HistorySet& h, const std::string& route, int batch, int64_t ctx,
+                                   int n_layers, int page_size, int recent_pages) {
+  if (std::find(route_names().begin(), route_names().end(), route) == route_names().end())
+    throw InvalidArgument("bench decode: unknown --kv-format '" + route + "' (bf16, lossless13, int8s, hybrid)");
+  const PageGrid* enc = route == "lossless13" ? &h.lossless13 : (route == "bf16" ? nullptr : &h.int8s);
+  if (enc && enc->empty()) throw InvalidArgument("bench decode: " + route + " pages were not built");
+  const int64_t np = (ctx + page_size - 1) / page_size, full = ctx / page_size;
+  std::vector<SeqPages> seqs(static_cast<size_t>(batch));
+  for (int s = 0; s < batch; ++s) {
+    seqs[s].n_tokens = ctx;
+    seqs[s].tables.resize(size_t(n_layers));
+    for (int l = 0; l < n_layers; ++l)
+      for (int64_t p = 0; p < np; ++p) {
+        bool exact = route == "bf16" || p >= full;
+        if (route == "hybrid") exact = exact || p == 0 || p >= full - recent_pages;
+        seqs[s].tables[l].push_back(exact ? h.bf16[s][l][p] : (*enc)[s][l][p]);
+      }
+  }
+  return seqs;
+}
+
+}  // namespace activekv::cuda::bench

@@ -1,0 +1,46 @@
+// Internal to the GPU bench: the synthetic host history in every page format
+// (random bf16 pages, then their int8s and lossless13 encodings made with the
+// CPU codecs on host threads, as background conversion would publish them),
+// and the page tables of each route over it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "activekv/cuda/decode_engine.h"
+
+namespace activekv::cuda::bench {
+
+/// Page refs [seq][layer][page] of one stored format.
+using PageGrid = std::vector<std::vector<std::vector<PageRef>>>;
+
+struct HistorySet {
+  std::unique_ptr<PinnedPagePool> pool;
+  PageGrid bf16, int8s, lossless13;  ///< int8s / lossless13 empty when not built
+  /// Conversion measured while building: pages, seconds and host threads used.
+  struct Conversion { size_t pages = 0; double seconds = 0; int threads = 0; };
+  Conversion int8s_conv, lossless13_conv;
+};
+
+/// Pins and fills `max_batch` sequences x `n_layers` x ceil(max_ctx / page)
+/// bf16 pages (random, fixed seed), then encodes every full page to int8s
+/// and/or lossless13 into the pool's arena, page-ordered per (sequence,
+/// layer) so a tile's pages are back to back. Prints progress.
+HistorySet build_history(const AttnShape& sh, int n_layers, int max_batch, int64_t max_ctx, bool want_int8s,
+                         bool want_lossless13, int threads);
+
+/// Route names accepted by route_tables.
+const std::vector<std::string>& route_names();
+
+/// Page tables for `batch` sequences of `ctx` tokens read along `route`:
+/// "bf16" every page exact; "lossless13" every full page lossless13, the
+/// tail exact; "int8s" every full page int8s, the tail exact; "hybrid" the
+/// sink (page 0), the last `recent_pages` full pages and the tail exact,
+/// the pages between int8s (SPEC §2). Throws InvalidArgument for an unknown
+/// route or one whose encodings were not built.
+std::vector<SeqPages> route_tables(const HistorySet& h, const std::string& route, int batch, int64_t ctx,
+                                   int n_layers, int page_size, int recent_pages);
+
+}  // namespace activekv::cuda::bench
