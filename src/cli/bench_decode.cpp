@@ -32,6 +32,7 @@ void add_bench(CLI::App& app, std::function<int()>& run) {
   dec->add_option("--query-terms", o->int8s.query_terms, "int8s kernel: int8 terms of the query (1 = SPEC as written)");
   dec->add_flag("!--no-skip-unit-rescale", o->int8s.skip_unit_rescale,
                 "int8s kernel: always rescale (SPEC §4 trick 1 off)");
+  dec->add_flag("!--no-tensor-cores", o->int8s.tensor_cores, "int8s kernel: q.k with __dp4a instead of int8 mma");
   dec->add_flag("--pow2-reference", o->int8s.pow2_reference,
                 "int8s kernel: integer base-2 running reference (SPEC §4 trick 2)");
   dec->add_option("--json", o->json_path, "JSON output");

@@ -431,7 +431,8 @@ void write_json(const BenchDecodeOptions& opt, const Profile& pr, const bench::H
     << ", \"ring_slots\": " << opt.ring_slots << ", \"recent_pages\": " << opt.recent_pages << "},\n"
     << "  \"int8s_kernel\": {\"query_terms\": " << opt.int8s.query_terms
     << ", \"skip_unit_rescale\": " << (opt.int8s.skip_unit_rescale ? "true" : "false")
-    << ", \"pow2_reference\": " << (opt.int8s.pow2_reference ? "true" : "false") << "},\n"
+    << ", \"pow2_reference\": " << (opt.int8s.pow2_reference ? "true" : "false")
+    << ", \"tensor_cores\": " << (opt.int8s.tensor_cores ? "true" : "false") << "},\n"
     << "  \"conversion_cpu\": {\"int8s\": " << conv(hist.int8s_conv) << ", \"lossless13\": "
     << conv(hist.lossless13_conv) << "},\n"
     << "  \"profile\": " << pr.to_json() << ",\n  \"records\": [\n";

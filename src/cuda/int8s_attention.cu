@@ -13,7 +13,9 @@
 //             loads, key rows padded so that each thread's 16-byte reads of its
 //             own row are bank-conflict free);
 //             score_t = ((dot_hi + dot_lo / 127) * s_t) * a_g * scale * log2 e
-//             with __dp4a on 4 codes at a time (exact int32 sums);
+//             with exact int32 dot products, on int8 tensor cores
+//             (mma.m16n8k32: the 8 heads x 2 query terms are the 16 rows) or
+//             with __dp4a (one token per thread); both give the same bits;
 //             block max and sum per head by warp butterflies + fixed-order
 //             combination of the 4 warps (bitwise repeatable);
 //             P.V: thread owns 2 channels for every head, acc += p * code;
@@ -63,13 +65,103 @@ __device__ __forceinline__ int8_t quantise(float x, float step) {
   return step == 0.f ? int8_t(0) : int8_t(fminf(fmaxf(rintf(x / step), -127.f), 127.f));
 }
 
+// score of token t, head g from the integer dot products of its two query terms.
+__device__ __forceinline__ float score(int dot_hi, int dot_lo, float token_scale, float row_scale) {
+  return ((float(dot_hi) + float(dot_lo) / 127.f) * token_scale) * row_scale;
+}
+
+// CUDA cores: thread t takes token t of the block, every head, __dp4a on 4
+// codes at a time (key row read as 16-byte chunks, query codes broadcast).
 template <int HD>
+__device__ __forceinline__ void scores_dp4a(const int8_t* sk, const int8_t* sq, const float* ss,
+                                            const float* row_scale, float* sp, int nb, int group, int terms, int tid) {
+  constexpr int CH = HD / 16;
+  int dhi[kHeads], dlo[kHeads];
+#pragma unroll
+  for (int g = 0; g < kHeads; ++g) dhi[g] = dlo[g] = 0;
+  const int8_t* krow = sk + tid * k_row_bytes<HD>();
+#pragma unroll 4
+  for (int c = 0; c < CH; ++c) {
+    const int4 kw = *reinterpret_cast<const int4*>(krow + c * 16);
+#pragma unroll
+    for (int g = 0; g < kHeads; ++g) {
+      if (g >= group) break;
+      const int4 qh = *reinterpret_cast<const int4*>(sq + g * HD + c * 16);
+      dhi[g] = __dp4a(kw.x, qh.x, dhi[g]);
+      dhi[g] = __dp4a(kw.y, qh.y, dhi[g]);
+      dhi[g] = __dp4a(kw.z, qh.z, dhi[g]);
+      dhi[g] = __dp4a(kw.w, qh.w, dhi[g]);
+      if (terms == 2) {
+        const int4 ql = *reinterpret_cast<const int4*>(sq + (kHeads + g) * HD + c * 16);
+        dlo[g] = __dp4a(kw.x, ql.x, dlo[g]);
+        dlo[g] = __dp4a(kw.y, ql.y, dlo[g]);
+        dlo[g] = __dp4a(kw.z, ql.z, dlo[g]);
+        dlo[g] = __dp4a(kw.w, ql.w, dlo[g]);
+      }
+    }
+  }
+  const bool valid = tid < nb;
+#pragma unroll
+  for (int g = 0; g < kHeads; ++g) {
+    if (g >= group) break;
+    sp[g * kTok + tid] = valid ? score(dhi[g], dlo[g], ss[tid], row_scale[g]) : -INFINITY;
+  }
+}
+
+// D (16x8 s32) += A (16x32 s8, row) * B (32x8 s8, col): int8 tensor cores, exact int32 sums.
+__device__ __forceinline__ void mma_s8(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};\n"
+               : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Tensor cores: A = the query codes, rows 0..7 the first term of heads 0..7 and
+// rows 8..15 the second term (sq's layout), so the two dot products of head g
+// land in the same lane (C rows g and g+8); B = 8 key rows. Warp w takes the
+// block's tokens [32w, 32w + 32) as 4 tiles of 8. Integer sums are exact, so
+// the scores are bitwise those of scores_dp4a. Key rows are padded to HD + 16
+// bytes: lanes (g, q) read word q of row g at bank 4g + q, conflict-free.
+template <int HD>
+__device__ __forceinline__ void scores_mma(const int8_t* sk, const int8_t* sq, const float* ss,
+                                           const float* row_scale, float* sp, int nb, int group, int warp, int lane) {
+  constexpr int KS = HD / 32;
+  const int g = lane >> 2, q4 = lane & 3;
+  uint32_t a[KS][4];
+#pragma unroll
+  for (int k = 0; k < KS; ++k) {
+    a[k][0] = *reinterpret_cast<const uint32_t*>(sq + g * HD + 32 * k + 4 * q4);
+    a[k][1] = *reinterpret_cast<const uint32_t*>(sq + (kHeads + g) * HD + 32 * k + 4 * q4);
+    a[k][2] = *reinterpret_cast<const uint32_t*>(sq + g * HD + 32 * k + 16 + 4 * q4);
+    a[k][3] = *reinterpret_cast<const uint32_t*>(sq + (kHeads + g) * HD + 32 * k + 16 + 4 * q4);
+  }
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt) {
+    const int n0 = warp * 32 + nt * 8;
+    const int8_t* krow = sk + (n0 + g) * k_row_bytes<HD>() + 4 * q4;
+    int c[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int k = 0; k < KS; ++k)
+      mma_s8(c, a[k], *reinterpret_cast<const uint32_t*>(krow + 32 * k),
+             *reinterpret_cast<const uint32_t*>(krow + 32 * k + 16));
+    if (g < group) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int t = n0 + 2 * q4 + j;
+        sp[g * kTok + t] = t < nb ? score(c[j], c[2 + j], ss[t], row_scale[g]) : -INFINITY;
+      }
+    }
+  }
+}
+
+template <int HD, bool kMma>
 __global__ void __launch_bounds__(kThreads)
 int8s_split_kernel(const SplitWork* __restrict__ work, const float* __restrict__ q, float* __restrict__ part_o,
                    float* __restrict__ part_lse, int max_splits, int n_kv, int group, int page_size,
                    float scale_log2, Int8sKernelOptions opt) {
   constexpr int KR = k_row_bytes<HD>();
   constexpr int CH = HD / 16;  // 16-byte chunks per row
+  static_assert(kTok == 32 * kWarps, "scores_mma gives each warp 32 tokens of the block");
   extern __shared__ __align__(16) unsigned char smem[];
   int8_t* sk = reinterpret_cast<int8_t*>(smem);
   int8_t* sv = sk + kTok * KR;
@@ -141,40 +233,14 @@ int8s_split_kernel(const SplitWork* __restrict__ work, const float* __restrict__
     if (tid < nb) ss[tid] = __half2float(s_scale[w.tok0 + t0 + tid]);
     __syncthreads();
 
-    // --- scores: one token per thread, every head of the group ------------
-    int dhi[kHeads], dlo[kHeads];
-#pragma unroll
-    for (int g = 0; g < kHeads; ++g) dhi[g] = dlo[g] = 0;
-    const int8_t* krow = sk + tid * KR;
-#pragma unroll 4
-    for (int c = 0; c < CH; ++c) {
-      const int4 kw = *reinterpret_cast<const int4*>(krow + c * 16);
-#pragma unroll
-      for (int g = 0; g < kHeads; ++g) {
-        if (g >= group) break;
-        const int4 qh = *reinterpret_cast<const int4*>(sq + g * HD + c * 16);
-        dhi[g] = __dp4a(kw.x, qh.x, dhi[g]);
-        dhi[g] = __dp4a(kw.y, qh.y, dhi[g]);
-        dhi[g] = __dp4a(kw.z, qh.z, dhi[g]);
-        dhi[g] = __dp4a(kw.w, qh.w, dhi[g]);
-        if (opt.query_terms == 2) {
-          const int4 ql = *reinterpret_cast<const int4*>(sq + (kHeads + g) * HD + c * 16);
-          dlo[g] = __dp4a(kw.x, ql.x, dlo[g]);
-          dlo[g] = __dp4a(kw.y, ql.y, dlo[g]);
-          dlo[g] = __dp4a(kw.z, ql.z, dlo[g]);
-          dlo[g] = __dp4a(kw.w, ql.w, dlo[g]);
-        }
-      }
-    }
-    const bool valid = tid < nb;
-    const float st = valid ? ss[tid] : 0.f;
+    // --- scores of every head into sp, then the block max per head --------
+    if constexpr (kMma) scores_mma<HD>(sk, sq, ss, row_scale, sp, nb, group, warp, lane);
+    else scores_dp4a<HD>(sk, sq, ss, row_scale, sp, nb, group, opt.query_terms, tid);
+    __syncthreads();
 #pragma unroll
     for (int g = 0; g < kHeads; ++g) {
       if (g >= group) break;
-      const float dot = float(dhi[g]) + float(dlo[g]) / 127.f;
-      const float s = valid ? (dot * st) * row_scale[g] : -INFINITY;
-      sp[g * kTok + tid] = s;
-      const float bm = warp_max(s);
+      const float bm = warp_max(sp[g * kTok + tid]);
       if (lane == 0) red_a[warp * kHeads + g] = bm;
     }
     __syncthreads();
@@ -245,18 +311,26 @@ int8s_split_kernel(const SplitWork* __restrict__ work, const float* __restrict__
   }
 }
 
-template <int HD>
+template <int HD, bool kMma>
 void launch(const AttnShape& sh, const SplitWork* work, int n_work, const float* q, Partials p, float sl2,
             const Int8sKernelOptions& opt, cudaStream_t st) {
   constexpr size_t smem = int8s_smem_bytes<HD>();
   static bool configured = false;
   if (!configured) {
-    check_cuda(cudaFuncSetAttribute(int8s_split_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+    check_cuda(cudaFuncSetAttribute(int8s_split_kernel<HD, kMma>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    int(smem)),
                "cudaFuncSetAttribute(int8s_split_kernel)");
     configured = true;
   }
-  int8s_split_kernel<HD><<<dim3(n_work, sh.n_kv_heads), kThreads, smem, st>>>(
+  int8s_split_kernel<HD, kMma><<<dim3(n_work, sh.n_kv_heads), kThreads, smem, st>>>(
       work, q, p.o, p.lse, p.max_splits, sh.n_kv_heads, sh.group, sh.page_size, sl2, opt);
+}
+
+template <int HD>
+void launch(const AttnShape& sh, const SplitWork* work, int n_work, const float* q, Partials p, float sl2,
+            const Int8sKernelOptions& opt, cudaStream_t st) {
+  if (opt.tensor_cores) launch<HD, true>(sh, work, n_work, q, p, sl2, opt, st);
+  else launch<HD, false>(sh, work, n_work, q, p, sl2, opt, st);
 }
 
 }  // namespace

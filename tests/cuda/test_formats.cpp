@@ -154,7 +154,8 @@ struct RouteFixture {
       fill_history(*seq.back(), ks, lengths[s], 100 + s);
       n_pages += size_t((lengths[s] + 63) / 64) * L;
     }
-    pool = std::make_unique<PinnedPagePool>(sh.page_bytes(), n_pages, n_pages * (sh.page_bytes() + 512));
+    // Arena: an int8s and a lossless13 blob per page, each at most a bf16 page + header.
+    pool = std::make_unique<PinnedPagePool>(sh.page_bytes(), n_pages, 2 * n_pages * (sh.page_bytes() + 512));
     uint32_t next = 0;
     const size_t S = lengths.size();
     bf16.resize(S); int8s.resize(S); l13.resize(S); enc8.resize(S); enc13.resize(S);
@@ -298,8 +299,15 @@ TEST(FormatRoutes, Int8sSwitches) {
     std::printf("  %s: pow2 reference vs default, max |dO| %.2e\n", route.c_str(), worst);
     EXPECT_LT(worst, 1e-5) << "trick 2 only moves fp32 rounding";
     EXPECT_LE(f.own_format_error(route, c), 0.005);
+    Int8sKernelOptions dp4a;
+    dp4a.tensor_cores = false;
+    EXPECT_TRUE(same_bits(a, f.run(route, Mode::resident, 0, dp4a)))
+        << route << ": int8 tensor cores and dp4a compute the same integer dot products";
+    dp4a.query_terms = 1;
     Int8sKernelOptions one;
     one.query_terms = 1;
+    EXPECT_TRUE(same_bits(f.run(route, Mode::resident, 0, one), f.run(route, Mode::resident, 0, dp4a)))
+        << route << ": same with a one-term query";
     const double e1 = f.own_format_error(route, f.run(route, Mode::resident, 0, one));
     const double e2 = f.own_format_error(route, a);
     std::printf("  %s: own-format error one-term query %.2e, two-term %.2e\n", route.c_str(), e1, e2);

@@ -30,6 +30,11 @@ struct Int8sKernelOptions {
   /// up to an integer, so every rescale factor is an exact power of two and
   /// LSE = (reference + log2 l) ln 2. Off by default (measured: no gain).
   bool pow2_reference = false;
+  /// q.k on int8 tensor cores (mma.m16n8k32; the 8 query heads x 2 terms fill
+  /// the 16 rows) instead of __dp4a on the CUDA cores. Integer sums are exact,
+  /// so both give the same bits (tested); the faster is the default (measured
+  /// on the H200, docs/formats-gpu.md).
+  bool tensor_cores = true;
 };
 
 /// int8s split attention: same work list, grid, partial layout and merge as
@@ -39,7 +44,8 @@ struct Int8sKernelOptions {
 /// threads): the channel scales c_j fold into each query head's row, the row
 /// is quantised to int8 (one scale per row and page, round half to even,
 /// clipped to +-127; the residual as a second term when query_terms == 2),
-/// q.k runs as __dp4a on the raw key codes, the token scale s_t and the row
+/// q.k runs in int32 on the raw key codes (int8 mma or __dp4a, see
+/// Int8sKernelOptions::tensor_cores), the token scale s_t and the row
 /// scale multiply after; online softmax in base 2 in fp32; P.V accumulates
 /// p * value code in fp32 and the page's value scale v_j multiplies once at
 /// the end (a split never crosses a page, so this is SPEC §3.3's page-boundary
