@@ -6,11 +6,11 @@
 #   AKV_COMMIT=$(git rev-parse HEAD) scripts/device_run.sh full|tests|eval
 #
 #   tests  build + GPU tests
-#   full   + bench decode over every kv-format (streamed, resident), PyTorch
-#          peers, plot, gate (with the committed CPU eval)
-#   eval   (after `full` on the same warm machine, or building again) the eval
-#          with the GPU int8s kernel, the gate on it, the int8s kernel
-#          switches' speed, compute-sanitizer on the format tests
+#   full   + the int8s kernel switches' speed, bench decode over every
+#          kv-format (streamed, resident), PyTorch peers, plot, gate (with the
+#          committed evals), compute-sanitizer on the format tests
+#   eval   the eval with the GPU int8s kernel (needs the model parts, below)
+#          and the gate on it
 #
 # The device image lacks our Debian libraries: fetch them here into .debs/
 # (ignored via .git/info/exclude) and carry it, with the gguf wheel in .whl/
@@ -37,6 +37,7 @@ OUT=${OUT:-/tmp/activekv-out}
 mkdir -p "$OUT"
 PHASE=${1:-full}
 COMMIT=${AKV_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+export AKV_COMMIT=$COMMIT  # what `activekv eval` records (the tree's .git may be stale there)
 MODEL_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 exec > >(tee -a "$OUT/run.log") 2>&1
 echo "== device_run.sh $PHASE, commit $COMMIT, $(date -u +%FT%TZ)"
@@ -81,9 +82,14 @@ else
   echo "== no model parts in /tmp/akv-model: eval with the GPU kernel skipped"
 fi
 echo "== gate"
-$AKV gate --bench bench/results/h200_bench_formats.json --eval "$EVAL_JSON" --json "$OUT/gate.json"
+$AKV gate --bench bench/results/h200_bench_formats.json --eval bench/results/eval-SmolLM2-135M-Instruct.Q4_1.json \
+  "$EVAL_JSON" --json "$OUT/gate.json"
+  echo "== done in $(( $(date +%s) - t0 )) s"
+  exit $TEST_RC
+fi
+CTX=8k,16k,32k,64k,128k; BATCH=1,2; STEPS=10; WARM=2
 echo "== int8s kernel switches (SPEC 4 tricks), resident device time"
-for SW in "" "--no-skip-unit-rescale" "--pow2-reference" "--query-terms 1"; do
+for SW in "" "--no-tensor-cores" "--no-skip-unit-rescale" "--pow2-reference" "--query-terms 1"; do
   echo "-- switches: ${SW:-default}"
   $AKV bench decode --contexts 32k,128k --batches 1 --kv-format int8s --modes resident --steps 10 --warmup 2 \
     $SW --json "/tmp/tricks.json" --profile "" --commit "$COMMIT" | grep -E "^  int8s +resident"
@@ -92,10 +98,6 @@ echo "== compute-sanitizer memcheck, format tests"
 timeout 240 compute-sanitizer --tool memcheck --print-limit 5 build-device/bin/test_cuda_formats \
   --gtest_filter='FormatRoutes.*:Lossless13Unpack.*' 2>&1 | tail -4
 
-  echo "== done in $(( $(date +%s) - t0 )) s"
-  exit $TEST_RC
-fi
-CTX=8k,16k,32k,64k,128k; BATCH=1,2; STEPS=10; WARM=2
 echo "== bench decode: every kv-format, streamed + resident"
 $AKV bench decode --contexts $CTX --batches $BATCH --kv-format bf16,lossless13,int8s,hybrid \
   --modes streamed,resident --steps $STEPS --warmup $WARM --json "$OUT/bench_formats.json" \
@@ -107,8 +109,8 @@ PYTHONUNBUFFERED=1 python3 bench/peers_torch.py --contexts $CTX --batches $BATCH
 python3 bench/plot_decode.py "$OUT/bench_formats.json" "$OUT/peers.json" -o "$OUT/decode_formats.png"
 
 if [ "$PHASE" = full ]; then
-  echo "== gate (quality: the committed CPU eval)"
-  $AKV gate --bench "$OUT/bench_formats.json" --json "$OUT/gate.json"
+  echo "== gate (quality: the committed CPU and GPU evals)"
+  $AKV gate --bench "$OUT/bench_formats.json" --json "$OUT/gate.json"  # default --eval: the committed CPU + GPU evals
   $AKV gate --bench "$OUT/bench_formats.json" --batch 2 | tail -3
   echo "== done in $(( $(date +%s) - t0 )) s"
   exit $TEST_RC

@@ -1,3 +1,4 @@
+#include <cstdlib>
 #include "provenance.h"
 
 #include <cstdio>
@@ -45,6 +46,8 @@ void set_command_line(int argc, char** argv) {
 const std::string& command_line() { return g_command; }
 
 std::string git_commit() {
+  // A copied tree (the GPU machine) may carry a stale .git: the caller names the commit.
+  if (const char* c = std::getenv("AKV_COMMIT"); c && *c) return c;
   const std::string dir = quote(ACTIVEKV_SOURCE_DIR);
   const std::string head = run("git -C " + dir + " rev-parse HEAD 2>/dev/null");
   if (head.empty()) return "unknown";
