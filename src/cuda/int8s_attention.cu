@@ -10,8 +10,8 @@
 //             int8 codes of q'_g (and of the residual on the a_g/127 grid) in
 //             shared memory;
 //   per block key and value codes of 128 tokens -> shared memory (16-byte
-//             loads, key rows padded so that each thread's 16-byte reads of its
-//             own row are bank-conflict free);
+//             cp.async copies, all in flight at once; key rows padded to
+//             HD + 16 bytes so that reads of a row are bank-conflict free);
 //             score_t = ((dot_hi + dot_lo / 127) * s_t) * a_g * scale * log2 e
 //             with exact int32 dot products, on int8 tensor cores
 //             (mma.m16n8k32: the 8 heads x 2 query terms are the 16 rows) or
@@ -49,6 +49,14 @@ constexpr size_t int8s_smem_bytes() {
          + size_t(kTok) * 4                   // token scales
          + size_t(2) * kWarps * kHeads * 4    // block reductions
          + size_t(3) * kHeads * 4;            // row scales, alpha, scratch
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// 16-byte async global -> shared copy; src_bytes = 0 zero-fills the destination.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
 
 __device__ __forceinline__ float warp_max(float v) {
@@ -219,18 +227,19 @@ int8s_split_kernel(const SplitWork* __restrict__ work, const float* __restrict__
     const int nb = min(kTok, w.ntok - t0);
     __syncthreads();  // previous block fully consumed (and the prologue's smem visible)
     // --- stage key and value codes of the block ---------------------------
+    // All 16-byte copies of the block in flight at once (cp.async; rows past
+    // the split's end are zero-filled), so the load latency is paid once per
+    // block rather than once per chunk.
     for (int i = tid; i < kTok * CH; i += kThreads) {
       const int r = i / CH, c = i % CH;
-      int4 kv = make_int4(0, 0, 0, 0), vv = kv;
-      if (r < nb) {
-        const size_t off = size_t(w.tok0 + t0 + r) * HD + size_t(c) * 16;
-        kv = *reinterpret_cast<const int4*>(kq + off);
-        vv = *reinterpret_cast<const int4*>(vq + off);
-      }
-      *reinterpret_cast<int4*>(sk + r * KR + c * 16) = kv;
-      *reinterpret_cast<int4*>(sv + r * HD + c * 16) = vv;
+      const bool ok = r < nb;
+      const size_t off = size_t(w.tok0 + t0 + (ok ? r : 0)) * HD + size_t(c) * 16;
+      cp_async16(smem_u32(sk + r * KR + c * 16), kq + off, ok ? 16 : 0);
+      cp_async16(smem_u32(sv + r * HD + c * 16), vq + off, ok ? 16 : 0);
     }
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
     if (tid < nb) ss[tid] = __half2float(s_scale[w.tok0 + t0 + tid]);
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
     __syncthreads();
 
     // --- scores of every head into sp, then the block max per head --------
