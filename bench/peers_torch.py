@@ -12,7 +12,7 @@
                        K and V to the GPU, then SDPA (same stream, no overlap):
                        what "offload" does without a streaming engine.
 
-Same record fields as `activekv-bench decode` (format, context, batch, step_ms,
+Same record fields as `activekv bench decode` (format, context, batch, step_ms,
 step_ms_min, step_ms_max, bytes_per_step, gbps, bus_limit_ms, bus_limit_ratio,
 predicted_ms (null: no model for peers), device, commit, command). The bus
 limit uses B from the profile JSON written by the C++ bench (same run), at the

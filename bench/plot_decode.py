@@ -30,9 +30,10 @@ def main():
         device = device or d.get("device", "")
         commit = commit or d.get("commit", "")
     batches = sorted({r["batch"] for r in recs})
-    fig, axes = plt.subplots(1, len(batches), figsize=(6.5 * len(batches), 5), squeeze=False)
+    fig, axes = plt.subplots(1, len(batches), figsize=(9 * len(batches), 5.5), squeeze=False)
     for ax, b in zip(axes[0], batches):
         rs = [r for r in recs if r["batch"] == b]
+        ax.set_prop_cycle(color=plt.cm.tab20.colors)
         def label(r):
             return r["format"] + ("-" + r["mode"] if r.get("mode") else "")
         for name in sorted({label(r) for r in rs}):
@@ -49,7 +50,7 @@ def main():
         ax.set_ylabel("step latency, ms (16 layers of attention)")
         ax.set_title(f"batch {b}")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.suptitle(f"ActiveKV decode attention, 27B shape, {device} (commit {commit})")
     fig.tight_layout()
     fig.savefig(a.out, dpi=120)
