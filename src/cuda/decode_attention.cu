@@ -380,7 +380,7 @@ void launch_split(const AttnShape& sh, const SplitWork* work, int n_work, const 
 void launch_split_attention(const AttnShape& shape, const SplitWork* work, int n_work,
                             const float* q, Partials partials, cudaStream_t stream) {
   shape.validate();
-  if (n_work < 0) throw InvalidArgument("launch_split_attention: n_work < 0");
+  if (n_work < 0) throw InvalidArgument("launch_split_attention: n_work is " + std::to_string(n_work));
   if (n_work == 0) return;
   const float scale = shape.softmax_scale > 0.f ? shape.softmax_scale
                                                 : 1.f / std::sqrt(float(shape.head_dim));
@@ -394,8 +394,9 @@ void launch_merge(const AttnShape& shape, Partials partials, const int32_t* n_sp
                   float* out, float* out_lse, cudaStream_t stream) {
   shape.validate();
   if (n_seq <= 0) return;
-  if (partials.max_splits <= 0 || partials.max_splits > 12288)
-    throw InvalidArgument("launch_merge: max_splits must be 1..12288, got " + std::to_string(partials.max_splits));
+  if (partials.max_splits <= 0 || partials.max_splits > kMaxMergeSplits)
+    throw InvalidArgument("launch_merge: max_splits must be 1.." + std::to_string(kMaxMergeSplits) + ", got " +
+                          std::to_string(partials.max_splits));
   dim3 grid(n_seq, shape.n_q_heads(), shape.head_dim / kMergeCh);
   merge_kernel<<<grid, kMergeThreads, size_t(partials.max_splits) * sizeof(float), stream>>>(
       partials.o, partials.lse, partials.max_splits, n_splits, shape.n_q_heads(), shape.head_dim, out, out_lse);

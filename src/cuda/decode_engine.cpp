@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "activekv/kv/codec.h"
+#include "activekv/kv/codec_int8s.h"
 
 namespace activekv::cuda {
 
@@ -157,12 +158,24 @@ void check_page(const PinnedPagePool& pool, size_t limit, const AttnShape& sh, c
     bad("blob dimensions (page " + std::to_string(u32(8)) + ", heads " + std::to_string(u32(12)) + ", dim " +
         std::to_string(u32(16)) + ") differ from the shape");
   const int64_t n_tok = int64_t(u32(20));
-  if (r.kind == PageKind::int8s && n_tok != sh.page_size)
-    bad("int8s pages must be full (" + std::to_string(n_tok) + " of " + std::to_string(sh.page_size) + " tokens)");
+  if (n_tok > sh.page_size)
+    bad("header says " + std::to_string(n_tok) + " tokens, more than the page size " + std::to_string(sh.page_size));
+  if (r.kind == PageKind::int8s) {
+    if (n_tok != sh.page_size)
+      bad("int8s pages must be full (" + std::to_string(n_tok) + " of " + std::to_string(sh.page_size) + " tokens)");
+    if (sh.page_size % 16 != 0)
+      bad("the int8s kernel needs a page size that is a multiple of 16, the shape has " + std::to_string(sh.page_size));
+    const size_t want = kv::kCodecHeaderBytes + kv::int8s_payload_bytes(sh.n_kv_heads, sh.head_dim, sh.page_size);
+    if (r.bytes != want)
+      bad("an int8s page of this shape is " + std::to_string(want) + " bytes, the entry says " +
+          std::to_string(r.bytes));
+  }
   if (n_tok < needed) bad("holds " + std::to_string(n_tok) + " tokens, " + std::to_string(needed) + " are read");
   uint64_t payload;
   std::memcpy(&payload, b + 24, 8);
-  if (payload != r.bytes - kv::kCodecHeaderBytes) bad("payload size in the header does not match the page size");
+  if (payload != r.bytes - kv::kCodecHeaderBytes)
+    bad("header payload of " + std::to_string(payload) + " bytes, the entry holds " +
+        std::to_string(r.bytes - kv::kCodecHeaderBytes) + " after the header");
 }
 
 }  // namespace
@@ -171,7 +184,11 @@ void DecodeEngine::set_batch(const std::vector<SeqPages>& seqs) {
   const AttnShape& sh = cfg_.attn;
   if (seqs.empty()) throw InvalidArgument("DecodeEngine::set_batch: empty batch");
   synchronize();
+  // Until this call succeeds the engine holds no batch: a failed set_batch
+  // leaves nothing that points into freed buffers (begin_step refuses to run).
   free_device();
+  jobs_.clear();
+  ready_ = false;
   n_seq_ = int(seqs.size());
   const int64_t ps = sh.page_size;
   const int splits_per_page = sh.page_size / sh.split_tokens;
@@ -204,6 +221,10 @@ void DecodeEngine::set_batch(const std::vector<SeqPages>& seqs) {
     for (int64_t p = 0; p < np; ++p) entries.push_back({s, p, std::min<int64_t>(ps, sp.n_tokens - p * ps)});
     n_splits[s] = int32_t((sp.n_tokens + sh.split_tokens - 1) / sh.split_tokens);
     max_splits = std::max(max_splits, int(n_splits[s]));
+    if (max_splits > kMaxMergeSplits)
+      throw InvalidArgument("set_batch: " + seq_name + " has " + std::to_string(n_splits[s]) + " splits of " +
+                            std::to_string(sh.split_tokens) + " tokens; the merge takes at most " +
+                            std::to_string(kMaxMergeSplits) + " (use larger splits)");
   }
   const int64_t E = int64_t(entries.size());
   const size_t pb = sh.page_bytes();
@@ -236,6 +257,8 @@ void DecodeEngine::set_batch(const std::vector<SeqPages>& seqs) {
   };
   if (streamed && E > 0)
     dev_alloc(reinterpret_cast<void**>(&staging_), size_t(cfg_.ring_slots) * stage_slot_bytes_, "the staging ring");
+  // One unpack scratch for all jobs: safe because every job's unpack and
+  // attention run in order on the one compute stream.
   if (max_unpack > 0)
     dev_alloc(reinterpret_cast<void**>(&unpack_scratch_), size_t(max_unpack) * pb, "the lossless13 unpack scratch");
 
@@ -346,6 +369,7 @@ void DecodeEngine::set_batch(const std::vector<SeqPages>& seqs) {
   std::vector<float> ninf(np_rows, -__builtin_inff());
   AKV_CUDA(cudaMemcpy(partials_.lse, ninf.data(), np_rows * sizeof(float), cudaMemcpyHostToDevice));
   any_step_ = false;
+  ready_ = true;
   slot_base_ = 0;
   next_layer_ = 0;
   jobs_enqueued_copy_ = 0;
@@ -373,7 +397,7 @@ void DecodeEngine::ensure_copies(int64_t upto) {
 }
 
 void DecodeEngine::begin_step() {
-  if (jobs_.empty() && n_seq_ == 0) throw InvalidArgument("DecodeEngine: set_batch() before a step");
+  if (!ready_) throw InvalidArgument("DecodeEngine: no batch (call set_batch() first, and again after it failed)");
   if (any_step_) slot_base_ += int64_t(jobs_.size()) * cfg_.n_layers;
   any_step_ = true;
   jobs_enqueued_copy_ = 0;
@@ -388,9 +412,11 @@ void DecodeEngine::launch_job(const Lists& li, const float* q) {
 }
 
 void DecodeEngine::enqueue_layer(int layer, const float* q, float* out, float* out_lse) {
-  if (layer != next_layer_)
-    throw InvalidArgument("DecodeEngine::enqueue_layer: expected layer " + std::to_string(next_layer_) +
-                          ", got " + std::to_string(layer));
+  if (!ready_) throw InvalidArgument("DecodeEngine::enqueue_layer: no batch (call set_batch() first)");
+  if (layer != next_layer_ || layer >= cfg_.n_layers)
+    throw InvalidArgument("DecodeEngine::enqueue_layer: expected layer " +
+                          (next_layer_ < cfg_.n_layers ? std::to_string(next_layer_) : std::string("none")) +
+                          ", got " + std::to_string(layer) + " (call begin_step() before each step's layer 0)");
   ++next_layer_;
   const int64_t J = int64_t(jobs_.size());
   if (cfg_.mode == Mode::resident) {

@@ -201,6 +201,8 @@ int8s_split_kernel(const SplitWork* __restrict__ work, const float* __restrict__
     mx = warp_max(mx);
     if (lane == 0) red_a[warp * kHeads + g] = mx;
   }
+  // Rows of heads >= group are read by the tensor-core path (their results are discarded): keep them defined.
+  for (int i = group * HD + tid; i < kHeads * HD; i += kThreads) sq[i] = sq[kHeads * HD + i] = 0;
   __syncthreads();
   for (int g = 0; g < group; ++g) {
     float mx = red_a[g];
@@ -212,7 +214,8 @@ int8s_split_kernel(const SplitWork* __restrict__ work, const float* __restrict__
       const float x = qrow[j] * __half2float(c_scale[j]);
       const int8_t hi = quantise(x, a);
       sq[g * HD + j] = hi;
-      sq[(kHeads + g) * HD + j] = opt.query_terms == 2 ? quantise(x - a * float(hi), a_lo) : int8_t(0);
+      // Rounded product, then rounded difference (no FMA contraction): the CPU reference's arithmetic.
+      sq[(kHeads + g) * HD + j] = opt.query_terms == 2 ? quantise(__fsub_rn(x, __fmul_rn(a, float(hi))), a_lo) : int8_t(0);
     }
     if (tid == 0) row_scale[g] = a * scale_log2;
   }
@@ -272,7 +275,7 @@ int8s_split_kernel(const SplitWork* __restrict__ work, const float* __restrict__
       if (lane == 0) red_b[warp * kHeads + g] = ps;
       // p is written back by the same thread that read s: no race.
       sp[g * kTok + tid] = p;
-      alpha_s[g] = alpha;  // same value from every thread
+      if (tid == 0) alpha_s[g] = alpha;  // every thread computes the same value
       all_unit = all_unit && alpha == 1.f;
     }
     __syncthreads();
@@ -346,13 +349,13 @@ void launch(const AttnShape& sh, const SplitWork* work, int n_work, const float*
 
 void launch_split_attention_int8s(const AttnShape& shape, const SplitWork* work, int n_work, const float* q,
                                   Partials partials, const Int8sKernelOptions& opt, cudaStream_t stream) {
+  if (n_work < 0) throw InvalidArgument("launch_split_attention_int8s: n_work is " + std::to_string(n_work));
+  if (n_work == 0) return;  // jobs without int8s pages: no requirement on the shape applies
   shape.validate();
   if (shape.page_size % 16 != 0)
     throw InvalidArgument("int8s attention: page_size must be a multiple of 16, got " + std::to_string(shape.page_size));
   if (opt.query_terms != 1 && opt.query_terms != 2)
     throw InvalidArgument("int8s attention: query_terms must be 1 or 2, got " + std::to_string(opt.query_terms));
-  if (n_work < 0) throw InvalidArgument("launch_split_attention_int8s: n_work < 0");
-  if (n_work == 0) return;
   const float scale = shape.softmax_scale > 0.f ? shape.softmax_scale : 1.f / std::sqrt(float(shape.head_dim));
   const float sl2 = scale * kLog2e;
   if (shape.head_dim == 256) launch<256>(shape, work, n_work, q, partials, sl2, opt, stream);

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -34,15 +35,27 @@ attention::Partial Int8sTileRunner::operator()(std::span<const kv::EncodedPage* 
                                                int64_t history_tokens, const attention::QueryRows& q,
                                                const attention::AttentionOptions& opt) const {
   if (pages.empty()) throw InvalidArgument("Int8sTileRunner: no pages");
+  if (first_token < 0) throw InvalidArgument("Int8sTileRunner: first_token is " + std::to_string(first_token));
+  if (!pages.front()) throw InvalidArgument("Int8sTileRunner: page 0 is null");
+  // Pages past the history's end are not read (as on the CPU); the rest are
+  // validated (header, checksum, scales, codes) before anything is uploaded.
+  const int64_t ps0 = kv::read_header(pages.front()->bytes).page_size;
+  const size_t n_read = std::min(pages.size(), size_t(std::max<int64_t>(1, (history_tokens - first_token + ps0 - 1) / ps0)));
+  pages = pages.first(n_read);
   std::vector<kv::PageHeader> headers;
-  for (const kv::EncodedPage* p : pages) {
-    if (!p) throw InvalidArgument("Int8sTileRunner: null page");
-    headers.push_back(kv::parse_int8s_page(*p).header);  // validates everything before upload
+  for (size_t i = 0; i < pages.size(); ++i) {
+    if (!pages[i]) throw InvalidArgument("Int8sTileRunner: page " + std::to_string(i) + " is null");
+    headers.push_back(kv::parse_int8s_page(*pages[i]).header);
   }
   const kv::PageHeader& h0 = headers.front();
-  for (const kv::PageHeader& h : headers)
+  for (size_t i = 0; i < headers.size(); ++i) {
+    const kv::PageHeader& h = headers[i];
     if (h.page_size != h0.page_size || h.n_kv_heads != h0.n_kv_heads || h.head_dim != h0.head_dim)
-      throw InvalidArgument("Int8sTileRunner: pages of different dimensions in one tile");
+      throw InvalidArgument("Int8sTileRunner: page " + std::to_string(i) + " (page " + std::to_string(h.page_size) +
+                            ", heads " + std::to_string(h.n_kv_heads) + ", dim " + std::to_string(h.head_dim) +
+                            ") differs from page 0 (page " + std::to_string(h0.page_size) + ", heads " +
+                            std::to_string(h0.n_kv_heads) + ", dim " + std::to_string(h0.head_dim) + ")");
+  }
   if (q.n_heads % h0.n_kv_heads != 0)
     throw InvalidArgument("Int8sTileRunner: " + std::to_string(q.n_heads) + " query heads are not a multiple of " +
                           std::to_string(h0.n_kv_heads) + " KV heads");
@@ -58,8 +71,7 @@ attention::Partial Int8sTileRunner::operator()(std::span<const kv::EncodedPage* 
   const int spp = sh.page_size / sh.split_tokens;
   const int64_t end = std::min<int64_t>(history_tokens, first_token + int64_t(pages.size()) * ps);
 
-  // Upload: every page full (the kernel addresses sections by page_size); a
-  // page holding fewer tokens is only read up to its n_tokens below.
+  // Upload (the kernel addresses a page's sections by page_size, so pages are full; checked below).
   std::vector<size_t> offs;
   size_t total = 0;
   for (const kv::EncodedPage* p : pages) {
@@ -87,7 +99,9 @@ attention::Partial Int8sTileRunner::operator()(std::span<const kv::EncodedPage* 
         throw InvalidArgument("Int8sTileRunner: page " + std::to_string(i) + " holds " +
                               std::to_string(headers[i].n_tokens) + " tokens, the tile needs " + std::to_string(visible));
       if (headers[i].n_tokens != ps)
-        throw InvalidArgument("Int8sTileRunner: the GPU kernel reads full int8s pages only");
+        throw InvalidArgument("Int8sTileRunner: page " + std::to_string(i) + " holds " +
+                              std::to_string(headers[i].n_tokens) + " of " + std::to_string(ps) +
+                              " tokens; the GPU kernel reads full int8s pages only");
       for (int k = 0; k < spp; ++k) {
         const int64_t t0 = int64_t(k) * sh.split_tokens;
         if (t0 >= visible) break;

@@ -37,7 +37,7 @@ unpack_lossless13_kernel(const UnpackWork* __restrict__ items, int n_kv, int hea
     int state = 2;
     uint32_t off = 0;
     const uint64_t dir_bytes = 8ull * n_kv;
-    if (payload_bytes >= dir_bytes && n_tokens > 0) {
+    if (payload_bytes >= dir_bytes && n_tokens > 0 && n_tokens <= uint32_t(page_size)) {
       off = *reinterpret_cast<const uint32_t*>(payload + 4 * size_t(p));  // directory is 4-byte aligned
       if (uint64_t(off) + 2 <= payload_bytes) {
         const unsigned mode = payload[off], n_exp = payload[off + 1];

@@ -118,7 +118,9 @@ TEST_P(Int8sTile, MatchesCpuKernelAndOwnFormatBound) {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, Int8sTile,
                          ::testing::Values(TileCase{2, 3, 64, 256, 1024}, TileCase{4, 6, 256, 1024, 4096},
-                                           TileCase{3, 3, 64, 1024, 3072}));
+                                           TileCase{3, 3, 64, 1024, 3072},
+                                           // 8 query heads per KV head; 480-token splits (not a multiple of 128)
+                                           TileCase{1, 8, 64, 960, 1920}, TileCase{2, 8, 256, 960, 1920}));
 
 TEST(Int8sTile, SyntheticOutlierCaseWithinBound) {
   NEED_GPU();
@@ -315,6 +317,37 @@ TEST(FormatRoutes, Int8sSwitches) {
   }
 }
 
+TEST(FormatRoutes, BadTablesAreRejectedAndLeaveNoBatch) {
+  NEED_GPU();
+  RouteFixture f;
+  EngineConfig ec;
+  ec.n_layers = f.L;
+  ec.attn = f.sh;
+  ec.mode = Mode::streamed;
+  ec.tile_pages = 2;
+  DecodeEngine eng(ec, *f.pool);
+  eng.set_batch(f.tables("hybrid"));
+  std::vector<SeqPages> bad = f.tables("hybrid");
+  PageRef& r = bad[0].tables[1][1];  // an int8s page
+  ASSERT_EQ(r.kind, PageKind::int8s);
+  r.bytes -= 256;  // a short blob whose header still matches it would be read past its end
+  EXPECT_THROW(eng.set_batch(bad), InvalidArgument);
+  EXPECT_THROW(eng.begin_step(), InvalidArgument) << "a failed set_batch leaves no batch to run";
+  r = f.tables("hybrid")[0].tables[1][1];
+  r.kind = PageKind::lossless13;  // an int8s blob named lossless13
+  EXPECT_THROW(eng.set_batch(bad), InvalidArgument);
+  eng.set_batch(f.tables("hybrid"));
+  eng.begin_step();
+  float* dq = nullptr;
+  ASSERT_EQ(cudaSuccess, cudaMalloc(&dq, f.q.size() * 4 * 2));
+  EXPECT_THROW(eng.enqueue_layer(1, dq, dq + f.q.size(), nullptr), InvalidArgument) << "layer 0 comes first";
+  eng.enqueue_layer(0, dq, dq + f.q.size(), nullptr);
+  eng.enqueue_layer(1, dq, dq + f.q.size(), nullptr);
+  EXPECT_THROW(eng.enqueue_layer(2, dq, dq + f.q.size(), nullptr), InvalidArgument) << "past the last layer";
+  eng.synchronize();
+  cudaFree(dq);
+}
+
 TEST(Lossless13Unpack, CorruptDirectoryGivesNaNNotAnOutOfBoundsRead) {
   NEED_GPU();
   const kv::KvShape ks{1, 2, 64, 64};
@@ -340,6 +373,12 @@ TEST(Lossless13Unpack, CorruptDirectoryGivesNaNNotAnOutOfBoundsRead) {
   EXPECT_EQ(0, std::memcmp(out.data(), orig, plane * 2)) << "plane 0 unpacks to the stored bits";
   for (size_t i = plane; i < 2 * plane; ++i) ASSERT_EQ(out[i], 0x7fc0) << "value " << i;
   EXPECT_EQ(0, std::memcmp(out.data() + 2 * plane, orig + 2 * plane, 2 * plane * 2)) << "V planes intact";
+  // A header claiming more tokens than a page holds: every plane NaN, nothing stale.
+  const uint32_t too_many = 65;
+  ASSERT_EQ(cudaSuccess, cudaMemcpy(static_cast<std::byte*>(src) + 20, &too_many, 4, cudaMemcpyHostToDevice));
+  launch_unpack_lossless13(sh, static_cast<UnpackWork*>(items), 1, nullptr);
+  ASSERT_EQ(cudaSuccess, cudaMemcpy(out.data(), dst, sh.page_bytes(), cudaMemcpyDeviceToHost));
+  for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], 0x7fc0) << "value " << i;
   cudaFree(src); cudaFree(dst); cudaFree(items);
 }
 

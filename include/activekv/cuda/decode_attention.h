@@ -83,6 +83,9 @@ struct Partials {
 void launch_split_attention(const AttnShape& shape, const SplitWork* work, int n_work,
                             const float* q, Partials partials, cudaStream_t stream);
 
+/// Most splits per sequence launch_merge takes (its weights live in shared memory).
+inline constexpr int kMaxMergeSplits = 12288;
+
 /// Merges, for each of `n_seq` sequences, its first n_splits[s] partials
 /// (device int array) in ascending order: out [n_seq][n_q_heads][head_dim] fp32,
 /// out_lse [n_seq][n_q_heads] fp32 (may be null). A sequence whose partials are

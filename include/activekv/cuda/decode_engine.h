@@ -205,6 +205,7 @@ class DecodeEngine {
   int64_t slot_base_ = 0;            // global job counter at step start
   int next_layer_ = 0;
   bool any_step_ = false;
+  bool ready_ = false;               // a batch is set (set_batch succeeded)
 };
 
 /// Uniform random bf16 values in [-1, 1) from a fixed seed, written with

@@ -27,9 +27,12 @@ class Int8sTileRunner {
   /// `kernel.query_terms` is overridden per call by opt.int8s_query_terms.
   explicit Int8sTileRunner(Int8sKernelOptions kernel = {}) : kernel_(kernel) {}
 
-  /// Same arguments, result and errors as attention::attend_int8s_tile, plus
-  /// InvalidArgument for a head_dim other than 64/256 or more than 8 query
-  /// heads per KV head (the kernel's limits) and CudaError from the GPU.
+  /// Same arguments and result as attention::attend_int8s_tile, and its
+  /// errors, within the GPU kernel's limits, each an InvalidArgument naming
+  /// the value: head_dim 64 or 256, at most 8 query heads per KV head, a page
+  /// size that is a multiple of 16, softmax_scale >= 0, and only full pages
+  /// (the CPU kernel also reads a partly written last page; the engine keeps
+  /// such a page exact). CudaError from the GPU.
   attention::Partial operator()(std::span<const kv::EncodedPage* const> pages, int64_t first_token,
                                 int64_t history_tokens, const attention::QueryRows& q,
                                 const attention::AttentionOptions& opt) const;
