@@ -1,5 +1,5 @@
 // `activekv bench decode`: the GPU decode benchmark (SPEC §1 27B attention
-// shape; streamed and resident exact tier). Same code as `activekv-bench decode`.
+// shape; every kv-format, streamed and resident). Code: src/cuda/bench.cpp.
 #include <sstream>
 
 #include "activekv/cuda/bench.h"
@@ -10,8 +10,8 @@ namespace activekv::cli {
 
 void add_bench(CLI::App& app, std::function<int()>& run) {
   app.require_subcommand(1, 1);
-  auto* dec = app.add_subcommand("decode", "Decode-step latency vs depth: streamed from pinned host memory, "
-                                           "resident, transfer-model prediction, bus-limit ratio");
+  auto* dec = app.add_subcommand("decode", "Decode-step latency vs depth per kv-format: streamed from pinned host "
+                                           "memory, resident, transfer-model prediction, bus-limit ratio");
   auto o = std::make_shared<cuda::BenchDecodeOptions>();
   auto contexts = std::make_shared<std::string>("32k,64k,128k");
   auto batches = std::make_shared<std::vector<int>>(std::vector<int>{1, 4});

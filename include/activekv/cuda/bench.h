@@ -1,5 +1,6 @@
-// `calibrate` and `bench decode` for the GPU decode engine (shared by the
-// `activekv` CLI subcommands and the standalone `activekv-bench` executable).
+// `calibrate` and `bench decode` for the GPU decode engine (the `activekv
+// calibrate` and `activekv bench decode` subcommands; code in calibrate.cpp
+// and bench.cpp).
 //
 // Transfer model (SPEC §6): a copy of `b` bytes costs b / B(b), where B(b) is
 // the calibrated host->device bandwidth of back-to-back pinned copies of that

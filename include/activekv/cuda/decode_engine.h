@@ -31,8 +31,9 @@
 //   layer l computes. The host never synchronises inside a step.
 //
 // Resident (Mode::resident)
-//   The pool is copied to GPU memory once (constructor); a step launches one
-//   attention kernel per layer over all sequences (batched decode) and one
+//   The pool's used bytes are copied to GPU memory once (constructor: pages
+//   allocated later are not resident, and set_batch rejects them); a step
+//   launches one job per layer over all sequences (batched decode) and one
 //   merge. No transfer.
 //
 // Exactness: every mode cuts the history at the same split boundaries and
@@ -128,8 +129,13 @@ class DecodeEngine {
 
   /// Sets the batch (sequences, their page tables and lengths); builds and
   /// uploads the work lists and sizes the staging ring. Synchronous; call it
-  /// outside a step. Throws InvalidArgument for a table that is too short, a
-  /// page id outside the pool, a layer count that does not match, or an empty batch.
+  /// outside a step. Throws InvalidArgument, naming sequence, layer and page,
+  /// for an empty batch, a layer count that does not match, a table that is
+  /// too short, a page outside the pool (or outside what a resident engine
+  /// copied), a bf16 page of the wrong size, a codec page whose header does
+  /// not match its kind, the shape or its size, an int8s page that is not
+  /// full, or more splits than the merge takes. After a failure the engine
+  /// holds no batch (a step throws until set_batch succeeds).
   void set_batch(const std::vector<SeqPages>& seqs);
 
   /// Enqueues one decode step over every layer, no host synchronisation.
