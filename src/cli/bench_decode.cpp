@@ -17,19 +17,19 @@ void add_bench(CLI::App& app, std::function<int()>& run) {
   auto batches = std::make_shared<std::vector<int>>(std::vector<int>{1, 4});
   auto modes = std::make_shared<std::vector<std::string>>(o->modes);
   auto formats = std::make_shared<std::vector<std::string>>(o->formats);
-  dec->add_option("--contexts,-d", *contexts, "Depths (context tokens), e.g. 32k,64k,128k");
-  dec->add_option("--batches,-b", *batches, "Batch sizes")->delimiter(',');
-  dec->add_option("--steps", o->steps, "Measured steps per configuration (median reported)");
-  dec->add_option("--warmup", o->warmup, "Warm-up steps");
-  dec->add_option("--layers", o->n_layers, "Attention layers per step");
-  dec->add_option("--tile-pages", o->tile_pages, "Pages per staging tile (0 = whole layer)");
-  dec->add_option("--ring", o->ring_slots, "Staging ring slots");
-  dec->add_option("--split", o->attn.split_tokens, "Tokens per attention CTA (divides the page size)");
-  dec->add_option("--modes", *modes, "streamed, streamed-whole, resident")->delimiter(',');
+  dec->add_option("--contexts,-d", *contexts, "Depths (context tokens), e.g. 32k,64k,128k")->capture_default_str();
+  dec->add_option("--batches,-b", *batches, "Batch sizes")->delimiter(',')->capture_default_str();
+  dec->add_option("--steps", o->steps, "Measured steps per configuration (median reported)")->capture_default_str();
+  dec->add_option("--warmup", o->warmup, "Warm-up steps")->capture_default_str();
+  dec->add_option("--layers", o->n_layers, "Attention layers per step")->capture_default_str();
+  dec->add_option("--tile-pages", o->tile_pages, "Pages per staging tile (0 = whole layer)")->capture_default_str();
+  dec->add_option("--ring", o->ring_slots, "Staging ring slots")->capture_default_str();
+  dec->add_option("--split", o->attn.split_tokens, "Tokens per attention CTA (divides the page size)")->capture_default_str();
+  dec->add_option("--modes", *modes, "streamed, streamed-whole, resident")->delimiter(',')->capture_default_str();
   dec->add_option("--kv-format", *formats, "Routes over the history: bf16, lossless13, int8s, hybrid")
-      ->delimiter(',');
-  dec->add_option("--recent-pages", o->recent_pages, "hybrid: full pages kept exact before the tail");
-  dec->add_option("--query-terms", o->int8s.query_terms, "int8s kernel: int8 terms of the query (1 = SPEC as written)");
+      ->delimiter(',')->capture_default_str();
+  dec->add_option("--recent-pages", o->recent_pages, "hybrid: full pages kept exact before the tail")->capture_default_str();
+  dec->add_option("--query-terms", o->int8s.query_terms, "int8s kernel: int8 terms of the query (1 = SPEC as written)")->capture_default_str();
   dec->add_flag("!--no-skip-unit-rescale", o->int8s.skip_unit_rescale,
                 "int8s kernel: always rescale (SPEC §4 trick 1 off)");
   dec->add_flag("!--no-tensor-cores", o->int8s.tensor_cores, "int8s kernel: q.k with __dp4a instead of int8 mma");

@@ -41,7 +41,10 @@ struct EvalArgs {
 route::Int8sTileFn int8s_kernel(const std::string& device) {
   if (device == "cpu") return {};
 #ifdef ACTIVEKV_HAVE_CUDA
-  if (device == "cuda") return cuda::Int8sTileRunner{};
+  if (device == "cuda") {
+    cuda::require_gpu(0, "eval --device cuda");  // before minutes of CPU work, not after
+    return cuda::Int8sTileRunner{};
+  }
   throw InvalidArgument("eval: --device must be cpu or cuda, got '" + device + "'");
 #else
   throw InvalidArgument("eval: --device " + device + ": this build has no CUDA backend (configure with nvcc "
@@ -79,8 +82,10 @@ int run(EvalArgs& a) {
   a.cfg.int8s_tile = int8s_kernel(a.device);
   a.cfg.routes.clear();
   for (const auto& r : a.routes) {
+    if (r != "lossless13" && r != "int8s" && r != "hybrid")
+      throw InvalidArgument("eval: --routes: unknown route '" + r + "' (lossless13, int8s, hybrid; exact is always "
+                            "scored as the baseline)");
     const route::RouteKind k = route::parse_kind(r);
-    if (k == route::RouteKind::exact) throw InvalidArgument("eval: --routes: exact is always scored (the baseline)");
     a.cfg.routes.push_back(k);
   }
   const std::string model_path = a.model.empty() ? default_model_path() : a.model;

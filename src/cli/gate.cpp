@@ -6,6 +6,7 @@
 #include <fmt/ranges.h>
 
 #include <fstream>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "activekv/core/error.h"
@@ -29,7 +30,7 @@ void print_rows(const std::vector<cost::GateRow>& rows) {
              "bytes/step", "saved ms", "added ms", "net ms", "gate", "verdict", "0.7x rule", "meas. net", "sign",
              "quality");
   for (const auto& r : rows) {
-    const bool false_reject = r.bus_accept && !r.withdrawn_rule_accept;  // the old rule throws away a saving
+    const bool false_reject = r.accept && !r.withdrawn_rule_accept;  // the old rule throws away an accepted saving
     fmt::print("{:<10} {:>6}K {:>9.3f}x {:>9.3f} {:>9.3f} {:>9.3f} {:>7} {:>8} {:>12} {:>10.3f} {:>6}  {}\n", r.format,
                r.context / 1024, r.bytes_per_step / r.bytes_exact, r.saved_ms, r.added_ms, r.net_ms,
                r.bus_accept ? "win" : "lose", r.accept ? "ACCEPT" : "reject",
@@ -62,29 +63,36 @@ void add_gate(CLI::App& app, std::function<int()>& run) {
   app.add_option("--batch", a->batch, "Batch size of the records to judge")->capture_default_str();
   app.add_option("--json", a->json_out, "Also write the rows as JSON");
   run = [a] {
+    std::ofstream json_file;
+    if (!a->json_out.empty()) {  // before the work: a bad output path fails at once
+      json_file.open(a->json_out);
+      if (!json_file) throw activekv::Error("gate: cannot write " + a->json_out);
+    }
     const auto points = cost::read_bench_json(a->bench);
     std::map<std::string, cost::Quality> quality;
     for (const auto& path : a->eval)
       for (const auto& [format, q] : cost::read_eval_json(path)) quality[format] = q;
     const auto rows = cost::run_gate(points, quality, a->batch);
-    if (rows.empty())
-      throw activekv::InvalidArgument(fmt::format("gate: {} holds no (format, context) with streamed and resident records for "
-                                        "both bf16 and a candidate at batch {}", a->bench, a->batch));
+    if (rows.empty()) {
+      std::set<int> batches;
+      for (const auto& p : points) batches.insert(p.batch);
+      throw activekv::InvalidArgument(fmt::format(
+          "gate: {} holds no (format, context) with streamed and resident records for both bf16 and a candidate "
+          "at batch {} (batches in the file: {})", a->bench, a->batch, fmt::join(batches, ", ")));
+    }
     fmt::print("economic gate (SPEC 6), batch {}: net = transfer saved - kernel time added; accept iff net > 0 and "
                "the quality contract holds.\n  bench: {}\n  eval:  {}\n\n", a->batch, a->bench, fmt::join(a->eval, ", "));
     print_rows(rows);
     int wrong = 0, false_rejects = 0;
     for (const auto& r : rows) {
       wrong += !r.sign_matches;
-      false_rejects += r.bus_accept && !r.withdrawn_rule_accept;
+      false_rejects += r.accept && !r.withdrawn_rule_accept;
     }
     fmt::print("\n{} of {} verdicts match the sign of the measured net time; the withdrawn 0.7x kernel-speed rule "
-               "would have rejected {} sizes that save time (marked !).\n", rows.size() - size_t(wrong), rows.size(),
+               "would have rejected {} accepted (format, size) pairs that save time (marked !).\n", rows.size() - size_t(wrong), rows.size(),
                false_rejects);
     if (!a->json_out.empty()) {
-      std::ofstream f(a->json_out);
-      if (!f) throw activekv::Error("gate: cannot write " + a->json_out);
-      f << to_json(rows, *a).dump(2) << "\n";
+      json_file << to_json(rows, *a).dump(2) << "\n";
       fmt::print("JSON written to {}\n", a->json_out);
     }
     return wrong == 0 ? 0 : 1;

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -22,6 +23,8 @@ const BenchPoint* find(const std::vector<BenchPoint>& pts, const std::string& fo
 }
 
 nlohmann::json load(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) throw Error("gate: " + path + " is a directory, not a JSON file");
   std::ifstream f(path);
   if (!f) throw Error("gate: cannot open " + path);
   try {

@@ -178,7 +178,6 @@ void print_batching(const std::vector<Record>& rs) {
 }  // namespace
 
 int run_bench_decode(const BenchDecodeOptions& opt) {
-  select_device(opt.device);
   const AttnShape& sh = opt.attn;
   sh.validate();
   for (const auto& m : opt.modes)
@@ -188,6 +187,9 @@ int run_bench_decode(const BenchDecodeOptions& opt) {
     if (std::find(bench::route_names().begin(), bench::route_names().end(), f) == bench::route_names().end())
       throw InvalidArgument("bench decode: unknown --kv-format '" + f + "' (bf16, lossless13, int8s, hybrid)");
   if (opt.steps < 1 || opt.warmup < 0) throw InvalidArgument("bench decode: steps must be >= 1, warmup >= 0");
+  for (int b : opt.batches)
+    if (b < 1) throw InvalidArgument("bench decode: batch sizes must be >= 1, got " + std::to_string(b));
+  require_gpu(opt.device, "bench decode");  // after the arguments: a typo is reported on any machine
   const int threads = opt.host_threads > 0 ? opt.host_threads : int(std::max(1u, std::thread::hardware_concurrency()));
   auto wants = [&](const char* f) { return std::find(opt.formats.begin(), opt.formats.end(), f) != opt.formats.end(); };
 

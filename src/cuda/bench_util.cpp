@@ -44,19 +44,6 @@ std::string jnum(double v) {
   return b;
 }
 
-// The runtime's own message for "no GPU" is "CUDA driver version is insufficient".
-void select_device(int dev) {
-  int n = 0;
-  const cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess || n == 0) {
-    cudaGetLastError();
-    throw CudaError(std::string("no usable CUDA GPU on this machine (cudaGetDeviceCount: ") +
-                    (e == cudaSuccess ? "0 devices" : cudaGetErrorString(e)) + ")");
-  }
-  if (dev < 0 || dev >= n)
-    throw InvalidArgument("GPU " + std::to_string(dev) + " does not exist (" + std::to_string(n) + " found)");
-  AKV_CUDA(cudaSetDevice(dev));
-}
 
 std::string device_name(int dev) {
   cudaDeviceProp p{};

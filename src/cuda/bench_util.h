@@ -28,8 +28,6 @@ template <class T> std::string jarr(const std::vector<T>& v) {
   return o + "]";
 }
 
-/// Selects GPU `dev`, or throws CudaError saying plainly that there is no usable GPU.
-void select_device(int dev);
 std::string device_name(int dev);
 
 /// A device buffer freed on scope exit; throws CudaError naming the size when cudaMalloc fails.

@@ -117,7 +117,7 @@ std::string Profile::to_json() const {
 }
 
 Profile calibrate(const CalibrateOptions& opt) {
-  select_device(opt.device);
+  require_gpu(opt.device, "calibrate");
   opt.attn.validate();
   Profile pr;
   pr.device = device_name(opt.device);

@@ -45,13 +45,7 @@ CudaAttentionBackend::CudaAttentionBackend(const kv::KvShape& shape, int n_heads
   attn_.split_tokens = split_tokens > 0 ? split_tokens : default_split(shape_.page_size);
   attn_.softmax_scale = 0.f;
   attn_.validate();
-  int n_devices = 0;
-  if (const cudaError_t e = cudaGetDeviceCount(&n_devices); e != cudaSuccess || n_devices == 0) {
-    cudaGetLastError();
-    throw CudaError(std::string("--device cuda: no usable CUDA GPU on this machine (") +
-                    (e != cudaSuccess ? cudaGetErrorString(e) : "0 devices") + "); use --device cpu");
-  }
-  check_cuda(cudaSetDevice(device), "CudaAttentionBackend: cudaSetDevice");
+  require_gpu(device, "--device cuda (use --device cpu)");
   cudaDeviceProp prop{};
   check_cuda(cudaGetDeviceProperties(&prop, device), "CudaAttentionBackend: cudaGetDeviceProperties");
   device_name_ = prop.name;

@@ -25,6 +25,20 @@ void check_cuda(int status, const char* what) {
   }
 }
 
+void require_gpu(int device, const std::string& who) {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess || n == 0) {
+    cudaGetLastError();
+    throw CudaError(who + ": no usable CUDA GPU on this machine (cudaGetDeviceCount: " +
+                    (e == cudaSuccess ? std::string("0 devices") : cudaGetErrorString(e)) + ")");
+  }
+  if (device < 0 || device >= n)
+    throw InvalidArgument(who + ": GPU " + std::to_string(device) + " does not exist (" + std::to_string(n) +
+                          " found)");
+  check_cuda(cudaSetDevice(device), "cudaSetDevice");
+}
+
 void AttnShape::validate() const {
   auto bad = [](const std::string& m) { throw InvalidArgument("AttnShape: " + m); };
   if (n_kv_heads <= 0) bad("n_kv_heads must be positive, got " + std::to_string(n_kv_heads));

@@ -41,6 +41,12 @@ class CudaError : public Error {
 /// Throws CudaError("<what>: <cuda error string>") if `status` != cudaSuccess.
 void check_cuda(int status, const char* what);
 
+/// Selects GPU `device`. Throws CudaError("<who>: no usable CUDA GPU on this
+/// machine (...)") when there is none -- the runtime's own words for that are
+/// "CUDA driver version is insufficient" -- and InvalidArgument for a device
+/// index that does not exist. Call it before any long CPU work that ends on the GPU.
+void require_gpu(int device, const std::string& who);
+
 /// Shape of one layer's attention.
 struct AttnShape {
   int n_kv_heads = 0;
