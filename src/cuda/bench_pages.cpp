@@ -11,6 +11,7 @@
 
 #include "activekv/kv/codec.h"
 #include "activekv/kv/codec_lossless13.h"
+#include "activekv/route/route.h"
 
 namespace activekv::cuda::bench {
 namespace {
@@ -101,17 +102,21 @@ std::vector<SeqPages> route_tables(const HistorySet& h, const std::string& route
     throw InvalidArgument("bench decode: unknown --kv-format '" + route + "' (bf16, lossless13, int8s, hybrid)");
   const PageGrid* enc = route == "lossless13" ? &h.lossless13 : (route == "bf16" ? nullptr : &h.int8s);
   if (enc && enc->empty()) throw InvalidArgument("bench decode: " + route + " pages were not built");
-  const int64_t np = (ctx + page_size - 1) / page_size, full = ctx / page_size;
+  // The CPU route planner decides which page is read how (every full page is
+  // published here, as after conversion has caught up); the bench only maps
+  // its formats to the pool's pages.
+  const route::RouteConfig cfg{route == "bf16" ? route::RouteKind::exact : route::parse_kind(route), recent_pages, 32};
+  const int64_t full = ctx / page_size;
+  const route::RoutePlan plan =
+      route::plan_route(cfg, ctx, page_size, [&](size_t p, route::ReadFormat) { return int64_t(p) < full; });
   std::vector<SeqPages> seqs(static_cast<size_t>(batch));
   for (int s = 0; s < batch; ++s) {
     seqs[s].n_tokens = ctx;
     seqs[s].tables.resize(size_t(n_layers));
     for (int l = 0; l < n_layers; ++l)
-      for (int64_t p = 0; p < np; ++p) {
-        bool exact = route == "bf16" || p >= full;
-        if (route == "hybrid") exact = exact || p == 0 || p >= full - recent_pages;
-        seqs[s].tables[l].push_back(exact ? h.bf16[s][l][p] : (*enc)[s][l][p]);
-      }
+      for (size_t p = 0; p < plan.page_format.size(); ++p)
+        seqs[s].tables[l].push_back(plan.page_format[p] == route::ReadFormat::exact ? h.bf16[s][l][p]
+                                                                                    : (*enc)[s][l][p]);
   }
   return seqs;
 }

@@ -34,12 +34,12 @@ HistorySet build_history(const AttnShape& sh, int n_layers, int max_batch, int64
 /// Route names accepted by route_tables.
 const std::vector<std::string>& route_names();
 
-/// Page tables for `batch` sequences of `ctx` tokens read along `route`:
-/// "bf16" every page exact; "lossless13" every full page lossless13, the
-/// tail exact; "int8s" every full page int8s, the tail exact; "hybrid" the
-/// sink (page 0), the last `recent_pages` full pages and the tail exact,
-/// the pages between int8s (SPEC §2). Throws InvalidArgument for an unknown
-/// route or one whose encodings were not built.
+/// Page tables for `batch` sequences of `ctx` tokens read along `route`, as
+/// route::plan_route plans it with every full page published: "bf16" every
+/// page exact; "lossless13" / "int8s" every full page in that format, the
+/// tail exact; "hybrid" the sink, the last `recent_pages` full pages and the
+/// tail exact, int8s between (SPEC §2). Throws InvalidArgument for an
+/// unknown route or one whose encodings were not built.
 std::vector<SeqPages> route_tables(const HistorySet& h, const std::string& route, int batch, int64_t ctx,
                                    int n_layers, int page_size, int recent_pages);
 

@@ -51,16 +51,6 @@ std::string device_name(int dev) {
   return p.name;
 }
 
-DevBuf::DevBuf(size_t bytes) {
-  const cudaError_t e = cudaMalloc(&p, bytes);
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    throw CudaError("cudaMalloc of " + std::to_string(bytes) + " bytes failed: " + cudaGetErrorString(e));
-  }
-}
-DevBuf::~DevBuf() {
-  if (p) cudaFree(p);
-}
 
 void fill_device_random(float* d, size_t n, uint64_t seed) {
   std::vector<float> h(n);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "activekv/cuda/decode_attention.h"
+#include "device_buffer.h"
 
 namespace activekv::cuda::bench {
 
@@ -29,16 +30,6 @@ template <class T> std::string jarr(const std::vector<T>& v) {
 }
 
 std::string device_name(int dev);
-
-/// A device buffer freed on scope exit; throws CudaError naming the size when cudaMalloc fails.
-struct DevBuf {
-  void* p = nullptr;
-  explicit DevBuf(size_t bytes);
-  ~DevBuf();
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  template <class T> T* as() const { return static_cast<T*>(p); }
-};
 
 /// n uniform values in [-1, 1) from `seed`, copied to device memory `d`.
 void fill_device_random(float* d, size_t n, uint64_t seed);

@@ -9,19 +9,12 @@
 #include <vector>
 
 #include "activekv/kv/codec_int8s.h"
+#include "device_buffer.h"
 
 namespace activekv::cuda {
 namespace {
 
 #define AKV_CUDA(call) check_cuda(static_cast<int>(call), #call)
-
-// Device buffer freed on scope exit (also when a later call throws).
-struct Dev {
-  void* p = nullptr;
-  explicit Dev(size_t bytes) { AKV_CUDA(cudaMalloc(&p, std::max<size_t>(bytes, 16))); }
-  ~Dev() { cudaFree(p); }
-  template <class T> T* as() const { return static_cast<T*>(p); }
-};
 
 int split_size(int page_size) {
   for (int s = std::min(512, page_size); s >= 1; --s)
@@ -78,7 +71,7 @@ attention::Partial Int8sTileRunner::operator()(std::span<const kv::EncodedPage* 
     offs.push_back(total);
     total += (p->bytes.size() + 255) / 256 * 256;
   }
-  Dev dpages(total);
+  DevBuf dpages(total);
   for (size_t i = 0; i < pages.size(); ++i)
     AKV_CUDA(cudaMemcpy(dpages.as<std::byte>() + offs[i], pages[i]->bytes.data(), pages[i]->bytes.size(),
                         cudaMemcpyHostToDevice));
@@ -113,9 +106,9 @@ attention::Partial Int8sTileRunner::operator()(std::span<const kv::EncodedPage* 
   const size_t rows = size_t(q.n_rows) * q.n_heads;
   attention::Partial out(q.n_rows, q.n_heads, sh.head_dim);
   if (work.empty()) return out;  // no row sees a key of this tile
-  Dev dwork(work.size() * sizeof(SplitWork)), dq(rows * sh.head_dim * 4);
-  Dev po(rows * max_splits * sh.head_dim * 4), pl(rows * max_splits * 4);
-  Dev dout(rows * sh.head_dim * 4), dlse(rows * 4), dn(q.n_rows * 4);
+  DevBuf dwork(work.size() * sizeof(SplitWork)), dq(rows * sh.head_dim * 4);
+  DevBuf po(rows * max_splits * sh.head_dim * 4), pl(rows * max_splits * 4);
+  DevBuf dout(rows * sh.head_dim * 4), dlse(rows * 4), dn(q.n_rows * 4);
   AKV_CUDA(cudaMemcpy(dwork.p, work.data(), work.size() * sizeof(SplitWork), cudaMemcpyHostToDevice));
   AKV_CUDA(cudaMemcpy(dq.p, q.q, rows * sh.head_dim * 4, cudaMemcpyHostToDevice));
   const std::vector<float> ninf(rows * max_splits, -__builtin_inff());

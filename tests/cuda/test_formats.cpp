@@ -20,6 +20,7 @@
 #include "activekv/cuda/int8s_tile.h"
 #include "activekv/eval/quality_eval.h"
 #include "activekv/kv/codec.h"
+#include "activekv/route/route.h"
 
 namespace activekv::cuda {
 namespace {
@@ -188,9 +189,14 @@ struct RouteFixture {
     q = random_queries(size_t(L) * S * sh.n_q_heads() * sh.head_dim, 5);
   }
 
+  // Page p of a `full * 64 + tail`-token history read exact along `route`?
+  // The CPU route planner decides, with every full page published.
   bool exact_page(const std::string& route, int64_t p, int64_t full) const {
-    if (route == "bf16" || p >= full) return true;
-    return route == "hybrid" && (p == 0 || p >= full - 2);
+    const route::RouteConfig cfg{route == "bf16" ? route::RouteKind::exact : route::parse_kind(route), 2, 32};
+    const auto plan = route::plan_route(cfg, full * 64 + 63, 64, [&](size_t q, route::ReadFormat) {
+      return int64_t(q) < full;
+    });
+    return plan.page_format[size_t(p)] == route::ReadFormat::exact;
   }
 
   std::vector<SeqPages> tables(const std::string& route) const {
