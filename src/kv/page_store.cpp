@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <new>
 
 namespace activekv::kv {
 
@@ -17,58 +16,116 @@ void KvShape::validate() const {
   check(page_size, "page_size");
 }
 
-PageStore::PageStore(const KvShape& shape, size_t max_pages) : shape_(shape), max_pages_(max_pages) {
+// One slab of page slots: ids [first, first + n), each page page_bytes long.
+// state[i]: 0 free and zero, 1 live, 2 free and dirty (zeroed on reuse).
+// Written once (add_slab) before it is published through n_slabs_.
+struct PageStore::Slab {
+  std::byte* data = nullptr;
+  PageId first = 0;
+  size_t n = 0;
+  std::unique_ptr<std::atomic<uint8_t>[]> state;
+};
+
+namespace {
+constexpr uint8_t kFreeClean = 0, kLive = 1, kFreeDirty = 2;
+constexpr size_t kFirstSlabPages = 16;
+}  // namespace
+
+PageStore::PageStore(const KvShape& shape, size_t max_pages, HostMemory* memory)
+    : shape_(shape), max_pages_(max_pages), memory_(memory ? memory : &plain_host_memory()),
+      slabs_(std::make_unique<Slab[]>(kMaxSlabs)) {
   shape_.validate();
+  blobs_ = std::make_unique<BlobArena>(*memory_);
+  if (max_pages_ > 0) {
+    if (shape_.n_layers > 1 && max_pages_ >= size_t(shape_.n_layers)) region_pages_ = max_pages_ / size_t(shape_.n_layers);
+    add_slab(max_pages_);  // throws with the byte count if it does not fit
+  }
 }
 
-PageId PageStore::allocate() {
-  if (!free_.empty()) {
-    PageId id = free_.back();
-    std::fill_n(pages_[id].get(), shape_.page_bytes(), std::byte{0});
-    free_.pop_back();
-    live_[id] = true;
-    return id;
+PageStore::~PageStore() {
+  const size_t n = n_slabs_.load();
+  for (size_t i = 0; i < n; ++i) memory_->free(slabs_[i].data, slabs_[i].n * shape_.page_bytes());
+}
+
+void PageStore::add_slab(size_t n_pages) {
+  const size_t i = n_slabs_.load(std::memory_order_relaxed);
+  if (i == kMaxSlabs) throw Error("PageStore: too many slabs");
+  const size_t bytes = n_pages * shape_.page_bytes();
+  std::byte* data = nullptr;
+  try {
+    data = memory_->allocate(bytes);
+  } catch (const Error& e) {
+    throw Error(fmt::format("KV history of {} pages ({} bytes each, {} memory) does not fit: {}", n_pages,
+                            shape_.page_bytes(), memory_->name(), e.what()));
   }
-  if (max_pages_ != 0 && pages_.size() >= max_pages_) {
-    throw Error(fmt::format("PageStore: out of pages ({} pages of {} bytes in use, limit {})",
-                            pages_in_use(), shape_.page_bytes(), max_pages_));
+  Slab& s = slabs_[i];
+  s.data = data;
+  s.first = PageId(total_slots_);
+  s.n = n_pages;
+  s.state = std::make_unique<std::atomic<uint8_t>[]>(n_pages);
+  for (size_t k = 0; k < n_pages; ++k) s.state[k].store(kFreeClean, std::memory_order_relaxed);
+  for (size_t k = 0; k < n_pages; ++k) free_.insert(PageId(total_slots_ + k));
+  total_slots_ += n_pages;
+  n_slabs_.store(i + 1, std::memory_order_release);
+}
+
+const PageStore::Slab* PageStore::slab_of(PageId id) const {
+  const size_t n = n_slabs_.load(std::memory_order_acquire);
+  for (size_t i = 0; i < n; ++i) {
+    const Slab& s = slabs_[i];
+    if (id >= s.first && id - s.first < s.n) return &s;
   }
-  std::unique_ptr<std::byte[]> page(new (std::nothrow) std::byte[shape_.page_bytes()]());
-  if (!page) {
-    throw Error(fmt::format("PageStore: cannot allocate a page of {} bytes ({} pages in use)",
-                            shape_.page_bytes(), pages_in_use()));
+  return nullptr;
+}
+
+PageId PageStore::allocate(int layer) {
+  if (free_.empty()) {
+    if (max_pages_ != 0) {
+      throw Error(fmt::format("PageStore: out of pages ({} pages of {} bytes in use, limit {})", in_use_,
+                              shape_.page_bytes(), max_pages_));
+    }
+    add_slab(std::max(kFirstSlabPages, total_slots_));  // doubles the pool
   }
-  pages_.push_back(std::move(page));
-  live_.push_back(true);
-  return PageId(pages_.size() - 1);
+  auto it = free_.begin();
+  if (region_pages_ > 0 && layer >= 0 && layer < shape_.n_layers) {
+    const auto in_region = free_.lower_bound(PageId(size_t(layer) * region_pages_));
+    if (in_region != free_.end() && *in_region < PageId(size_t(layer + 1) * region_pages_)) it = in_region;
+  }
+  const PageId id = *it;
+  const Slab* s = slab_of(id);
+  std::atomic<uint8_t>& state = s->state[id - s->first];
+  if (state.load(std::memory_order_relaxed) == kFreeDirty) {
+    std::fill_n(s->data + size_t(id - s->first) * shape_.page_bytes(), shape_.page_bytes(), std::byte{0});
+  }
+  state.store(kLive, std::memory_order_release);
+  free_.erase(it);
+  ++in_use_;
+  return id;
 }
 
 void PageStore::release(PageId id) {
-  if (id >= pages_.size() || !live_[id]) {
+  const Slab* s = slab_of(id);
+  if (!s || s->state[id - s->first].load(std::memory_order_relaxed) != kLive) {
     throw InvalidArgument(fmt::format("PageStore::release: page {} is not allocated", id));
   }
-  live_[id] = false;
-  free_.push_back(id);
+  s->state[id - s->first].store(kFreeDirty, std::memory_order_release);
+  free_.insert(id);
+  --in_use_;
 }
 
-std::byte* PageStore::page(PageId id) const {
-  if (id >= pages_.size() || !live_[id]) {
+std::byte* PageStore::page_data(PageId id) const {
+  const Slab* s = slab_of(id);
+  if (!s || s->state[id - s->first].load(std::memory_order_acquire) != kLive) {
     throw InvalidArgument(fmt::format("PageStore: page {} is not allocated", id));
   }
-  return pages_[id].get();
+  return s->data + size_t(id - s->first) * shape_.page_bytes();
 }
 
-std::byte* PageStore::k_plane(PageId id, int kv_head) {
-  return page(id) + size_t(kv_head) * shape_.plane_bytes();
+std::byte* PageStore::k_plane(PageId id, int kv_head) const {
+  return page_data(id) + size_t(kv_head) * shape_.plane_bytes();
 }
-const std::byte* PageStore::k_plane(PageId id, int kv_head) const {
-  return page(id) + size_t(kv_head) * shape_.plane_bytes();
-}
-std::byte* PageStore::v_plane(PageId id, int kv_head) {
-  return page(id) + size_t(shape_.n_kv_heads + kv_head) * shape_.plane_bytes();
-}
-const std::byte* PageStore::v_plane(PageId id, int kv_head) const {
-  return page(id) + size_t(shape_.n_kv_heads + kv_head) * shape_.plane_bytes();
+std::byte* PageStore::v_plane(PageId id, int kv_head) const {
+  return page_data(id) + size_t(shape_.n_kv_heads + kv_head) * shape_.plane_bytes();
 }
 
 SequenceKv::SequenceKv(PageStore& store)
@@ -85,7 +142,7 @@ void SequenceKv::reserve(int64_t n) {
   const int64_t have_pages = int64_t(page_tables_[0].size());
   try {
     for (int64_t p = have_pages; p < need_pages; ++p) {
-      for (size_t l = 0; l < page_tables_.size(); ++l) fresh.push_back(store_->allocate());
+      for (size_t l = 0; l < page_tables_.size(); ++l) fresh.push_back(store_->allocate(int(l)));
     }
   } catch (...) {
     for (PageId id : fresh) store_->release(id);

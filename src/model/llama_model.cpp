@@ -38,6 +38,11 @@ void LlamaModel::layer_forward(int l, int T, const int64_t* pos, kv::SequenceKv&
   gemm_nt(T, q_dim, d, 1.0f, norm_.data(), d, L.wq.data(), d, 0.0f, q_.data(), q_dim);
   gemm_nt(T, kv_dim, d, 1.0f, norm_.data(), d, L.wk.data(), d, 0.0f, k_.data(), kv_dim);
   gemm_nt(T, kv_dim, d, 1.0f, norm_.data(), d, L.wv.data(), d, 0.0f, v_.data(), kv_dim);
+  if (c.qkv_bias) {
+    add_bias(q_.data(), L.bq.data(), T, q_dim);
+    add_bias(k_.data(), L.bk.data(), T, kv_dim);
+    add_bias(v_.data(), L.bv.data(), T, kv_dim);
+  }
   rope(q_.data(), T, c.n_heads, c.head_dim, pos, c);
   rope(k_.data(), T, c.n_kv_heads, c.head_dim, pos, c);
   seq.write(l, pos[0], T, k_.data(), v_.data());

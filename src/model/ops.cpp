@@ -45,6 +45,10 @@ void swiglu(float* gate, const float* up, int T, int n) {
   }
 }
 
+void add_bias(float* x, const float* bias, int T, int n) {
+  for (int t = 0; t < T; ++t) add_inplace(x + size_t(t) * n, bias, n);
+}
+
 void add_inplace(float* x, const float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] += y[i];
 }

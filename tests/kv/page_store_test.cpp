@@ -115,5 +115,77 @@ TEST(Bf16, RoundsToNearestEvenAndKeepsNan) {
   EXPECT_TRUE(std::isnan(bf16_to_f32(nan)));
 }
 
+TEST(PageStore, BoundedStoreGivesEachLayerAdjacentPages) {
+  kv::PageStore s(shape(4), 8);  // 2 layers: regions of 4 slots
+  kv::SequenceKv seq(s);
+  seq.reserve(4 * 3);  // three pages per layer, allocated page by page across layers
+  for (int l = 0; l < 2; ++l) {
+    const auto t = seq.page_table(l);
+    ASSERT_EQ(t.size(), 3u);
+    for (size_t p = 1; p < t.size(); ++p) {
+      EXPECT_EQ(s.page_data(t[p]), s.page_data(t[p - 1]) + s.shape().page_bytes()) << "layer " << l;
+    }
+  }
+}
+
+TEST(PageStore, UnboundedStoreGrowsAndPagesNeverMove) {
+  kv::PageStore s(shape(4));
+  std::vector<kv::PageId> ids;
+  std::vector<std::byte*> where;
+  for (int i = 0; i < 100; ++i) {  // several slabs
+    ids.push_back(s.allocate());
+    where.push_back(s.page_data(ids.back()));
+    *where.back() = std::byte(i);
+  }
+  for (size_t i = 0; i < ids.size(); ++i) {
+    EXPECT_EQ(s.page_data(ids[i]), where[i]);
+    EXPECT_EQ(*s.page_data(ids[i]), std::byte(i));
+  }
+  EXPECT_EQ(s.pages_in_use(), 100u);
+  EXPECT_FALSE(s.pinned());
+}
+
+TEST(PageStore, BoundedStoreThatCannotFitSaysSo) {
+  // 2^40 pages of 48 bytes: far beyond any machine.
+  try {
+    kv::PageStore s(shape(4), size_t(1) << 40);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("does not fit"), std::string::npos) << e.what();
+  }
+}
+
+TEST(BlobArena, ReusesFreedRangesAndMergesNeighbours) {
+  kv::BlobArena a(kv::plain_host_memory(), 0, 4096);
+  const kv::Blob x = a.allocate(1000), y = a.allocate(1000), z = a.allocate(1000);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(x.data) % kv::BlobArena::kAlign, 0u);
+  EXPECT_EQ(y.data, x.data + 1024);
+  EXPECT_EQ(a.bytes_reserved(), 4096u);
+  a.release(x);
+  a.release(y);
+  const kv::Blob w = a.allocate(2000);  // fits only in the merged x+y range
+  EXPECT_EQ(w.data, x.data);
+  EXPECT_EQ(a.bytes_reserved(), 4096u);
+  EXPECT_THROW(a.release(x), InvalidArgument);  // already released (w now starts there, with another size)
+  EXPECT_THROW(a.release(kv::Blob{x.data + 256, 100}), InvalidArgument);  // never allocated
+  const kv::Blob big = a.allocate(10000);        // larger than a chunk: its own chunk
+  EXPECT_EQ(a.bytes_reserved(), 4096u + 10240u);
+  a.release(big);
+  a.release(w);
+  a.release(z);
+  EXPECT_EQ(a.bytes_in_use(), 0u);
+}
+
+TEST(BlobArena, CapIsReportedWithSizes) {
+  kv::BlobArena a(kv::plain_host_memory(), 4096, 4096);
+  a.allocate(4000);
+  try {
+    a.allocate(100);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("arena full"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace activekv

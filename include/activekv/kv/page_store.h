@@ -10,20 +10,25 @@
 // the unit the compressed codecs encode and the unit a GQA kernel reads once
 // for all the query heads of its group.
 //
-// Pages come from a PageStore (a pool with a free list). Each sequence owns a
+// Pages come from a PageStore (slabs of page slots with a free list, and an
+// arena for encoded pages). Each sequence owns a
 // SequenceKv: one page table (list of page ids in token order) per layer, and
 // the number of tokens written. Attention reads K/V only through the page
 // table, never through a contiguous copy of the history.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <span>
 #include <vector>
 
 #include "activekv/core/bf16.h"
 #include "activekv/core/error.h"
+#include "activekv/kv/blob_arena.h"
+#include "activekv/kv/host_memory.h"
 #include "activekv/kv/page_format.h"
 
 namespace activekv::kv {
@@ -54,39 +59,72 @@ struct KvShape {
   void validate() const;
 };
 
-/// A pool of pages in host memory. Not thread-safe for allocate/release;
-/// page contents may be read concurrently once written.
+/// The one pool of host pages: bf16 (or f32) page slots in slabs, plus the
+/// arena of encoded pages (blobs()), all from one HostMemory -- plain for the
+/// CPU path, pinned when the GPU runtime streams the pages (host_memory.h).
+///
+/// A bounded store (max_pages > 0) takes its one slab when it is built, so a
+/// history that does not fit is refused up front, and gives each layer a
+/// region of max_pages / n_layers slots: a sequence's pages of one layer are
+/// then adjacent in memory and stream as few large copies. An unbounded store
+/// adds slabs of growing size as needed. Slabs never move.
+///
+/// Threads: allocate() and release() belong to one thread (the decode
+/// thread); page_data() and the plane accessors of a live page may be called
+/// from any thread at any time (background conversion reads full pages while
+/// decode allocates new ones). blobs() is thread-safe.
 class PageStore {
  public:
-  /// `max_pages` bounds the pool (0 = unbounded). Throws InvalidArgument on a bad shape.
-  explicit PageStore(const KvShape& shape, size_t max_pages = 0);
+  /// `max_pages` bounds the pool (0 = unbounded); `memory` supplies the bytes
+  /// (nullptr: plain_host_memory()). Throws InvalidArgument on a bad shape and
+  /// Error naming the bytes when a bounded store's slab cannot be had.
+  explicit PageStore(const KvShape& shape, size_t max_pages = 0, HostMemory* memory = nullptr);
+  ~PageStore();
+  PageStore(const PageStore&) = delete;
+  PageStore& operator=(const PageStore&) = delete;
 
   const KvShape& shape() const { return shape_; }
 
-  /// Returns a zero-filled page. Throws Error if the pool is at max_pages or
-  /// memory cannot be allocated; the pool is unchanged then.
-  PageId allocate();
-  /// Returns a page to the free list. Throws InvalidArgument for an id that is not allocated.
+  /// Returns a zero-filled page, from `layer`'s region when the store has
+  /// regions and that region has a free slot (else any free slot). Throws
+  /// Error if the pool is at max_pages or memory cannot be had; the pool is
+  /// unchanged then.
+  PageId allocate(int layer = -1);
+  /// Returns a page to the pool. Throws InvalidArgument for an id that is not allocated.
   void release(PageId id);
 
+  /// The whole page `id`: shape().page_bytes() bytes in the layout above.
+  /// Throws InvalidArgument for an unallocated page.
+  std::byte* page_data(PageId id) const;
   /// K plane of `kv_head` in page `id`: [page_size][head_dim] elements of
   /// shape().format. Throws InvalidArgument for an unallocated page.
-  std::byte* k_plane(PageId id, int kv_head);
-  const std::byte* k_plane(PageId id, int kv_head) const;
+  std::byte* k_plane(PageId id, int kv_head) const;
   /// V plane of `kv_head` in page `id`, same layout.
-  std::byte* v_plane(PageId id, int kv_head);
-  const std::byte* v_plane(PageId id, int kv_head) const;
+  std::byte* v_plane(PageId id, int kv_head) const;
 
-  size_t pages_in_use() const { return pages_.size() - free_.size(); }
+  size_t pages_in_use() const { return in_use_; }
+  size_t max_pages() const { return max_pages_; }
+  /// The memory of the slabs and the arena; pinned() if the GPU can DMA from it.
+  HostMemory& memory() const { return *memory_; }
+  bool pinned() const { return memory_->pinned(); }
+  /// Encoded pages (thread-safe).
+  BlobArena& blobs() const { return *blobs_; }
 
  private:
-  std::byte* page(PageId id) const;
+  struct Slab;
+  static constexpr size_t kMaxSlabs = 48;
+  const Slab* slab_of(PageId id) const;
+  void add_slab(size_t n_pages);
 
   KvShape shape_;
   size_t max_pages_;
-  std::vector<std::unique_ptr<std::byte[]>> pages_;
-  std::vector<bool> live_;
-  std::vector<PageId> free_;
+  HostMemory* memory_;
+  size_t region_pages_ = 0;  // 0: no per-layer regions
+  std::unique_ptr<Slab[]> slabs_;    // kMaxSlabs entries, the first n_slabs_ valid
+  std::atomic<size_t> n_slabs_{0};
+  size_t total_slots_ = 0, in_use_ = 0;
+  std::set<PageId> free_;  // free slot ids, lowest first
+  std::unique_ptr<BlobArena> blobs_;
 };
 
 /// The history of one sequence: one page table per layer and the token count.

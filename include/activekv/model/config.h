@@ -33,6 +33,7 @@ struct ModelConfig {
   float rms_eps = 1e-5f;       ///< {arch}.attention.layer_norm_rms_epsilon
   RopeLayout rope_layout = RopeLayout::Interleaved;
   bool tied_output = false;    ///< no output.weight: the head reuses token_embd.weight
+  bool qkv_bias = false;       ///< Q/K/V projections carry biases (qwen2)
 
   /// Reads and validates the config. Throws Error naming the key or the
   /// unsupported architecture (only "llama" is supported).

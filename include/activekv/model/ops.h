@@ -21,6 +21,9 @@ void rope(float* x, int T, int n_heads, int head_dim, const int64_t* pos, const 
 /// gate[t][i] = silu(gate[t][i]) * up[t][i]  (SwiGLU), for T rows of n.
 void swiglu(float* gate, const float* up, int T, int n);
 
+/// x[t][i] += bias[i], for T rows of n (the Q/K/V biases of qwen2).
+void add_bias(float* x, const float* bias, int T, int n);
+
 /// x[i] += y[i] for n elements.
 void add_inplace(float* x, const float* y, int64_t n);
 

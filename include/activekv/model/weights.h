@@ -17,6 +17,7 @@ struct LayerWeights {
   std::vector<float> wq;         ///< [n_heads*head_dim][d_model]
   std::vector<float> wk;         ///< [n_kv_heads*head_dim][d_model]
   std::vector<float> wv;         ///< [n_kv_heads*head_dim][d_model]
+  std::vector<float> bq, bk, bv; ///< Q/K/V biases (qwen2); empty when the architecture has none
   std::vector<float> wo;         ///< [d_model][n_heads*head_dim]
   std::vector<float> ffn_norm;   ///< [d_model]
   std::vector<float> w_gate;     ///< [ffn_dim][d_model]
@@ -33,8 +34,8 @@ struct Weights {
   /// The output head matrix [vocab][d_model] (token_embd when tied).
   const std::vector<float>& head() const { return output.empty() ? token_embd : output; }
 
-  /// Dequantises every tensor the config needs. Throws Error naming a missing
-  /// tensor or one whose dims differ from the config.
+  /// Dequantises every tensor the config needs (model/tensors.h). Throws
+  /// Error naming a missing tensor or one whose dims differ from the config.
   static Weights load(const gguf::File& f, const ModelConfig& c);
 };
 
