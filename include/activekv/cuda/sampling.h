@@ -31,8 +31,9 @@ namespace activekv::cuda {
 
 class GpuSampler {
  public:
-  /// Scratch for a vocab of `vocab` logits, allocated on the current GPU
-  /// (about 24 bytes per logit plus CUB's sort space). Throws
+  /// Scratch for a vocab of `vocab` logits, allocated on the current GPU:
+  /// when sampling, about 30 bytes per logit with CUB's sort space (8 MB for
+  /// a 262K vocab); greedy (or top_k = 1), 2 KB at most. Throws
   /// InvalidArgument for bad parameters (SamplerParams::validate) or
   /// vocab <= 0, CudaError if the GPU memory cannot be had.
   GpuSampler(int vocab, model::SamplerParams params);
