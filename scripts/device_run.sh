@@ -52,17 +52,21 @@ fi
 export LD_LIBRARY_PATH=$PFX/usr/lib/$ARCH:$PFX/usr/lib/$ARCH/openblas-openmp${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$PFX/usr" \
   -DACTIVEKV_BUILD_BENCHMARKS=OFF > /tmp/cmake.log 2>&1 \
-  && cmake --build build-device -j 16 --target activekv test_cuda_decode test_cuda_formats test_cuda_model \
+  && cmake --build build-device -j 16 --target activekv test_cuda_decode test_cuda_formats test_cuda_model test_cuda_model_ops \
      >> /tmp/cmake.log 2>&1 || { tail -60 /tmp/cmake.log; exit 1; }
 echo "== whole-project build ok in $(( $(date +%s) - t0 )) s"
 AKV=build-device/bin/activekv
 
 echo "== GPU tests (ctest -L gpu)"
-(cd build-device && ctest -L gpu -E cuda_formats --output-on-failure)
+(cd build-device && ctest -L gpu -E "cuda_formats|cuda_model_ops" --output-on-failure)
 TEST_RC=$?
 build-device/bin/test_cuda_formats --gtest_output=json:"$OUT/gtest_formats.json" | grep -E "^  |OK|FAILED|PASSED"
 FMT_RC=${PIPESTATUS[0]}
 [ "$FMT_RC" = 0 ] || TEST_RC=$FMT_RC
+# model ops and sampler vs the CPU: keep the [measured] lines (and any failure) in the log
+build-device/bin/test_cuda_model_ops | grep -vE "^\[ RUN|^\[       OK"
+OPS_RC=${PIPESTATUS[0]}
+[ "$OPS_RC" = 0 ] || TEST_RC=$OPS_RC
 echo "== GPU tests rc=$TEST_RC"
 [ "$PHASE" = tests ] && exit $TEST_RC
 

@@ -1,11 +1,10 @@
 #include "activekv/model/sampler.h"
 
-#include <fmt/format.h>
-
 #include <algorithm>
 #include <cmath>
 
 #include "activekv/core/error.h"
+#include "activekv/model/sample_rng.h"
 
 namespace activekv::model {
 
@@ -17,15 +16,11 @@ int32_t argmax(std::span<const float> logits) {
   return best;
 }
 
-Sampler::Sampler(SamplerParams p) : p_(p), rng_(p.seed) {
-  if (!(p_.top_p > 0.0f && p_.top_p <= 1.0f)) {
-    throw InvalidArgument(fmt::format("sampler: top_p must be in (0, 1], got {}", p_.top_p));
-  }
-  if (std::isnan(p_.temperature)) throw InvalidArgument("sampler: temperature is NaN");
-}
+Sampler::Sampler(SamplerParams p) : p_(p) { p_.validate(); }
 
 int32_t Sampler::sample(std::span<const float> logits) {
   if (logits.empty()) throw InvalidArgument("sampler: empty logits");
+  const uint64_t draw = draws_++;  // every call counts, greedy too: the GPU sampler counts alike
   if (p_.temperature <= 0.0f) return argmax(logits);
 
   cand_.resize(logits.size());
@@ -58,7 +53,7 @@ int32_t Sampler::sample(std::span<const float> logits) {
   }
   double kept_sum = 0.0;
   for (size_t i = 0; i < keep; ++i) kept_sum += prob[i];
-  const double u = double(rng_() >> 11) * 0x1.0p-53 * kept_sum;
+  const double u = sample_uniform(p_.seed, draw) * kept_sum;
   double acc = 0.0;
   for (size_t i = 0; i < keep; ++i) {
     acc += prob[i];

@@ -2,9 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
+#include <cmath>
 #include <map>
 
 #include "activekv/core/error.h"
+#include "activekv/model/sample_rng.h"
 
 namespace activekv {
 namespace {
@@ -54,10 +57,63 @@ TEST(Sampler, FrequenciesFollowTheSoftmax) {
   EXPECT_NEAR(double(ones) / n, 0.75, 0.015);
 }
 
+// The generator is SplitMix64 as published: the reference splitmix64.c seeded
+// with 1234567 gives these five outputs (Rosetta Code lists the same).
+TEST(SampleRng, IsSplitMix64) {
+  const std::array<uint64_t, 5> want{6457827717110365317ull, 3203168211198807973ull, 9817491932198370423ull,
+                                     4593380528125082431ull, 16408922859458223821ull};
+  for (uint64_t d = 0; d < want.size(); ++d) EXPECT_EQ(model::sample_bits(1234567, d), want[d]) << "draw " << d;
+}
+
+// Uniform on [0, 1): 16 equal bins of 64000 draws each hold 4000 +- 5 sigma
+// (sigma = sqrt(4000 * 15/16) ~ 61), and the mean is 0.5 +- 5 sigma.
+TEST(SampleRng, UniformIsUniform) {
+  const int n = 64000;
+  std::array<int, 16> bins{};
+  double mean = 0.0;
+  for (int d = 0; d < n; ++d) {
+    const double u = model::sample_uniform(77, uint64_t(d));
+    ASSERT_TRUE(u >= 0.0 && u < 1.0) << u;
+    bins[size_t(u * 16)]++;
+    mean += u / n;
+  }
+  for (int b = 0; b < 16; ++b) EXPECT_NEAR(bins[size_t(b)], 4000, 5 * 61) << "bin " << b;
+  EXPECT_NEAR(mean, 0.5, 5 * std::sqrt(1.0 / 12 / n));
+}
+
+// The k-th call draws sample_uniform(seed, k): with p = (0.75, 0.25) on ids
+// (1, 0), the token is 1 exactly when u * (1 + 1/3) < 1, i.e. u < 0.75.
+TEST(Sampler, CallNumberIsTheDrawIndex) {
+  const std::vector<float> two{0.0f, std::log(3.0f)};
+  model::Sampler s({1.0f, 0, 1.0f, 123});
+  const double p1 = std::exp(double(0.0f) - double(two[1]));  // the sampler's own p of id 0
+  for (uint64_t k = 0; k < 2000; ++k) {
+    const double u = model::sample_uniform(123, k) * (1.0 + p1);
+    ASSERT_EQ(s.sample(two), u < 1.0 ? 1 : 0) << "call " << k;
+  }
+  EXPECT_EQ(s.draws(), 2000u);
+}
+
+// p = (0.5, 0.3, 0.15, 0.05): top_p 0.75 keeps the first two (mass 0.5, then
+// 0.8), which are drawn 0.5/0.8 and 0.3/0.8 of the time.
+TEST(Sampler, TopPKeepsTheSmallestPrefixReachingIt) {
+  const std::vector<float> l{std::log(0.15f), std::log(0.5f), std::log(0.05f), std::log(0.3f)};
+  model::Sampler s({1.0f, 0, 0.75f, 5});
+  std::map<int32_t, int> seen;
+  const int n = 20000;
+  for (int i = 0; i < n; ++i) seen[s.sample(l)]++;
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_NEAR(double(seen[1]) / n, 0.625, 0.02);  // sigma = 0.0034
+  EXPECT_GT(seen[3], 0);
+}
+
 TEST(Sampler, RejectsBadParameters) {
   EXPECT_THROW(model::Sampler({1.0f, 0, 0.0f, 1}), InvalidArgument);
   EXPECT_THROW(model::Sampler({1.0f, 0, 1.5f, 1}), InvalidArgument);
   EXPECT_THROW(model::Sampler({std::nanf(""), 0, 1.0f, 1}), InvalidArgument);
+  model::Sampler s({1.0f, 0, 1.0f, 1});
+  EXPECT_THROW(s.sample({}), InvalidArgument);
+  EXPECT_EQ(s.draws(), 0u);
 }
 
 }  // namespace

@@ -1,0 +1,230 @@
+// Kernels of activekv/cuda/model_ops.h (launchers: model_ops_kernels.h).
+//
+// Bit agreement with the CPU reference (src/model/ops.cpp) is the design
+// rule: fp32 arithmetic goes through the __f*_rn intrinsics, which nvcc never
+// contracts into FMAs (the CPU build has no FMA either), in the CPU's order;
+// the CPU's double intermediates stay double here. Elementwise kernels read
+// float4 when every pointer is 16-byte aligned and the length a multiple of 4
+// (free bandwidth), else floats; all loop grid-stride.
+#include <cub/block/block_reduce.cuh>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "activekv/cuda/decode_attention.h"
+#include "model_ops_kernels.h"
+
+namespace activekv::cuda::kernels {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxBlocks = 4096;  // enough to fill an H200 (132 SMs x 8 blocks) several times
+
+int grid_for(int64_t work) { return int(std::clamp<int64_t>((work + kThreads - 1) / kThreads, 1, kMaxBlocks)); }
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+void check_launch(const char* what) { check_cuda(cudaGetLastError(), what); }
+
+__device__ inline int64_t thread_index() { return int64_t(blockIdx.x) * blockDim.x + threadIdx.x; }
+__device__ inline int64_t grid_stride() { return int64_t(gridDim.x) * blockDim.x; }
+
+// ---- elementwise: a[i] = op(a[i], b[i mod period]) -------------------------
+
+struct SwiGLUOp {
+  // ops.cpp: g / (1.0f + std::exp(-g)) * up, with glibc's expf (correctly
+  // rounded but for rare cases); exp in double rounded once to fp32 is that.
+  __device__ float operator()(float g, float u) const {
+    const float e = float(exp(-double(g)));
+    return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, e)), u);
+  }
+};
+
+struct GeGLUTanhOp {
+  __device__ float operator()(float g, float u) const {
+    const double x = g;
+    const double z = 0.7978845608028654 * (x + 0.044715 * x * x * x);  // sqrt(2/pi) (x + 0.044715 x^3)
+    return __fmul_rn(float(x / (1.0 + exp(-2.0 * z))), u);  // 0.5 x (1 + tanh z) = x / (1 + e^-2z)
+  }
+};
+
+struct AddOp {
+  __device__ float operator()(float x, float y) const { return __fadd_rn(x, y); }
+};
+
+struct ScaleOp {
+  float s;
+  __device__ float operator()(float x, float) const { return __fmul_rn(x, s); }
+};
+
+template <class Op>
+__device__ inline float4 apply4(const float4 a, const float4 b, Op op) {
+  return make_float4(op(a.x, b.x), op(a.y, b.y), op(a.z, b.z), op(a.w, b.w));
+}
+
+// b == nullptr: op ignores its second operand (scale). period > 0: b is one
+// row of `period` elements broadcast over a (bias); 0: b as long as a.
+template <class V, class Op>
+__global__ void binary_kernel(V* a, const V* b, int64_t n, int64_t period, Op op) {
+  for (int64_t i = thread_index(); i < n; i += grid_stride()) {
+    const V y = b == nullptr ? a[i] : b[period > 0 ? i % period : i];
+    if constexpr (sizeof(V) == sizeof(float4)) {
+      a[i] = apply4(a[i], y, op);
+    } else {
+      a[i] = op(a[i], y);
+    }
+  }
+}
+
+template <class Op>
+void launch_binary(float* a, const float* b, int64_t n, int64_t period, Op op, cudaStream_t stream,
+                   const char* what) {
+  if (n == 0) return;
+  const bool vec = n % 4 == 0 && period % 4 == 0 && aligned16(a) && (b == nullptr || aligned16(b));
+  if (vec) {
+    binary_kernel<<<grid_for(n / 4), kThreads, 0, stream>>>(
+        reinterpret_cast<float4*>(a), reinterpret_cast<const float4*>(b), n / 4, period / 4, op);
+  } else {
+    binary_kernel<<<grid_for(n), kThreads, 0, stream>>>(a, b, n, period, op);
+  }
+  check_launch(what);
+}
+
+// ---- f32 -> bf16 -------------------------------------------------------------
+
+// The rule of activekv::f32_to_bf16 (core/bf16.h), on the raw bits.
+__device__ inline uint16_t to_bf16(float f) {
+  const uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x0040u);  // NaN: quiet, sign + payload kept
+  return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+__global__ void bf16_kernel(const float* x, uint16_t* out, int64_t n) {
+  for (int64_t i = thread_index(); i < n; i += grid_stride()) out[i] = to_bf16(x[i]);
+}
+
+__global__ void bf16_kernel4(const float4* x, uint2* out, int64_t n4) {
+  for (int64_t i = thread_index(); i < n4; i += grid_stride()) {
+    const float4 v = x[i];
+    out[i] = make_uint2(uint32_t(to_bf16(v.x)) | uint32_t(to_bf16(v.y)) << 16,
+                        uint32_t(to_bf16(v.z)) | uint32_t(to_bf16(v.w)) << 16);  // little endian
+  }
+}
+
+// ---- RMSNorm: one block per row ---------------------------------------------
+
+__device__ inline double sq(float v) { return double(v) * double(v); }  // exact in double
+
+template <bool kVec4>
+__global__ void rms_norm_kernel(const float* x, const float* w, int n, float eps, float* out) {
+  using Reduce = cub::BlockReduce<double, kThreads>;
+  __shared__ typename Reduce::TempStorage tmp;
+  __shared__ float inv_s;
+  const float* xr = x + size_t(blockIdx.x) * n;
+  float* o = out + size_t(blockIdx.x) * n;
+  double ss = 0.0;
+  if constexpr (kVec4) {
+    const float4* x4 = reinterpret_cast<const float4*>(xr);
+    for (int i = threadIdx.x; i < n / 4; i += kThreads) {
+      const float4 v = x4[i];
+      ss += sq(v.x) + sq(v.y) + sq(v.z) + sq(v.w);
+    }
+  } else {
+    for (int i = threadIdx.x; i < n; i += kThreads) ss += sq(xr[i]);
+  }
+  const double total = Reduce(tmp).Sum(ss);
+  // ops.cpp: float(1.0 / std::sqrt(ss / n + double(eps))); double sqrt and
+  // division are correctly rounded on both sides.
+  if (threadIdx.x == 0) inv_s = float(1.0 / sqrt(total / n + double(eps)));
+  __syncthreads();  // also orders every read of x above before the writes below (out may alias x)
+  const float inv = inv_s;
+  if constexpr (kVec4) {
+    const float4* x4 = reinterpret_cast<const float4*>(xr);
+    const float4* w4 = reinterpret_cast<const float4*>(w);
+    float4* o4 = reinterpret_cast<float4*>(o);
+    auto f = [inv](float a, float b) { return __fmul_rn(__fmul_rn(a, inv), b); };
+    for (int i = threadIdx.x; i < n / 4; i += kThreads) o4[i] = apply4(x4[i], w4[i], f);
+  } else {
+    for (int i = threadIdx.x; i < n; i += kThreads) o[i] = __fmul_rn(__fmul_rn(xr[i], inv), w[i]);
+  }
+}
+
+// ---- RoPE: one thread per (row, pair), looping over the heads ----------------
+
+template <bool kHalfSplit>
+__global__ void rope_kernel(float* x, int T, int n_heads, int head_dim, const int64_t* pos, const double* freqs,
+                            int half) {
+  const int64_t work = int64_t(T) * half;
+  for (int64_t w = thread_index(); w < work; w += grid_stride()) {
+    const int t = int(w / half), i = int(w % half);
+    const double angle = double(pos[t]) * freqs[i];
+    const float cs = float(cos(angle)), sn = float(sin(angle));
+    const int a = kHalfSplit ? i : 2 * i;
+    const int b = kHalfSplit ? i + half : 2 * i + 1;
+    for (int h = 0; h < n_heads; ++h) {
+      float* v = x + (size_t(t) * n_heads + h) * head_dim;
+      const float x0 = v[a], x1 = v[b];
+      v[a] = __fsub_rn(__fmul_rn(x0, cs), __fmul_rn(x1, sn));
+      v[b] = __fadd_rn(__fmul_rn(x0, sn), __fmul_rn(x1, cs));
+    }
+  }
+}
+
+}  // namespace
+
+void rms_norm(const float* x, const float* weight, int T, int n, float eps, float* out, cudaStream_t stream) {
+  if (T == 0 || n == 0) return;
+  if (n % 4 == 0 && aligned16(x) && aligned16(weight) && aligned16(out)) {
+    rms_norm_kernel<true><<<T, kThreads, 0, stream>>>(x, weight, n, eps, out);
+  } else {
+    rms_norm_kernel<false><<<T, kThreads, 0, stream>>>(x, weight, n, eps, out);
+  }
+  check_launch("rms_norm kernel launch");
+}
+
+void rope(float* x, int T, int n_heads, int head_dim, const int64_t* pos, const double* freqs, int rope_dim,
+          bool half_split, cudaStream_t stream) {
+  const int half = rope_dim / 2;
+  if (T == 0 || n_heads == 0 || half == 0) return;
+  const int grid = grid_for(int64_t(T) * half);
+  if (half_split) {
+    rope_kernel<true><<<grid, kThreads, 0, stream>>>(x, T, n_heads, head_dim, pos, freqs, half);
+  } else {
+    rope_kernel<false><<<grid, kThreads, 0, stream>>>(x, T, n_heads, head_dim, pos, freqs, half);
+  }
+  check_launch("rope kernel launch");
+}
+
+void swiglu(float* gate, const float* up, int64_t n, cudaStream_t stream) {
+  launch_binary(gate, up, n, 0, SwiGLUOp{}, stream, "swiglu kernel launch");
+}
+
+void geglu_tanh(float* gate, const float* up, int64_t n, cudaStream_t stream) {
+  launch_binary(gate, up, n, 0, GeGLUTanhOp{}, stream, "geglu_tanh kernel launch");
+}
+
+void add(float* x, const float* y, int64_t n, cudaStream_t stream) {
+  launch_binary(x, y, n, 0, AddOp{}, stream, "add kernel launch");
+}
+
+void add_bias(float* x, const float* bias, int T, int n, cudaStream_t stream) {
+  launch_binary(x, bias, int64_t(T) * n, n, AddOp{}, stream, "add_bias kernel launch");
+}
+
+void scale(float* x, float s, int64_t n, cudaStream_t stream) {
+  launch_binary(x, nullptr, n, 0, ScaleOp{s}, stream, "scale kernel launch");
+}
+
+void f32_to_bf16(const float* x, uint16_t* out, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  if (n % 4 == 0 && aligned16(x) && reinterpret_cast<uintptr_t>(out) % 8 == 0) {
+    bf16_kernel4<<<grid_for(n / 4), kThreads, 0, stream>>>(reinterpret_cast<const float4*>(x),
+                                                          reinterpret_cast<uint2*>(out), n / 4);
+  } else {
+    bf16_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, out, n);
+  }
+  check_launch("f32_to_bf16 kernel launch");
+}
+
+}  // namespace activekv::cuda::kernels
