@@ -37,9 +37,10 @@ class PrefillAttention;
 class CudaAttentionBackend final : public attention::AttentionBackend {
  public:
   /// `shape`: the model's KV shape (format must be bf16); `n_heads`: query
-  /// heads. split_tokens: tokens per CTA (0 = the largest divisor of the page
-  /// size that is <= 512). Throws InvalidArgument for an unsupported shape,
-  /// CudaError if no device can be used.
+  /// heads. split_tokens: the AttnShape's split (0 = the largest divisor of
+  /// the page size that is <= 512); the prefill kernel picks its own key
+  /// splits, so it only has to divide the page size. Throws InvalidArgument
+  /// for an unsupported shape, CudaError if no device can be used.
   CudaAttentionBackend(const kv::KvShape& shape, int n_heads, int split_tokens = 0, int device = 0);
   ~CudaAttentionBackend() override;
   CudaAttentionBackend(const CudaAttentionBackend&) = delete;
