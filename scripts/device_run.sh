@@ -52,7 +52,7 @@ fi
 export LD_LIBRARY_PATH=$PFX/usr/lib/$ARCH:$PFX/usr/lib/$ARCH/openblas-openmp${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$PFX/usr" \
   -DACTIVEKV_BUILD_BENCHMARKS=OFF > /tmp/cmake.log 2>&1 \
-  && cmake --build build-device -j 16 --target activekv test_cuda_decode test_cuda_formats test_cuda_model test_cuda_model_ops \
+  && cmake --build build-device -j 16 \
      >> /tmp/cmake.log 2>&1 || { tail -60 /tmp/cmake.log; exit 1; }
 echo "== whole-project build ok in $(( $(date +%s) - t0 )) s"
 AKV=build-device/bin/activekv
@@ -113,6 +113,8 @@ PYTHONUNBUFFERED=1 python3 bench/peers_torch.py --contexts $CTX --batches $BATCH
 python3 bench/plot_decode.py "$OUT/bench_formats.json" "$OUT/peers.json" -o "$OUT/decode_formats.png"
 
 if [ "$PHASE" = full ]; then
+  echo "== prefill attention, 27B shape (chunks 512/2048 at depth 0/32K/128K)"
+  build-device/bin/bench_prefill_attention --iters 5 --warmup 2 --commit "$COMMIT" --json "$OUT/bench_prefill.json"
   echo "== gate (quality: the committed CPU and GPU evals)"
   $AKV gate --bench "$OUT/bench_formats.json" --json "$OUT/gate.json"  # default --eval: the committed CPU + GPU evals
   $AKV gate --bench "$OUT/bench_formats.json" --batch 2 | tail -3

@@ -184,8 +184,8 @@ int run(const GenerateArgs& a) {
     gpu_attention = std::make_unique<cuda::CudaAttentionBackend>(shape, c.n_heads);
     fopt.attention_backend = gpu_attention.get();
     lm.set_options(fopt);
-    fmt::print(stderr, "activekv: attention on {} (split {} tokens), model layers on the CPU\n",
-               gpu_attention->device_name(), gpu_attention->attn_shape().split_tokens);
+    fmt::print(stderr, "activekv: attention on {} (flash-style prefill kernel), model layers on the CPU\n",
+               gpu_attention->device_name());
   }
 #endif
 

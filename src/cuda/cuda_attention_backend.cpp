@@ -28,6 +28,14 @@ void device_alloc(T** p, size_t count, const char* what) {
   }
 }
 
+// fp32-accurate (3 bf16 terms): this backend is the model's exact-attention
+// reference on the GPU, checked against the CPU path to fp32 tolerance.
+PrefillConfig prefill_config() {
+  PrefillConfig c;
+  c.terms = 3;
+  return c;
+}
+
 }  // namespace
 
 CudaAttentionBackend::CudaAttentionBackend(const kv::KvShape& shape, int n_heads, int split_tokens, int device)
@@ -50,7 +58,7 @@ CudaAttentionBackend::CudaAttentionBackend(const kv::KvShape& shape, int n_heads
   check_cuda(cudaGetDeviceProperties(&prop, device), "CudaAttentionBackend: cudaGetDeviceProperties");
   device_name_ = prop.name;
   check_cuda(cudaStreamCreate(&stream_), "CudaAttentionBackend: cudaStreamCreate");
-  prefill_ = std::make_unique<PrefillAttention>(attn_);
+  prefill_ = std::make_unique<PrefillAttention>(attn_, prefill_config());
   mirrored_.assign(size_t(shape_.n_layers), 0);
   tables_.resize(size_t(shape_.n_layers));
 }
@@ -62,6 +70,7 @@ CudaAttentionBackend::~CudaAttentionBackend() {
   cudaFree(q_dev_);
   cudaFree(o_dev_);
   cudaFree(lse_dev_);
+  cudaFree(table_dev_);
   if (stream_) cudaStreamDestroy(stream_);
 }
 
@@ -137,7 +146,7 @@ attention::Partial CudaAttentionBackend::attend(int layer, const attention::Laye
   if (opt.softmax_scale != attn_.softmax_scale) {
     attn_.softmax_scale = opt.softmax_scale;
     attn_.validate();
-    prefill_ = std::make_unique<PrefillAttention>(attn_);
+    prefill_ = std::make_unique<PrefillAttention>(attn_, prefill_config());
   }
   mirror(layer, h, first);
 
@@ -155,17 +164,29 @@ attention::Partial CudaAttentionBackend::attend(int layer, const attention::Laye
   }
   check_cuda(cudaMemcpyAsync(q_dev_, q.q, rows * nq * hd * sizeof(float), cudaMemcpyHostToDevice, stream_),
              "CudaAttentionBackend: query upload");
-  std::vector<const void*> pages;
+  // The layer's device page table (every page of the history has a device
+  // page after mirror()); the stream is idle here (attend ends synchronised),
+  // so the table can be regrown and rewritten.
+  const size_t n_pages = size_t((h.n_tokens + shape_.page_size - 1) / shape_.page_size);
+  table_host_.resize(n_pages);
+  for (size_t i = 0; i < n_pages; ++i) table_host_[i] = dev_pages_[h.page_table[i]];
+  if (n_pages > cap_table_) {
+    cudaFree(table_dev_);
+    table_dev_ = nullptr;
+    cap_table_ = 0;
+    device_alloc(&table_dev_, n_pages, "the page table");
+    cap_table_ = n_pages;
+  }
+  check_cuda(cudaMemcpyAsync(table_dev_, table_host_.data(), n_pages * sizeof(void*), cudaMemcpyHostToDevice,
+                             stream_),
+             "CudaAttentionBackend: page table upload");
   for (int r = 0; r < q.n_rows;) {
     // A run of consecutive positions is one PrefillAttention::run (one row: a decode step).
     int n = 1;
     while (r + n < q.n_rows && q.positions[r + n] == q.positions[r] + n) ++n;
-    const int64_t pos0 = q.positions[r];
-    const size_t n_pages = size_t((pos0 + n + shape_.page_size - 1) / shape_.page_size);
-    pages.resize(n_pages);
-    for (size_t i = 0; i < n_pages; ++i) pages[i] = dev_pages_[h.page_table[i]];
     const size_t off = size_t(r) * nq;
-    prefill_->run(pages, pos0, n, q_dev_ + off * hd, o_dev_ + off * hd, lse_dev_ + off, stream_);
+    prefill_->run(table_dev_, int64_t(n_pages), q.positions[r], n, q_dev_ + off * hd, o_dev_ + off * hd,
+                  lse_dev_ + off, stream_);
     r += n;
   }
   attention::Partial out(q.n_rows, q.n_heads, attn_.head_dim);

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "activekv/cuda/decode_attention.h"
+#include "mma_util.cuh"
 
 namespace activekv::cuda {
 
@@ -43,7 +44,8 @@ void AttnShape::validate() const {
   auto bad = [](const std::string& m) { throw InvalidArgument("AttnShape: " + m); };
   if (n_kv_heads <= 0) bad("n_kv_heads must be positive, got " + std::to_string(n_kv_heads));
   if (group < 1 || group > 8) bad("group (query heads per KV head) must be 1..8, got " + std::to_string(group));
-  if (head_dim != 64 && head_dim != 256) bad("head_dim must be 64 or 256, got " + std::to_string(head_dim));
+  if (head_dim != 64 && head_dim != 128 && head_dim != 256)
+    bad("head_dim must be 64, 128 or 256, got " + std::to_string(head_dim));
   if (page_size <= 0) bad("page_size must be positive, got " + std::to_string(page_size));
   if (split_tokens <= 0 || page_size % split_tokens != 0)
     bad("split_tokens must divide page_size (" + std::to_string(page_size) + "), got " +
@@ -53,14 +55,14 @@ void AttnShape::validate() const {
 
 namespace {
 
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
+using namespace detail;  // mma_util.cuh: cp.async, ldmatrix, mma, bf16 term split
+
 constexpr int kBlk = 16;     // tokens per mma block (k of P.V, 2 n-tiles of Q.K^T)
 constexpr int kStages = 3;   // cp.async ring depth per warp (2 blocks in flight while one is computed)
 constexpr int kRows = 8;     // query heads per KV head held in the mma M dimension (rows 8..15 unused)
 
 // Warps per CTA: head_dim 256 -> 2 warps (96 KiB of ring per CTA, 2 CTAs per SM so
-// one CTA's start/end overlaps the other's streaming); head_dim 64 -> 4 warps.
+// one CTA's start/end overlaps the other's streaming); head_dim 64 and 128 -> 4 warps.
 template <int HD> __host__ __device__ constexpr int warps_for() { return HD >= 256 ? 2 : 4; }
 template <int HD> __host__ __device__ constexpr int stage_bytes() { return 2 * kBlk * HD * 2; }  // K and V rows of one block
 template <int HD>
@@ -68,56 +70,8 @@ constexpr size_t split_smem_bytes() {
   const size_t ring = size_t(warps_for<HD>()) * kStages * stage_bytes<HD>();
   const size_t merge = size_t(warps_for<HD>()) * kRows * HD * 4 + 2 * size_t(warps_for<HD>()) * kRows * 4;
   const size_t qfrag = size_t(HD / 16) * 2 * 3 * 32 * 4;  // after the ring, not aliased
-  static_assert(HD == 64 || HD == 256, "instantiated head dims");
+  static_assert(HD == 64 || HD == 128 || HD == 256, "instantiated head dims");
   return (ring > merge ? ring : merge) + qfrag;
-}
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-// 16-byte async copy; src_bytes = 0 zero-fills the destination (rows past the split's end).
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
-}
-// D += A (16x16 bf16, rows 8..15 zero) * B (16x8 bf16), fp32 accumulate.
-__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ void mma_bf16_full(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-// Splits the fp32 pair (x0, x1) into three bf16 pairs hi + mid + lo that sum to
-// x to ~24 significant bits (each residual is exact in fp32), so that products
-// with exact bf16 K/V on the tensor cores keep fp32 accuracy. o[0] = hi, o[1] = mid, o[2] = lo.
-__device__ __forceinline__ void split3(float x0, float x1, uint32_t (&o)[3]) {
-  const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
-  const float2 hf = __bfloat1622float2(h);
-  const float r0 = x0 - hf.x, r1 = x1 - hf.y;
-  const __nv_bfloat162 m = __floats2bfloat162_rn(r0, r1);
-  const float2 mf = __bfloat1622float2(m);
-  o[0] = *reinterpret_cast<const uint32_t*>(&h);
-  o[1] = *reinterpret_cast<const uint32_t*>(&m);
-  o[2] = pack_bf16(r0 - mf.x, r1 - mf.y);
 }
 
 // Tensor-core split kernel. CTA = one split x one KV head, W warps; warp w
@@ -400,6 +354,7 @@ void launch_split_attention(const AttnShape& shape, const SplitWork* work, int n
                                                 : 1.f / std::sqrt(float(shape.head_dim));
   const float sl2 = scale * kLog2e;
   if (shape.head_dim == 256) launch_split<256>(shape, work, n_work, q, partials, sl2, stream);
+  else if (shape.head_dim == 128) launch_split<128>(shape, work, n_work, q, partials, sl2, stream);
   else launch_split<64>(shape, work, n_work, q, partials, sl2, stream);
   check_cuda(cudaGetLastError(), "split_attention_kernel launch");
 }

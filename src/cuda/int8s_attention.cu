@@ -27,9 +27,13 @@
 #include <string>
 
 #include "activekv/cuda/format_kernels.h"
+#include "mma_util.cuh"
 
 namespace activekv::cuda {
 namespace {
+
+using detail::cp_async16;  // mma_util.cuh
+using detail::smem_u32;
 
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
@@ -49,14 +53,6 @@ constexpr size_t int8s_smem_bytes() {
          + size_t(kTok) * 4                   // token scales
          + size_t(2) * kWarps * kHeads * 4    // block reductions
          + size_t(3) * kHeads * 4;            // row scales, alpha, scratch
-}
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-// 16-byte async global -> shared copy; src_bytes = 0 zero-fills the destination.
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
 
 __device__ __forceinline__ float warp_max(float v) {
@@ -354,6 +350,8 @@ void launch_split_attention_int8s(const AttnShape& shape, const SplitWork* work,
   shape.validate();
   if (shape.page_size % 16 != 0)
     throw InvalidArgument("int8s attention: page_size must be a multiple of 16, got " + std::to_string(shape.page_size));
+  if (shape.head_dim != 64 && shape.head_dim != 256)  // AttnShape also admits 128 (bf16 kernels only)
+    throw InvalidArgument("int8s attention: head_dim must be 64 or 256, got " + std::to_string(shape.head_dim));
   if (opt.query_terms != 1 && opt.query_terms != 2)
     throw InvalidArgument("int8s attention: query_terms must be 1 or 2, got " + std::to_string(opt.query_terms));
   const float scale = shape.softmax_scale > 0.f ? shape.softmax_scale : 1.f / std::sqrt(float(shape.head_dim));

@@ -1,91 +1,172 @@
-// Chunked prefill attention. See include/activekv/cuda/prefill.h.
+// Chunked prefill attention: launch planning and workspace. See
+// include/activekv/cuda/prefill.h; the kernel is in prefill_attention.cu.
 #include "activekv/cuda/prefill.h"
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
 #include <string>
+
+#include "prefill_kernel.h"
 
 namespace activekv::cuda {
 
-PrefillPlan plan_prefill(const AttnShape& sh, const std::vector<const void*>& pages, int64_t pos0, int n_rows) {
-  sh.validate();
-  if (pos0 < 0 || n_rows <= 0)
-    throw InvalidArgument("plan_prefill: need pos0 >= 0 and n_rows > 0, got pos0 " + std::to_string(pos0) +
-                          ", n_rows " + std::to_string(n_rows));
-  const int64_t need = pos0 + n_rows;
-  if (int64_t(pages.size()) * sh.page_size < need)
-    throw InvalidArgument("plan_prefill: " + std::to_string(pages.size()) + " pages of " +
-                          std::to_string(sh.page_size) + " tokens cannot hold " + std::to_string(need) + " tokens");
-  PrefillPlan p;
-  p.n_splits.resize(size_t(n_rows));
-  for (int r = 0; r < n_rows; ++r) {
-    const int64_t n = pos0 + r + 1;  // causal: tokens [0, pos0 + r]
-    int32_t split = 0;
-    for (int64_t t = 0; t < n; t += sh.split_tokens, ++split) {
-      SplitWork w;
-      w.page = pages[size_t(t / sh.page_size)];
-      w.seq = r;
-      w.tok0 = int32_t(t % sh.page_size);
-      w.ntok = int32_t(std::min<int64_t>(sh.split_tokens, n - t));
-      w.split = split;
-      p.work.push_back(w);
-    }
-    p.n_splits[size_t(r)] = split;
-    p.max_splits = std::max(p.max_splits, int(split));
+using prefill_detail::kKeyBlock;
+
+namespace {
+
+// Smallest key range worth a CTA of its own when splitting (16 blocks): below
+// it the merge and the per-CTA prologue (query fragments) cost more than the
+// parallelism gains.
+constexpr int64_t kMinSplitKeys = 512;
+// A CTA's fixed cost (query fragments, pipeline fill), in keys, for the split choice.
+constexpr int64_t kCtaOverheadKeys = 64;
+// Splits the automatic policy considers at most.
+constexpr int64_t kMaxAutoSplits = 1024;
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+template <class T>
+T* device_alloc(size_t count, const char* what) {
+  void* p = nullptr;
+  const cudaError_t e = cudaMalloc(&p, std::max<size_t>(count * sizeof(T), 16));
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    throw CudaError("PrefillAttention: cudaMalloc of " + std::to_string(count * sizeof(T)) + " bytes for " + what +
+                    " failed: " + cudaGetErrorString(e));
   }
-  return p;
+  return static_cast<T*>(p);
 }
 
-PrefillAttention::PrefillAttention(const AttnShape& shape) : sh_(shape) { sh_.validate(); }
+}  // namespace
+
+PrefillAttention::PrefillAttention(const AttnShape& shape, const PrefillConfig& cfg) : sh_(shape), cfg_(cfg) {
+  sh_.validate();
+  if (cfg_.terms < 1 || cfg_.terms > 3)
+    throw InvalidArgument("PrefillAttention: terms must be 1..3, got " + std::to_string(cfg_.terms));
+  if (cfg_.split_keys < 0 || cfg_.split_keys % kKeyBlock != 0)
+    throw InvalidArgument("PrefillAttention: split_keys must be 0 (automatic) or a positive multiple of " +
+                          std::to_string(kKeyBlock) + ", got " + std::to_string(cfg_.split_keys));
+  const float scale = sh_.softmax_scale > 0.f ? sh_.softmax_scale : 1.f / std::sqrt(float(sh_.head_dim));
+  scale_log2_ = scale * 1.4426950408889634f;  // the kernel's scores are in base 2
+  const int per_sm = prefill_detail::configure_kernel(sh_.head_dim, cfg_.terms);
+  int dev = 0, sms = 0;
+  check_cuda(cudaGetDevice(&dev), "PrefillAttention: cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev),
+             "PrefillAttention: cudaDeviceGetAttribute(multiProcessorCount)");
+  if (per_sm < 1 || sms < 1)
+    throw CudaError("PrefillAttention: the kernel (head_dim " + std::to_string(sh_.head_dim) + ", " +
+                    std::to_string(prefill_detail::smem_bytes(sh_.head_dim, cfg_.terms)) +
+                    " bytes of shared memory) does not fit on this GPU");
+  wave_ctas_ = per_sm * sms;
+  // The automatic policy never splits beyond this workspace (plan() bounds the
+  // splits by it): 4 waves' worth of row tiles' rows -- a short chunk may then
+  // split into ~4x the pieces that one wave needs, which evens out the last wave.
+  const int bm = prefill_detail::block_rows(sh_.head_dim, cfg_.terms, sh_.group);
+  cap_row_splits_ = cfg_.max_row_splits > 0 ? cfg_.max_row_splits
+                                            : size_t(4) * bm * size_t(ceil_div(wave_ctas_, sh_.n_kv_heads));
+  const size_t nq = size_t(sh_.n_q_heads());
+  part_o_ = device_alloc<float>(cap_row_splits_ * nq * sh_.head_dim, "split partial outputs");
+  try {
+    part_lse_ = device_alloc<float>(cap_row_splits_ * nq, "split partial LSE");
+    row_splits_ = device_alloc<int32_t>(cap_row_splits_, "split counts");
+  } catch (...) {
+    cudaFree(part_o_);
+    cudaFree(part_lse_);
+    throw;
+  }
+  ws_bytes_ = cap_row_splits_ * (nq * sh_.head_dim * sizeof(float) + nq * sizeof(float) + sizeof(int32_t));
+}
 
 PrefillAttention::~PrefillAttention() {
-  cudaFree(work_dev_);
-  cudaFree(n_splits_dev_);
   cudaFree(part_o_);
   cudaFree(part_lse_);
+  cudaFree(row_splits_);
 }
 
-void PrefillAttention::reserve(size_t n_work, size_t n_rows, int max_splits) {
-  auto grow = [](auto** p, size_t count, size_t elem, const char* what) {
-    cudaFree(*p);
-    *p = nullptr;
-    const cudaError_t e = cudaMalloc(reinterpret_cast<void**>(p), std::max<size_t>(count * elem, 16));
-    if (e != cudaSuccess) {
-      cudaGetLastError();
-      throw CudaError(std::string("PrefillAttention: cudaMalloc of ") + std::to_string(count * elem) +
-                      " bytes for " + what + " failed: " + cudaGetErrorString(e));
+PrefillLaunch PrefillAttention::plan(int64_t pos0, int n_rows) const {
+  if (pos0 < 0 || n_rows <= 0)
+    throw InvalidArgument("PrefillAttention: need pos0 >= 0 and n_rows > 0, got pos0 " + std::to_string(pos0) +
+                          ", n_rows " + std::to_string(n_rows));
+  const int64_t kv = pos0 + n_rows;  // keys of the last row
+  if (kv >= int64_t(std::numeric_limits<int32_t>::max()))
+    throw InvalidArgument("PrefillAttention: pos0 + n_rows = " + std::to_string(kv) + " must be below 2^31");
+  PrefillLaunch L;
+  L.block_rows = prefill_detail::block_rows(sh_.head_dim, cfg_.terms, sh_.group);
+  L.row_tiles = int(ceil_div(n_rows, L.block_rows));
+  int64_t n = 1, keys = 0;
+  if (cfg_.split_keys > 0) {
+    keys = cfg_.split_keys;
+    n = ceil_div(kv, keys);
+  } else {
+    // Choose the split count that minimises the longest CTA queue: with n
+    // splits, ceil(base * n / wave) waves of CTAs of ~kv / n keys each (plus a
+    // fixed cost per CTA). Ties keep fewer splits. Bounded by the workspace,
+    // kMinSplitKeys per split and kMaxAutoSplits.
+    const int64_t base = int64_t(L.row_tiles) * sh_.n_kv_heads;
+    const int64_t n_hi = std::min({kv / kMinSplitKeys, int64_t(cap_row_splits_ / size_t(n_rows)), kMaxAutoSplits});
+    auto cost = [&](int64_t c) {
+      const int64_t k = ceil_div(ceil_div(kv, c), kKeyBlock) * kKeyBlock;
+      return ceil_div(base * c, wave_ctas_) * (k + kCtaOverheadKeys);
+    };
+    int64_t best = cost(1);
+    for (int64_t c = 2; c <= n_hi; ++c)
+      if (const int64_t t = cost(c); t < best) {
+        best = t;
+        n = c;
+      }
+    if (n >= 2) {
+      keys = ceil_div(ceil_div(kv, n), kKeyBlock) * kKeyBlock;
+      n = ceil_div(kv, keys);
     }
-  };
-  if (n_work > cap_work_) {
-    grow(&work_dev_, n_work, sizeof(SplitWork), "the work list");
-    cap_work_ = n_work;
   }
-  if (n_rows > cap_rows_ || max_splits > cap_splits_) {
-    cap_rows_ = std::max(cap_rows_, n_rows);
-    cap_splits_ = std::max(cap_splits_, max_splits);
-    grow(&n_splits_dev_, cap_rows_, sizeof(int32_t), "split counts");
-    const size_t prow = cap_rows_ * size_t(cap_splits_) * sh_.n_q_heads();
-    grow(&part_o_, prow * sh_.head_dim, sizeof(float), "partial outputs");
-    grow(&part_lse_, prow, sizeof(float), "partial LSE");
+  if (n > kMaxMergeSplits)
+    throw InvalidArgument("PrefillAttention: " + std::to_string(n) + " key splits of " + std::to_string(keys) +
+                          " exceed the merge's " + std::to_string(kMaxMergeSplits) + "; raise split_keys");
+  if (n >= 2) {
+    L.n_splits = int(n);
+    L.split_keys = int(keys);
   }
+  return L;
 }
 
-void PrefillAttention::run(const std::vector<const void*>& pages, int64_t pos0, int n_rows, const float* q,
+void PrefillAttention::run(const void* const* pages, int64_t n_pages, int64_t pos0, int n_rows, const float* q,
                            float* out, float* out_lse, cudaStream_t stream) {
-  const PrefillPlan p = plan_prefill(sh_, pages, pos0, n_rows);
-  check_cuda(cudaStreamSynchronize(stream), "PrefillAttention: cudaStreamSynchronize");
-  reserve(p.work.size(), size_t(n_rows), p.max_splits);
-  check_cuda(cudaMemcpy(work_dev_, p.work.data(), p.work.size() * sizeof(SplitWork), cudaMemcpyHostToDevice),
-             "PrefillAttention: upload work list");
-  check_cuda(cudaMemcpy(n_splits_dev_, p.n_splits.data(), p.n_splits.size() * sizeof(int32_t),
-                        cudaMemcpyHostToDevice),
-             "PrefillAttention: upload split counts");
-  // Partials are laid out with this call's max_splits as the row stride; every
-  // slot a row's merge reads (split < n_splits[row]) is written by the kernel.
-  const Partials parts{part_o_, part_lse_, p.max_splits};
-  launch_split_attention(sh_, work_dev_, int(p.work.size()), q, parts, stream);
-  launch_merge(sh_, parts, n_splits_dev_, n_rows, out, out_lse, stream);
+  if (!pages || !q || !out)
+    throw InvalidArgument(std::string("PrefillAttention::run: null ") + (!pages ? "page table" : !q ? "q" : "out"));
+  if (reinterpret_cast<uintptr_t>(q) % 8 != 0 || reinterpret_cast<uintptr_t>(out) % 8 != 0)
+    throw InvalidArgument("PrefillAttention::run: q and out must be 8-byte aligned");
+  const PrefillLaunch L = plan(pos0, n_rows);
+  if (n_pages <= 0 || n_pages * sh_.page_size < pos0 + n_rows)
+    throw InvalidArgument("PrefillAttention::run: " + std::to_string(n_pages) + " pages of " +
+                          std::to_string(sh_.page_size) + " tokens cannot hold " + std::to_string(pos0 + n_rows) +
+                          " tokens (pos0 " + std::to_string(pos0) + " + " + std::to_string(n_rows) + " rows)");
+  if (L.n_splits > 1 && size_t(n_rows) * size_t(L.n_splits) > cap_row_splits_)
+    throw InvalidArgument("PrefillAttention::run: " + std::to_string(n_rows) + " rows x " +
+                          std::to_string(L.n_splits) + " key splits exceed the workspace of " +
+                          std::to_string(cap_row_splits_) + " (PrefillConfig::max_row_splits)");
+  prefill_detail::KernelArgs a;
+  a.pages = pages;
+  a.page_size = sh_.page_size;
+  a.n_kv = sh_.n_kv_heads;
+  a.group = sh_.group;
+  a.pos0 = int(pos0);
+  a.n_rows = n_rows;
+  a.q = q;
+  a.scale_log2 = scale_log2_;
+  a.out = out;
+  a.out_lse = out_lse;
+  a.n_splits = L.n_splits;
+  a.split_keys = L.split_keys;
+  a.part_o = part_o_;
+  a.part_lse = part_lse_;
+  a.row_splits = row_splits_;
+  prefill_detail::launch_kernel(a, sh_.head_dim, cfg_.terms, stream);
+  if (L.n_splits > 1)
+    launch_merge(sh_, Partials{part_o_, part_lse_, L.n_splits}, row_splits_, n_rows, out, out_lse, stream);
 }
 
 }  // namespace activekv::cuda

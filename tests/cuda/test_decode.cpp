@@ -154,6 +154,8 @@ std::vector<Case> cases() {
       {AttnShape{3, 3, 64, 128, 64, 0.f}, 3, {700, 129, 2048}, false},
       // Gemma-3-270M-like head (d=256, 1 KV head, 4 query heads), one long sequence
       {AttnShape{1, 4, 256, 1024, 512, 0.f}, 1, {5000}, false},
+      // Llama-2/3 / Qwen2-like head (d=128, GQA 4), 256-token pages, shuffled
+      {AttnShape{2, 4, 128, 256, 128, 0.f}, 2, {1, 700, 1500}, true},
   };
 }
 
@@ -257,7 +259,8 @@ TEST(CudaDecode, MergeSkipsEmptyPartialsAndMatchesFormula) {
 }
 
 TEST(CudaDecode, RejectsBadArguments) {
-  EXPECT_THROW((AttnShape{4, 6, 128, 1024, 512, 0.f}.validate()), InvalidArgument);
+  EXPECT_THROW((AttnShape{4, 6, 96, 1024, 512, 0.f}.validate()), InvalidArgument);
+  EXPECT_NO_THROW((AttnShape{4, 6, 128, 1024, 512, 0.f}.validate()));
   EXPECT_THROW((AttnShape{4, 9, 256, 1024, 512, 0.f}.validate()), InvalidArgument);
   EXPECT_THROW((AttnShape{4, 6, 256, 1024, 300, 0.f}.validate()), InvalidArgument);
   NEED_GPU();

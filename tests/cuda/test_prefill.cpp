@@ -1,15 +1,26 @@
-// GPU test of the chunked prefill attention (causal chunk of query rows over a
-// paged history in GPU memory) against an fp64 CPU reference, plus its
-// agreement with the decode engine at the chunk's last position. Labelled `gpu`.
+// GPU tests of the flash-style chunked prefill attention (prefill.h): a chunk
+// of query rows attends causally to a paged bf16 history on the GPU. Checked
+// against the tree's fp64 reference (attention::reference_attention, with
+// own_format_error as the error measure) for head dims 64/128/256, groups
+// 1..8, pos0 at 0 / inside / at the edge of pages, chunks across pages, page
+// sizes 64 and 1024, pages shuffled in memory, NaN in every slot the kernel
+// must not read, guard rows past n_rows; for 1, 2 and 3 bf16 terms; with and
+// without key splits. Also: one row vs the decode split kernel, bitwise
+// repeatability, the launch plan, argument errors. Labelled `gpu`.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
-#include "activekv/cuda/decode_engine.h"
+#include "activekv/attention/quality.h"
+#include "activekv/core/bf16.h"
 #include "activekv/cuda/prefill.h"
 
 namespace activekv::cuda {
@@ -19,137 +30,387 @@ bool have_gpu() {
   int n = 0;
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 }
+#define NEED_GPU() \
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device"
 
-float bf(uint16_t b) {
-  uint32_t u = uint32_t(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
+// A paged bf16 history on the GPU. Logical page i lives in slot perm[i] of a
+// device slab that has spare slots (pages anywhere, in shuffled order); token
+// rows past the history and the spare slots hold NaN, which the kernel must
+// never read (it would turn P.V into NaN).
+struct DevHistory {
+  AttnShape sh;
+  int64_t n_tokens = 0, n_pages = 0;
+  std::vector<bf16> host;               // logical pages, page layout
+  std::vector<const void*> page_ptrs;   // device address of logical page i
+  std::byte* slab = nullptr;
+  const void** table = nullptr;         // device copy of page_ptrs
+
+  DevHistory(const AttnShape& s, int64_t tokens, double k_sigma, uint64_t seed) : sh(s), n_tokens(tokens) {
+    const int ps = sh.page_size, hd = sh.head_dim, H = sh.n_kv_heads;
+    n_pages = (tokens + ps - 1) / ps;
+    const size_t page_elems = sh.page_bytes() / 2;
+    host.assign(size_t(n_pages) * page_elems, bf16{0x7fc0});  // NaN everywhere not written below
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> nk(0.f, float(k_sigma)), nv(0.f, 1.f);
+    for (int64_t t = 0; t < tokens; ++t)
+      for (int plane = 0; plane < 2 * H; ++plane) {
+        bf16* row = &host[size_t(t / ps) * page_elems + (size_t(plane) * ps + size_t(t % ps)) * hd];
+        for (int i = 0; i < hd; ++i) row[i] = f32_to_bf16(plane < H ? nk(rng) : nv(rng));
+      }
+    const int64_t n_slots = n_pages + 3;
+    std::vector<int64_t> perm(static_cast<size_t>(n_slots));
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    check_cuda(cudaMalloc(&slab, size_t(n_slots) * sh.page_bytes()), "cudaMalloc(slab)");
+    check_cuda(cudaMemset(slab, 0xff, size_t(n_slots) * sh.page_bytes()), "cudaMemset(slab)");  // NaN
+    for (int64_t i = 0; i < n_pages; ++i) {
+      std::byte* dst = slab + size_t(perm[size_t(i)]) * sh.page_bytes();
+      check_cuda(cudaMemcpy(dst, &host[size_t(i) * page_elems], sh.page_bytes(), cudaMemcpyHostToDevice),
+                 "cudaMemcpy(page)");
+      page_ptrs.push_back(dst);
+    }
+    check_cuda(cudaMalloc(&table, page_ptrs.size() * sizeof(void*)), "cudaMalloc(table)");
+    check_cuda(cudaMemcpy(table, page_ptrs.data(), page_ptrs.size() * sizeof(void*), cudaMemcpyHostToDevice),
+               "cudaMemcpy(table)");
+  }
+  ~DevHistory() {
+    cudaFree(slab);
+    cudaFree(table);
+  }
+  DevHistory(const DevHistory&) = delete;
+  DevHistory& operator=(const DevHistory&) = delete;
+
+  attention::DenseHistoryF64 dense() const {
+    const int ps = sh.page_size, hd = sh.head_dim, H = sh.n_kv_heads;
+    const size_t page_elems = sh.page_bytes() / 2;
+    attention::DenseHistoryF64 d;
+    d.n_kv_heads = H;
+    d.head_dim = hd;
+    d.n_tokens = n_tokens;
+    d.k.resize(size_t(n_tokens) * H * hd);
+    d.v.resize(d.k.size());
+    for (int64_t t = 0; t < n_tokens; ++t)
+      for (int g = 0; g < H; ++g)
+        for (int i = 0; i < hd; ++i) {
+          const size_t base = size_t(t / ps) * page_elems + size_t(t % ps) * hd + i;
+          d.k[(size_t(t) * H + g) * hd + i] = bf16_to_f32(host[base + size_t(g) * ps * hd]);
+          d.v[(size_t(t) * H + g) * hd + i] = bf16_to_f32(host[base + size_t(H + g) * ps * hd]);
+        }
+    return d;
+  }
+};
+
+std::vector<float> random_q(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> q(n);
+  for (float& x : q) x = nd(rng);
+  return q;
 }
 
-struct PrefillCase { AttnShape sh; int64_t pos0; int rows; };
+// Device buffers of one run, with one poisoned guard row past n_rows in out and out_lse.
+struct DevRun {
+  float *q = nullptr, *out = nullptr, *lse = nullptr;
+  size_t o_elems = 0, l_elems = 0, row_o = 0, row_l = 0;
+  cudaStream_t stream = nullptr;
+  DevRun(const std::vector<float>& qh, int n_rows, const AttnShape& sh) {
+    row_o = size_t(sh.n_q_heads()) * sh.head_dim;
+    row_l = size_t(sh.n_q_heads());
+    o_elems = size_t(n_rows) * row_o;
+    l_elems = size_t(n_rows) * row_l;
+    check_cuda(cudaMalloc(&q, o_elems * 4), "cudaMalloc(q)");
+    check_cuda(cudaMalloc(&out, (o_elems + row_o) * 4), "cudaMalloc(out)");
+    check_cuda(cudaMalloc(&lse, (l_elems + row_l) * 4), "cudaMalloc(lse)");
+    check_cuda(cudaMemcpy(q, qh.data(), o_elems * 4, cudaMemcpyHostToDevice), "cudaMemcpy(q)");
+    check_cuda(cudaStreamCreate(&stream), "cudaStreamCreate");
+  }
+  ~DevRun() {
+    cudaFree(q);
+    cudaFree(out);
+    cudaFree(lse);
+    cudaStreamDestroy(stream);
+  }
+  DevRun(const DevRun&) = delete;
+  DevRun& operator=(const DevRun&) = delete;
+};
 
-TEST(CudaPrefill, ChunkMatchesFp64CausalReference) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  const std::vector<PrefillCase> cases = {
-      {AttnShape{2, 6, 256, 64, 32, 0.f}, 240, 60},   // 27B-like head, chunk crosses pages and splits
-      {AttnShape{3, 3, 64, 128, 64, 0.f}, 0, 200},    // SmolLM2-like head, first chunk of a prompt
-      {AttnShape{1, 4, 256, 1024, 512, 0.f}, 1500, 37},  // Gemma-3-270M-like head
+// Poisons out/lse (NaN) and the guard rows, runs, and returns the rows as a
+// Partial; the guard rows must still be poison (nothing written past n_rows).
+attention::Partial run_prefill(PrefillAttention& pf, const DevHistory& h, DevRun& d, int64_t pos0, int n_rows) {
+  check_cuda(cudaMemset(d.out, 0xff, (d.o_elems + d.row_o) * 4), "cudaMemset(out)");
+  check_cuda(cudaMemset(d.lse, 0xff, (d.l_elems + d.row_l) * 4), "cudaMemset(lse)");
+  check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  pf.run(h.table, h.n_pages, pos0, n_rows, d.q, d.out, d.lse, d.stream);
+  check_cuda(cudaStreamSynchronize(d.stream), "prefill run");
+  attention::Partial p(n_rows, pf.shape().n_q_heads(), pf.shape().head_dim);
+  std::vector<float> o(d.o_elems + d.row_o), l(d.l_elems + d.row_l);
+  check_cuda(cudaMemcpy(o.data(), d.out, o.size() * 4, cudaMemcpyDeviceToHost), "cudaMemcpy(out)");
+  check_cuda(cudaMemcpy(l.data(), d.lse, l.size() * 4, cudaMemcpyDeviceToHost), "cudaMemcpy(lse)");
+  const std::vector<uint32_t> poison_o(d.row_o, 0xffffffffu), poison_l(d.row_l, 0xffffffffu);
+  EXPECT_EQ(0, std::memcmp(o.data() + d.o_elems, poison_o.data(), d.row_o * 4)) << "out written past n_rows";
+  EXPECT_EQ(0, std::memcmp(l.data() + d.l_elems, poison_l.data(), d.row_l * 4)) << "out_lse written past n_rows";
+  std::copy(o.begin(), o.begin() + std::ptrdiff_t(d.o_elems), p.o.begin());
+  std::copy(l.begin(), l.begin() + std::ptrdiff_t(d.l_elems), p.lse.begin());
+  return p;
+}
+
+double lse_error(const attention::Partial& got, const attention::ReferencePartial& ref) {
+  double worst = 0;
+  for (size_t i = 0; i < got.lse.size(); ++i) {
+    const double d = std::abs(double(got.lse[i]) - ref.lse[i]);
+    worst = std::max(worst, std::isfinite(d) ? d : INFINITY);
+  }
+  return worst;
+}
+
+struct Case {
+  const char* what;
+  AttnShape sh;
+  int64_t pos0;
+  int rows;
+  double k_sigma;  // K ~ N(0, k_sigma): 1 flat-ish softmax, 3 peaky
+};
+
+std::vector<Case> cases() {
+  return {
+      {"d64 g1, first chunk over 64-token pages", {2, 1, 64, 64, 64, 0.f}, 0, 200, 1.0},
+      {"d64 g3 (SmolLM2), pos0 inside a page, 600 rows across 1024", {3, 3, 64, 1024, 512, 0.f}, 700, 600, 1.0},
+      {"d64 g6, 5 rows (one partial row tile)", {1, 6, 64, 64, 64, 0.f}, 33, 5, 1.0},
+      {"d128 g8 (Llama-3), small pages, peaky", {2, 8, 128, 64, 64, 0.f}, 100, 37, 3.0},
+      {"d128 g4, pos0 on a page boundary", {2, 4, 128, 1024, 512, 0.f}, 2048, 300, 1.0},
+      {"d128 g1, 129 rows (row tiles + 1)", {1, 1, 128, 1024, 512, 0.f}, 1000, 129, 1.0},
+      {"d256 g6 (27B), 64-token pages, chunk over 5 pages", {2, 6, 256, 64, 64, 0.f}, 240, 300, 1.0},
+      {"d256 g6 (27B), one row at depth 5000 (auto split)", {4, 6, 256, 1024, 512, 0.f}, 5000, 1, 1.0},
+      {"d256 g3, peaky, chunk across 3072", {1, 3, 256, 1024, 512, 0.f}, 3000, 77, 3.0},
+      {"d256 g8 (Gemma-3-like), first chunk", {1, 8, 256, 1024, 512, 0.f}, 0, 130, 1.0},
   };
-  for (const PrefillCase& pc : cases) {
-    const AttnShape& sh = pc.sh;
-    const int64_t T = pc.pos0 + pc.rows;
-    const size_t n_pages = size_t((T + sh.page_size - 1) / sh.page_size);
-    PinnedPagePool host(sh.page_bytes(), n_pages);
-    fill_random_bf16(host.data(), n_pages * sh.page_bytes(), 21, 2);
-    std::byte* dev = nullptr;
-    ASSERT_EQ(cudaSuccess, cudaMalloc(&dev, n_pages * sh.page_bytes()));
-    ASSERT_EQ(cudaSuccess, cudaMemcpy(dev, host.data(), n_pages * sh.page_bytes(), cudaMemcpyHostToDevice));
-    std::vector<const void*> pages;
-    for (size_t i = 0; i < n_pages; ++i) pages.push_back(dev + i * sh.page_bytes());
-    const int nq = sh.n_q_heads(), hd = sh.head_dim;
-    std::vector<float> q(size_t(pc.rows) * nq * hd);
-    std::mt19937_64 rng(5);
-    std::normal_distribution<float> nd(0.f, 1.5f);
-    for (auto& v : q) v = nd(rng);
-    float *dq, *dout, *dlse;
-    ASSERT_EQ(cudaSuccess, cudaMalloc(&dq, q.size() * 4));
-    ASSERT_EQ(cudaSuccess, cudaMalloc(&dout, q.size() * 4));
-    ASSERT_EQ(cudaSuccess, cudaMalloc(&dlse, size_t(pc.rows) * nq * 4));
-    ASSERT_EQ(cudaSuccess, cudaMemcpy(dq, q.data(), q.size() * 4, cudaMemcpyHostToDevice));
-    ASSERT_EQ(cudaSuccess, cudaMemset(dout, 0xff, q.size() * 4));
-    PrefillAttention pf(sh);
-    pf.run(pages, pc.pos0, pc.rows, dq, dout, dlse, nullptr);
-    ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
-    std::vector<float> out(q.size()), lse(size_t(pc.rows) * nq);
-    ASSERT_EQ(cudaSuccess, cudaMemcpy(out.data(), dout, out.size() * 4, cudaMemcpyDeviceToHost));
-    ASSERT_EQ(cudaSuccess, cudaMemcpy(lse.data(), dlse, lse.size() * 4, cudaMemcpyDeviceToHost));
-    // Run it again: bitwise repeatable.
-    pf.run(pages, pc.pos0, pc.rows, dq, dout, dlse, nullptr);
-    ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
-    std::vector<float> out2(q.size());
-    ASSERT_EQ(cudaSuccess, cudaMemcpy(out2.data(), dout, out2.size() * 4, cudaMemcpyDeviceToHost));
-    EXPECT_EQ(0, std::memcmp(out.data(), out2.data(), out.size() * 4));
+}
 
-    const double scale = 1.0 / std::sqrt(double(hd));
-    double worst = 0, worst_lse = 0;
-    for (int r = 0; r < pc.rows; ++r)
-      for (int hq = 0; hq < nq; ++hq) {
-        const int kvh = hq / sh.group;
-        const float* qr = &q[(size_t(r) * nq + hq) * hd];
-        const int64_t n = pc.pos0 + r + 1;
-        std::vector<double> sc(static_cast<size_t>(n));
-        std::vector<double> o(static_cast<size_t>(hd), 0.0);
-        double mx = -INFINITY;
-        for (int64_t t = 0; t < n; ++t) {
-          const uint16_t* pg = reinterpret_cast<const uint16_t*>(host.page(uint32_t(t / sh.page_size)));
-          const uint16_t* k = pg + (size_t(kvh) * sh.page_size + t % sh.page_size) * hd;
-          double d = 0;
-          for (int i = 0; i < hd; ++i) d += double(qr[i]) * double(bf(k[i]));
-          sc[size_t(t)] = d * scale;
-          mx = std::max(mx, sc[size_t(t)]);
-        }
-        double den = 0;
-        for (int64_t t = 0; t < n; ++t) {
-          const double p = std::exp(sc[size_t(t)] - mx);
-          den += p;
-          const uint16_t* pg = reinterpret_cast<const uint16_t*>(host.page(uint32_t(t / sh.page_size)));
-          const uint16_t* v = pg + (size_t(sh.n_kv_heads + kvh) * sh.page_size + t % sh.page_size) * hd;
-          for (int i = 0; i < hd; ++i) o[size_t(i)] += p * double(bf(v[i]));
-        }
-        double om = 0, err = 0;
-        for (int i = 0; i < hd; ++i) {
-          const double ref = o[size_t(i)] / den;
-          const float got = out[(size_t(r) * nq + hq) * hd + i];
-          ASSERT_TRUE(std::isfinite(got)) << "row " << r << " head " << hq;
-          om = std::max(om, std::abs(ref));
-          err = std::max(err, std::abs(double(got) - ref));
-        }
-        worst = std::max(worst, err / std::max(om, 1e-30));
-        worst_lse = std::max(worst_lse, std::abs(double(lse[size_t(r) * nq + hq]) - (mx + std::log(den))));
-      }
-    EXPECT_LT(worst, 2e-5) << "head_dim " << hd << " pos0 " << pc.pos0;
-    EXPECT_LT(worst_lse, 2e-4) << "head_dim " << hd;
+// Error bounds per bf16 term count (index = terms), ~3x the worst measured
+// over these cases on the H200 (commit of this test, 10 cases): max rel O err
+// 1 term 1.32e-2, 2 terms 2.24e-5, 3 terms 7.0e-6; max |LSE err| 1.21e-2,
+// 2.38e-5, 1.33e-5. The analysis behind them (prefill.h): each bf16 term
+// leaves <= 2^-8 of the value, so the query carries ~2^-8t relative error and
+// the base-2 score error is ~1.3 * k_sigma * 2^-8t rms here (q ~ N(0,1), scale
+// 1/sqrt(d)); the output's relative error follows the score error (the peaky
+// k_sigma 3 cases are the worst). 3 terms reach fp32 rounding.
+const double kOErr[4] = {0, 4e-2, 7e-5, 2e-5};
+const double kLseErr[4] = {0, 4e-2, 7e-5, 4e-5};
 
-    // The chunk's last row equals a decode step over the same T tokens (same kernel and splits).
-    {
-      EngineConfig ec;
-      ec.n_layers = 1;
-      ec.attn = sh;
-      ec.mode = Mode::resident;
-      DecodeEngine eng(ec, host);
-      SeqPages sp;
-      sp.n_tokens = T;
-      sp.tables.resize(1);
-      for (size_t i = 0; i < n_pages; ++i) sp.tables[0].push_back(host.page_ref(uint32_t(i)));
-      eng.set_batch({sp});
-      float* dout1;
-      ASSERT_EQ(cudaSuccess, cudaMalloc(&dout1, size_t(nq) * hd * 4));
-      eng.enqueue_step(dq + size_t(pc.rows - 1) * nq * hd, dout1, nullptr);
-      eng.synchronize();
-      std::vector<float> dec(size_t(nq) * hd);
-      ASSERT_EQ(cudaSuccess, cudaMemcpy(dec.data(), dout1, dec.size() * 4, cudaMemcpyDeviceToHost));
-      EXPECT_EQ(0, std::memcmp(dec.data(), out.data() + size_t(pc.rows - 1) * nq * hd, dec.size() * 4))
-          << "last prefill row vs decode, head_dim " << hd;
-      cudaFree(dout1);
+TEST(CudaPrefill, MatchesFp64ReferenceForEveryTermCount) {
+  NEED_GPU();
+  double worst[4] = {0, 0, 0, 0}, worst_lse[4] = {0, 0, 0, 0};
+  uint64_t seed = 100;
+  for (const Case& c : cases()) {
+    const AttnShape& sh = c.sh;
+    const int64_t T = c.pos0 + c.rows;
+    DevHistory hist(sh, T, c.k_sigma, ++seed);
+    const std::vector<float> q = random_q(size_t(c.rows) * sh.n_q_heads() * sh.head_dim, ++seed);
+    std::vector<int64_t> pos(static_cast<size_t>(c.rows));
+    std::iota(pos.begin(), pos.end(), c.pos0);
+    const attention::QueryRows rows{q.data(), c.rows, sh.n_q_heads(), pos.data()};
+    const attention::ReferencePartial ref = attention::reference_attention(hist.dense(), rows, {});
+    DevRun d(q, c.rows, sh);
+    for (int terms = 1; terms <= 3; ++terms) {
+      PrefillConfig cfg;
+      cfg.terms = terms;
+      PrefillAttention pf(sh, cfg);
+      const PrefillLaunch L = pf.plan(c.pos0, c.rows);
+      const attention::Partial got = run_prefill(pf, hist, d, c.pos0, c.rows);
+      const double e = attention::own_format_error(got, ref), el = lse_error(got, ref);
+      std::printf("%-60s terms %d: %3d tiles x %2d splits, max rel O err %.3g, max |LSE err| %.3g\n", c.what,
+                  terms, L.row_tiles, L.n_splits, e, el);
+      EXPECT_LT(e, kOErr[terms]) << c.what << ", terms " << terms;
+      EXPECT_LT(el, kLseErr[terms]) << c.what << ", terms " << terms;
+      worst[terms] = std::max(worst[terms], e);
+      worst_lse[terms] = std::max(worst_lse[terms], el);
     }
-    cudaFree(dq);
-    cudaFree(dout);
-    cudaFree(dlse);
-    cudaFree(dev);
+  }
+  for (int terms = 1; terms <= 3; ++terms)
+    std::printf("terms %d: worst max rel O err %.3g, worst |LSE err| %.3g over %zu cases\n", terms, worst[terms],
+                worst_lse[terms], cases().size());
+}
+
+// Forced key splits (96 keys: 3 blocks, so the split edges fall inside pages
+// of 64 and 1024 alike) through partials + launch_merge: same accuracy as the
+// unsplit kernel, and close to it.
+TEST(CudaPrefill, KeySplitsMatchReferenceAndUnsplit) {
+  NEED_GPU();
+  uint64_t seed = 200;
+  for (const Case& c : cases()) {
+    const AttnShape& sh = c.sh;
+    const int64_t T = c.pos0 + c.rows;
+    DevHistory hist(sh, T, c.k_sigma, ++seed);
+    const std::vector<float> q = random_q(size_t(c.rows) * sh.n_q_heads() * sh.head_dim, ++seed);
+    std::vector<int64_t> pos(static_cast<size_t>(c.rows));
+    std::iota(pos.begin(), pos.end(), c.pos0);
+    const attention::QueryRows rows{q.data(), c.rows, sh.n_q_heads(), pos.data()};
+    const attention::ReferencePartial ref = attention::reference_attention(hist.dense(), rows, {});
+    DevRun d(q, c.rows, sh);
+    PrefillConfig cfg;
+    cfg.split_keys = 96;
+    cfg.max_row_splits = size_t(c.rows) * size_t((T + 95) / 96);
+    PrefillAttention split(sh, cfg);
+    ASSERT_EQ(split.plan(c.pos0, c.rows).n_splits, int((T + 95) / 96)) << c.what;
+    const attention::Partial a = run_prefill(split, hist, d, c.pos0, c.rows);
+    PrefillConfig one;
+    one.split_keys = 1 << 30;  // one split: the direct path
+    PrefillAttention whole(sh, one);
+    ASSERT_EQ(whole.plan(c.pos0, c.rows).n_splits, 1);
+    const attention::Partial b = run_prefill(whole, hist, d, c.pos0, c.rows);
+    attention::ReferencePartial bref;  // b as a "reference" for the split-vs-unsplit distance
+    bref.n_rows = b.n_rows;
+    bref.n_heads = b.n_heads;
+    bref.head_dim = b.head_dim;
+    bref.o.assign(b.o.begin(), b.o.end());
+    bref.lse.assign(b.lse.begin(), b.lse.end());
+    const double e = attention::own_format_error(a, ref), el = lse_error(a, ref);
+    const double eu = attention::own_format_error(a, bref);
+    std::printf("%-60s split 96: %d splits, max rel O err %.3g (vs unsplit %.3g), max |LSE err| %.3g\n", c.what,
+                split.plan(c.pos0, c.rows).n_splits, e, eu, el);
+    EXPECT_LT(e, kOErr[kDefaultPrefillTerms]) << c.what;
+    EXPECT_LT(el, kLseErr[kDefaultPrefillTerms]) << c.what;
+    EXPECT_LT(eu, 5e-5) << c.what;  // measured <= 1.5e-5 on the H200
   }
 }
 
+// One row is a decode step: it must agree with the decode split kernel + merge
+// (decode_attention.h) over the same pages to fp32 rounding (different kernels
+// and summation orders, so not bitwise). Both at full precision (3 terms).
+TEST(CudaPrefill, SingleRowMatchesDecodeSplitKernel) {
+  NEED_GPU();
+  const std::vector<AttnShape> shapes = {
+      {3, 3, 64, 1024, 512, 0.f}, {2, 8, 128, 64, 64, 0.f}, {4, 6, 256, 1024, 512, 0.f}};
+  uint64_t seed = 300;
+  for (const AttnShape& sh : shapes) {
+    for (const int64_t pos0 : {int64_t(0), int64_t(63), int64_t(2999)}) {
+      const int64_t T = pos0 + 1;
+      DevHistory hist(sh, T, 1.0, ++seed);
+      const std::vector<float> q = random_q(size_t(sh.n_q_heads()) * sh.head_dim, ++seed);
+      DevRun d(q, 1, sh);
+      PrefillConfig cfg;
+      cfg.terms = 3;
+      PrefillAttention pf(sh, cfg);
+      const attention::Partial got = run_prefill(pf, hist, d, pos0, 1);
+      // Decode: splits of split_tokens inside pages, one sequence.
+      std::vector<SplitWork> work;
+      for (int64_t t = 0; t < T; t += sh.split_tokens) {
+        SplitWork w;
+        w.page = hist.page_ptrs[size_t(t / sh.page_size)];
+        w.seq = 0;
+        w.tok0 = int32_t(t % sh.page_size);
+        w.ntok = int32_t(std::min<int64_t>(sh.split_tokens, T - t));
+        w.split = int32_t(work.size());
+        work.push_back(w);
+      }
+      const int n = int(work.size());
+      SplitWork* dwork;
+      float *po, *pl, *dout, *dlse;
+      int32_t* dn;
+      const size_t row = size_t(sh.n_q_heads()) * sh.head_dim;
+      ASSERT_EQ(cudaSuccess, cudaMalloc(&dwork, work.size() * sizeof(SplitWork)));
+      ASSERT_EQ(cudaSuccess, cudaMalloc(&po, size_t(n) * row * 4));
+      ASSERT_EQ(cudaSuccess, cudaMalloc(&pl, size_t(n) * sh.n_q_heads() * 4));
+      ASSERT_EQ(cudaSuccess, cudaMalloc(&dout, row * 4));
+      ASSERT_EQ(cudaSuccess, cudaMalloc(&dlse, size_t(sh.n_q_heads()) * 4));
+      ASSERT_EQ(cudaSuccess, cudaMalloc(&dn, 4));
+      ASSERT_EQ(cudaSuccess, cudaMemcpy(dwork, work.data(), work.size() * sizeof(SplitWork), cudaMemcpyHostToDevice));
+      ASSERT_EQ(cudaSuccess, cudaMemcpy(dn, &n, 4, cudaMemcpyHostToDevice));
+      launch_split_attention(sh, dwork, n, d.q, Partials{po, pl, n}, nullptr);
+      launch_merge(sh, Partials{po, pl, n}, dn, 1, dout, dlse, nullptr);
+      ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
+      attention::ReferencePartial dec;
+      dec.n_rows = 1;
+      dec.n_heads = sh.n_q_heads();
+      dec.head_dim = sh.head_dim;
+      std::vector<float> o(row), l(size_t(sh.n_q_heads()));
+      ASSERT_EQ(cudaSuccess, cudaMemcpy(o.data(), dout, row * 4, cudaMemcpyDeviceToHost));
+      ASSERT_EQ(cudaSuccess, cudaMemcpy(l.data(), dlse, l.size() * 4, cudaMemcpyDeviceToHost));
+      dec.o.assign(o.begin(), o.end());
+      dec.lse.assign(l.begin(), l.end());
+      const double e = attention::own_format_error(got, dec), el = lse_error(got, dec);
+      std::printf("d%d g%d page %d, one row at %lld: prefill vs decode max rel O diff %.3g, |LSE diff| %.3g\n",
+                  sh.head_dim, sh.group, sh.page_size, static_cast<long long>(pos0), e, el);
+      // Both fp32-accurate; measured on the H200: <= 3.8e-6 (O), 1.3e-6 (LSE).
+      EXPECT_LT(e, 1.2e-5) << "head_dim " << sh.head_dim << " pos0 " << pos0;
+      EXPECT_LT(el, 4e-6) << "head_dim " << sh.head_dim << " pos0 " << pos0;
+      cudaFree(dwork); cudaFree(po); cudaFree(pl); cudaFree(dout); cudaFree(dlse); cudaFree(dn);
+    }
+  }
+}
+
+TEST(CudaPrefill, BitwiseRepeatable) {
+  NEED_GPU();
+  const AttnShape sh{2, 6, 256, 64, 64, 0.f};
+  const int64_t pos0 = 240;
+  const int rows = 300;
+  DevHistory hist(sh, pos0 + rows, 1.0, 400);
+  const std::vector<float> q = random_q(size_t(rows) * sh.n_q_heads() * sh.head_dim, 401);
+  DevRun d(q, rows, sh);
+  for (int split : {0, 64}) {  // the direct path and partials + merge
+    PrefillConfig cfg;
+    cfg.split_keys = split;
+    cfg.max_row_splits = size_t(rows) * 9;
+    PrefillAttention pf(sh, cfg);
+    const attention::Partial a = run_prefill(pf, hist, d, pos0, rows);
+    const attention::Partial b = run_prefill(pf, hist, d, pos0, rows);
+    EXPECT_EQ(0, std::memcmp(a.o.data(), b.o.data(), a.o.size() * 4)) << "split_keys " << split;
+    EXPECT_EQ(0, std::memcmp(a.lse.data(), b.lse.data(), a.lse.size() * 4)) << "split_keys " << split;
+  }
+}
+
+// The automatic policy: no split when the row tiles fill the GPU, splits of
+// whole blocks covering the history when they do not.
+TEST(CudaPrefill, LaunchPlan) {
+  NEED_GPU();
+  const AttnShape sh{4, 6, 256, 1024, 512, 0.f};  // the 27B attention shape
+  PrefillAttention pf(sh);
+  const PrefillLaunch big = pf.plan(0, 2048);
+  EXPECT_EQ(big.block_rows, 16 * 8 / 6);  // 8 warps x 16 mma rows, 21 rows of 6 heads
+  EXPECT_EQ(big.row_tiles, (2048 + 20) / 21);
+  EXPECT_EQ(big.n_splits, 1);
+  const PrefillLaunch deep = pf.plan(131072, 1);
+  EXPECT_GT(deep.n_splits, 1);
+  EXPECT_EQ(deep.split_keys % 32, 0);
+  EXPECT_GE(int64_t(deep.n_splits) * deep.split_keys, 131073);
+  EXPECT_LT(int64_t(deep.n_splits - 1) * deep.split_keys, 131073);
+  const PrefillLaunch shallow = pf.plan(100, 1);  // too few keys to split
+  EXPECT_EQ(shallow.n_splits, 1);
+  std::printf("27B shape: 2048 rows -> %d tiles; 1 row at 128K -> %d splits of %d keys; workspace %zu bytes\n",
+              big.row_tiles, deep.n_splits, deep.split_keys, pf.workspace_bytes());
+}
+
 TEST(CudaPrefill, RejectsBadArguments) {
-  AttnShape sh{1, 2, 64, 16, 16, 0.f};
-  std::vector<const void*> pages(2, nullptr);
-  EXPECT_THROW(plan_prefill(sh, pages, 30, 3), InvalidArgument);  // 33 tokens > 2 pages
-  EXPECT_THROW(plan_prefill(sh, pages, -1, 3), InvalidArgument);
-  EXPECT_THROW(plan_prefill(sh, pages, 0, 0), InvalidArgument);
-  const PrefillPlan p = plan_prefill(sh, pages, 10, 10);  // rows see 11..20 tokens
-  EXPECT_EQ(p.n_splits.front(), 1);
-  EXPECT_EQ(p.n_splits.back(), 2);
-  EXPECT_EQ(p.max_splits, 2);
+  EXPECT_THROW(PrefillAttention(AttnShape{1, 2, 96, 64, 64, 0.f}), InvalidArgument);   // head_dim
+  EXPECT_THROW(PrefillAttention(AttnShape{1, 9, 64, 64, 64, 0.f}), InvalidArgument);   // group
+  PrefillConfig bad_terms;
+  bad_terms.terms = 4;
+  EXPECT_THROW(PrefillAttention(AttnShape{1, 2, 64, 64, 64, 0.f}, bad_terms), InvalidArgument);
+  bad_terms.terms = 0;
+  EXPECT_THROW(PrefillAttention(AttnShape{1, 2, 64, 64, 64, 0.f}, bad_terms), InvalidArgument);
+  PrefillConfig bad_split;
+  bad_split.split_keys = 48;  // not a multiple of 32
+  EXPECT_THROW(PrefillAttention(AttnShape{1, 2, 64, 64, 64, 0.f}, bad_split), InvalidArgument);
+  NEED_GPU();
+  const AttnShape sh{1, 2, 64, 16, 16, 0.f};
+  DevHistory hist(sh, 40, 1.0, 500);  // 3 pages
+  const std::vector<float> q = random_q(size_t(8) * sh.n_q_heads() * sh.head_dim, 501);
+  DevRun d(q, 8, sh);
+  PrefillAttention pf(sh);
+  EXPECT_THROW(pf.run(hist.table, 2, 30, 3, d.q, d.out, d.lse, d.stream), InvalidArgument);  // 33 > 32 tokens
+  EXPECT_THROW(pf.run(hist.table, 3, -1, 3, d.q, d.out, d.lse, d.stream), InvalidArgument);
+  EXPECT_THROW(pf.run(hist.table, 3, 0, 0, d.q, d.out, d.lse, d.stream), InvalidArgument);
+  EXPECT_THROW(pf.run(nullptr, 3, 0, 3, d.q, d.out, d.lse, d.stream), InvalidArgument);
+  EXPECT_THROW(pf.run(hist.table, 3, 0, 3, nullptr, d.out, d.lse, d.stream), InvalidArgument);
+  EXPECT_THROW(pf.run(hist.table, 3, 0, 3, d.q + 1, d.out, d.lse, d.stream), InvalidArgument);  // misaligned
+  EXPECT_THROW(pf.plan(int64_t(1) << 31, 1), InvalidArgument);
+  PrefillConfig tiny;
+  tiny.split_keys = 32;
+  tiny.max_row_splits = 4;
+  PrefillAttention small(sh, tiny);
+  EXPECT_THROW(small.run(hist.table, 3, 32, 8, d.q, d.out, d.lse, d.stream), InvalidArgument);  // 8 x 2 > 4
+  EXPECT_NO_THROW(pf.run(hist.table, 3, 32, 8, d.q, d.out, nullptr, d.stream));  // null out_lse is fine
+  EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(d.stream));
 }
 
 }  // namespace

@@ -1,10 +1,11 @@
 // The model's exact attention on the GPU (`activekv generate --device cuda`).
 //
 // CudaAttentionBackend implements attention::AttentionBackend with the paged
-// BF16 split kernel and merge of decode_attention.h, through PrefillAttention
-// (prefill.h): a block of query rows at consecutive positions is one
-// PrefillAttention::run (one row = a decode step: the same split kernel and
-// merge the decode engine launches). Model layers stay on the CPU.
+// BF16 flash-style prefill kernel (prefill.h), fp32-accurate (3 bf16 terms): a
+// block of query rows at consecutive positions is one PrefillAttention::run
+// (one row = a decode step; it is not bitwise the decode engine's split
+// kernel, which is a different kernel, but agrees to fp32 rounding). Model
+// layers stay on the CPU.
 //
 // History: pages are *mirrored* in GPU memory as they are written. Each host
 // PageId gets one device page (allocated on first use, same layout, bf16);
@@ -15,7 +16,7 @@
 // If the page table or the positions move backwards (truncate, clear, another
 // sequence) the mirror is refreshed from the first changed page.
 //
-// Only bf16 pages; head_dim 64 or 256; query heads per KV head 1..8 (the
+// Only bf16 pages; head_dim 64, 128 or 256; query heads per KV head 1..8 (the
 // instantiated kernels). Not thread-safe. Needs a CUDA device.
 #pragma once
 
@@ -36,9 +37,10 @@ class PrefillAttention;
 class CudaAttentionBackend final : public attention::AttentionBackend {
  public:
   /// `shape`: the model's KV shape (format must be bf16); `n_heads`: query
-  /// heads. split_tokens: tokens per CTA (0 = the largest divisor of the page
-  /// size that is <= 512). Throws InvalidArgument for an unsupported shape,
-  /// CudaError if no device can be used.
+  /// heads. split_tokens: the AttnShape's split (0 = the largest divisor of
+  /// the page size that is <= 512); the prefill kernel picks its own key
+  /// splits, so it only has to divide the page size. Throws InvalidArgument
+  /// for an unsupported shape, CudaError if no device can be used.
   CudaAttentionBackend(const kv::KvShape& shape, int n_heads, int split_tokens = 0, int device = 0);
   ~CudaAttentionBackend() override;
   CudaAttentionBackend(const CudaAttentionBackend&) = delete;
@@ -72,6 +74,9 @@ class CudaAttentionBackend final : public attention::AttentionBackend {
   float* o_dev_ = nullptr;
   float* lse_dev_ = nullptr;
   size_t cap_rows_ = 0;
+  std::vector<const void*> table_host_;              // device page pointers of the layer being attended
+  const void** table_dev_ = nullptr;                 // ... on the device
+  size_t cap_table_ = 0;
   size_t bytes_uploaded_ = 0;
 };
 

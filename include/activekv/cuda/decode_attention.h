@@ -51,7 +51,7 @@ void require_gpu(int device, const std::string& who);
 struct AttnShape {
   int n_kv_heads = 0;
   int group = 0;        ///< query heads per KV head (n_q_heads = n_kv_heads * group), 1..8
-  int head_dim = 0;     ///< 64 or 256 (the instantiated kernels)
+  int head_dim = 0;     ///< 64, 128 or 256 (the instantiated kernels)
   int page_size = 1024; ///< tokens per page
   int split_tokens = 512;  ///< tokens per CTA; divides page_size
   float softmax_scale = 0.f;  ///< 0 = 1/sqrt(head_dim)
@@ -84,7 +84,7 @@ struct Partials {
 
 /// Runs attention for `n_work` splits (device array `work`) with queries
 /// `q` [n_seq][n_q_heads][head_dim] fp32 (device), writing partials.
-/// Grid: n_work x n_kv_heads CTAs (64 threads for head_dim 256, 128 for 64).
+/// Grid: n_work x n_kv_heads CTAs (64 threads for head_dim 256, 128 for 64 and 128).
 /// n_work == 0 is a no-op.
 void launch_split_attention(const AttnShape& shape, const SplitWork* work, int n_work,
                             const float* q, Partials partials, cudaStream_t stream);

@@ -1,0 +1,86 @@
+// Device building blocks shared by the tensor-core attention kernels
+// (decode_attention.cu, prefill_attention.cu, int8s_attention.cu): 16-byte
+// async copies, ldmatrix, mma.sync m16n8k16 bf16 with fp32 accumulation, and
+// the split of fp32 values into bf16 terms. Internal header (src/cuda only).
+//
+// Fragment layouts of mma.m16n8k16 (PTX ISA, "Matrix Fragments for
+// mma.m16n8k16"), lane = 4 * g + q4 (g = lane >> 2 "group", q4 = lane & 3):
+//   A (16x16, row-major), 4 x b32 = 8 bf16:  a[0] = (row g,   cols 2q4, 2q4+1)
+//                                             a[1] = (row g+8, cols 2q4, 2q4+1)
+//                                             a[2] = (row g,   cols 2q4+8, +9)
+//                                             a[3] = (row g+8, cols 2q4+8, +9)
+//   B (16x8, "col"), 2 x b32:                 b0 = (k 2q4, 2q4+1; n g), b1 = (k 2q4+8, +9; n g)
+//   C/D (16x8 fp32), 4 floats:                d[0], d[1] = (row g, cols 2q4, 2q4+1)
+//                                             d[2], d[3] = (row g+8, cols 2q4, 2q4+1)
+// ldmatrix .x4: lanes 8i..8i+7 give the 16-byte row addresses of matrix i; lane
+// T receives (row T/4, elements 2(T%4), +1) of each matrix -- with .trans the
+// transpose, (rows 2(T%4), +1 of element column T/4).
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+namespace activekv::cuda::detail {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// 16-byte async copy; src_bytes = 0 zero-fills the destination (rows past the end).
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
+}
+// D += A (16x16 bf16, rows 8..15 zero) * B (16x8 bf16), fp32 accumulate.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+}
+// D += A (16x16 bf16, a[0..3] as above) * B (16x8 bf16), fp32 accumulate.
+__device__ __forceinline__ void mma_bf16_full(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+// Splits the fp32 pair (x0, x1) into N bf16 pairs, largest first, that sum to
+// x to ~8N significant bits: each residual x - (terms so far) is exact in fp32,
+// so the relative error after N terms is at most 2^-8N (bf16 unit roundoff
+// 2^-8 per term). Products with exact bf16 K/V on the tensor cores then carry
+// that error only: N = 3 is fp32-accurate, N = 2 ~16 bits, N = 1 plain bf16.
+template <int N>
+__device__ __forceinline__ void split_bf16(float x0, float x1, uint32_t (&o)[N]) {
+  static_assert(N >= 1 && N <= 3, "1..3 bf16 terms");
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const __nv_bfloat162 t = __floats2bfloat162_rn(x0, x1);
+    o[i] = *reinterpret_cast<const uint32_t*>(&t);
+    if (i + 1 < N) {
+      const float2 tf = __bfloat1622float2(t);
+      x0 -= tf.x;
+      x1 -= tf.y;
+    }
+  }
+}
+// Three terms (hi, mid, lo): fp32-accurate products with exact bf16 operands.
+__device__ __forceinline__ void split3(float x0, float x1, uint32_t (&o)[3]) { split_bf16<3>(x0, x1, o); }
+
+}  // namespace activekv::cuda::detail
