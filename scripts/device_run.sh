@@ -51,15 +51,17 @@ if ls .whl/*.whl > /dev/null 2>&1; then
 fi
 export LD_LIBRARY_PATH=$PFX/usr/lib/$ARCH:$PFX/usr/lib/$ARCH/openblas-openmp${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$PFX/usr" \
-  -DACTIVEKV_BUILD_BENCHMARKS=OFF > /tmp/cmake.log 2>&1 \
+  > /tmp/cmake.log 2>&1 \
   && cmake --build build-device -j 16 \
      >> /tmp/cmake.log 2>&1 || { tail -60 /tmp/cmake.log; exit 1; }
 echo "== whole-project build ok in $(( $(date +%s) - t0 )) s"
 AKV=build-device/bin/activekv
 
 echo "== GPU tests (ctest -L gpu)"
-(cd build-device && ctest -L gpu -E "cuda_formats|cuda_model_ops" --output-on-failure)
+(cd build-device && ctest -L gpu -E "cuda_formats|cuda_model_ops|cuda_weights" --output-on-failure)
 TEST_RC=$?
+# Weight kernels: run directly so their [measured] error lines reach the log.
+build-device/bin/test_cuda_weights --gtest_brief=1 || TEST_RC=1
 build-device/bin/test_cuda_formats --gtest_output=json:"$OUT/gtest_formats.json" | grep -E "^  |OK|FAILED|PASSED"
 FMT_RC=${PIPESTATUS[0]}
 [ "$FMT_RC" = 0 ] || TEST_RC=$FMT_RC
@@ -115,6 +117,8 @@ python3 bench/plot_decode.py "$OUT/bench_formats.json" "$OUT/peers.json" -o "$OU
 if [ "$PHASE" = full ]; then
   echo "== prefill attention, 27B shape (chunks 512/2048 at depth 0/32K/128K)"
   build-device/bin/bench_prefill_attention --iters 5 --warmup 2 --commit "$COMMIT" --json "$OUT/bench_prefill.json"
+  echo "== weight matvec vs the HBM read floor (issue 10: >= 75 % for Q4_0 Q4_K Q6_K Q8_0 at n_vec 1)"
+  build-device/bin/bench_matvec --json "$OUT/bench_matvec.json"
   echo "== gate (quality: the committed CPU and GPU evals)"
   $AKV gate --bench "$OUT/bench_formats.json" --json "$OUT/gate.json"  # default --eval: the committed CPU + GPU evals
   $AKV gate --bench "$OUT/bench_formats.json" --batch 2 | tail -3

@@ -1,0 +1,111 @@
+// GPU kernels on weights kept in their GGUF types: decode matvec, embedding
+// gather and dequantisation to bf16 (the prefill GEMM's input, weight_gemm.h).
+//
+// A weight tensor with GGUF dims [cols, rows] is `rows` rows of `cols`
+// elements; each row is cols / block_elements(type) blocks laid out exactly as
+// in the GGUF file (ggml-common.h; our CPU decoder is src/gguf/dequant*.cpp).
+// The device copy is those bytes unchanged: no fp32 copy exists anywhere.
+//
+// Types with a kernel: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K.
+//
+// Matvec arithmetic. Float weights (F32/F16/BF16): fp32 activations, fp32 FMA.
+// Block types: each 32-element block of x is quantised to int8 (the "q8_1"
+// idea): amax = max|x_i|, q_i = round_half_even(x_i * (127 / amax)) (0 when
+// amax == 0), d = amax / 127, all in fp32; the block keeps d and sum_i q_i. The
+// dot of a weight block is then integer (__dp4a) with the scales applied per
+// block (per 16 elements for Q6_K), the mins of Q4_1/Q4_K/Q5_K through sum q_i.
+// So y = sum_i w_i * d*q_i up to fp32 rounding, where w_i is gguf::dequantize's
+// value; the activation rounding |x_i - d*q_i| <= d/2 is the only other error
+// (tests/cuda/test_weights.cpp bounds both).
+//
+// Everything is asynchronous on the given stream. Bad arguments throw
+// activekv::InvalidArgument naming what is wrong; CUDA errors throw
+// activekv::cuda::CudaError (decode_attention.h).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "activekv/cuda/decode_attention.h"
+#include "activekv/gguf/tensor_type.h"
+
+namespace activekv::cuda {
+
+/// A weight matrix on the device, bytes exactly as in the GGUF file.
+/// Requirements (checked by every launch_*): `type` has a kernel, cols > 0 is a
+/// multiple of block_elements(type) (and of 8 for F32/F16/BF16), row_bytes ==
+/// gguf::row_bytes(type, cols), rows >= 0, and `data` is 16-byte aligned
+/// (cudaMalloc is; a tensor at a GGUF offset inside one upload buffer is when
+/// the file's alignment is a multiple of 16 -- the default, 32, is). Row r
+/// starts at data + r * row_bytes (rows need not be 16-byte aligned: Q6_K's
+/// 210-byte blocks rarely are).
+struct DeviceMatrix {
+  gguf::TensorType type = gguf::TensorType::F32;
+  const void* data = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  size_t row_bytes = 0;
+};
+
+/// Most vectors one matvec launch takes (batched decode).
+inline constexpr int kMaxMatvecVectors = 8;
+
+/// True for the types listed above.
+bool has_gpu_kernel(gguf::TensorType t);
+
+/// Throws InvalidArgument("tensor '<name>': no GPU kernel for weight type <T>
+/// (GPU types: ...)") unless has_gpu_kernel(t). For checks at model load time.
+void require_gpu_kernel(const std::string& tensor_name, gguf::TensorType t);
+
+/// Throws InvalidArgument naming type, rows and cols if `w` breaks a
+/// requirement of DeviceMatrix (the launches call it; exposed for load-time checks).
+void validate_matrix(const DeviceMatrix& w);
+
+/// Device scratch bytes launch_matvec needs for `n_vec` vectors of `cols`
+/// elements (the int8 activations and their per-block scales); enough for every
+/// weight type. 0 < n_vec <= kMaxMatvecVectors, cols a multiple of 32 (else InvalidArgument).
+size_t matvec_workspace_bytes(int64_t cols, int n_vec);
+
+/// y[v][r] = (accumulate ? y[v][r] : 0) + sum_c W[r][c] * x[v][c]
+/// for v < n_vec (1..kMaxMatvecVectors), r < w.rows.
+///   x: device fp32 [n_vec][w.cols] (finite), y: device fp32 [n_vec][w.rows]
+///   workspace: device, >= matvec_workspace_bytes(w.cols, n_vec) bytes, 256-byte
+///   aligned (cudaMalloc'd); may be null for F32/F16/BF16 weights.
+/// `accumulate` adds to y in place (fp32: y + dot), e.g. the residual x += W_o . attn.
+/// y must not overlap x or the workspace. Block types quantise x first (see the
+/// file comment); two launches on one stream may share the workspace.
+void launch_matvec(const DeviceMatrix& w, const float* x, int n_vec, float* y, bool accumulate,
+                   void* workspace, cudaStream_t stream);
+
+/// The two halves of launch_matvec for block types, so that one quantised x
+/// feeds several matrices of the same cols (Q, K and V; gate and up):
+/// launch_quantize_activations writes x's int8 blocks into `workspace`;
+/// launch_matvec_prequantized reads them (the workspace must hold that x, for
+/// the same cols and n_vec, when the kernel runs). For F32/F16/BF16 weights the
+/// prequantized launch uses `x` itself, exactly like launch_matvec.
+void launch_quantize_activations(const float* x, int64_t cols, int n_vec, void* workspace,
+                                 cudaStream_t stream);
+void launch_matvec_prequantized(const DeviceMatrix& w, const float* x, int n_vec, float* y,
+                                bool accumulate, const void* workspace, cudaStream_t stream);
+
+/// Embedding lookup: out[i][c] = dequantised W[ids[i]][c], fp32 [n][w.cols],
+/// bit-identical to gguf::dequantize of that row (NaN payloads included).
+/// ids: device int32 [n]. An id outside [0, w.rows) cannot be reported from
+/// the device: its output row is filled with quiet NaN (0x7fc00000) instead.
+/// n == 0 is a no-op.
+void launch_gather_rows_f32(const DeviceMatrix& w, const int32_t* ids, int n, float* out,
+                            cudaStream_t stream);
+
+/// Rows [row0, row0 + n_rows) of W dequantised and rounded to bf16
+/// (round-to-nearest-even, NaN kept quiet: activekv/core/bf16.h's rule) into
+/// out_bf16 [n_rows][w.cols] (device, 16-byte aligned). Throws InvalidArgument
+/// if the range is outside [0, w.rows). n_rows == 0 is a no-op.
+void launch_dequantize_bf16(const DeviceMatrix& w, int64_t row0, int64_t n_rows, void* out_bf16,
+                            cudaStream_t stream);
+
+/// out_bf16[i] = bf16(x[i]) for i < n (same rounding rule), device arrays; for
+/// activations entering the bf16 GEMM.
+void launch_f32_to_bf16(const float* x, int64_t n, void* out_bf16, cudaStream_t stream);
+
+}  // namespace activekv::cuda

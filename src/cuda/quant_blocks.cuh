@@ -1,0 +1,356 @@
+// Internal to the CUDA backend: device-side decoding of the ggml block types
+// (ggml-common.h), shared by the matvec, gather and dequantise kernels so
+// each layout is written once. Mirrors src/gguf/dequant*.cpp (the CPU
+// decoder, bit-identical to gguf-py); see that code for the layouts in prose.
+//
+// Every block type is described by a traits struct with the same interface:
+//   kType, kElems, kBytes      the GGUF block
+//   kAlign                     guaranteed alignment of a block (bytes) when the
+//                              tensor data is 16-byte aligned (rows of whole blocks)
+//   kUnits                     32-element units per block (1 or 8)
+//   kPiece                     elements one dequantising thread handles (32)
+//   kHasMin                    value = A*code + B (else value = A*code)
+//   codes4(b, u, g)            codes of elements 4g..4g+3 of unit u, one signed
+//                              int8 per byte (element 4g in the low byte)
+//   scale(b, u, g)             A of those elements (fp32, exactly as the CPU computes it)
+//   min(b, u)                  B of unit u (kHasMin only)
+// so element 32u + 4g + k of a block dequantises to A*code_k (+ B). The
+// dequantisers evaluate exactly the CPU expression with explicitly rounded
+// operations (no FMA contraction); the matvec takes integer dot products of
+// the codes with int8 activations and applies A (and B) per unit.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "activekv/gguf/tensor_type.h"
+
+namespace activekv::cuda::qblk {
+
+// ---- portable primitives -------------------------------------------------------
+// Everything here is __host__ __device__ so the CPU tests can run the very
+// code the kernels run (tests/cuda/test_weights_host.cpp); the device takes
+// the intrinsics, the host their exact scalar equivalents.
+
+#define AKV_QHD __host__ __device__ __forceinline__
+#ifdef __CUDACC__
+#define AKV_UNROLL _Pragma("unroll")
+#else
+#define AKV_UNROLL
+#endif
+
+AKV_QHD uint32_t f32_bits(float f) {
+#ifdef __CUDA_ARCH__
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+#endif
+}
+
+AKV_QHD float bits_f32(uint32_t u) {
+#ifdef __CUDA_ARCH__
+  return bits_f32(u);
+#else
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+#endif
+}
+
+/// a * b and a + b, each rounded once (never contracted into an FMA).
+AKV_QHD float mul_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return mul_rn(a, b);
+#else
+  return a * b;  // host: ISO C++ mode, no contraction
+#endif
+}
+AKV_QHD float add_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return add_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
+/// Byte-wise a - b (mod 256 per byte).
+AKV_QHD uint32_t vsub4(uint32_t a, uint32_t b) {
+#ifdef __CUDA_ARCH__
+  return vsub4(a, b);
+#else
+  uint32_t r = 0;
+  for (int k = 0; k < 4; ++k) r |= (((a >> (8 * k)) - (b >> (8 * k))) & 0xffu) << (8 * k);
+  return r;
+#endif
+}
+
+/// c + sum_k a_k * b_k over the four signed bytes.
+AKV_QHD int dp4a(int a, int b, int c) {
+#ifdef __CUDA_ARCH__
+  return __dp4a(a, b, c);
+#else
+  for (int k = 0; k < 4; ++k) c += int(int8_t(uint32_t(a) >> (8 * k))) * int(int8_t(uint32_t(b) >> (8 * k)));
+  return c;
+#endif
+}
+
+/// Read-only load of global memory (through the non-coherent cache on the device).
+template <class V>
+AKV_QHD V ldg(const V* p) {
+#ifdef __CUDA_ARCH__
+  return __ldg(p);
+#else
+  return *p;
+#endif
+}
+
+/// 16- and 32-bit little-endian loads; ld32 from an address aligned to
+/// `Align` (2 or 4) bytes.
+AKV_QHD uint16_t ld16(const uint8_t* p) {
+#ifdef __CUDA_ARCH__
+  return *reinterpret_cast<const uint16_t*>(p);
+#else
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+#endif
+}
+
+template <int Align>
+AKV_QHD uint32_t ld32(const uint8_t* p) {
+#ifdef __CUDA_ARCH__
+  if constexpr (Align >= 4) return *reinterpret_cast<const uint32_t*>(p);
+#endif
+  return uint32_t(ld16(p)) | (uint32_t(ld16(p + 2)) << 16);
+}
+
+/// 16-byte load from a 16-byte aligned address.
+AKV_QHD uint4 ld128(const uint8_t* p) {
+#ifdef __CUDA_ARCH__
+  return *reinterpret_cast<const uint4*>(p);
+#else
+  uint4 v;
+  std::memcpy(&v, p, 16);
+  return v;
+#endif
+}
+
+/// Exact binary16 -> binary32 by bit manipulation, as src/gguf/fp16.h (NaN
+/// payloads kept, subnormals exact; the hardware cvt may canonicalise NaNs).
+AKV_QHD float half_bits_to_float(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  const uint32_t mant = h & 0x3ffu;
+  if (exp == 0x1f) return bits_f32(sign | 0x7f800000u | (mant << 13));
+  if (exp == 0) return bits_f32(sign | f32_bits(mul_rn(float(mant), 0x1p-24f)));
+  return bits_f32(sign | ((exp + (127 - 15)) << 23) | (mant << 13));
+}
+
+AKV_QHD float ld_half(const uint8_t* p) { return half_bits_to_float(ld16(p)); }
+
+/// f32 -> bf16 bits, round to nearest even, NaN quieted: activekv/core/bf16.h.
+AKV_QHD uint16_t f32_to_bf16_bits(float f) {
+  const uint32_t u = f32_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x0040u);
+  return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/// Byte k of a packed code word as a signed integer.
+AKV_QHD int code_at(uint32_t w, int k) { return int(int8_t(w >> (8 * k))); }
+
+/// 6-bit scale and min of sub-block j of the 12-byte array of Q4_K/Q5_K
+/// (ggml's get_scale_min_k4).
+AKV_QHD void scale_min_k4(const uint8_t* q, int j, int& sc, int& m) {
+  if (j < 4) {
+    sc = q[j] & 63;
+    m = q[j + 4] & 63;
+  } else {
+    sc = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
+    m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+// ---- 32-element block types --------------------------------------------------
+
+/// f16 d, 16 bytes of nibbles: element j < 16 is the low nibble of qs[j],
+/// element 16 + j the high one; value = (nibble - 8) * d.
+struct Q4_0 {
+  static constexpr gguf::TensorType kType = gguf::TensorType::Q4_0;
+  static constexpr int kElems = 32, kBytes = 18, kAlign = 2, kUnits = 1, kPiece = 32;
+  static constexpr bool kHasMin = false;
+  AKV_QHD static uint32_t codes4(const uint8_t* b, int /*u*/, int g) {
+    const uint32_t q = ld32<kAlign>(b + 2 + 4 * (g & 3));
+    return vsub4((q >> (4 * (g >> 2))) & 0x0f0f0f0fu, 0x08080808u);
+  }
+  AKV_QHD static float scale(const uint8_t* b, int, int) { return ld_half(b); }
+};
+
+/// f16 d, f16 m, 16 bytes of nibbles (as Q4_0); value = nibble * d + m.
+struct Q4_1 {
+  static constexpr gguf::TensorType kType = gguf::TensorType::Q4_1;
+  static constexpr int kElems = 32, kBytes = 20, kAlign = 4, kUnits = 1, kPiece = 32;
+  static constexpr bool kHasMin = true;
+  AKV_QHD static uint32_t codes4(const uint8_t* b, int, int g) {
+    return (ld32<kAlign>(b + 4 + 4 * (g & 3)) >> (4 * (g >> 2))) & 0x0f0f0f0fu;
+  }
+  AKV_QHD static float scale(const uint8_t* b, int, int) { return ld_half(b); }
+  AKV_QHD static float min(const uint8_t* b, int) { return ld_half(b + 2); }
+};
+
+/// f16 d, 32 int8; value = q * d.
+struct Q8_0 {
+  static constexpr gguf::TensorType kType = gguf::TensorType::Q8_0;
+  static constexpr int kElems = 32, kBytes = 34, kAlign = 2, kUnits = 1, kPiece = 32;
+  static constexpr bool kHasMin = false;
+  AKV_QHD static uint32_t codes4(const uint8_t* b, int, int g) { return ld32<kAlign>(b + 2 + 4 * g); }
+  AKV_QHD static float scale(const uint8_t* b, int, int) { return ld_half(b); }
+};
+
+// ---- K-quants: 256-element super-blocks ------------------------------------------
+
+/// f16 d, f16 dmin, 12 bytes of 6-bit scales/mins, 128 bytes of nibbles.
+/// Sub-block u (32 elements) is the low (u even) or high (u odd) nibbles of
+/// qs[32*(u/2) .. +32); value = (d*sc_u) * q - (dmin*m_u).
+struct Q4_K {
+  static constexpr gguf::TensorType kType = gguf::TensorType::Q4_K;
+  static constexpr int kElems = 256, kBytes = 144, kAlign = 16, kUnits = 8, kPiece = 32;
+  static constexpr bool kHasMin = true;
+  AKV_QHD static uint32_t codes4(const uint8_t* b, int u, int g) {
+    return (ld32<4>(b + 16 + 32 * (u >> 1) + 4 * g) >> (4 * (u & 1))) & 0x0f0f0f0fu;
+  }
+  AKV_QHD static float scale(const uint8_t* b, int u, int) {
+    int sc, m;
+    scale_min_k4(b + 4, u, sc, m);
+    return mul_rn(ld_half(b), float(sc));
+  }
+  AKV_QHD static float min(const uint8_t* b, int u) {
+    int sc, m;
+    scale_min_k4(b + 4, u, sc, m);
+    return -mul_rn(ld_half(b + 2), float(m));
+  }
+};
+
+/// Q4_K plus 32 bytes qh after the scales (nibbles at 48): bit u of qh[l] is
+/// the fifth bit of element l of sub-block u.
+struct Q5_K {
+  static constexpr gguf::TensorType kType = gguf::TensorType::Q5_K;
+  static constexpr int kElems = 256, kBytes = 176, kAlign = 16, kUnits = 8, kPiece = 32;
+  static constexpr bool kHasMin = true;
+  AKV_QHD static uint32_t codes4(const uint8_t* b, int u, int g) {
+    const uint32_t lo = (ld32<4>(b + 48 + 32 * (u >> 1) + 4 * g) >> (4 * (u & 1))) & 0x0f0f0f0fu;
+    const uint32_t hi = ((ld32<4>(b + 16 + 4 * g) >> u) & 0x01010101u) << 4;
+    return lo | hi;
+  }
+  AKV_QHD static float scale(const uint8_t* b, int u, int g) { return Q4_K::scale(b, u, g); }
+  AKV_QHD static float min(const uint8_t* b, int u) { return Q4_K::min(b, u); }
+};
+
+/// 128 bytes ql, 64 bytes qh, 16 int8 scales, f16 d (at 208). Half h = u/4
+/// (128 elements), k = u%4: element l of sub-block u takes its low 4 bits from
+/// ql[64h + 32*(k&1) + l] (low nibble for k < 2, high for k >= 2) and its top
+/// 2 bits from qh[32h + l] >> 2k; value = (d * sc[8h + 2k + l/16]) * (q - 32).
+struct Q6_K {
+  static constexpr gguf::TensorType kType = gguf::TensorType::Q6_K;
+  static constexpr int kElems = 256, kBytes = 210, kAlign = 2, kUnits = 8, kPiece = 32;
+  static constexpr bool kHasMin = false;
+  AKV_QHD static uint32_t codes4(const uint8_t* b, int u, int g) {
+    const int h = u >> 2, k = u & 3;
+    const uint32_t lo = (ld32<kAlign>(b + 64 * h + 32 * (k & 1) + 4 * g) >> (4 * (k >> 1))) & 0x0f0f0f0fu;
+    const uint32_t hi = ((ld32<kAlign>(b + 128 + 32 * h + 4 * g) >> (2 * k)) & 0x03030303u) << 4;
+    return vsub4(lo | hi, 0x20202020u);
+  }
+  AKV_QHD static float scale(const uint8_t* b, int u, int g) {
+    const int h = u >> 2, k = u & 3;
+    const int sc = int8_t(b[192 + 8 * h + 2 * k + (g >> 2)]);
+    return mul_rn(ld_half(b + 208), float(sc));
+  }
+};
+
+/// Dequantises elements 4g..4g+3 of unit u of block b into out[0..3],
+/// bit-identical to gguf::dequantize.
+template <class T>
+AKV_QHD void dequant4(const uint8_t* b, int u, int g, float* out) {
+  const uint32_t c = T::codes4(b, u, g);
+  const float a = T::scale(b, u, g);
+  if constexpr (T::kHasMin) {
+    const float m = T::min(b, u);
+AKV_UNROLL
+    for (int k = 0; k < 4; ++k) out[k] = add_rn(mul_rn(a, float(code_at(c, k))), m);
+  } else {
+AKV_UNROLL
+    for (int k = 0; k < 4; ++k) out[k] = mul_rn(a, float(code_at(c, k)));
+  }
+}
+
+// ---- element types -------------------------------------------------------------
+
+/// F32 / F16 / BF16: decode8(row, e) writes elements e..e+7 (e a multiple of 8;
+/// rows of these types are 16-byte aligned since cols % 8 == 0); kPiece = 8.
+struct F32 {
+  static constexpr gguf::TensorType kType = gguf::TensorType::F32;
+  static constexpr int kElemBytes = 4, kPiece = 8;
+  AKV_QHD static void decode8(const uint8_t* row, int64_t e, float* out) {
+    const uint4 a = ld128(row + 4 * e), c = ld128(row + 4 * e + 16);
+    const uint32_t w[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
+AKV_UNROLL
+    for (int i = 0; i < 8; ++i) out[i] = bits_f32(w[i]);
+  }
+};
+
+struct F16 {
+  static constexpr gguf::TensorType kType = gguf::TensorType::F16;
+  static constexpr int kElemBytes = 2, kPiece = 8;
+  AKV_QHD static void decode8(const uint8_t* row, int64_t e, float* out) {
+    const uint4 v = ld128(row + 2 * e);
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+AKV_UNROLL
+    for (int i = 0; i < 4; ++i) {
+      out[2 * i] = half_bits_to_float(uint16_t(w[i]));
+      out[2 * i + 1] = half_bits_to_float(uint16_t(w[i] >> 16));
+    }
+  }
+};
+
+struct BF16 {
+  static constexpr gguf::TensorType kType = gguf::TensorType::BF16;
+  static constexpr int kElemBytes = 2, kPiece = 8;
+  AKV_QHD static void decode8(const uint8_t* row, int64_t e, float* out) {
+    const uint4 v = ld128(row + 2 * e);
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+AKV_UNROLL
+    for (int i = 0; i < 4; ++i) {
+      out[2 * i] = bits_f32(w[i] << 16);
+      out[2 * i + 1] = bits_f32(w[i] & 0xffff0000u);
+    }
+  }
+};
+
+/// Calls f(Traits{}) for the traits struct of `t`; returns false if `t` has none.
+template <class F>
+bool dispatch_block_type(gguf::TensorType t, F&& f) {
+  switch (t) {
+    case gguf::TensorType::Q4_0: f(Q4_0{}); return true;
+    case gguf::TensorType::Q4_1: f(Q4_1{}); return true;
+    case gguf::TensorType::Q8_0: f(Q8_0{}); return true;
+    case gguf::TensorType::Q4_K: f(Q4_K{}); return true;
+    case gguf::TensorType::Q5_K: f(Q5_K{}); return true;
+    case gguf::TensorType::Q6_K: f(Q6_K{}); return true;
+    default: return false;
+  }
+}
+
+template <class F>
+bool dispatch_float_type(gguf::TensorType t, F&& f) {
+  switch (t) {
+    case gguf::TensorType::F32: f(F32{}); return true;
+    case gguf::TensorType::F16: f(F16{}); return true;
+    case gguf::TensorType::BF16: f(BF16{}); return true;
+    default: return false;
+  }
+}
+
+}  // namespace activekv::cuda::qblk

@@ -1,0 +1,319 @@
+// Decode matvec on weights in their GGUF types (quant_matvec.h).
+//
+// Block types: one warp per row. The warp streams its row through shared
+// memory in chunks of whole blocks (64 work items, two per lane) with
+// cp.async: 16-byte copies of the aligned granules covering the chunk, fully
+// coalesced whatever the block size (Q4_0's 18 bytes, Q6_K's 210), kStages
+// chunks in flight per warp so enough bytes are outstanding to cover HBM
+// latency. Lanes decode their items from shared memory (quant_blocks.cuh) and
+// dot them with int8 activations (__dp4a); x's int8 blocks are read through
+// L1 (every warp of the grid reads the same x). The warp's partial sums are
+// reduced with shuffles in a fixed order: deterministic, no atomics.
+//
+// Float types: one warp per row, 16-byte loads straight from global, fp32 FMA.
+#include <cuda_runtime.h>
+
+#include <string>
+#include <type_traits>
+
+#include "activekv/core/error.h"
+#include "activekv/cuda/quant_matvec.h"
+#include "quant_dot.cuh"
+
+namespace activekv::cuda {
+
+namespace {
+
+constexpr int kWarps = 4;    // warps (rows) per CTA
+constexpr int kStages = 4;   // chunks in flight per warp
+
+size_t align256(size_t n) { return (n + 255) & ~size_t(255); }
+
+std::string shape_str(const DeviceMatrix& w) {
+  return gguf::type_name(w.type) + " matrix of " + std::to_string(w.rows) + " rows x " +
+         std::to_string(w.cols) + " cols";
+}
+
+// ---- activation quantisation ---------------------------------------------------
+
+using qdot::XQuant;
+
+/// The workspace's int8 x and its per-block {d, sum} (quant_dot.cuh's layout).
+XQuant xquant_of(const void* ws, int64_t cols, int n_vec) {
+  const auto* base = static_cast<const uint8_t*>(ws);
+  return {reinterpret_cast<const int8_t*>(base),
+          reinterpret_cast<const float2*>(base + align256(size_t(n_vec) * cols))};
+}
+
+/// One warp per 32-element block of x (blockIdx/threads cover n_vec * cols/32 blocks).
+__global__ void quantize_x_kernel(const float* __restrict__ x, int64_t n_blocks, int8_t* __restrict__ qx,
+                                  float2* __restrict__ ds) {
+  const int64_t blk = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  if (blk >= n_blocks) return;  // whole warps exit together (blockDim is a multiple of 32)
+  const int lane = threadIdx.x & 31;
+  const float v = x[blk * 32 + lane];
+  float amax = fabsf(v);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const float id = amax == 0.f ? 0.f : __fdiv_rn(127.f, amax);
+  const int q = __float2int_rn(__fmul_rn(v, id));
+  int sum = q;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  qx[blk * 32 + lane] = int8_t(q);
+  if (lane == 0) ds[blk] = make_float2(__fdiv_rn(amax, 127.f), float(sum));
+}
+
+// ---- block-type matvec -------------------------------------------------------------
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+template <int NV>
+__device__ __forceinline__ void write_row(float* acc, float* y, int64_t rows, int64_t row, bool accumulate) {
+#pragma unroll
+  for (int v = 0; v < NV; ++v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc[v] += __shfl_xor_sync(0xffffffffu, acc[v], o);
+  }
+  if ((threadIdx.x & 31) == 0) {
+#pragma unroll
+    for (int v = 0; v < NV; ++v) {
+      float* p = y + v * rows + row;
+      *p = accumulate ? *p + acc[v] : acc[v];
+    }
+  }
+}
+
+template <class T, int NV>
+__global__ void __launch_bounds__(kWarps * 32)
+    matvec_blocks_kernel(const uint8_t* __restrict__ w, int64_t rows, int64_t row_bytes, int n_blocks,
+                         XQuant xq, int64_t cols, float* __restrict__ y, bool accumulate) {
+  using Tl = qdot::Tiling<T>;
+  extern __shared__ uint4 smem_u4[];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t row = int64_t(blockIdx.x) * kWarps + warp;
+  if (row >= rows) return;  // no block-wide barriers below: a warp may leave
+  uint8_t* stages = reinterpret_cast<uint8_t*>(smem_u4) + warp * kStages * Tl::kStageBytes;
+  const int64_t total = rows * row_bytes;
+  const int64_t row_off = row * row_bytes;
+  const int n_chunks = (n_blocks + Tl::kChunkBlocks - 1) / Tl::kChunkBlocks;
+
+  // Copies chunk `ch` of the row into its stage (one commit group per call,
+  // empty past the last chunk so the wait counts stay uniform).
+  auto issue = [&](int ch) {
+    if (ch < n_chunks) {
+      const int64_t a = row_off + int64_t(ch) * Tl::kChunkBytes;
+      const int64_t b = a + int64_t(min(Tl::kChunkBlocks, n_blocks - ch * Tl::kChunkBlocks)) * T::kBytes;
+      const int64_t g0 = a & ~int64_t(15);
+      const int n_gran = int((b - g0 + 15) >> 4);
+      uint8_t* st = stages + (ch % kStages) * Tl::kStageBytes;
+      for (int i = lane; i < n_gran; i += 32) {
+        const int64_t off = g0 + 16 * int64_t(i);
+        cp_async16(st + 16 * i, w + off, int(min(int64_t(16), total - off)));  // tail: zero-filled
+      }
+    }
+    cp_async_commit();
+  };
+
+  float acc[NV];
+#pragma unroll
+  for (int v = 0; v < NV; ++v) acc[v] = 0.f;
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) issue(s);
+  for (int ch = 0; ch < n_chunks; ++ch) {
+    issue(ch + kStages - 1);
+    cp_async_wait<kStages - 1>();
+    __syncwarp();
+    const int64_t a = row_off + int64_t(ch) * Tl::kChunkBytes;
+    const uint8_t* base = stages + (ch % kStages) * Tl::kStageBytes + (a & 15);
+    const int blk0 = ch * Tl::kChunkBlocks;
+    const int n_items = min(Tl::kChunkBlocks, n_blocks - blk0) * Tl::kItemsPerBlock;
+#pragma unroll
+    for (int r = 0; r < Tl::kItemsPerChunk / 32; ++r) {
+      const int item = lane + 32 * r;
+      if (item < n_items) qdot::dot_item<T, NV>(base, item, blk0, xq, cols, acc);
+    }
+    __syncwarp();  // the stage is refilled by the next iteration's issue
+  }
+  cp_async_wait<0>();  // nothing may be in flight into shared memory at exit
+  write_row<NV>(acc, y, rows, row, accumulate);
+}
+
+// ---- float-type matvec ---------------------------------------------------------
+
+template <class T, int NV>
+__global__ void __launch_bounds__(kWarps * 32)
+    matvec_float_kernel(const uint8_t* __restrict__ w, int64_t rows, int64_t row_bytes, int64_t cols,
+                        const float* __restrict__ x, float* __restrict__ y, bool accumulate) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t row = int64_t(blockIdx.x) * kWarps + warp;
+  if (row >= rows) return;
+  const uint8_t* wr = w + row * row_bytes;
+  float acc[NV];
+#pragma unroll
+  for (int v = 0; v < NV; ++v) acc[v] = 0.f;
+#pragma unroll 4
+  for (int64_t e = 8 * lane; e < cols; e += 256) {
+    float wv[8];
+    T::decode8(wr, e, wv);
+#pragma unroll
+    for (int v = 0; v < NV; ++v) {
+      const float4* xp = reinterpret_cast<const float4*>(x + v * cols + e);
+      const float4 x0 = __ldg(xp), x1 = __ldg(xp + 1);
+      const float xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+      for (int k = 0; k < 8; ++k) acc[v] = fmaf(wv[k], xs[k], acc[v]);
+    }
+  }
+  write_row<NV>(acc, y, rows, row, accumulate);
+}
+
+// ---- host side -----------------------------------------------------------------
+
+/// Calls f(std::integral_constant<int, n>) for n in 1..kMaxMatvecVectors.
+template <class F>
+void with_nv(int n, F&& f) {
+  switch (n) {
+    case 1: f(std::integral_constant<int, 1>{}); return;
+    case 2: f(std::integral_constant<int, 2>{}); return;
+    case 3: f(std::integral_constant<int, 3>{}); return;
+    case 4: f(std::integral_constant<int, 4>{}); return;
+    case 5: f(std::integral_constant<int, 5>{}); return;
+    case 6: f(std::integral_constant<int, 6>{}); return;
+    case 7: f(std::integral_constant<int, 7>{}); return;
+    case 8: f(std::integral_constant<int, 8>{}); return;
+  }
+  throw InvalidArgument("matvec: n_vec " + std::to_string(n) + " is outside 1.." +
+                        std::to_string(kMaxMatvecVectors));
+}
+
+void check_nvec(int n_vec) {
+  if (n_vec < 1 || n_vec > kMaxMatvecVectors) {
+    throw InvalidArgument("matvec: n_vec " + std::to_string(n_vec) + " is outside 1.." +
+                          std::to_string(kMaxMatvecVectors));
+  }
+}
+
+bool is_float_type(gguf::TensorType t) {
+  return t == gguf::TensorType::F32 || t == gguf::TensorType::F16 || t == gguf::TensorType::BF16;
+}
+
+/// `need_x`: x is read (float types, or block types that quantise it here).
+void check_matvec_args(const DeviceMatrix& w, const float* x, bool need_x, int n_vec, const float* y,
+                       const void* ws) {
+  validate_matrix(w);
+  check_nvec(n_vec);
+  if ((need_x && x == nullptr) || y == nullptr) {
+    throw InvalidArgument("matvec on " + shape_str(w) + ": x or y is null");
+  }
+  if (is_float_type(w.type)) {
+    if (reinterpret_cast<uintptr_t>(x) % 16 != 0) {
+      throw InvalidArgument("matvec on " + shape_str(w) + ": x must be 16-byte aligned");
+    }
+  } else if (ws == nullptr || reinterpret_cast<uintptr_t>(ws) % 256 != 0) {
+    throw InvalidArgument("matvec on " + shape_str(w) + ": the workspace must be non-null and 256-byte aligned");
+  }
+}
+
+void run_matvec(const DeviceMatrix& w, const float* x, int n_vec, float* y, bool accumulate, const void* ws,
+                cudaStream_t stream) {
+  if (w.rows == 0) return;
+  const auto* wp = static_cast<const uint8_t*>(w.data);
+  const dim3 grid(unsigned((w.rows + kWarps - 1) / kWarps)), block(kWarps * 32);
+  const bool is_block = qblk::dispatch_block_type(w.type, [&](auto t) {
+    using T = decltype(t);
+    const XQuant xq = xquant_of(ws, w.cols, n_vec);
+    const int n_blocks = int(w.cols / T::kElems);
+    with_nv(n_vec, [&](auto nv) {
+      matvec_blocks_kernel<T, decltype(nv)::value><<<grid, block, kWarps * kStages * qdot::Tiling<T>::kStageBytes, stream>>>(
+          wp, w.rows, int64_t(w.row_bytes), n_blocks, xq, w.cols, y, accumulate);
+    });
+  });
+  if (!is_block) {
+    qblk::dispatch_float_type(w.type, [&](auto t) {
+      using T = decltype(t);
+      with_nv(n_vec, [&](auto nv) {
+        matvec_float_kernel<T, decltype(nv)::value>
+            <<<grid, block, 0, stream>>>(wp, w.rows, int64_t(w.row_bytes), w.cols, x, y, accumulate);
+      });
+    });
+  }
+  check_cuda(cudaGetLastError(), "matvec kernel launch");
+}
+
+}  // namespace
+
+bool has_gpu_kernel(gguf::TensorType t) {
+  return qblk::dispatch_block_type(t, [](auto) {}) || qblk::dispatch_float_type(t, [](auto) {});
+}
+
+void require_gpu_kernel(const std::string& tensor_name, gguf::TensorType t) {
+  if (!has_gpu_kernel(t)) {
+    throw InvalidArgument("tensor '" + tensor_name + "': no GPU kernel for weight type " + gguf::type_name(t) +
+                          " (GPU types: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q4_K Q5_K Q6_K)");
+  }
+}
+
+void validate_matrix(const DeviceMatrix& w) {
+  if (!has_gpu_kernel(w.type)) {
+    throw InvalidArgument("no GPU kernel for weight type " + gguf::type_name(w.type) + " (" +
+                          std::to_string(w.rows) + " rows x " + std::to_string(w.cols) + " cols)");
+  }
+  const int64_t blk = int64_t(gguf::block_elements(w.type));
+  const int64_t mult = is_float_type(w.type) ? 8 : blk;
+  if (w.cols <= 0 || w.cols % mult != 0 || w.rows < 0) {
+    throw InvalidArgument(shape_str(w) + ": GPU kernels need cols a positive multiple of " +
+                          std::to_string(mult) + " and rows >= 0");
+  }
+  if (w.cols / blk > (int64_t(1) << 30)) throw InvalidArgument(shape_str(w) + ": too many columns");
+  if (w.row_bytes != gguf::row_bytes(w.type, uint64_t(w.cols))) {
+    throw InvalidArgument(shape_str(w) + ": row_bytes " + std::to_string(w.row_bytes) + " != " +
+                          std::to_string(gguf::row_bytes(w.type, uint64_t(w.cols))));
+  }
+  if (w.rows > 0 && (w.data == nullptr || reinterpret_cast<uintptr_t>(w.data) % 16 != 0)) {
+    throw InvalidArgument(shape_str(w) + ": device data must be non-null and 16-byte aligned");
+  }
+}
+
+size_t matvec_workspace_bytes(int64_t cols, int n_vec) {
+  check_nvec(n_vec);
+  if (cols <= 0 || cols % 32 != 0) {
+    throw InvalidArgument("matvec workspace: cols " + std::to_string(cols) + " is not a positive multiple of 32");
+  }
+  return align256(size_t(n_vec) * cols) + align256(size_t(n_vec) * (cols / 32) * sizeof(float2));
+}
+
+void launch_quantize_activations(const float* x, int64_t cols, int n_vec, void* workspace, cudaStream_t stream) {
+  (void)matvec_workspace_bytes(cols, n_vec);  // validates cols and n_vec
+  if (x == nullptr || workspace == nullptr || reinterpret_cast<uintptr_t>(workspace) % 256 != 0) {
+    throw InvalidArgument("quantize activations: x must be non-null, the workspace non-null and 256-byte aligned");
+  }
+  const int64_t n_blocks = int64_t(n_vec) * (cols / 32);
+  const XQuant xq = xquant_of(workspace, cols, n_vec);
+  constexpr int kThreads = 256;
+  const unsigned grid = unsigned((n_blocks * 32 + kThreads - 1) / kThreads);
+  quantize_x_kernel<<<grid, kThreads, 0, stream>>>(x, n_blocks, const_cast<int8_t*>(xq.qx),
+                                                    const_cast<float2*>(xq.ds));
+  check_cuda(cudaGetLastError(), "quantize_x_kernel launch");
+}
+
+void launch_matvec(const DeviceMatrix& w, const float* x, int n_vec, float* y, bool accumulate, void* workspace,
+                   cudaStream_t stream) {
+  check_matvec_args(w, x, true, n_vec, y, workspace);
+  if (!is_float_type(w.type) && w.rows > 0) launch_quantize_activations(x, w.cols, n_vec, workspace, stream);
+  run_matvec(w, x, n_vec, y, accumulate, workspace, stream);
+}
+
+void launch_matvec_prequantized(const DeviceMatrix& w, const float* x, int n_vec, float* y, bool accumulate,
+                                const void* workspace, cudaStream_t stream) {
+  check_matvec_args(w, x, is_float_type(w.type), n_vec, y, workspace);
+  run_matvec(w, x, n_vec, y, accumulate, workspace, stream);
+}
+
+}  // namespace activekv::cuda

@@ -1,0 +1,275 @@
+// GPU weight kernels (quant_matvec.h) against the CPU dequantiser, per type:
+// matvec vs a CPU emulation of its own arithmetic and vs fp64 with the
+// unquantised x, gather and bf16 dequantisation bitwise, accumulate and
+// prequantised modes, argument errors, and types.gguf through the gather.
+// Labelled `gpu` (tests/cuda/CMakeLists.txt).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+
+#include "activekv/core/bf16.h"
+#include "activekv/gguf/gguf.h"
+#include "matvec_emulation.h"
+
+namespace activekv::cuda {
+namespace {
+
+using namespace wtest;
+
+#define NEED_GPU() \
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device"
+
+std::string source_dir() {
+  const char* env = std::getenv("ACTIVEKV_SOURCE_DIR");  // a checkout elsewhere than at build time
+  return env ? env : ACTIVEKV_SOURCE_DIR;
+}
+
+std::string name_of(const ::testing::TestParamInfo<TensorType>& info) { return gguf::type_name(info.param); }
+
+class WeightKernels : public ::testing::TestWithParam<TensorType> {};
+
+/// Bitwise equality of floats (NaN payloads included), reporting the first mismatch.
+template <class T>
+::testing::AssertionResult same_bits(const T* got, const T* want, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    if (std::memcmp(got + i, want + i, sizeof(T)) != 0) {
+      uint32_t g = 0, w = 0;
+      std::memcpy(&g, got + i, sizeof(T));
+      std::memcpy(&w, want + i, sizeof(T));
+      return ::testing::AssertionFailure() << "element " << i << ": got bits 0x" << std::hex << g
+                                           << ", want 0x" << w;
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+TEST_P(WeightKernels, MatvecMatchesCpu) {
+  NEED_GPU();
+  const TensorType t = GetParam();
+  const double emul_bound = is_float_type(t) ? kEmulBoundFloat : kEmulBoundQuant;
+  MatvecErrors worst;
+  uint64_t seed = 1000 + uint64_t(t);
+  for (const Shape& s : shapes_for(t)) {
+    const HostMatrix h = random_matrix(t, s.rows, s.cols, seed++);
+    const std::vector<float> wd = h.dequant();
+    DeviceCopy dw(h);
+    for (int n_vec : {1, 2, 8}) {
+      const std::vector<float> x = random_x(n_vec, s.cols, seed++);
+      DevMem dx(x.size() * 4), dy(size_t(n_vec * s.rows) * 4), ws(matvec_workspace_bytes(s.cols, n_vec));
+      upload(dx, x);
+      dy.poison();
+      ws.poison();
+      launch_matvec(dw.m, dx.as<float>(), n_vec, dy.as<float>(), false, ws.p, nullptr);
+      ck(cudaDeviceSynchronize(), "matvec");
+      const auto y = download<float>(dy, size_t(n_vec * s.rows));
+      SCOPED_TRACE(gguf::type_name(t) + " " + std::to_string(s.rows) + "x" + std::to_string(s.cols) +
+                   " n_vec " + std::to_string(n_vec));
+      // The kernel's arithmetic, replayed on the CPU (matvec_emulation.h): equal bits.
+      const std::vector<float> want = emulate_matvec(h, x, n_vec);
+      EXPECT_TRUE(same_bits(y.data(), want.data(), y.size())) << "GPU matvec vs its CPU emulation";
+      const MatvecErrors e = compare_matvec(h, wd, x, n_vec, y, emul_bound);
+      EXPECT_LE(e.rel_emul, emul_bound);
+      if (!is_float_type(t)) {
+        EXPECT_LE(e.worst_ratio, kWorstRatioBound);
+        EXPECT_LE(e.z, kZBound);
+      }
+      worst.merge(e);
+    }
+  }
+  std::printf("[measured] %-5s matvec: max rel err vs CPU emulation %.3g (bound %.3g); vs fp64 with exact x: "
+              "%.3g of the hard bound (bound %.3g), max z %.3g (bound %.3g)\n",
+              gguf::type_name(t).c_str(), worst.rel_emul, emul_bound, worst.worst_ratio, kWorstRatioBound, worst.z,
+              kZBound);
+}
+
+TEST_P(WeightKernels, EveryBatchSizeAccumulateAndPrequantized) {
+  NEED_GPU();
+  const TensorType t = GetParam();
+  const Shape s{133, 512};
+  const HostMatrix h = random_matrix(t, s.rows, s.cols, 77 + uint64_t(t));
+  DeviceCopy dw(h);
+  for (int n_vec = 1; n_vec <= kMaxMatvecVectors; ++n_vec) {
+    SCOPED_TRACE("n_vec " + std::to_string(n_vec));
+    const size_t ny = size_t(n_vec * s.rows);
+    const std::vector<float> x = random_x(n_vec, s.cols, 500 + n_vec);
+    std::vector<float> y0(ny);
+    Rng rng(900 + n_vec);
+    for (auto& v : y0) v = float(rng.uniform(-4, 4));
+    DevMem dx(x.size() * 4), dy(ny * 4), dy2(ny * 4), ws(matvec_workspace_bytes(s.cols, n_vec));
+    upload(dx, x);
+    dy.poison();
+    ws.poison();
+    launch_matvec(dw.m, dx.as<float>(), n_vec, dy.as<float>(), false, ws.p, nullptr);
+    upload(dy2, y0);
+    launch_matvec(dw.m, dx.as<float>(), n_vec, dy2.as<float>(), true, ws.p, nullptr);
+    ck(cudaDeviceSynchronize(), "matvec");
+    const auto y = download<float>(dy, ny), yacc = download<float>(dy2, ny);
+    const std::vector<float> want = emulate_matvec(h, x, n_vec);
+    ASSERT_TRUE(same_bits(y.data(), want.data(), ny)) << "GPU matvec vs its CPU emulation";
+    // Accumulate adds the same (deterministic) dot to y in place: fp32 y0 + dot, bitwise.
+    for (size_t i = 0; i < ny; ++i) {
+      ASSERT_EQ(yacc[i], y0[i] + y[i]) << "accumulate, element " << i;
+    }
+    // Prequantised: quantise once, then the weight kernel alone gives the same bits.
+    if (!is_float_type(t)) {
+      DevMem ws2(matvec_workspace_bytes(s.cols, n_vec)), dy3(ny * 4);
+      ws2.poison();
+      dy3.poison();
+      launch_quantize_activations(dx.as<float>(), s.cols, n_vec, ws2.p, nullptr);
+      launch_matvec_prequantized(dw.m, nullptr, n_vec, dy3.as<float>(), false, ws2.p, nullptr);
+      ck(cudaDeviceSynchronize(), "prequantized matvec");
+      const auto y3 = download<float>(dy3, ny);
+      ASSERT_EQ(0, std::memcmp(y.data(), y3.data(), ny * 4)) << "prequantized differs from launch_matvec";
+    }
+  }
+}
+
+TEST_P(WeightKernels, GatherAndDequantizeBf16Bitwise) {
+  NEED_GPU();
+  const TensorType t = GetParam();
+  for (bool raw : {false, true}) {
+    if (raw && !is_float_type(t)) continue;  // random bits: NaN/inf/subnormal conversions
+    for (const Shape& s : shapes_for(t)) {
+      SCOPED_TRACE(std::to_string(s.rows) + "x" + std::to_string(s.cols) + (raw ? " raw bits" : ""));
+      const HostMatrix h = random_matrix(t, s.rows, s.cols, 3000 + uint64_t(t) * 7 + uint64_t(s.cols), raw);
+      const std::vector<float> wd = h.dequant();
+      DeviceCopy dw(h);
+      // Gather: first, last, a repeat, and one id out of range (NaN row).
+      const std::vector<int32_t> ids = {int32_t(s.rows - 1), 0, 5, 5, int32_t(s.rows), 17};
+      DevMem dids(ids.size() * 4), dout(ids.size() * size_t(s.cols) * 4);
+      upload(dids, ids);
+      dout.poison();
+      launch_gather_rows_f32(dw.m, dids.as<int32_t>(), int(ids.size()), dout.as<float>(), nullptr);
+      ck(cudaDeviceSynchronize(), "gather");
+      const auto got = download<float>(dout, ids.size() * size_t(s.cols));
+      for (size_t i = 0; i < ids.size(); ++i) {
+        const float* g = got.data() + i * s.cols;
+        if (ids[i] >= s.rows) {
+          for (int64_t c = 0; c < s.cols; ++c) ASSERT_TRUE(std::isnan(g[c])) << "out-of-range id, col " << c;
+          continue;
+        }
+        ASSERT_TRUE(same_bits(g, wd.data() + ids[i] * s.cols, size_t(s.cols))) << "gather of row " << ids[i];
+      }
+      // bf16 rows [row0, row0 + n) with round-to-nearest-even.
+      const int64_t row0 = 3, n = s.rows - 5;
+      DevMem dbf(size_t(n * s.cols) * 2);
+      dbf.poison();
+      launch_dequantize_bf16(dw.m, row0, n, dbf.p, nullptr);
+      ck(cudaDeviceSynchronize(), "dequantize bf16");
+      const auto gbf = download<uint16_t>(dbf, size_t(n * s.cols));
+      std::vector<uint16_t> want(size_t(n * s.cols));
+      for (size_t i = 0; i < want.size(); ++i) want[i] = f32_to_bf16(wd[size_t(row0 * s.cols) + i]).bits;
+      ASSERT_TRUE(same_bits(gbf.data(), want.data(), want.size())) << "dequantize_bf16";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTypes, WeightKernels, ::testing::ValuesIn(all_types()), name_of);
+
+// ---- types.gguf: gguf-py's own expected dequantisation -------------------------
+
+/// types.expected.bin (tools/make_gguf_fixtures.py): "AKVX", count, then per
+/// tensor name and float32 values.
+std::vector<std::pair<std::string, std::vector<float>>> read_expected(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot read " + path);
+  auto u32 = [&] {
+    uint32_t v = 0;
+    in.read(reinterpret_cast<char*>(&v), 4);
+    return v;
+  };
+  if (u32() != 0x58564b41u) throw std::runtime_error(path + ": bad magic");
+  std::vector<std::pair<std::string, std::vector<float>>> out(u32());
+  for (auto& [name, vals] : out) {
+    name.resize(u32());
+    in.read(name.data(), std::streamsize(name.size()));
+    uint64_t n = 0;
+    in.read(reinterpret_cast<char*>(&n), 8);
+    vals.resize(n);
+    in.read(reinterpret_cast<char*>(vals.data()), std::streamsize(n * 4));
+  }
+  if (!in) throw std::runtime_error(path + ": truncated");
+  return out;
+}
+
+TEST(WeightKernelsFixture, TypesGgufGatherIsBitExact) {
+  NEED_GPU();
+  const std::string dir = source_dir() + "/tests/fixtures/gguf/";
+  const gguf::File f = gguf::File::open(dir + "types.gguf");
+  const auto expected = read_expected(dir + "types.expected.bin");
+  ASSERT_EQ(expected.size(), 9u);
+  for (const auto& [name, want] : expected) {
+    SCOPED_TRACE(name);
+    const gguf::TensorInfo& ti = f.tensor(name);
+    ASSERT_EQ(ti.dims.size(), 2u);
+    HostMatrix h{ti.type, int64_t(ti.dims[1]), int64_t(ti.dims[0]), gguf::row_bytes(ti.type, ti.dims[0]),
+                 std::vector<uint8_t>(ti.data, ti.data + ti.n_bytes)};
+    DeviceCopy dw(h);
+    const std::vector<int32_t> ids = {0, 1};
+    DevMem dids(8), dout(want.size() * 4);
+    upload(dids, ids);
+    dout.poison();
+    launch_gather_rows_f32(dw.m, dids.as<int32_t>(), 2, dout.as<float>(), nullptr);
+    ck(cudaDeviceSynchronize(), "gather");
+    const auto got = download<float>(dout, want.size());
+    EXPECT_TRUE(same_bits(got.data(), want.data(), want.size()));
+  }
+}
+
+// ---- argument errors ---------------------------------------------------------------
+
+template <class F>
+std::string thrown_message(F&& f) {
+  try {
+    f();
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  return "(nothing thrown)";
+}
+
+TEST(WeightKernelsErrors, UnsupportedTypesAndBadShapesThrow) {
+  NEED_GPU();
+  DevMem buf(1 << 20), x(1 << 16), y(1 << 16), ws(1 << 16);
+  const auto q5_0 = static_cast<TensorType>(6);  // ggml's Q5_0: no kernel
+  EXPECT_FALSE(has_gpu_kernel(q5_0));
+  for (TensorType t : all_types()) EXPECT_TRUE(has_gpu_kernel(t)) << gguf::type_name(t);
+  EXPECT_NE(thrown_message([&] { require_gpu_kernel("blk.3.ffn_down.weight", q5_0); }).find("blk.3.ffn_down.weight"),
+            std::string::npos);
+  EXPECT_NE(thrown_message([&] { require_gpu_kernel("t", q5_0); }).find("type#6"), std::string::npos);
+
+  const DeviceMatrix good{TensorType::Q4_K, buf.p, 10, 512, gguf::row_bytes(TensorType::Q4_K, 512)};
+  auto mv = [&](DeviceMatrix m, int n_vec = 1) {
+    return thrown_message([&] { launch_matvec(m, x.as<float>(), n_vec, y.as<float>(), false, ws.p, nullptr); });
+  };
+  EXPECT_EQ(mv(good), "(nothing thrown)");
+  DeviceMatrix m = good;
+  m.type = q5_0;
+  EXPECT_NE(mv(m).find("type#6"), std::string::npos) << mv(m);
+  m = good;
+  m.cols = 576;  // 2.25 super-blocks
+  m.row_bytes = 0;
+  EXPECT_NE(mv(m).find("Q4_K matrix of 10 rows x 576 cols"), std::string::npos) << mv(m);
+  m = good;
+  m.row_bytes += 2;
+  EXPECT_NE(mv(m).find("row_bytes"), std::string::npos) << mv(m);
+  m = good;
+  m.data = buf.as<uint8_t>() + 2;
+  EXPECT_NE(mv(m).find("16-byte aligned"), std::string::npos) << mv(m);
+  EXPECT_NE(mv(good, 0).find("n_vec 0"), std::string::npos);
+  EXPECT_NE(mv(good, 9).find("n_vec 9"), std::string::npos);
+  EXPECT_NE(thrown_message([&] { launch_matvec(good, x.as<float>(), 1, y.as<float>(), false, nullptr, nullptr); })
+                .find("workspace"),
+            std::string::npos);
+  EXPECT_NE(thrown_message([&] { launch_dequantize_bf16(good, 8, 3, y.p, nullptr); }).find("outside the 10 rows"),
+            std::string::npos);
+  EXPECT_NE(thrown_message([&] { (void)matvec_workspace_bytes(100, 1); }).find("cols 100"), std::string::npos);
+  DeviceMatrix f16{TensorType::F16, buf.p, 4, 12, 24};  // cols not a multiple of 8
+  EXPECT_NE(mv(f16).find("multiple of 8"), std::string::npos) << mv(f16);
+  ck(cudaDeviceSynchronize(), "good launch");
+}
+
+}  // namespace
+}  // namespace activekv::cuda

@@ -1,0 +1,124 @@
+// CPU half of the weight-kernel tests (no GPU needed; runs in CI): the device
+// code's block decoders (src/cuda/quant_blocks.cuh, compiled for the host)
+// bitwise against gguf::dequantize, its bf16 rounding against core/bf16.h,
+// and the lane-by-lane emulation of the matvec (matvec_emulation.h, which
+// the GPU test holds the kernel to bitwise) against fp64: this is where the
+// matvec's error bounds are measured.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+
+#include "activekv/core/bf16.h"
+#include "matvec_emulation.h"
+
+namespace activekv::cuda {
+namespace {
+
+using namespace wtest;
+
+/// Every element of every row decoded by the device traits of type T.
+template <class T>
+std::vector<float> decode_with_traits(const HostMatrix& h) {
+  std::vector<float> out(size_t(h.rows * h.cols));
+  for (int64_t r = 0; r < h.rows; ++r) {
+    const uint8_t* row = h.bytes.data() + r * h.row_bytes;
+    float* o = out.data() + r * h.cols;
+    if constexpr (T::kPiece == 32) {
+      for (int64_t e = 0; e < h.cols; e += 4) {
+        const int64_t b = e / T::kElems, in = e % T::kElems;
+        qblk::dequant4<T>(row + b * T::kBytes, int(in / 32), int(in % 32 / 4), o + e);
+      }
+    } else {
+      for (int64_t e = 0; e < h.cols; e += 8) T::decode8(row, e, o + e);
+    }
+  }
+  return out;
+}
+
+std::vector<float> decode_with_traits(const HostMatrix& h) {
+  std::vector<float> out;
+  auto go = [&](auto t) { out = decode_with_traits<decltype(t)>(h); };
+  if (!qblk::dispatch_block_type(h.type, go)) qblk::dispatch_float_type(h.type, go);
+  return out;
+}
+
+class WeightKernelsHost : public ::testing::TestWithParam<TensorType> {};
+
+TEST_P(WeightKernelsHost, DeviceDecodersMatchCpuDequantizer) {
+  const TensorType t = GetParam();
+  // Sane scales, and raw random bytes: inf/NaN scales and float values,
+  // subnormals. Block types compute NaNs there (inf * 0, NaN - NaN), whose
+  // payload and sign depend on operand order (and the GPU canonicalises
+  // them): for those any NaN matches any NaN; float types convert by bit
+  // manipulation and must match exactly.
+  for (bool raw : {false, true}) {
+    const bool nan_is_nan = raw && !is_float_type(t);
+    const HostMatrix h = random_matrix(t, 7, 1536, 11 + uint64_t(t), raw);
+    const std::vector<float> want = h.dequant(), got = decode_with_traits(h);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      uint32_t g, w;
+      std::memcpy(&g, &got[i], 4);
+      std::memcpy(&w, &want[i], 4);
+      if (nan_is_nan && std::isnan(got[i]) && std::isnan(want[i])) continue;
+      ASSERT_EQ(g, w) << gguf::type_name(t) << (raw ? " raw" : "") << " element " << i << ": " << got[i]
+                      << " vs " << want[i];
+    }
+  }
+}
+
+TEST_P(WeightKernelsHost, EmulatedMatvecVsFp64) {
+  const TensorType t = GetParam();
+  const double emul_bound = is_float_type(t) ? kEmulBoundFloat : kEmulBoundQuant;
+  MatvecErrors worst;
+  uint64_t seed = 1000 + uint64_t(t);
+  for (const Shape& s : shapes_for(t)) {
+    const HostMatrix h = random_matrix(t, s.rows, s.cols, seed++);
+    const std::vector<float> wd = h.dequant();
+    for (int n_vec : {1, 2, 8}) {
+      const std::vector<float> x = random_x(n_vec, s.cols, seed++);
+      const MatvecErrors e = compare_matvec(h, wd, x, n_vec, emulate_matvec(h, x, n_vec), emul_bound);
+      SCOPED_TRACE(std::to_string(s.rows) + "x" + std::to_string(s.cols) + " n_vec " + std::to_string(n_vec));
+      EXPECT_LE(e.rel_emul, emul_bound);
+      if (!is_float_type(t)) {
+        EXPECT_LE(e.worst_ratio, kWorstRatioBound);
+        EXPECT_LE(e.z, kZBound);
+      }
+      worst.merge(e);
+    }
+  }
+  std::printf("[measured] %-5s emulated matvec: rel err vs fp64 with x_hat %.3g (bound %.3g); vs exact x %.3g of "
+              "the hard bound (bound %.3g), max z %.3g (bound %.3g)\n",
+              gguf::type_name(t).c_str(), worst.rel_emul, emul_bound, worst.worst_ratio, kWorstRatioBound, worst.z,
+              kZBound);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTypes, WeightKernelsHost, ::testing::ValuesIn(all_types()),
+                         [](const auto& info) { return gguf::type_name(info.param); });
+
+TEST(WeightKernelsHostBf16, RoundingMatchesCoreBf16) {
+  Rng rng(99);
+  std::vector<uint32_t> bits = {0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u,
+                                0xffbfffffu, 0x00000001u, 0x3f808000u, 0x3f818000u, 0x7f7fffffu, 0x3f80ffffu};
+  for (int i = 0; i < 1 << 20; ++i) bits.push_back(uint32_t(rng.g()));
+  for (uint32_t u : bits) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    ASSERT_EQ(qblk::f32_to_bf16_bits(f), f32_to_bf16(f).bits) << std::hex << "0x" << u;
+  }
+}
+
+TEST(WeightKernelsHostQuant, ActivationQuantisationIsInRange) {
+  // q in [-127, 127], |x - d*q| <= d/2, and an all-zero block gives d = 0.
+  const std::vector<float> x = random_x(2, 1024, 5);
+  const QuantizedX q = quantize_like_kernel(x, 2, 1024);
+  EXPECT_EQ(q.ds[0].x, 0.f);
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float d = q.ds[i / 32].x;
+    ASSERT_LE(std::abs(int(q.qx[i])), 127);
+    ASSERT_LE(std::fabs(double(x[i]) - double(d) * q.qx[i]), double(d) / 2 * (1 + 1e-6)) << i;
+  }
+}
+
+}  // namespace
+}  // namespace activekv::cuda
