@@ -11,6 +11,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -37,6 +38,14 @@ void require_gpu(int device, const std::string& who) {
     throw InvalidArgument(who + ": GPU " + std::to_string(device) + " does not exist (" + std::to_string(n) +
                           " found)");
   check_cuda(cudaSetDevice(device), "cudaSetDevice");
+}
+
+int default_split_tokens(int page_size) {
+  if (page_size <= 0) throw InvalidArgument("default_split_tokens: page_size must be positive, got " +
+                                            std::to_string(page_size));
+  for (int s = std::min(page_size, 512); s > 1; --s)
+    if (page_size % s == 0) return s;
+  return 1;
 }
 
 void AttnShape::validate() const {

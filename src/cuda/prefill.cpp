@@ -5,6 +5,9 @@
 
 #include <algorithm>
 #include <string>
+#include <type_traits>
+
+#include "device_buffer.h"
 
 namespace activekv::cuda {
 
@@ -47,27 +50,28 @@ PrefillAttention::~PrefillAttention() {
 }
 
 void PrefillAttention::reserve(size_t n_work, size_t n_rows, int max_splits) {
-  auto grow = [](auto** p, size_t count, size_t elem, const char* what) {
-    cudaFree(*p);
-    *p = nullptr;
-    const cudaError_t e = cudaMalloc(reinterpret_cast<void**>(p), std::max<size_t>(count * elem, 16));
-    if (e != cudaSuccess) {
-      cudaGetLastError();
-      throw CudaError(std::string("PrefillAttention: cudaMalloc of ") + std::to_string(count * elem) +
-                      " bytes for " + what + " failed: " + cudaGetErrorString(e));
-    }
+  // Frees the old buffer first (and leaves null if the new one fails).
+  auto grow = [](auto*& p, size_t count, const char* what) {
+    cudaFree(p);
+    p = nullptr;
+    p = device_alloc<std::remove_reference_t<decltype(*p)>>(count, std::string("PrefillAttention: ") + what);
   };
   if (n_work > cap_work_) {
-    grow(&work_dev_, n_work, sizeof(SplitWork), "the work list");
+    cap_work_ = 0;
+    grow(work_dev_, n_work, "the work list");
     cap_work_ = n_work;
   }
   if (n_rows > cap_rows_ || max_splits > cap_splits_) {
-    cap_rows_ = std::max(cap_rows_, n_rows);
-    cap_splits_ = std::max(cap_splits_, max_splits);
-    grow(&n_splits_dev_, cap_rows_, sizeof(int32_t), "split counts");
-    const size_t prow = cap_rows_ * size_t(cap_splits_) * sh_.n_q_heads();
-    grow(&part_o_, prow * sh_.head_dim, sizeof(float), "partial outputs");
-    grow(&part_lse_, prow, sizeof(float), "partial LSE");
+    const size_t rows = std::max(cap_rows_, n_rows);
+    const int splits = std::max(cap_splits_, max_splits);
+    cap_rows_ = 0;  // until every buffer below is allocated
+    cap_splits_ = 0;
+    grow(n_splits_dev_, rows, "split counts");
+    const size_t prow = rows * size_t(splits) * sh_.n_q_heads();
+    grow(part_o_, prow * sh_.head_dim, "partial outputs");
+    grow(part_lse_, prow, "partial LSE");
+    cap_rows_ = rows;
+    cap_splits_ = splits;
   }
 }
 
