@@ -16,6 +16,7 @@
 #include <string>
 
 #include "activekv/cuda/decode_attention.h"
+#include "once_per_device.h"
 
 namespace activekv::cuda {
 
@@ -386,13 +387,14 @@ template <int HD>
 void launch_split(const AttnShape& sh, const SplitWork* work, int n_work, const float* q,
                   Partials p, float scale_log2, cudaStream_t st) {
   constexpr size_t smem = split_smem_bytes<HD>();
-  static bool configured = false;  // per instantiation (and device 0; set again harmlessly per process)
-  if (!configured) {
-    check_cuda(cudaFuncSetAttribute(split_attention_kernel<HD>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+  // Over the 48 KiB default: the limit is raised per device (and per
+  // instantiation), the first time this device launches it.
+  static OncePerDevice smem_limit_set;
+  smem_limit_set([] {
+    check_cuda(cudaFuncSetAttribute(split_attention_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    int(smem)),
                "cudaFuncSetAttribute(split_attention_kernel)");
-    configured = true;
-  }
+  });
   dim3 grid(n_work, sh.n_kv_heads);
   split_attention_kernel<HD><<<grid, warps_for<HD>() * 32, smem, st>>>(
       work, q, p.o, p.lse, p.max_splits, sh.n_kv_heads, sh.group, sh.page_size, scale_log2);

@@ -27,6 +27,7 @@
 #include <string>
 
 #include "activekv/cuda/format_kernels.h"
+#include "once_per_device.h"
 
 namespace activekv::cuda {
 namespace {
@@ -327,13 +328,13 @@ template <int HD, bool kMma>
 void launch(const AttnShape& sh, const SplitWork* work, int n_work, const float* q, Partials p, float sl2,
             const Int8sKernelOptions& opt, cudaStream_t st) {
   constexpr size_t smem = int8s_smem_bytes<HD>();
-  static bool configured = false;
-  if (!configured) {
+  // Over the 48 KiB default: raised per device and instantiation (OncePerDevice).
+  static OncePerDevice smem_limit_set;
+  smem_limit_set([] {
     check_cuda(cudaFuncSetAttribute(int8s_split_kernel<HD, kMma>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     int(smem)),
                "cudaFuncSetAttribute(int8s_split_kernel)");
-    configured = true;
-  }
+  });
   int8s_split_kernel<HD, kMma><<<dim3(n_work, sh.n_kv_heads), kThreads, smem, st>>>(
       work, q, p.o, p.lse, p.max_splits, sh.n_kv_heads, sh.group, sh.page_size, sl2, opt);
 }
