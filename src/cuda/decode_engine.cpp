@@ -10,7 +10,7 @@
 #include <type_traits>
 
 #include "activekv/kv/codec.h"
-#include "activekv/kv/codec_int8s.h"
+#include "activekv/kv/int8s_layout.h"
 #include "cuda_check.h"
 #include "device_buffer.h"
 
@@ -161,7 +161,8 @@ void check_page(const PinnedPagePool& pool, size_t limit, const AttnShape& sh, c
       bad("int8s pages must be full (" + std::to_string(n_tok) + " of " + std::to_string(sh.page_size) + " tokens)");
     if (sh.page_size % 16 != 0)
       bad("the int8s kernel needs a page size that is a multiple of 16, the shape has " + std::to_string(sh.page_size));
-    const size_t want = kv::kCodecHeaderBytes + kv::int8s_payload_bytes(sh.n_kv_heads, sh.head_dim, sh.page_size);
+    const size_t want =
+        kv::kCodecHeaderBytes + kv::Int8sSectionLayout{size_t(sh.head_dim), size_t(sh.page_size)}.payload_bytes(sh.n_kv_heads);
     if (r.bytes != want)
       bad("an int8s page of this shape is " + std::to_string(want) + " bytes, the entry says " +
           std::to_string(r.bytes));
