@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
-#include <thread>
 #include <type_traits>
 
 #include "activekv/kv/codec.h"
@@ -447,35 +446,6 @@ std::vector<DecodeEngine::JobInfo> DecodeEngine::job_info(int layer) const {
 void DecodeEngine::synchronize() {
   AKV_CUDA(cudaStreamSynchronize(copy_));
   AKV_CUDA(cudaStreamSynchronize(compute_));
-}
-
-void fill_random_bf16(std::byte* data, size_t bytes, uint64_t seed, int threads) {
-  const size_t n = bytes / 2;
-  constexpr size_t kChunk = size_t(1) << 22;  // values per chunk: seeding is per chunk
-  const size_t n_chunks = (n + kChunk - 1) / kChunk;
-  threads = std::max(1, threads);
-  auto work = [&](int t) {
-    for (size_t c = size_t(t); c < n_chunks; c += size_t(threads)) {
-      uint64_t x = seed * 0x9E3779B97F4A7C15ull + c * 0xD1B54A32D192ED03ull + 1;
-      uint16_t* p = reinterpret_cast<uint16_t*>(data) + c * kChunk;
-      const size_t m = std::min(kChunk, n - c * kChunk);
-      for (size_t i = 0; i < m; ++i) {
-        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
-        // uniform in [-1, 1): float with exponent 127 (1..2) minus 1.5, times 2
-        const uint32_t bits = 0x3f800000u | uint32_t(x >> 41);
-        float f;
-        std::memcpy(&f, &bits, 4);
-        f = (f - 1.5f) * 2.f;
-        uint32_t fb;
-        std::memcpy(&fb, &f, 4);
-        p[i] = uint16_t(fb >> 16);
-      }
-    }
-  };
-  std::vector<std::thread> pool;
-  for (int t = 1; t < threads; ++t) pool.emplace_back(work, t);
-  work(0);
-  for (auto& th : pool) th.join();
 }
 
 }  // namespace activekv::cuda
