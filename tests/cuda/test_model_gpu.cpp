@@ -17,6 +17,7 @@
 #include "activekv/cuda/attention_backend.h"
 #include "activekv/gguf/gguf.h"
 #include "activekv/model/llama_model.h"
+#include "gpu_test_util.h"
 
 namespace activekv {
 namespace {
@@ -62,6 +63,7 @@ GreedyRun greedy(model::LlamaModel& m, const std::vector<int32_t>& prompt, int p
 class CudaModel : public ::testing::TestWithParam<int> {};
 
 TEST_P(CudaModel, GreedyTokensEqualCpuFor32Steps) {
+  NEED_GPU();
   const int page_size = GetParam();
   const std::string path = tiny_path();
   ASSERT_TRUE(std::filesystem::exists(path)) << path << " missing: run ctest (fixture cuda_model_fixture) or "
@@ -110,9 +112,10 @@ TEST_P(CudaModel, GreedyTokensEqualCpuFor32Steps) {
   EXPECT_EQ(cpu.tokens, gpu.tokens);
   // Each attention call agrees to fp32 rounding (test_attention_backend.cpp),
   // but the K/V the next layers write are rounded to bf16, so a difference of
-  // 1e-6 can move a value by one bf16 step: logits differ by ~1e-2 here (H200:
-  // 7.4e-3 on logits of spread ~4), not by 1e-6.
-  EXPECT_LT(max_diff, 0.05f);
+  // 1e-6 can move a value by one bf16 step: logits differ by ~1e-2 here, not
+  // by 1e-6. Measured on the H200 at f93b82f (bench/results/h200_device_model_run.log):
+  // 7.42e-3 (page 64) and 7.36e-3 (page 1024) on logits of spread ~4. Bound: ~3x.
+  EXPECT_LT(max_diff, 0.022f);
   // The comparison means something only if no step is a near-tie on the CPU.
   EXPECT_GT(min_margin, 5 * max_diff);
   // Greedy on random weights must not collapse to one token, or equality says little.

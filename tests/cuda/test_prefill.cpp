@@ -5,32 +5,22 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <vector>
 
 #include "activekv/cuda/decode_engine.h"
 #include "activekv/cuda/prefill.h"
+#include "gpu_test_util.h"
 
 namespace activekv::cuda {
 namespace {
 
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-float bf(uint16_t b) {
-  uint32_t u = uint32_t(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
 struct PrefillCase { AttnShape sh; int64_t pos0; int rows; };
 
 TEST(CudaPrefill, ChunkMatchesFp64CausalReference) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  NEED_GPU();
   const std::vector<PrefillCase> cases = {
       {AttnShape{2, 6, 256, 64, 32, 0.f}, 240, 60},   // 27B-like head, chunk crosses pages and splits
       {AttnShape{3, 3, 64, 128, 64, 0.f}, 0, 200},    // SmolLM2-like head, first chunk of a prompt
@@ -41,10 +31,10 @@ TEST(CudaPrefill, ChunkMatchesFp64CausalReference) {
     const int64_t T = pc.pos0 + pc.rows;
     const size_t n_pages = size_t((T + sh.page_size - 1) / sh.page_size);
     PinnedPagePool host(sh.page_bytes(), n_pages);
-    fill_random_bf16(host.data(), n_pages * sh.page_bytes(), 21, 2);
+    testing::fill_random_bf16(host.data(), n_pages * sh.page_bytes(), 21);
     std::byte* dev = nullptr;
-    ASSERT_EQ(cudaSuccess, cudaMalloc(&dev, n_pages * sh.page_bytes()));
-    ASSERT_EQ(cudaSuccess, cudaMemcpy(dev, host.data(), n_pages * sh.page_bytes(), cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMalloc(&dev, n_pages * sh.page_bytes()));
+    CUDA_OK(cudaMemcpy(dev, host.data(), n_pages * sh.page_bytes(), cudaMemcpyHostToDevice));
     std::vector<const void*> pages;
     for (size_t i = 0; i < n_pages; ++i) pages.push_back(dev + i * sh.page_bytes());
     const int nq = sh.n_q_heads(), hd = sh.head_dim;
@@ -53,63 +43,57 @@ TEST(CudaPrefill, ChunkMatchesFp64CausalReference) {
     std::normal_distribution<float> nd(0.f, 1.5f);
     for (auto& v : q) v = nd(rng);
     float *dq, *dout, *dlse;
-    ASSERT_EQ(cudaSuccess, cudaMalloc(&dq, q.size() * 4));
-    ASSERT_EQ(cudaSuccess, cudaMalloc(&dout, q.size() * 4));
-    ASSERT_EQ(cudaSuccess, cudaMalloc(&dlse, size_t(pc.rows) * nq * 4));
-    ASSERT_EQ(cudaSuccess, cudaMemcpy(dq, q.data(), q.size() * 4, cudaMemcpyHostToDevice));
-    ASSERT_EQ(cudaSuccess, cudaMemset(dout, 0xff, q.size() * 4));
+    CUDA_OK(cudaMalloc(&dq, q.size() * 4));
+    CUDA_OK(cudaMalloc(&dout, q.size() * 4));
+    CUDA_OK(cudaMalloc(&dlse, size_t(pc.rows) * nq * 4));
+    CUDA_OK(cudaMemcpy(dq, q.data(), q.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemset(dout, 0xff, q.size() * 4));
     PrefillAttention pf(sh);
     pf.run(pages, pc.pos0, pc.rows, dq, dout, dlse, nullptr);
-    ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
+    CUDA_OK(cudaDeviceSynchronize());
     std::vector<float> out(q.size()), lse(size_t(pc.rows) * nq);
-    ASSERT_EQ(cudaSuccess, cudaMemcpy(out.data(), dout, out.size() * 4, cudaMemcpyDeviceToHost));
-    ASSERT_EQ(cudaSuccess, cudaMemcpy(lse.data(), dlse, lse.size() * 4, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(out.data(), dout, out.size() * 4, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(lse.data(), dlse, lse.size() * 4, cudaMemcpyDeviceToHost));
     // Run it again: bitwise repeatable.
     pf.run(pages, pc.pos0, pc.rows, dq, dout, dlse, nullptr);
-    ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
+    CUDA_OK(cudaDeviceSynchronize());
     std::vector<float> out2(q.size());
-    ASSERT_EQ(cudaSuccess, cudaMemcpy(out2.data(), dout, out2.size() * 4, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(out2.data(), dout, out2.size() * 4, cudaMemcpyDeviceToHost));
     EXPECT_EQ(0, std::memcmp(out.data(), out2.data(), out.size() * 4));
 
-    const double scale = 1.0 / std::sqrt(double(hd));
+    // fp64 causal reference over the same pages, every row at its position.
+    std::vector<const std::byte*> host_pages;
+    for (size_t i = 0; i < n_pages; ++i) host_pages.push_back(host.page(uint32_t(i)));
+    const attention::DenseHistoryF64 hist =
+        testing::dense_history(kv::KvShape{1, sh.n_kv_heads, hd, sh.page_size}, host_pages, T);
+    std::vector<int64_t> positions(static_cast<size_t>(pc.rows));
+    for (int r = 0; r < pc.rows; ++r) positions[size_t(r)] = pc.pos0 + r;
+    const attention::ReferencePartial ref =
+        attention::reference_attention(hist, {q.data(), pc.rows, nq, positions.data()}, {});
     double worst = 0, worst_lse = 0;
     for (int r = 0; r < pc.rows; ++r)
       for (int hq = 0; hq < nq; ++hq) {
-        const int kvh = hq / sh.group;
-        const float* qr = &q[(size_t(r) * nq + hq) * hd];
-        const int64_t n = pc.pos0 + r + 1;
-        std::vector<double> sc(static_cast<size_t>(n));
-        std::vector<double> o(static_cast<size_t>(hd), 0.0);
-        double mx = -INFINITY;
-        for (int64_t t = 0; t < n; ++t) {
-          const uint16_t* pg = reinterpret_cast<const uint16_t*>(host.page(uint32_t(t / sh.page_size)));
-          const uint16_t* k = pg + (size_t(kvh) * sh.page_size + t % sh.page_size) * hd;
-          double d = 0;
-          for (int i = 0; i < hd; ++i) d += double(qr[i]) * double(bf(k[i]));
-          sc[size_t(t)] = d * scale;
-          mx = std::max(mx, sc[size_t(t)]);
-        }
-        double den = 0;
-        for (int64_t t = 0; t < n; ++t) {
-          const double p = std::exp(sc[size_t(t)] - mx);
-          den += p;
-          const uint16_t* pg = reinterpret_cast<const uint16_t*>(host.page(uint32_t(t / sh.page_size)));
-          const uint16_t* v = pg + (size_t(sh.n_kv_heads + kvh) * sh.page_size + t % sh.page_size) * hd;
-          for (int i = 0; i < hd; ++i) o[size_t(i)] += p * double(bf(v[i]));
-        }
         double om = 0, err = 0;
         for (int i = 0; i < hd; ++i) {
-          const double ref = o[size_t(i)] / den;
+          const double want = ref.o_at(r, hq)[i];
           const float got = out[(size_t(r) * nq + hq) * hd + i];
           ASSERT_TRUE(std::isfinite(got)) << "row " << r << " head " << hq;
-          om = std::max(om, std::abs(ref));
-          err = std::max(err, std::abs(double(got) - ref));
+          om = std::max(om, std::abs(want));
+          err = std::max(err, std::abs(double(got) - want));
         }
         worst = std::max(worst, err / std::max(om, 1e-30));
-        worst_lse = std::max(worst_lse, std::abs(double(lse[size_t(r) * nq + hq]) - (mx + std::log(den))));
+        worst_lse = std::max(worst_lse, std::abs(double(lse[size_t(r) * nq + hq]) - ref.lse_at(r, hq)));
       }
-    EXPECT_LT(worst, 2e-5) << "head_dim " << hd << " pos0 " << pc.pos0;
-    EXPECT_LT(worst_lse, 2e-4) << "head_dim " << hd;
+    std::printf("  head_dim %d group %d, rows %lld..%lld: max rel O err %.3e, max |LSE err| %.3e vs fp64\n", hd,
+                sh.group, static_cast<long long>(pc.pos0), static_cast<long long>(T - 1), worst, worst_lse);
+    // Not measured yet (it printed nothing before): bounds from an error analysis and a related
+    // measurement. The same split kernel and merge agree with the CPU fp32 attention to 3.23e-6
+    // (O, relative) and 3.81e-6 (LSE) on the H200 (bench/results/h200_device_model_run.log);
+    // fp32 against fp64 adds about as much, growing slowly with the tokens summed (up to 5000
+    // here). Tighten to ~3x the figures printed above after the first GPU run.
+    constexpr double kMaxRelOErr = 1e-5, kMaxLseErr = 1.5e-5;
+    EXPECT_LT(worst, kMaxRelOErr) << "head_dim " << hd << " pos0 " << pc.pos0;
+    EXPECT_LT(worst_lse, kMaxLseErr) << "head_dim " << hd;
 
     // The chunk's last row equals a decode step over the same T tokens (same kernel and splits).
     {
@@ -124,11 +108,11 @@ TEST(CudaPrefill, ChunkMatchesFp64CausalReference) {
       for (size_t i = 0; i < n_pages; ++i) sp.tables[0].push_back(host.page_ref(uint32_t(i)));
       eng.set_batch({sp});
       float* dout1;
-      ASSERT_EQ(cudaSuccess, cudaMalloc(&dout1, size_t(nq) * hd * 4));
+      CUDA_OK(cudaMalloc(&dout1, size_t(nq) * hd * 4));
       eng.enqueue_step(dq + size_t(pc.rows - 1) * nq * hd, dout1, nullptr);
       eng.synchronize();
       std::vector<float> dec(size_t(nq) * hd);
-      ASSERT_EQ(cudaSuccess, cudaMemcpy(dec.data(), dout1, dec.size() * 4, cudaMemcpyDeviceToHost));
+      CUDA_OK(cudaMemcpy(dec.data(), dout1, dec.size() * 4, cudaMemcpyDeviceToHost));
       EXPECT_EQ(0, std::memcmp(dec.data(), out.data() + size_t(pc.rows - 1) * nq * hd, dec.size() * 4))
           << "last prefill row vs decode, head_dim " << hd;
       cudaFree(dout1);
