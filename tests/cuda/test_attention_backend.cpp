@@ -84,7 +84,7 @@ TEST_P(CudaAttentionBackendTest, MatchesCpuAttendWithinFp32Tolerance) {
   write_random(seq, n_layers, 280, 1, kv_dim, rng);
   check({280});
   check({3, 100, 101, 250});  // non-consecutive rows: row runs
-  std::printf("head_dim %d, %d KV heads x %d, page %d: max rel O err %.3g, max |LSE diff| %.3g, %zu bytes mirrored\n",
+  std::printf("  head_dim %d, %d KV heads x %d, page %d: max rel O err %.3g, max |LSE diff| %.3g, %zu bytes mirrored\n",
               s.head_dim, s.n_kv_heads, s.group, s.page_size, o_err, lse_err, gpu.bytes_uploaded());
   // Both sides fp32, summed in different orders. Measured on the H200 at f93b82f
   // (bench/results/h200_device_model_run.log, all three shapes): at most 3.23e-6 relative on O,

@@ -87,7 +87,7 @@ TEST_P(CudaModel, GreedyTokensEqualCpuFor32Steps) {
 
   float cpu_margin = INFINITY;
   for (float x : cpu.margin) cpu_margin = std::min(cpu_margin, x);
-  std::printf("CPU: first tokens %d %d %d %d, min top-2 margin %.3g\n", cpu.tokens[0], cpu.tokens[1], cpu.tokens[2],
+  std::printf("  CPU: first tokens %d %d %d %d, min top-2 margin %.3g\n", cpu.tokens[0], cpu.tokens[1], cpu.tokens[2],
               cpu.tokens[3], double(cpu_margin));
   std::fflush(stdout);
 
@@ -105,7 +105,7 @@ TEST_P(CudaModel, GreedyTokensEqualCpuFor32Steps) {
     for (size_t j = 0; j < cpu.logits[size_t(i)].size(); ++j)
       max_diff = std::max(max_diff, std::fabs(cpu.logits[size_t(i)][j] - gpu.logits[size_t(i)][j]));
   }
-  std::printf("page %d, %s: %d steps, history %zu tokens, max |logit diff| %.3g, min top-2 margin %.3g, "
+  std::printf("  page %d, %s: %d steps, history %zu tokens, max |logit diff| %.3g, min top-2 margin %.3g, "
               "%zu bytes mirrored, %zu device pages\n",
               page_size, gpu_attn.device_name().c_str(), kSteps, prompt.size() + kSteps, double(max_diff),
               double(min_margin), gpu_attn.bytes_uploaded(), gpu_attn.device_pages());
