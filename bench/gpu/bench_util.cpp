@@ -8,6 +8,8 @@
 #include <cstring>
 #include <thread>
 
+#include "activekv/core/error.h"
+
 namespace activekv::gpu_bench {
 
 double median(std::vector<double> v) {
@@ -73,6 +75,14 @@ void fill_random_bf16(std::byte* data, size_t bytes, uint64_t seed, int threads)
   for (int t = 1; t < threads; ++t) pool.emplace_back(work, t);
   work(0);
   for (auto& th : pool) th.join();
+}
+
+std::ofstream open_output(const std::string& path, const std::string& who) {
+  std::ofstream f;
+  if (path.empty()) return f;
+  f.open(path);
+  if (!f) throw Error(who + ": cannot write " + path);
+  return f;
 }
 
 int host_threads(int requested) {

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -33,6 +34,11 @@ void fill_device_random(float* d, size_t n, uint64_t seed);
 /// memory, written with `threads` host threads (the same bytes for a given
 /// seed whatever the thread count).
 void fill_random_bf16(std::byte* data, size_t bytes, uint64_t seed, int threads);
+
+/// Opens `path` for writing before the work, so that a bad path fails at
+/// once; "" gives a closed stream (nothing to write). Throws Error
+/// "<who>: cannot write <path>".
+std::ofstream open_output(const std::string& path, const std::string& who);
 
 /// Host threads to use: `requested` if positive, else the hardware's.
 int host_threads(int requested = 0);

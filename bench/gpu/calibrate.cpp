@@ -136,11 +136,7 @@ nlohmann::json Profile::to_json() const {
 Profile calibrate(const CalibrateOptions& opt) {
   opt.attn.validate();
   cuda::require_gpu(opt.device, "calibrate");
-  std::ofstream file;
-  if (!opt.out_path.empty()) {  // before the work: a bad path fails at once
-    file.open(opt.out_path);
-    if (!file) throw Error("calibrate: cannot write " + opt.out_path);
-  }
+  std::ofstream file = open_output(opt.out_path, "calibrate");
   Profile pr;
   pr.device = device_name(opt.device);
   pr.attn = opt.attn;

@@ -265,11 +265,7 @@ int run_bench_decode(const BenchDecodeOptions& opt) {
   check_options(opt);
   const AttnShape& sh = opt.attn;
   cuda::require_gpu(opt.device, "bench decode");  // after the arguments: a typo is reported on any machine
-  std::ofstream json_file;
-  if (!opt.json_path.empty()) {  // before the work: a bad path fails at once
-    json_file.open(opt.json_path);
-    if (!json_file) throw Error("bench decode: cannot write " + opt.json_path);
-  }
+  std::ofstream json_file = open_output(opt.json_path, "bench decode");
   const int threads = host_threads(opt.host_threads);
   auto wants = [&](const char* f) { return std::find(opt.formats.begin(), opt.formats.end(), f) != opt.formats.end(); };
 
