@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # One device call on the GPU machine: build the whole project, run every GPU
 # test, then the measurements of the compressed formats (issue 5) and the
-# exact tier. Everything lands in $OUT (at most 8 files come back).
+# exact tier. Everything lands in $OUT (at most 8 files come back: run.log,
+# gtest_{decode,formats,model}.json and the phase's results).
 #
 #   AKV_COMMIT=$(git rev-parse HEAD) scripts/device_run.sh full|tests|eval
+#
+# AKV_COMMIT: the full commit the tree is at (the copied tree's .git may be
+# missing or stale); it is recorded in every JSON written here.
 #
 #   tests  build + GPU tests
 #   full   + the int8s kernel switches' speed, bench decode over every
@@ -57,18 +61,20 @@ cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PA
 echo "== whole-project build ok in $(( $(date +%s) - t0 )) s"
 AKV=build-device/bin/activekv
 
-echo "== GPU tests (ctest -L gpu)"
-(cd build-device && ctest -L gpu -E "cuda_formats|cuda_model_ops|cuda_weights" --output-on-failure)
+echo "== GPU tests: every gpu binary, GoogleTest JSON with the commit and command recorded in it"
+(cd build-device && ctest -R cuda_model_fixture --output-on-failure > /dev/null)  # the tiny GGUF of test_cuda_model
 TEST_RC=$?
-# Weight kernels: run directly so their [measured] error lines reach the log.
-build-device/bin/test_cuda_weights --gtest_brief=1 || TEST_RC=1
-build-device/bin/test_cuda_formats --gtest_output=json:"$OUT/gtest_formats.json" | grep -E "^  |OK|FAILED|PASSED"
-FMT_RC=${PIPESTATUS[0]}
-[ "$FMT_RC" = 0 ] || TEST_RC=$FMT_RC
-# model ops and sampler vs the CPU: keep the [measured] lines (and any failure) in the log
-build-device/bin/test_cuda_model_ops | grep -vE "^\[ RUN|^\[       OK"
-OPS_RC=${PIPESTATUS[0]}
-[ "$OPS_RC" = 0 ] || TEST_RC=$OPS_RC
+for T in decode formats model model_ops weights; do
+  JSON="$OUT/gtest_$T.json"
+  CMD="build-device/bin/test_cuda_$T --gtest_output=json:$JSON"
+  $CMD | grep -E "^  |OK|FAILED|PASSED|SKIPPED"
+  RC=${PIPESTATUS[0]}
+  [ "$RC" = 0 ] || TEST_RC=$RC
+  [ -f "$JSON" ] && python3 -c 'import json, sys
+p, commit, command = sys.argv[1:4]
+d = json.load(open(p)); d["commit"] = commit; d["command"] = command
+json.dump(d, open(p, "w"), indent=2)' "$JSON" "$COMMIT" "$CMD"
+done
 echo "== GPU tests rc=$TEST_RC"
 [ "$PHASE" = tests ] && exit $TEST_RC
 

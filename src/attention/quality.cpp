@@ -72,13 +72,26 @@ void DenseHistoryF64::append(const kv::EncodedPage& page, int n) {
     });
     return;
   }
-  std::vector<bf16> tmp(2 * size_t(H) * hdr.page_size * d);
+  const kv::KvShape shape{1, H, d, hdr.page_size};
+  std::vector<bf16> tmp(shape.page_elements());
   kv::decode_lossless13_page(page, tmp);
-  const size_t plane = size_t(hdr.page_size) * d;
+  append(shape, tmp, n);
+}
+
+void DenseHistoryF64::append(const kv::KvShape& s, std::span<const bf16> page, int n) {
+  check_dims(*this, s.n_kv_heads, s.head_dim);
+  if (page.size() != s.page_elements()) {
+    throw InvalidArgument(fmt::format("DenseHistoryF64: a page of {} values, the shape's pages hold {}", page.size(),
+                                      s.page_elements()));
+  }
+  if (n < 0 || n > s.page_size) {
+    throw InvalidArgument(fmt::format("DenseHistoryF64: {} tokens requested from a page of {}", n, s.page_size));
+  }
+  const size_t plane = s.plane_elements(), m = size_t(n) * s.head_dim;
   append_planes(*this, n, [&](int g, double* k_out, double* v_out) {
     for (size_t i = 0; i < m; ++i) {
-      k_out[i] = bf16_to_f32(tmp[size_t(g) * plane + i]);
-      v_out[i] = bf16_to_f32(tmp[size_t(H + g) * plane + i]);
+      k_out[i] = bf16_to_f32(page[size_t(g) * plane + i]);
+      v_out[i] = bf16_to_f32(page[size_t(s.n_kv_heads + g) * plane + i]);
     }
   });
 }

@@ -1,9 +1,7 @@
 // `activekv bench decode`: the GPU decode benchmark (SPEC §1 27B attention
-// shape; every kv-format, streamed and resident). Code: src/cuda/bench.cpp.
-#include <sstream>
-
-#include "activekv/cuda/bench.h"
+// shape; every kv-format, streamed and resident). Code: bench/gpu.
 #include "commands.h"
+#include "gpu_bench.h"
 #include "provenance.h"
 
 namespace activekv::cli {
@@ -12,21 +10,20 @@ void add_bench(CLI::App& app, std::function<int()>& run) {
   app.require_subcommand(1, 1);
   auto* dec = app.add_subcommand("decode", "Decode-step latency vs depth per kv-format: streamed from pinned host "
                                            "memory, resident, transfer-model prediction, bus-limit ratio");
-  auto o = std::make_shared<cuda::BenchDecodeOptions>();
-  auto contexts = std::make_shared<std::string>("32k,64k,128k");
-  auto batches = std::make_shared<std::vector<int>>(std::vector<int>{1, 4});
-  auto modes = std::make_shared<std::vector<std::string>>(o->modes);
-  auto formats = std::make_shared<std::vector<std::string>>(o->formats);
-  dec->add_option("--contexts,-d", *contexts, "Depths (context tokens), e.g. 32k,64k,128k")->capture_default_str();
-  dec->add_option("--batches,-b", *batches, "Batch sizes")->delimiter(',')->capture_default_str();
+  auto o = std::make_shared<gpu_bench::BenchDecodeOptions>();
+  dec->add_option("--contexts,-d", o->contexts, "Depths (context tokens), e.g. 32k,64k,128k (k = 1024)")
+      ->delimiter(',')
+      ->transform(CLI::AsSizeValue(false))
+      ->capture_default_str();
+  dec->add_option("--batches,-b", o->batches, "Batch sizes")->delimiter(',')->capture_default_str();
   dec->add_option("--steps", o->steps, "Measured steps per configuration (median reported)")->capture_default_str();
   dec->add_option("--warmup", o->warmup, "Warm-up steps")->capture_default_str();
   dec->add_option("--layers", o->n_layers, "Attention layers per step")->capture_default_str();
   dec->add_option("--tile-pages", o->tile_pages, "Pages per staging tile (0 = whole layer)")->capture_default_str();
   dec->add_option("--ring", o->ring_slots, "Staging ring slots")->capture_default_str();
   dec->add_option("--split", o->attn.split_tokens, "Tokens per attention CTA (divides the page size)")->capture_default_str();
-  dec->add_option("--modes", *modes, "streamed, streamed-whole, resident")->delimiter(',')->capture_default_str();
-  dec->add_option("--kv-format", *formats, "Routes over the history: bf16, lossless13, int8s, hybrid")
+  dec->add_option("--modes", o->modes, "streamed, streamed-whole, resident")->delimiter(',')->capture_default_str();
+  dec->add_option("--kv-format", o->formats, "Routes over the history: bf16, lossless13, int8s, hybrid")
       ->delimiter(',')->capture_default_str();
   dec->add_option("--recent-pages", o->recent_pages, "hybrid: full pages kept exact before the tail")->capture_default_str();
   dec->add_option("--query-terms", o->int8s.query_terms, "int8s kernel: int8 terms of the query (1 = SPEC as written)")->capture_default_str();
@@ -37,15 +34,12 @@ void add_bench(CLI::App& app, std::function<int()>& run) {
                 "int8s kernel: integer base-2 running reference (SPEC §4 trick 2)");
   dec->add_option("--json", o->json_path, "JSON output");
   dec->add_option("--profile", o->profile_path, "Calibration profile output");
-  dec->add_option("--commit", o->commit, "Commit recorded in the JSON");
-  run = [o, contexts, batches, modes, formats, &app] {
-    o->contexts = cuda::parse_sizes(*contexts);
-    o->batches = *batches;
-    o->modes = *modes;
-    o->formats = *formats;
-    o->command = command_line();
-    (void)app;
-    return cuda::run_bench_decode(*o);
+  dec->add_option("--commit", o->provenance.commit,
+                  "Commit recorded in the JSON (default: the source tree's, `git rev-parse HEAD`)");
+  run = [o] {
+    if (o->provenance.commit.empty()) o->provenance.commit = git_commit();
+    o->provenance.command = command_line();
+    return gpu_bench::run_bench_decode(*o);
   };
 }
 

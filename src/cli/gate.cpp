@@ -40,7 +40,8 @@ void print_rows(const std::vector<cost::GateRow>& rows) {
 }
 
 nlohmann::json to_json(const std::vector<cost::GateRow>& rows, const GateArgs& a) {
-  nlohmann::json out = {{"command", command_line()}, {"bench", a.bench}, {"eval", a.eval}, {"batch", a.batch}};
+  nlohmann::json out = {{"commit", git_commit()}, {"command", command_line()}, {"bench", a.bench},
+                        {"eval", a.eval}, {"batch", a.batch}};
   for (const auto& r : rows)
     out["rows"].push_back({{"format", r.format}, {"context", r.context}, {"bytes_per_step", r.bytes_per_step},
                            {"bytes_exact", r.bytes_exact}, {"saved_ms", r.saved_ms}, {"added_ms", r.added_ms},

@@ -15,10 +15,6 @@ namespace {
 constexpr double kMinChannelScale = 0x1p-14;
 constexpr double kMaxChannelScale = 0x1p14;
 
-size_t head_section_bytes(int d, int n) {
-  return 2 * size_t(d) + 2 * size_t(n) + size_t(n) * d + 2 * size_t(d) + size_t(n) * d;
-}
-
 int8_t quantise(double x, double scale) {
   if (scale == 0.0) return 0;
   const double r = std::nearbyint(x / scale);  // round half to even (default rounding mode)
@@ -43,8 +39,8 @@ void check_finite(const bf16* x, size_t n, const char* plane, int head) {
   }
 }
 
-// Encodes one head's keys: c[d], s[n], codes[n][d].
-void encode_keys(const bf16* k, int n, int d, int head, Int8sKeyScaling scaling, std::byte* out) {
+// Encodes one head's keys into its section: c[d], s[n], codes[n][d].
+void encode_keys(const bf16* k, int n, int d, int head, Int8sKeyScaling scaling, std::byte* section) {
   std::vector<double> c(size_t(d), 1.0);
   if (scaling == Int8sKeyScaling::separable) {
     double log_sum = 0;
@@ -65,9 +61,10 @@ void encode_keys(const bf16* k, int n, int d, int head, Int8sKeyScaling scaling,
     const double g = n_nonzero > 0 ? std::exp(log_sum / n_nonzero) : 1.0;
     for (double& cj : c) cj = cj > 0 ? std::clamp(cj / g, kMinChannelScale, kMaxChannelScale) : 1.0;
   }
-  std::byte* c_out = out;
-  std::byte* s_out = c_out + 2 * size_t(d);
-  auto* codes = reinterpret_cast<int8_t*>(s_out + 2 * size_t(n));
+  const Int8sSectionLayout lay{size_t(d), size_t(n)};
+  std::byte* c_out = section + lay.key_channel_scales();
+  std::byte* s_out = section + lay.key_token_scales();
+  auto* codes = reinterpret_cast<int8_t*>(section + lay.key_codes());
   std::vector<double> c_stored(static_cast<size_t>(d));
   for (int j = 0; j < d; ++j) {
     const uint16_t h = detail::double_to_half(c[size_t(j)]);  // in [2^-14, 2^14]: exact range of fp16 normals
@@ -87,9 +84,11 @@ void encode_keys(const bf16* k, int n, int d, int head, Int8sKeyScaling scaling,
   }
 }
 
-// Encodes one head's values: v[d], codes[n][d].
-void encode_values(const bf16* v, int n, int d, int head, std::byte* out) {
-  auto* codes = reinterpret_cast<int8_t*>(out + 2 * size_t(d));
+// Encodes one head's values into its section: v[d], codes[n][d].
+void encode_values(const bf16* v, int n, int d, int head, std::byte* section) {
+  const Int8sSectionLayout lay{size_t(d), size_t(n)};
+  std::byte* out = section + lay.value_channel_scales();
+  auto* codes = reinterpret_cast<int8_t*>(section + lay.value_codes());
   for (int j = 0; j < d; ++j) {
     double m = 0;
     for (int t = 0; t < n; ++t) m = std::max(m, std::fabs(double(bf16_to_f32(v[size_t(t) * d + j]))));
@@ -126,7 +125,7 @@ void check_codes(const int8_t* q, size_t n, const char* what, int head) {
 }  // namespace
 
 size_t int8s_payload_bytes(int n_kv_heads, int head_dim, int n_tokens) {
-  return size_t(n_kv_heads) * head_section_bytes(head_dim, n_tokens);
+  return Int8sSectionLayout{size_t(head_dim), size_t(n_tokens)}.payload_bytes(n_kv_heads);
 }
 
 EncodedPage encode_int8s_page(const KvShape& shape, std::span<const bf16> page, int n_tokens,
@@ -139,12 +138,11 @@ EncodedPage encode_int8s_page(const KvShape& shape, std::span<const bf16> page, 
     check_finite(page.data() + size_t(H + h) * plane, size_t(n_tokens) * d, "V", h);
   }
   EncodedPage out = detail::start_blob(CodecFormat::int8s, shape, n_tokens, int8s_payload_bytes(H, d, n_tokens));
-  std::byte* p = out.bytes.data() + kCodecHeaderBytes;
+  const Int8sSectionLayout lay{size_t(d), size_t(n_tokens)};
   for (int h = 0; h < H; ++h) {
-    encode_keys(page.data() + size_t(h) * plane, n_tokens, d, h, scaling, p);
-    p += 2 * size_t(d) + 2 * size_t(n_tokens) + size_t(n_tokens) * d;
-    encode_values(page.data() + size_t(H + h) * plane, n_tokens, d, h, p);
-    p += 2 * size_t(d) + size_t(n_tokens) * d;
+    std::byte* section = out.bytes.data() + lay.head_offset(h);
+    encode_keys(page.data() + size_t(h) * plane, n_tokens, d, h, scaling, section);
+    encode_values(page.data() + size_t(H + h) * plane, n_tokens, d, h, section);
   }
   detail::finish_blob(out);
   return out;
@@ -159,22 +157,18 @@ Int8sPageView parse_int8s_page(const EncodedPage& page) {
     throw Error(fmt::format("int8s page: payload is {} bytes, dimensions (heads {}, dim {}, tokens {}) need {}",
                             view.header.payload_bytes, H, d, n, expected));
   }
-  const std::byte* p = page.bytes.data() + kCodecHeaderBytes;
+  const Int8sSectionLayout lay{size_t(d), size_t(n)};
   view.heads.resize(size_t(H));
   for (int h = 0; h < H; ++h) {
     Int8sHeadView& hv = view.heads[size_t(h)];
-    hv.c = read_scales(p, d, "key channel", h, true);
-    p += 2 * size_t(d);
-    hv.s = read_scales(p, n, "key token", h, false);
-    p += 2 * size_t(n);
-    hv.kq = reinterpret_cast<const int8_t*>(p);
+    const std::byte* section = page.bytes.data() + lay.head_offset(h);
+    hv.c = read_scales(section + lay.key_channel_scales(), d, "key channel", h, true);
+    hv.s = read_scales(section + lay.key_token_scales(), n, "key token", h, false);
+    hv.kq = reinterpret_cast<const int8_t*>(section + lay.key_codes());
     check_codes(hv.kq, size_t(n) * d, "key", h);
-    p += size_t(n) * d;
-    hv.v = read_scales(p, d, "value channel", h, false);
-    p += 2 * size_t(d);
-    hv.vq = reinterpret_cast<const int8_t*>(p);
+    hv.v = read_scales(section + lay.value_channel_scales(), d, "value channel", h, false);
+    hv.vq = reinterpret_cast<const int8_t*>(section + lay.value_codes());
     check_codes(hv.vq, size_t(n) * d, "value", h);
-    p += size_t(n) * d;
   }
   return view;
 }

@@ -7,26 +7,10 @@
 #include <string>
 
 #include "activekv/cuda/prefill.h"
+#include "device_buffer.h"
 
 namespace activekv::cuda {
 namespace {
-
-int default_split(int page_size) {
-  for (int s = std::min(page_size, 512); s > 1; --s)
-    if (page_size % s == 0) return s;
-  return 1;
-}
-
-template <class T>
-void device_alloc(T** p, size_t count, const char* what) {
-  const cudaError_t e = cudaMalloc(reinterpret_cast<void**>(p), std::max<size_t>(count * sizeof(T), 16));
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    *p = nullptr;
-    throw CudaError(std::string("CudaAttentionBackend: cudaMalloc of ") + std::to_string(count * sizeof(T)) +
-                    " bytes for " + what + " failed: " + cudaGetErrorString(e));
-  }
-}
 
 // fp32-accurate (3 bf16 terms): this backend is the model's exact-attention
 // reference on the GPU, checked against the CPU path to fp32 tolerance.
@@ -50,7 +34,7 @@ CudaAttentionBackend::CudaAttentionBackend(const kv::KvShape& shape, int n_heads
   attn_.group = n_heads / shape_.n_kv_heads;
   attn_.head_dim = shape_.head_dim;
   attn_.page_size = shape_.page_size;
-  attn_.split_tokens = split_tokens > 0 ? split_tokens : default_split(shape_.page_size);
+  attn_.split_tokens = split_tokens > 0 ? split_tokens : default_split_tokens(shape_.page_size);
   attn_.softmax_scale = 0.f;
   attn_.validate();
   require_gpu(device, "--device cuda (use --device cpu)");
@@ -77,9 +61,7 @@ CudaAttentionBackend::~CudaAttentionBackend() {
 void* CudaAttentionBackend::device_page(kv::PageId id) {
   if (id >= dev_pages_.size()) dev_pages_.resize(size_t(id) + 1, nullptr);
   if (!dev_pages_[id]) {
-    std::byte* p = nullptr;
-    device_alloc(&p, shape_.page_bytes(), "a page");
-    dev_pages_[id] = p;
+    dev_pages_[id] = device_malloc(shape_.page_bytes(), "CudaAttentionBackend: a page");
     ++n_dev_pages_;
   }
   return dev_pages_[id];
@@ -157,9 +139,9 @@ attention::Partial CudaAttentionBackend::attend(int layer, const attention::Laye
     cudaFree(lse_dev_);
     q_dev_ = o_dev_ = lse_dev_ = nullptr;
     cap_rows_ = 0;
-    device_alloc(&q_dev_, rows * nq * hd, "queries");
-    device_alloc(&o_dev_, rows * nq * hd, "outputs");
-    device_alloc(&lse_dev_, rows * nq, "LSE");
+    q_dev_ = device_alloc<float>(rows * nq * hd, "CudaAttentionBackend: queries");
+    o_dev_ = device_alloc<float>(rows * nq * hd, "CudaAttentionBackend: outputs");
+    lse_dev_ = device_alloc<float>(rows * nq, "CudaAttentionBackend: LSE");
     cap_rows_ = rows;
   }
   check_cuda(cudaMemcpyAsync(q_dev_, q.q, rows * nq * hd * sizeof(float), cudaMemcpyHostToDevice, stream_),

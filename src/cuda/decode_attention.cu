@@ -11,11 +11,13 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
 #include "activekv/cuda/decode_attention.h"
 #include "mma_util.cuh"
+#include "once_per_device.h"
 
 namespace activekv::cuda {
 
@@ -38,6 +40,14 @@ void require_gpu(int device, const std::string& who) {
     throw InvalidArgument(who + ": GPU " + std::to_string(device) + " does not exist (" + std::to_string(n) +
                           " found)");
   check_cuda(cudaSetDevice(device), "cudaSetDevice");
+}
+
+int default_split_tokens(int page_size) {
+  if (page_size <= 0) throw InvalidArgument("default_split_tokens: page_size must be positive, got " +
+                                            std::to_string(page_size));
+  for (int s = std::min(page_size, 512); s > 1; --s)
+    if (page_size % s == 0) return s;
+  return 1;
 }
 
 void AttnShape::validate() const {
@@ -331,13 +341,14 @@ template <int HD>
 void launch_split(const AttnShape& sh, const SplitWork* work, int n_work, const float* q,
                   Partials p, float scale_log2, cudaStream_t st) {
   constexpr size_t smem = split_smem_bytes<HD>();
-  static bool configured = false;  // per instantiation (and device 0; set again harmlessly per process)
-  if (!configured) {
-    check_cuda(cudaFuncSetAttribute(split_attention_kernel<HD>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+  // Over the 48 KiB default: the limit is raised per device (and per
+  // instantiation), the first time this device launches it.
+  static OncePerDevice smem_limit_set;
+  smem_limit_set([] {
+    check_cuda(cudaFuncSetAttribute(split_attention_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    int(smem)),
                "cudaFuncSetAttribute(split_attention_kernel)");
-    configured = true;
-  }
+  });
   dim3 grid(n_work, sh.n_kv_heads);
   split_attention_kernel<HD><<<grid, warps_for<HD>() * 32, smem, st>>>(
       work, q, p.o, p.lse, p.max_splits, sh.n_kv_heads, sh.group, sh.page_size, scale_log2);

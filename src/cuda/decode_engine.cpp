@@ -6,16 +6,16 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
-#include <thread>
+#include <type_traits>
 
 #include "activekv/kv/codec.h"
-#include "activekv/kv/codec_int8s.h"
+#include "activekv/kv/int8s_layout.h"
+#include "cuda_check.h"
+#include "device_buffer.h"
 
 namespace activekv::cuda {
 
 namespace {
-#define AKV_CUDA(call) check_cuda(static_cast<int>(call), #call)
-
 cudaEvent_t ev(void* p) { return static_cast<cudaEvent_t>(p); }
 
 std::string gib(size_t bytes) { return std::to_string(double(bytes) / double(1ull << 30)) + " GiB"; }
@@ -92,12 +92,7 @@ DecodeEngine::DecodeEngine(const EngineConfig& cfg, const PinnedPagePool& pool)
   }
   if (cfg_.mode == Mode::resident) {
     const size_t bytes = pool.used_bytes();  // pages allocated later are not resident: set_batch checks
-    const cudaError_t e = cudaMalloc(&dev_pool_, bytes);
-    if (e != cudaSuccess) {
-      cudaGetLastError();
-      throw CudaError("DecodeEngine(resident): cudaMalloc of " + gib(bytes) +
-                      " for the resident history failed: " + cudaGetErrorString(e));
-    }
+    dev_pool_ = device_alloc<std::byte>(bytes, "DecodeEngine(resident): the resident history");
     AKV_CUDA(cudaMemcpy(dev_pool_, pool.data(), bytes, cudaMemcpyHostToDevice));
     resident_bytes_ = bytes;
   }
@@ -165,7 +160,8 @@ void check_page(const PinnedPagePool& pool, size_t limit, const AttnShape& sh, c
       bad("int8s pages must be full (" + std::to_string(n_tok) + " of " + std::to_string(sh.page_size) + " tokens)");
     if (sh.page_size % 16 != 0)
       bad("the int8s kernel needs a page size that is a multiple of 16, the shape has " + std::to_string(sh.page_size));
-    const size_t want = kv::kCodecHeaderBytes + kv::int8s_payload_bytes(sh.n_kv_heads, sh.head_dim, sh.page_size);
+    const size_t want =
+        kv::kCodecHeaderBytes + kv::Int8sSectionLayout{size_t(sh.head_dim), size_t(sh.page_size)}.payload_bytes(sh.n_kv_heads);
     if (r.bytes != want)
       bad("an int8s page of this shape is " + std::to_string(want) + " bytes, the entry says " +
           std::to_string(r.bytes));
@@ -247,20 +243,14 @@ void DecodeEngine::set_batch(const std::vector<SeqPages>& seqs) {
       max_unpack = std::max(max_unpack, n13);
     }
 
-  auto dev_alloc = [](void** p, size_t bytes, const char* what) {
-    const cudaError_t e = cudaMalloc(p, std::max<size_t>(bytes, 16));
-    if (e != cudaSuccess) {
-      cudaGetLastError();
-      throw CudaError(std::string("DecodeEngine::set_batch: cudaMalloc of ") + std::to_string(bytes) +
-                      " bytes for " + what + " failed: " + cudaGetErrorString(e));
-    }
+  // Device buffers of the batch; free_device() releases them (also after a throw here).
+  auto alloc = [](auto*& p, size_t count, const char* what) {
+    p = device_alloc<std::remove_reference_t<decltype(*p)>>(count, std::string("DecodeEngine::set_batch: ") + what);
   };
-  if (streamed && E > 0)
-    dev_alloc(reinterpret_cast<void**>(&staging_), size_t(cfg_.ring_slots) * stage_slot_bytes_, "the staging ring");
+  if (streamed && E > 0) alloc(staging_, size_t(cfg_.ring_slots) * stage_slot_bytes_, "the staging ring");
   // One unpack scratch for all jobs: safe because every job's unpack and
   // attention run in order on the one compute stream.
-  if (max_unpack > 0)
-    dev_alloc(reinterpret_cast<void**>(&unpack_scratch_), size_t(max_unpack) * pb, "the lossless13 unpack scratch");
+  if (max_unpack > 0) alloc(unpack_scratch_, size_t(max_unpack) * pb, "the lossless13 unpack scratch");
 
   std::vector<SplitWork> work;
   std::vector<UnpackWork> unpack;
@@ -353,18 +343,18 @@ void DecodeEngine::set_batch(const std::vector<SeqPages>& seqs) {
     }
   }
 
-  dev_alloc(reinterpret_cast<void**>(&work_dev_), work.size() * sizeof(SplitWork), "work lists");
+  alloc(work_dev_, work.size(), "work lists");
   AKV_CUDA(cudaMemcpy(work_dev_, work.data(), work.size() * sizeof(SplitWork), cudaMemcpyHostToDevice));
   if (!unpack.empty()) {
-    dev_alloc(reinterpret_cast<void**>(&unpack_dev_), unpack.size() * sizeof(UnpackWork), "unpack lists");
+    alloc(unpack_dev_, unpack.size(), "unpack lists");
     AKV_CUDA(cudaMemcpy(unpack_dev_, unpack.data(), unpack.size() * sizeof(UnpackWork), cudaMemcpyHostToDevice));
   }
-  dev_alloc(reinterpret_cast<void**>(&n_splits_dev_), n_splits.size() * sizeof(int32_t), "split counts");
+  alloc(n_splits_dev_, n_splits.size(), "split counts");
   AKV_CUDA(cudaMemcpy(n_splits_dev_, n_splits.data(), n_splits.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
   partials_.max_splits = max_splits;
   const size_t np_rows = size_t(n_seq_) * max_splits * sh.n_q_heads();
-  dev_alloc(reinterpret_cast<void**>(&partials_.o), np_rows * sh.head_dim * sizeof(float), "partial outputs");
-  dev_alloc(reinterpret_cast<void**>(&partials_.lse), np_rows * sizeof(float), "partial LSE");
+  alloc(partials_.o, np_rows * sh.head_dim, "partial outputs");
+  alloc(partials_.lse, np_rows, "partial LSE");
   // Unused split slots must read as empty: fill LSE with -inf once.
   std::vector<float> ninf(np_rows, -__builtin_inff());
   AKV_CUDA(cudaMemcpy(partials_.lse, ninf.data(), np_rows * sizeof(float), cudaMemcpyHostToDevice));
@@ -456,35 +446,6 @@ std::vector<DecodeEngine::JobInfo> DecodeEngine::job_info(int layer) const {
 void DecodeEngine::synchronize() {
   AKV_CUDA(cudaStreamSynchronize(copy_));
   AKV_CUDA(cudaStreamSynchronize(compute_));
-}
-
-void fill_random_bf16(std::byte* data, size_t bytes, uint64_t seed, int threads) {
-  const size_t n = bytes / 2;
-  constexpr size_t kChunk = size_t(1) << 22;  // values per chunk: seeding is per chunk
-  const size_t n_chunks = (n + kChunk - 1) / kChunk;
-  threads = std::max(1, threads);
-  auto work = [&](int t) {
-    for (size_t c = size_t(t); c < n_chunks; c += size_t(threads)) {
-      uint64_t x = seed * 0x9E3779B97F4A7C15ull + c * 0xD1B54A32D192ED03ull + 1;
-      uint16_t* p = reinterpret_cast<uint16_t*>(data) + c * kChunk;
-      const size_t m = std::min(kChunk, n - c * kChunk);
-      for (size_t i = 0; i < m; ++i) {
-        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
-        // uniform in [-1, 1): float with exponent 127 (1..2) minus 1.5, times 2
-        const uint32_t bits = 0x3f800000u | uint32_t(x >> 41);
-        float f;
-        std::memcpy(&f, &bits, 4);
-        f = (f - 1.5f) * 2.f;
-        uint32_t fb;
-        std::memcpy(&fb, &f, 4);
-        p[i] = uint16_t(fb >> 16);
-      }
-    }
-  };
-  std::vector<std::thread> pool;
-  for (int t = 1; t < threads; ++t) pool.emplace_back(work, t);
-  work(0);
-  for (auto& th : pool) th.join();
 }
 
 }  // namespace activekv::cuda

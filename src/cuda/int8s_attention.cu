@@ -28,6 +28,8 @@
 
 #include "activekv/cuda/format_kernels.h"
 #include "mma_util.cuh"
+#include "activekv/kv/int8s_layout.h"
+#include "once_per_device.h"
 
 namespace activekv::cuda {
 namespace {
@@ -41,7 +43,6 @@ constexpr int kTok = 128;   // tokens per block (one per thread)
 constexpr int kHeads = 8;   // max query heads per KV head
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr int kHeaderBytes = 64;
 
 template <int HD> __host__ __device__ constexpr int k_row_bytes() { return HD + 16; }  // padded key row
 template <int HD>
@@ -180,14 +181,13 @@ int8s_split_kernel(const SplitWork* __restrict__ work, const float* __restrict__
   const SplitWork w = work[blockIdx.x];
   const int h = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int nq = n_kv * group;
-  const size_t n = size_t(page_size);
-  const size_t section = 4 * size_t(HD) + 2 * n + 2 * n * HD;
-  const unsigned char* base = static_cast<const unsigned char*>(w.page) + kHeaderBytes + size_t(h) * section;
-  const __half* c_scale = reinterpret_cast<const __half*>(base);
-  const __half* s_scale = reinterpret_cast<const __half*>(base + 2 * HD);
-  const int8_t* kq = reinterpret_cast<const int8_t*>(base + 2 * HD + 2 * n);
-  const __half* v_scale = reinterpret_cast<const __half*>(base + 2 * HD + 2 * n + n * HD);
-  const int8_t* vq = reinterpret_cast<const int8_t*>(base + 4 * HD + 2 * n + n * HD);
+  const kv::Int8sSectionLayout lay{size_t(HD), size_t(page_size)};  // full pages only (the engine checks)
+  const unsigned char* base = static_cast<const unsigned char*>(w.page) + lay.head_offset(h);
+  const __half* c_scale = reinterpret_cast<const __half*>(base + lay.key_channel_scales());
+  const __half* s_scale = reinterpret_cast<const __half*>(base + lay.key_token_scales());
+  const int8_t* kq = reinterpret_cast<const int8_t*>(base + lay.key_codes());
+  const __half* v_scale = reinterpret_cast<const __half*>(base + lay.value_channel_scales());
+  const int8_t* vq = reinterpret_cast<const int8_t*>(base + lay.value_codes());
 
   // --- prologue: quantise each query head's channel-scaled row -------------
   for (int g = 0; g < group; ++g) {
@@ -323,13 +323,13 @@ template <int HD, bool kMma>
 void launch(const AttnShape& sh, const SplitWork* work, int n_work, const float* q, Partials p, float sl2,
             const Int8sKernelOptions& opt, cudaStream_t st) {
   constexpr size_t smem = int8s_smem_bytes<HD>();
-  static bool configured = false;
-  if (!configured) {
+  // Over the 48 KiB default: raised per device and instantiation (OncePerDevice).
+  static OncePerDevice smem_limit_set;
+  smem_limit_set([] {
     check_cuda(cudaFuncSetAttribute(int8s_split_kernel<HD, kMma>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     int(smem)),
                "cudaFuncSetAttribute(int8s_split_kernel)");
-    configured = true;
-  }
+  });
   int8s_split_kernel<HD, kMma><<<dim3(n_work, sh.n_kv_heads), kThreads, smem, st>>>(
       work, q, p.o, p.lse, p.max_splits, sh.n_kv_heads, sh.group, sh.page_size, sl2, opt);
 }

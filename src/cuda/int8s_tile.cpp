@@ -9,20 +9,10 @@
 #include <vector>
 
 #include "activekv/kv/codec_int8s.h"
+#include "cuda_check.h"
 #include "device_buffer.h"
 
 namespace activekv::cuda {
-namespace {
-
-#define AKV_CUDA(call) check_cuda(static_cast<int>(call), #call)
-
-int split_size(int page_size) {
-  for (int s = std::min(512, page_size); s >= 1; --s)
-    if (page_size % s == 0) return s;
-  return 1;
-}
-
-}  // namespace
 
 attention::Partial Int8sTileRunner::operator()(std::span<const kv::EncodedPage* const> pages, int64_t first_token,
                                                int64_t history_tokens, const attention::QueryRows& q,
@@ -57,7 +47,7 @@ attention::Partial Int8sTileRunner::operator()(std::span<const kv::EncodedPage* 
   sh.group = q.n_heads / h0.n_kv_heads;
   sh.head_dim = h0.head_dim;
   sh.page_size = h0.page_size;
-  sh.split_tokens = split_size(h0.page_size);
+  sh.split_tokens = default_split_tokens(h0.page_size);
   sh.softmax_scale = opt.softmax_scale;
   sh.validate();
   const int64_t ps = sh.page_size;

@@ -10,6 +10,7 @@
 #include <limits>
 #include <string>
 
+#include "device_buffer.h"
 #include "prefill_kernel.h"
 
 namespace activekv::cuda {
@@ -28,18 +29,6 @@ constexpr int64_t kCtaOverheadKeys = 64;
 constexpr int64_t kMaxAutoSplits = 1024;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-template <class T>
-T* device_alloc(size_t count, const char* what) {
-  void* p = nullptr;
-  const cudaError_t e = cudaMalloc(&p, std::max<size_t>(count * sizeof(T), 16));
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    throw CudaError("PrefillAttention: cudaMalloc of " + std::to_string(count * sizeof(T)) + " bytes for " + what +
-                    " failed: " + cudaGetErrorString(e));
-  }
-  return static_cast<T*>(p);
-}
 
 }  // namespace
 

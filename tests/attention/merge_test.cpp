@@ -5,17 +5,21 @@
 #include <random>
 
 #include "activekv/attention/partial.h"
+#include "activekv/attention/quality.h"
 #include "activekv/core/error.h"
-#include "reference.h"
 
 namespace activekv {
 namespace {
 
+using attention::DenseHistoryF64;
 using attention::Partial;
 
-testing::DenseHistory random_history(int n, int kv_heads, int dim, std::mt19937& rng) {
+DenseHistoryF64 random_history(int n, int kv_heads, int dim, std::mt19937& rng) {
   std::normal_distribution<double> n01(0.0, 2.0);
-  testing::DenseHistory h{n, kv_heads, dim, {}, {}};
+  DenseHistoryF64 h;
+  h.n_kv_heads = kv_heads;
+  h.head_dim = dim;
+  h.n_tokens = n;
   for (int i = 0; i < n * kv_heads * dim; ++i) {
     h.k.push_back(n01(rng));
     h.v.push_back(n01(rng));
@@ -23,13 +27,22 @@ testing::DenseHistory random_history(int n, int kv_heads, int dim, std::mt19937&
   return h;
 }
 
-// Partial over keys [b, e) of one row, from the fp64 reference rounded to fp32.
-Partial partial_of(const testing::DenseHistory& h, const std::vector<float>& q, int heads, int b, int e) {
-  std::vector<double> o, lse;
-  testing::reference_attention(h, q.data(), heads, h.n_tokens - 1, 0.125, b, e, o, lse);
+// Partial over keys [b, e) of the history's last row, from the fp64
+// reference (attention::reference_attention) rounded to fp32.
+Partial partial_of(const DenseHistoryF64& h, const std::vector<float>& q, int heads, int b, int e) {
+  const size_t row = size_t(h.n_kv_heads) * h.head_dim;
+  DenseHistoryF64 keys = h;  // keys [b, e) only, at their positions
+  keys.first_token = b;
+  keys.n_tokens = e - b;
+  keys.k.assign(h.k.begin() + ptrdiff_t(b * row), h.k.begin() + ptrdiff_t(e * row));
+  keys.v.assign(h.v.begin() + ptrdiff_t(b * row), h.v.begin() + ptrdiff_t(e * row));
+  const int64_t pos = h.n_tokens - 1;
+  attention::AttentionOptions opt;
+  opt.softmax_scale = 0.125f;
+  const attention::ReferencePartial ref = attention::reference_attention(keys, {q.data(), 1, heads, &pos}, opt);
   Partial p(1, heads, h.head_dim);
-  for (size_t i = 0; i < o.size(); ++i) p.o[i] = float(o[i]);
-  for (size_t i = 0; i < lse.size(); ++i) p.lse[i] = float(lse[i]);
+  for (size_t i = 0; i < ref.o.size(); ++i) p.o[i] = float(ref.o[i]);
+  for (size_t i = 0; i < ref.lse.size(); ++i) p.lse[i] = float(ref.lse[i]);
   return p;
 }
 

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <random>
 
-#include "reference.h"
+#include "activekv/attention/quality.h"
 
 namespace activekv {
 namespace {
@@ -16,12 +16,13 @@ using attention::LayerHistory;
 using attention::Partial;
 using attention::QueryRows;
 
-// A random layer history written into pages, plus its dense (bf16-rounded) copy.
+// A random layer history written into pages, plus its dense copy in double
+// (what the pages hold: bf16-rounded values).
 struct Fixture {
   kv::KvShape shape;
   kv::PageStore store;
   kv::SequenceKv seq;
-  testing::DenseHistory dense;
+  attention::DenseHistoryF64 dense;
 
   Fixture(int n_tokens, int page_size, int kv_heads, int head_dim, uint32_t seed)
       : shape{1, kv_heads, head_dim, page_size}, store(shape), seq(store) {
@@ -36,11 +37,9 @@ struct Fixture {
     seq.reserve(n_tokens);
     seq.write(0, 0, n_tokens, k.data(), v.data());
     seq.commit(n_tokens);
-    dense = {n_tokens, kv_heads, head_dim, {}, {}};
-    for (size_t i = 0; i < k.size(); ++i) {  // what the pages hold: bf16-rounded values
-      dense.k.push_back(bf16_to_f32(f32_to_bf16(k[i])));
-      dense.v.push_back(bf16_to_f32(f32_to_bf16(v[i])));
-    }
+    const auto table = seq.page_table(0);
+    for (size_t p = 0; p < table.size(); ++p)
+      dense.append(store, table[p], int(std::min<int64_t>(page_size, n_tokens - int64_t(p) * page_size)));
   }
   LayerHistory history() const { return {&store, seq.page_table(0), seq.n_tokens()}; }
 };
@@ -56,11 +55,11 @@ std::vector<float> random_queries(int rows, int heads, int dim, uint32_t seed) {
 // Max relative error of every row/head against the reference, and LSE error.
 void expect_matches_reference(const Fixture& f, const std::vector<float>& q, const std::vector<int64_t>& pos,
                               int heads, const Partial& got, double tol) {
-  const double scale = 1.0 / std::sqrt(double(f.shape.head_dim));
-  std::vector<double> o, lse;
   for (size_t r = 0; r < pos.size(); ++r) {
-    testing::reference_attention(f.dense, q.data() + r * heads * f.shape.head_dim, heads, pos[r], scale, 0,
-                                 f.dense.n_tokens, o, lse);
+    const attention::QueryRows row{q.data() + r * heads * f.shape.head_dim, 1, heads, &pos[r]};
+    const attention::ReferencePartial ref = attention::reference_attention(f.dense, row, {});  // 1/sqrt(d)
+    const std::vector<double>& o = ref.o;
+    const std::vector<double>& lse = ref.lse;
     for (int h = 0; h < heads; ++h) {
       EXPECT_NEAR(got.lse_at(int(r), h), lse[size_t(h)], tol * std::abs(lse[size_t(h)]) + tol);
       for (int d = 0; d < f.shape.head_dim; ++d) {

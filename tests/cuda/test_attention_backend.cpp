@@ -11,6 +11,7 @@
 
 #include "activekv/attention/paged_attention.h"
 #include "activekv/cuda/attention_backend.h"
+#include "gpu_test_util.h"
 
 namespace activekv {
 namespace {
@@ -50,6 +51,7 @@ void compare(const attention::Partial& cpu, const attention::Partial& gpu, doubl
 }
 
 TEST_P(CudaAttentionBackendTest, MatchesCpuAttendWithinFp32Tolerance) {
+  NEED_GPU();
   const Shape s = GetParam();
   const int n_layers = 2, n_heads = s.n_kv_heads * s.group, kv_dim = s.n_kv_heads * s.head_dim;
   const kv::KvShape shape{n_layers, s.n_kv_heads, s.head_dim, s.page_size, kv::PageFormat::bf16};
@@ -82,10 +84,13 @@ TEST_P(CudaAttentionBackendTest, MatchesCpuAttendWithinFp32Tolerance) {
   write_random(seq, n_layers, 280, 1, kv_dim, rng);
   check({280});
   check({3, 100, 101, 250});  // non-consecutive rows: row runs
-  std::printf("head_dim %d, %d KV heads x %d, page %d: max rel O err %.3g, max |LSE diff| %.3g, %zu bytes mirrored\n",
+  std::printf("  head_dim %d, %d KV heads x %d, page %d: max rel O err %.3g, max |LSE diff| %.3g, %zu bytes mirrored\n",
               s.head_dim, s.n_kv_heads, s.group, s.page_size, o_err, lse_err, gpu.bytes_uploaded());
-  EXPECT_LT(o_err, 3e-5);
-  EXPECT_LT(lse_err, 1e-4);
+  // Both sides fp32, summed in different orders. Measured on the H200 at f93b82f
+  // (bench/results/h200_device_model_run.log, all three shapes): at most 3.23e-6 relative on O,
+  // 3.81e-6 on LSE. Bounds: ~3x that.
+  EXPECT_LT(o_err, 1e-5);
+  EXPECT_LT(lse_err, 1.2e-5);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttentionBackendTest,

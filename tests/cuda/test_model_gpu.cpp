@@ -17,6 +17,7 @@
 #include "activekv/cuda/attention_backend.h"
 #include "activekv/gguf/gguf.h"
 #include "activekv/model/llama_model.h"
+#include "gpu_test_util.h"
 
 namespace activekv {
 namespace {
@@ -62,6 +63,7 @@ GreedyRun greedy(model::LlamaModel& m, const std::vector<int32_t>& prompt, int p
 class CudaModel : public ::testing::TestWithParam<int> {};
 
 TEST_P(CudaModel, GreedyTokensEqualCpuFor32Steps) {
+  NEED_GPU();
   const int page_size = GetParam();
   const std::string path = tiny_path();
   ASSERT_TRUE(std::filesystem::exists(path)) << path << " missing: run ctest (fixture cuda_model_fixture) or "
@@ -85,7 +87,7 @@ TEST_P(CudaModel, GreedyTokensEqualCpuFor32Steps) {
 
   float cpu_margin = INFINITY;
   for (float x : cpu.margin) cpu_margin = std::min(cpu_margin, x);
-  std::printf("CPU: first tokens %d %d %d %d, min top-2 margin %.3g\n", cpu.tokens[0], cpu.tokens[1], cpu.tokens[2],
+  std::printf("  CPU: first tokens %d %d %d %d, min top-2 margin %.3g\n", cpu.tokens[0], cpu.tokens[1], cpu.tokens[2],
               cpu.tokens[3], double(cpu_margin));
   std::fflush(stdout);
 
@@ -103,16 +105,17 @@ TEST_P(CudaModel, GreedyTokensEqualCpuFor32Steps) {
     for (size_t j = 0; j < cpu.logits[size_t(i)].size(); ++j)
       max_diff = std::max(max_diff, std::fabs(cpu.logits[size_t(i)][j] - gpu.logits[size_t(i)][j]));
   }
-  std::printf("page %d, %s: %d steps, history %zu tokens, max |logit diff| %.3g, min top-2 margin %.3g, "
+  std::printf("  page %d, %s: %d steps, history %zu tokens, max |logit diff| %.3g, min top-2 margin %.3g, "
               "%zu bytes mirrored, %zu device pages\n",
               page_size, gpu_attn.device_name().c_str(), kSteps, prompt.size() + kSteps, double(max_diff),
               double(min_margin), gpu_attn.bytes_uploaded(), gpu_attn.device_pages());
   EXPECT_EQ(cpu.tokens, gpu.tokens);
   // Each attention call agrees to fp32 rounding (test_attention_backend.cpp),
   // but the K/V the next layers write are rounded to bf16, so a difference of
-  // 1e-6 can move a value by one bf16 step: logits differ by ~1e-2 here (H200:
-  // 7.4e-3 on logits of spread ~4), not by 1e-6.
-  EXPECT_LT(max_diff, 0.05f);
+  // 1e-6 can move a value by one bf16 step: logits differ by ~1e-2 here, not
+  // by 1e-6. Measured on the H200 at f93b82f (bench/results/h200_device_model_run.log):
+  // 7.42e-3 (page 64) and 7.36e-3 (page 1024) on logits of spread ~4. Bound: ~3x.
+  EXPECT_LT(max_diff, 0.022f);
   // The comparison means something only if no step is a near-tie on the CPU.
   EXPECT_GT(min_margin, 5 * max_diff);
   // Greedy on random weights must not collapse to one token, or equality says little.

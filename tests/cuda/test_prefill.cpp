@@ -22,16 +22,10 @@
 #include "activekv/attention/quality.h"
 #include "activekv/core/bf16.h"
 #include "activekv/cuda/prefill.h"
+#include "gpu_test_util.h"
 
 namespace activekv::cuda {
 namespace {
-
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-#define NEED_GPU() \
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device"
 
 // A paged bf16 history on the GPU. Logical page i lives in slot perm[i] of a
 // device slab that has spare slots (pages anywhere, in shuffled order); token

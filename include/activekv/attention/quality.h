@@ -35,6 +35,12 @@ struct DenseHistoryF64 {
   void append(const kv::EncodedPage& page, int n_tokens);
   /// Appends the first `n_tokens` tokens of page `id` of a store (bf16 or f32).
   void append(const kv::PageStore& store, kv::PageId id, int n_tokens);
+  /// Appends the first `n_tokens` tokens of a bf16 page in the PageStore
+  /// layout (`page`: shape.page_elements() values, K planes then V planes,
+  /// e.g. a page the GPU engine reads). Throws InvalidArgument if the page's
+  /// size or dimensions differ from the shape's or the history's, or
+  /// n_tokens is outside [0, page_size].
+  void append(const kv::KvShape& shape, std::span<const bf16> page, int n_tokens);
   double k_at(int64_t t, int g, int j) const { return k[(size_t(t) * n_kv_heads + g) * head_dim + j]; }
   double v_at(int64_t t, int g, int j) const { return v[(size_t(t) * n_kv_heads + g) * head_dim + j]; }
 };

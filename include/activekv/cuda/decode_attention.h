@@ -47,6 +47,11 @@ void check_cuda(int status, const char* what);
 /// index that does not exist. Call it before any long CPU work that ends on the GPU.
 void require_gpu(int device, const std::string& who);
 
+/// The split size the GPU paths use unless told otherwise: the largest
+/// divisor of `page_size` that is <= 512 tokens (512 for pages of 512 or
+/// more that are multiples of it). Throws InvalidArgument if page_size <= 0.
+int default_split_tokens(int page_size);
+
 /// Shape of one layer's attention.
 struct AttnShape {
   int n_kv_heads = 0;

@@ -214,8 +214,4 @@ class DecodeEngine {
   bool ready_ = false;               // a batch is set (set_batch succeeded)
 };
 
-/// Uniform random bf16 values in [-1, 1) from a fixed seed, written with
-/// `threads` host threads (deterministic for a given seed regardless of threads).
-void fill_random_bf16(std::byte* data, size_t bytes, uint64_t seed, int threads);
-
 }  // namespace activekv::cuda

@@ -27,8 +27,11 @@
 #include <vector>
 
 #include "activekv/kv/codec.h"
+#include "activekv/kv/int8s_layout.h"  // the section offsets, shared with the GPU kernel
 
 namespace activekv::kv {
+
+static_assert(kInt8sPayloadOffset == kCodecHeaderBytes, "int8s_layout.h: the payload follows the codec header");
 
 /// Key scaling used when encoding int8s.
 enum class Int8sKeyScaling {

@@ -1,51 +1,49 @@
 // `calibrate`: H2D bandwidth vs copy size and kernel times vs context, the
-// transfer model's profile (SPEC §6). See include/activekv/cuda/bench.h.
+// transfer model's profile (SPEC §6). See gpu_bench.h.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
-#include <sstream>
-#include <thread>
+#include <nlohmann/json.hpp>
 
-#include "activekv/cuda/bench.h"
 #include "activekv/cuda/decode_engine.h"
 #include "activekv/cuda/format_kernels.h"
 #include "activekv/kv/codec.h"
 #include "bench_util.h"
+#include "gpu_bench.h"
 
-namespace activekv::cuda {
+namespace activekv::gpu_bench {
 
-using namespace bench;
+using cuda::Partials;
+using cuda::SplitWork;
+using cuda::UnpackWork;
 
 namespace {
 
+// int8s kernel curve (same token counts as the bf16 one) and the lossless13
+// unpack time per page, on pages encoded from the random bf16 data by the CPU
+// codecs. `dev_scratch` holds at least kernel_tokens.back() / page_size bf16 pages.
 template <class TimeFn>
 void calibrate_formats(Profile& pr, const std::byte* host_bf16, std::byte* dev_scratch, const float* q, Partials parts,
-                       SplitWork* work_dev, int32_t* nsp, float* out, TimeFn& time_ms, int reps, cudaStream_t st) {
+                       SplitWork* work_dev, TimeFn& time_ms, int reps, cudaStream_t st) {
   const AttnShape& sh = pr.attn;
   const kv::KvShape ks{1, sh.n_kv_heads, sh.head_dim, sh.page_size};
   const int64_t n_pages = int64_t(pr.kernel_tokens.back()) / sh.page_size;
   const size_t ib = (kv::encoded_page_bytes(kv::CodecFormat::int8s, ks) + 255) / 256 * 256;
-  const int threads = int(std::max(1u, std::thread::hardware_concurrency()));
   std::vector<kv::EncodedPage> enc(static_cast<size_t>(n_pages));
   auto encode = [&](kv::CodecFormat f, int64_t count) {
-    std::vector<std::thread> pool;
-    for (int t = 0; t < threads; ++t)
-      pool.emplace_back([&, t] {
-        for (int64_t p = t; p < count; p += threads) {
-          const auto* page = reinterpret_cast<const activekv::bf16*>(host_bf16 + size_t(p) * sh.page_bytes());
-          enc[size_t(p)] = kv::encode_page(f, ks, {page, ks.page_elements()}, sh.page_size);
-        }
-      });
-    for (auto& th : pool) th.join();
+    parallel_for(size_t(count), host_threads(), [&](size_t p) {
+      const auto* page = reinterpret_cast<const activekv::bf16*>(host_bf16 + p * sh.page_bytes());
+      enc[p] = kv::encode_page(f, ks, {page, ks.page_elements()}, sh.page_size);
+    });
   };
   // int8s pages packed at 256-byte strides into the (larger) bf16 scratch.
   encode(kv::CodecFormat::int8s, n_pages);
   for (int64_t p = 0; p < n_pages; ++p)
     AKV_CUDA(cudaMemcpy(dev_scratch + size_t(p) * ib, enc[size_t(p)].bytes.data(), enc[size_t(p)].bytes.size(),
                         cudaMemcpyHostToDevice));
-  std::printf("  int8s attention kernel (resident, batch 1, one layer)\\n  %10s %12s %10s\\n", "tokens", "kernel ms",
+  std::printf("  int8s attention kernel (resident, batch 1, one layer)\n  %10s %12s %10s\n", "tokens", "kernel ms",
               "GB/s");
   for (double nt : pr.kernel_tokens) {
     const int64_t n = int64_t(nt);
@@ -55,10 +53,10 @@ void calibrate_formats(Profile& pr, const std::byte* host_bf16, std::byte* dev_s
                             int32_t(std::min<int64_t>(sh.split_tokens, n - t)), int32_t(t / sh.split_tokens)});
     AKV_CUDA(cudaMemcpy(work_dev, w.data(), w.size() * sizeof(SplitWork), cudaMemcpyHostToDevice));
     const double kms = time_ms([&] {
-      launch_split_attention_int8s(sh, work_dev, int(w.size()), q, parts, Int8sKernelOptions{}, st);
+      cuda::launch_split_attention_int8s(sh, work_dev, int(w.size()), q, parts, Int8sKernelOptions{}, st);
     }, reps);
     pr.int8s_kernel_ms.push_back(kms);
-    std::printf("  %10lld %12.4f %10.1f\\n", static_cast<long long>(n), kms, double(n) / sh.page_size * ib / (kms * 1e6));
+    std::printf("  %10lld %12.4f %10.1f\n", static_cast<long long>(n), kms, double(n) / sh.page_size * ib / (kms * 1e6));
   }
   // lossless13: unpack 32 pages (blobs first, bf16 pages after them).
   // Blobs (< 1 bf16 page each) in the first half of the scratch, bf16 output in the second.
@@ -73,15 +71,35 @@ void calibrate_formats(Profile& pr, const std::byte* host_bf16, std::byte* dev_s
     items.push_back(UnpackWork{dev_scratch + off, dst0 + size_t(p) * sh.page_bytes(), enc[size_t(p)].bytes.size()});
     off += (enc[size_t(p)].bytes.size() + 255) / 256 * 256;
   }
-  DevBuf items_dev(items.size() * sizeof(UnpackWork));
+  DevBuf items_dev(items.size() * sizeof(UnpackWork), "calibrate: unpack list");
   AKV_CUDA(cudaMemcpy(items_dev.p, items.data(), items.size() * sizeof(UnpackWork), cudaMemcpyHostToDevice));
-  const double ums = time_ms([&] { launch_unpack_lossless13(sh, items_dev.as<UnpackWork>(), int(n13), st); }, reps);
+  const double ums = time_ms([&] { cuda::launch_unpack_lossless13(sh, items_dev.as<UnpackWork>(), int(n13), st); }, reps);
   pr.unpack_ms_per_page = ums / double(n13);
-  std::printf("  lossless13 unpack: %.4f ms per page (%lld pages, %.1f GB/s of bf16 written)\\n", pr.unpack_ms_per_page,
+  std::printf("  lossless13 unpack: %.4f ms per page (%lld pages, %.1f GB/s of bf16 written)\n", pr.unpack_ms_per_page,
               static_cast<long long>(n13), double(n13) * sh.page_bytes() / (ums * 1e6));
-  (void)nsp;
-  (void)out;
 }
+
+// The stream and events calibrate times on, released however it ends.
+struct Timing {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  Timing() {
+    AKV_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    AKV_CUDA(cudaEventCreate(&start));
+    AKV_CUDA(cudaEventCreate(&stop));
+  }
+  ~Timing() {
+    if (stream) cudaStreamSynchronize(stream);
+    if (start) cudaEventDestroy(start);
+    if (stop) cudaEventDestroy(stop);
+    if (stream) cudaStreamDestroy(stream);
+  }
+  Timing(const Timing&) = delete;
+  Timing& operator=(const Timing&) = delete;
+};
+
+// Byte and token counts are whole numbers: JSON gets them as integers.
+std::vector<int64_t> as_integers(const std::vector<double>& v) { return {v.begin(), v.end()}; }
 
 }  // namespace
 
@@ -96,37 +114,35 @@ double Profile::merge_time_ms(double splits) const {
   return std::max(0.0, interp(merge_splits, merge_ms, splits, false, true));
 }
 
-std::string Profile::to_json() const {
-  std::ostringstream o;
-  o << "{\n  \"device\": " << jstr(device) << ",\n"
-    << "  \"shape\": {\"n_kv_heads\": " << attn.n_kv_heads << ", \"group\": " << attn.group
-    << ", \"head_dim\": " << attn.head_dim << ", \"page_size\": " << attn.page_size
-    << ", \"split_tokens\": " << attn.split_tokens << "},\n"
-    << "  \"h2d_latency_ms\": " << jnum(latency_ms) << ",\n"
-    << "  \"h2d_copy_bytes\": " << jarr(copy_bytes) << ",\n"
-    << "  \"h2d_gbps\": " << jarr(copy_gbps) << ",\n"
-    << "  \"kernel_tokens\": " << jarr(kernel_tokens) << ",\n"
-    << "  \"kernel_ms\": " << jarr(kernel_ms) << ",\n"
-    << "  \"merge_splits\": " << jarr(merge_splits) << ",\n"
-    << "  \"merge_ms\": " << jarr(merge_ms) << ",\n"
-    << "  \"int8s_kernel_ms\": " << jarr(int8s_kernel_ms) << ",\n"
-    << "  \"lossless13_unpack_ms_per_page\": " << jnum(unpack_ms_per_page) << ",\n"
-    << "  \"model\": \"t_copy(b) = b / B(b) (B: back-to-back pinned H2D bandwidth at copy size b, log-size interpolation); "
-       "step = job-by-job simulation of the copy stream and the compute stream with ring-slot waits\"\n}\n";
-  return o.str();
+nlohmann::json Profile::to_json() const {
+  return {
+      {"device", device},
+      {"shape", {{"n_kv_heads", attn.n_kv_heads}, {"group", attn.group}, {"head_dim", attn.head_dim},
+                 {"page_size", attn.page_size}, {"split_tokens", attn.split_tokens}}},
+      {"h2d_latency_ms", latency_ms},
+      {"h2d_copy_bytes", as_integers(copy_bytes)},
+      {"h2d_gbps", copy_gbps},
+      {"kernel_tokens", as_integers(kernel_tokens)},
+      {"kernel_ms", kernel_ms},
+      {"merge_splits", as_integers(merge_splits)},
+      {"merge_ms", merge_ms},
+      {"int8s_kernel_ms", int8s_kernel_ms},
+      {"lossless13_unpack_ms_per_page", unpack_ms_per_page},
+      {"model", "t_copy(b) = b / B(b) (B: back-to-back pinned H2D bandwidth at copy size b, log-size interpolation); "
+                "step = job-by-job simulation of the copy stream and the compute stream with ring-slot waits"},
+  };
 }
 
 Profile calibrate(const CalibrateOptions& opt) {
-  require_gpu(opt.device, "calibrate");
   opt.attn.validate();
+  cuda::require_gpu(opt.device, "calibrate");
+  std::ofstream file = open_output(opt.out_path, "calibrate");
   Profile pr;
   pr.device = device_name(opt.device);
   pr.attn = opt.attn;
-  cudaStream_t st;
-  AKV_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  cudaEvent_t e0, e1;
-  AKV_CUDA(cudaEventCreate(&e0));
-  AKV_CUDA(cudaEventCreate(&e1));
+  Timing timing;
+  cudaStream_t st = timing.stream;
+  cudaEvent_t e0 = timing.start, e1 = timing.stop;
   auto time_ms = [&](auto&& body, int reps) {
     std::vector<double> t;
     body();  // warm-up
@@ -145,9 +161,9 @@ Profile calibrate(const CalibrateOptions& opt) {
 
   // --- H2D bandwidth vs copy size -----------------------------------------
   const size_t kMax = size_t(512) << 20;
-  PinnedPagePool host(kMax, 1);
-  fill_random_bf16(host.data(), kMax, 1, int(std::max(1u, std::thread::hardware_concurrency())));
-  DevBuf dst(kMax);
+  cuda::PinnedPagePool host(kMax, 1);
+  fill_random_bf16(host.data(), kMax, 1, host_threads());
+  DevBuf dst(kMax, "calibrate: copy target");
   pr.latency_ms = time_ms([&] { AKV_CUDA(cudaMemcpyAsync(dst.p, host.data(), 4096, cudaMemcpyHostToDevice, st)); },
                           opt.reps * 5);
   std::printf("calibrate: %s\n  H2D pinned, back-to-back copies (latency of one 4 KiB copy: %.4f ms)\n",
@@ -169,19 +185,19 @@ Profile calibrate(const CalibrateOptions& opt) {
   const AttnShape& sh = opt.attn;
   const int64_t kMaxTokens = 131072;
   const int64_t n_pages = kMaxTokens / sh.page_size;
-  DevBuf pages(size_t(n_pages) * sh.page_bytes());
+  DevBuf pages(size_t(n_pages) * sh.page_bytes(), "calibrate: resident pages");
   for (int64_t p = 0; p < n_pages; ++p)  // fill from the random pinned buffer (cycled)
     AKV_CUDA(cudaMemcpy(pages.as<std::byte>() + size_t(p) * sh.page_bytes(),
                         host.data() + (size_t(p) * sh.page_bytes()) % (kMax - sh.page_bytes() + 1),
                         sh.page_bytes(), cudaMemcpyHostToDevice));
-  DevBuf q(size_t(sh.n_q_heads()) * sh.head_dim * sizeof(float));
+  DevBuf q(size_t(sh.n_q_heads()) * sh.head_dim * sizeof(float), "calibrate: query");
   fill_device_random(q.as<float>(), size_t(sh.n_q_heads()) * sh.head_dim, 3);
   const int max_splits = int(kMaxTokens / sh.split_tokens);
-  DevBuf po(size_t(max_splits) * sh.n_q_heads() * sh.head_dim * sizeof(float));
-  DevBuf pl(size_t(max_splits) * sh.n_q_heads() * sizeof(float));
-  DevBuf out(size_t(sh.n_q_heads()) * sh.head_dim * sizeof(float));
-  DevBuf nsp(sizeof(int32_t));
-  DevBuf work(size_t(max_splits) * sizeof(SplitWork));
+  DevBuf po(size_t(max_splits) * sh.n_q_heads() * sh.head_dim * sizeof(float), "calibrate: partial outputs");
+  DevBuf pl(size_t(max_splits) * sh.n_q_heads() * sizeof(float), "calibrate: partial LSE");
+  DevBuf out(size_t(sh.n_q_heads()) * sh.head_dim * sizeof(float), "calibrate: output");
+  DevBuf nsp(sizeof(int32_t), "calibrate: split count");
+  DevBuf work(size_t(max_splits) * sizeof(SplitWork), "calibrate: work list");
   Partials parts{po.as<float>(), pl.as<float>(), max_splits};
   std::printf("  attention kernel (resident, batch 1, one layer)\n  %10s %12s %12s %10s\n", "tokens", "kernel ms",
               "merge ms", "GB/s");
@@ -200,10 +216,10 @@ Profile calibrate(const CalibrateOptions& opt) {
     const int32_t ns = int32_t(w.size());
     AKV_CUDA(cudaMemcpy(nsp.p, &ns, sizeof ns, cudaMemcpyHostToDevice));
     const double kms = time_ms([&] {
-      launch_split_attention(sh, work.as<SplitWork>(), int(w.size()), q.as<float>(), parts, st);
+      cuda::launch_split_attention(sh, work.as<SplitWork>(), int(w.size()), q.as<float>(), parts, st);
     }, opt.reps);
     const double mms = time_ms([&] {
-      launch_merge(sh, parts, nsp.as<int32_t>(), 1, out.as<float>(), nullptr, st);
+      cuda::launch_merge(sh, parts, nsp.as<int32_t>(), 1, out.as<float>(), nullptr, st);
     }, opt.reps);
     pr.kernel_tokens.push_back(double(n));
     pr.kernel_ms.push_back(kms);
@@ -212,18 +228,16 @@ Profile calibrate(const CalibrateOptions& opt) {
     std::printf("  %10lld %12.4f %12.4f %10.1f\n", static_cast<long long>(n), kms, mms,
                 double(n) * 2 * sh.n_kv_heads * sh.head_dim * 2 / (kms * 1e6));
   }
-  calibrate_formats(pr, host.data(), pages.as<std::byte>(), q.as<float>(), parts, work.as<SplitWork>(),
-                    nsp.as<int32_t>(), out.as<float>(), time_ms, opt.reps, st);
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  cudaStreamDestroy(st);
-  if (!opt.out_path.empty()) {
-    std::ofstream f(opt.out_path);
-    if (!f) throw Error("calibrate: cannot write " + opt.out_path);
-    f << pr.to_json();
+  calibrate_formats(pr, host.data(), pages.as<std::byte>(), q.as<float>(), parts, work.as<SplitWork>(), time_ms,
+                    opt.reps, st);
+  if (file.is_open()) {
+    nlohmann::json j = {{"commit", opt.provenance.commit}, {"command", opt.provenance.command}};
+    j.update(pr.to_json());
+    file << j.dump(2) << "\n";
+    if (!file.flush()) throw Error("calibrate: writing " + opt.out_path + " failed");
     std::printf("  profile written to %s\n", opt.out_path.c_str());
   }
   return pr;
 }
 
-}  // namespace activekv::cuda
+}  // namespace activekv::gpu_bench

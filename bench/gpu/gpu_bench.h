@@ -1,6 +1,8 @@
-// `calibrate` and `bench decode` for the GPU decode engine (the `activekv
-// calibrate` and `activekv bench decode` subcommands; code in calibrate.cpp
-// and bench.cpp).
+// The GPU benchmark and calibration of the decode engine: the `activekv
+// calibrate` and `activekv bench decode` subcommands (src/cli). Library
+// activekv_gpu_bench (bench/gpu, built with the CUDA backend); code in
+// calibrate.cpp and decode_bench.cpp. Not engine API: the engine
+// (activekv_cuda) does not depend on it.
 //
 // Transfer model (SPEC §6): a copy of `b` bytes costs b / B(b), where B(b) is
 // the calibrated host->device bandwidth of back-to-back pinned copies of that
@@ -13,6 +15,8 @@
 // The predicted step is when the last merge ends.
 #pragma once
 
+#include <nlohmann/json_fwd.hpp>
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -20,7 +24,10 @@
 #include "activekv/cuda/decode_attention.h"
 #include "activekv/cuda/format_kernels.h"
 
-namespace activekv::cuda {
+namespace activekv::gpu_bench {
+
+using cuda::AttnShape;
+using cuda::Int8sKernelOptions;
 
 /// Calibrated profile of one GPU + host (units: bytes, milliseconds, GB/s = 1e9 B/s).
 struct Profile {
@@ -41,7 +48,14 @@ struct Profile {
   double kernel_time_ms(double tokens) const;  ///< bf16 kernel; linear interpolation / extrapolation
   double int8s_kernel_time_ms(double tokens) const;  ///< int8s kernel, same
   double merge_time_ms(double splits) const;
-  std::string to_json() const;
+  /// The profile as JSON (byte and token counts as exact integers).
+  nlohmann::json to_json() const;
+};
+
+/// Where a result came from, recorded in every JSON file written here.
+struct Provenance {
+  std::string commit;   ///< full git commit of the source tree
+  std::string command;  ///< the command line
 };
 
 struct CalibrateOptions {
@@ -49,9 +63,12 @@ struct CalibrateOptions {
   int reps = 20;
   std::string out_path = "profile.json";  ///< "" = don't write
   int device = 0;
+  Provenance provenance;  ///< recorded in the profile file
 };
 
-/// Measures the profile on the current machine (a few seconds). Prints a table.
+/// Measures the profile on GPU `opt.device` (a few seconds), prints a table
+/// and writes the profile to opt.out_path. Throws CudaError without a usable
+/// GPU, InvalidArgument for a bad shape, Error when the file cannot be written.
 Profile calibrate(const CalibrateOptions& opt);
 
 struct BenchDecodeOptions {
@@ -71,16 +88,15 @@ struct BenchDecodeOptions {
   int host_threads = 0;  ///< 0 = hardware concurrency
   std::string json_path = "bench_decode.json";
   std::string profile_path = "profile.json";  ///< calibrated in-process and written here ("" = don't write)
-  std::string commit = "unknown";
-  std::string command;
+  Provenance provenance;  ///< recorded in the JSON and the profile
   int device = 0;
 };
 
-/// Runs the benchmark, prints a table, writes JSON records. Returns 0 on
-/// success, 1 if a streamed output was not bitwise equal to the resident one.
+/// Runs the benchmark, prints a table, writes JSON records (streamed records
+/// carry `bitwise_equal_resident`; resident records are the reference and do
+/// not). Returns 0 on success, 1 if a streamed output was not bitwise equal
+/// to the resident one, a run not repeatable or an output not finite.
+/// Throws InvalidArgument for bad options (before touching the GPU).
 int run_bench_decode(const BenchDecodeOptions& opt);
 
-/// Parses "32k,64K,131072" into token counts (k = 1024). Throws InvalidArgument.
-std::vector<int64_t> parse_sizes(const std::string& list);
-
-}  // namespace activekv::cuda
+}  // namespace activekv::gpu_bench

@@ -11,7 +11,13 @@
 
 #include "activekv/cuda/decode_engine.h"
 
-namespace activekv::cuda::bench {
+namespace activekv::gpu_bench {
+
+using cuda::AttnShape;
+using cuda::PageKind;
+using cuda::PageRef;
+using cuda::PinnedPagePool;
+using cuda::SeqPages;
 
 /// Page refs [seq][layer][page] of one stored format.
 using PageGrid = std::vector<std::vector<std::vector<PageRef>>>;
@@ -43,4 +49,4 @@ const std::vector<std::string>& route_names();
 std::vector<SeqPages> route_tables(const HistorySet& h, const std::string& route, int batch, int64_t ctx,
                                    int n_layers, int page_size, int recent_pages);
 
-}  // namespace activekv::cuda::bench
+}  // namespace activekv::gpu_bench

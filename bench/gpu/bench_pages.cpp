@@ -2,32 +2,18 @@
 #include "bench_pages.h"
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <span>
-#include <thread>
 
 #include "activekv/kv/codec.h"
 #include "activekv/kv/codec_lossless13.h"
 #include "activekv/route/route.h"
+#include "bench_util.h"
 
-namespace activekv::cuda::bench {
+namespace activekv::gpu_bench {
 namespace {
-
-// Runs fn(i) for i in [0, n) on `threads` host threads.
-template <class Fn>
-void parallel_for(size_t n, int threads, Fn fn) {
-  std::atomic<size_t> next{0};
-  auto work = [&] {
-    for (size_t i = next++; i < n; i = next++) fn(i);
-  };
-  std::vector<std::thread> pool;
-  for (int t = 1; t < threads; ++t) pool.emplace_back(work);
-  work();
-  for (auto& th : pool) th.join();
-}
 
 // Encodes the full pages of every (sequence, layer) of `bf16` to `f` into
 // the arena, in page order; returns the refs and fills the timing.
@@ -121,4 +107,4 @@ std::vector<SeqPages> route_tables(const HistorySet& h, const std::string& route
   return seqs;
 }
 
-}  // namespace activekv::cuda::bench
+}  // namespace activekv::gpu_bench
