@@ -156,7 +156,7 @@ attention::Partial CudaAttentionBackend::attend(int layer, const attention::Laye
     cudaFree(table_dev_);
     table_dev_ = nullptr;
     cap_table_ = 0;
-    device_alloc(&table_dev_, n_pages, "the page table");
+    table_dev_ = device_alloc<const void*>(n_pages, "CudaAttentionBackend: the page table");
     cap_table_ = n_pages;
   }
   check_cuda(cudaMemcpyAsync(table_dev_, table_host_.data(), n_pages * sizeof(void*), cudaMemcpyHostToDevice,
