@@ -88,12 +88,12 @@ struct Value {
 /// One tensor as described by its tensor info.
 /// dims[0] is the fastest-varying (contiguous) dimension, as in ggml's ne[].
 struct TensorInfo {
-  std::string name;
+  std::string name;          ///< at most 64 bytes, valid UTF-8, unique in the file
   std::vector<uint64_t> dims;
   TensorType type = TensorType::F32;
   uint64_t offset = 0;       ///< byte offset of the data from the file start (absolute)
   uint64_t n_elements = 0;   ///< product of dims (checked for overflow)
-  uint64_t n_bytes = 0;      ///< bytes of data (checked against the file size)
+  uint64_t n_bytes = 0;      ///< bytes of data (inside the file; no other tensor's data overlaps it)
   const uint8_t* data = nullptr;  ///< points into the mapping
 };
 
@@ -115,7 +115,7 @@ class File {
   uint64_t data_offset() const;    ///< start of the tensor data section
   uint64_t file_size() const;
 
-  /// Metadata in file order.
+  /// Metadata in file order. Keys are unique, non-empty printable ASCII.
   const std::vector<std::pair<std::string, Value>>& metadata() const;
   /// nullptr if absent.
   const Value* find(std::string_view key) const;
