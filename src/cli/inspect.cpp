@@ -1,7 +1,12 @@
 // `activekv inspect MODEL.gguf`: architecture, hyper-parameters, metadata,
 // tensor types and counts, and the KV history bytes per token.
+//
+// The report is built in memory and printed only once complete, so a file
+// that fails part-way prints its error line and nothing else.
 #include <fmt/format.h>
 
+#include <cstdio>
+#include <iterator>
 #include <map>
 
 #include "activekv/gguf/gguf.h"
@@ -11,32 +16,42 @@
 namespace activekv::cli {
 namespace {
 
-void print_config(const gguf::File& f) {
+using Out = fmt::memory_buffer;
+
+template <class... Args>
+void put(Out& out, fmt::format_string<Args...> format, Args&&... args) {
+  fmt::format_to(std::back_inserter(out), format, std::forward<Args>(args)...);
+}
+
+/// The model section, or why the model cannot run here (the file itself is
+/// valid GGUF, so the rest of the report still stands).
+void put_config(Out& out, const gguf::File& f) {
   try {
     const model::ModelConfig c = model::ModelConfig::from_gguf(f);
-    fmt::print("\nmodel\n");
-    fmt::print("  layers {}, d_model {}, heads {} (KV heads {}, GQA group {}), head_dim {}\n", c.n_layers,
-               c.d_model, c.n_heads, c.n_kv_heads, c.n_heads / c.n_kv_heads, c.head_dim);
-    fmt::print("  ffn {}, vocab {}, trained context {}, output head {}\n", c.ffn_dim, c.vocab_size,
-               c.context_length, c.tied_output ? "tied to token_embd" : "separate");
-    fmt::print("  RoPE base {}, dims {}, layout {}; RMSNorm eps {}\n", c.rope_base, c.rope_dim,
-               c.rope_layout == model::RopeLayout::Interleaved ? "interleaved pairs" : "half split", c.rms_eps);
+    put(out, "\nmodel\n");
+    put(out, "  layers {}, d_model {}, heads {} (KV heads {}, GQA group {}), head_dim {}\n", c.n_layers,
+             c.d_model, c.n_heads, c.n_kv_heads, c.n_heads / c.n_kv_heads, c.head_dim);
+    put(out, "  ffn {}, vocab {}, trained context {}, output head {}\n", c.ffn_dim, c.vocab_size,
+             c.context_length, c.tied_output ? "tied to token_embd" : "separate");
+    put(out, "  RoPE base {}, dims {}, layout {}; RMSNorm eps {}\n", c.rope_base, c.rope_dim,
+             c.rope_layout == model::RopeLayout::Interleaved ? "interleaved pairs" : "half split", c.rms_eps);
     const size_t b = c.kv_bytes_per_token();
-    fmt::print("  KV history (bf16): {} bytes/token; {:.1f} MiB at 4K, {:.1f} MiB at 32K, {:.1f} MiB at 128K\n", b,
-               double(b) * 4096 / 1048576.0, double(b) * 32768 / 1048576.0, double(b) * 131072 / 1048576.0);
+    put(out, "  KV history (bf16): {} bytes/token; {:.1f} MiB at 4K, {:.1f} MiB at 32K, {:.1f} MiB at 128K\n", b,
+             double(b) * 4096 / 1048576.0, double(b) * 32768 / 1048576.0, double(b) * 131072 / 1048576.0);
   } catch (const Error& e) {
-    fmt::print("\nmodel: not runnable here: {}\n", e.what());
+    put(out, "\nmodel: not runnable here: {}\n", e.what());
   }
 }
 
 int run(const std::string& path, bool all_tensors) {
   const gguf::File f = gguf::File::open(path);
-  fmt::print("file       {}\n", path);
-  fmt::print("GGUF       v{}, {} bytes, alignment {}, data at {}\n", f.version(), f.file_size(),
-             f.alignment(), f.data_offset());
-  fmt::print("arch       {}\n", f.get_string_or("general.architecture", "(none)"));
-  fmt::print("\nmetadata ({} keys)\n", f.metadata().size());
-  for (const auto& [key, value] : f.metadata()) fmt::print("  {:45s} {}\n", key, value.to_string(4));
+  Out out;
+  put(out, "file       {}\n", path);
+  put(out, "GGUF       v{}, {} bytes, alignment {}, data at {}\n", f.version(), f.file_size(),
+           f.alignment(), f.data_offset());
+  put(out, "arch       {}\n", f.get_string_or("general.architecture", "(none)"));
+  put(out, "\nmetadata ({} keys)\n", f.metadata().size());
+  for (const auto& [key, value] : f.metadata()) put(out, "  {:45s} {}\n", key, value.to_string(4));
 
   std::map<std::string, std::pair<size_t, uint64_t>> by_type;  // type -> (count, bytes)
   uint64_t params = 0;
@@ -46,16 +61,17 @@ int run(const std::string& path, bool all_tensors) {
     e.second += t.n_bytes;
     params += t.n_elements;
   }
-  fmt::print("\ntensors ({}, {:.1f} M parameters)\n", f.tensors().size(), double(params) / 1e6);
+  put(out, "\ntensors ({}, {:.1f} M parameters)\n", f.tensors().size(), double(params) / 1e6);
   for (const auto& [type, e] : by_type) {
-    fmt::print("  {:6s} {:5d} tensors {:10.2f} MiB\n", type, e.first, double(e.second) / 1048576.0);
+    put(out, "  {:6s} {:5d} tensors {:10.2f} MiB\n", type, e.first, double(e.second) / 1048576.0);
   }
   if (all_tensors) {
     for (const gguf::TensorInfo& t : f.tensors()) {
-      fmt::print("  {:40s} {:6s} [{}]\n", t.name, gguf::type_name(t.type), fmt::join(t.dims, ", "));
+      put(out, "  {:40s} {:6s} [{}]\n", t.name, gguf::type_name(t.type), fmt::join(t.dims, ", "));
     }
   }
-  print_config(f);
+  put_config(out, f);
+  std::fwrite(out.data(), 1, out.size(), stdout);
   return 0;
 }
 

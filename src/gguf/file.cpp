@@ -63,8 +63,12 @@ File::~File() = default;
 
 File File::open(const std::string& path) {
   auto impl = std::make_unique<Impl>();
-  impl->mapping.emplace(path);
-  impl->parse(impl->mapping->bytes());
+  impl->mapping.emplace(path);  // its errors already name the path
+  try {
+    impl->parse(impl->mapping->bytes());
+  } catch (const FormatError& e) {
+    throw e.in_file(path);  // "bad magic" alone does not say which file
+  }
   return File(std::move(impl));
 }
 

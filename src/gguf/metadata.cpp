@@ -103,15 +103,39 @@ Value parse_value(Reader& r, ValueType type, const FieldRef& field, int depth) {
   r.fail(field, r.pos(), "unknown metadata value type");
 }
 
-/// general.alignment must be an unsigned integer, non-zero, and a power of two.
-uint64_t check_alignment(const Reader& r, const Value& v, uint64_t at) {
-  const FieldRef field("kv['general.alignment']");
-  if (!std::holds_alternative<uint64_t>(v.data)) {
-    r.fail(field, at, "general.alignment must be an unsigned integer");
+/// Keys whose value type gguf.md fixes ("Standardized key-value pairs") and
+/// that this engine reads. A wrong type is a malformed file, reported here
+/// rather than later as a confusing failure of whatever reads the key.
+struct TypedKey {
+  std::string_view key;
+  ValueType type;
+};
+constexpr TypedKey kTypedKeys[] = {
+    {"general.architecture", ValueType::STRING},
+    {"general.alignment", ValueType::UINT32},
+    {"general.quantization_version", ValueType::UINT32},
+    {"general.name", ValueType::STRING},
+};
+
+void check_spec_type(const Reader& r, const std::string& key, ValueType type, uint64_t at,
+                     const FieldRef& field) {
+  for (const TypedKey& k : kTypedKeys) {
+    if (k.key == key && k.type != type) {
+      r.fail(field, at,
+             key + " must be of type " + value_type_name(k.type) + " (gguf.md), not " +
+                 value_type_name(type));
+    }
   }
+}
+
+/// general.alignment (already known to be UINT32): a power of two and, as
+/// gguf.md requires, a multiple of kMinAlignment.
+uint64_t check_alignment(const Reader& r, const Value& v, uint64_t at) {
   const uint64_t a = std::get<uint64_t>(v.data);
-  if (a == 0 || !std::has_single_bit(a)) {
-    r.fail(field, at, "general.alignment " + std::to_string(a) + " is not a non-zero power of two");
+  if (!std::has_single_bit(a) || a < kMinAlignment) {
+    r.fail("kv['general.alignment']", at,
+           "general.alignment " + std::to_string(a) + " is not a power of two >= " +
+               std::to_string(kMinAlignment));
   }
   return a;
 }
@@ -144,10 +168,14 @@ MetadataResult parse_metadata(Reader& r, uint64_t kv_count) {
   m.kvs.reserve(kv_count);  // bounded by parse_header against the file size
   for (uint64_t i = 0; i < kv_count; ++i) {
     const uint64_t key_at = r.pos();
-    std::string key = r.string("kv[" + std::to_string(i) + "].key");
+    const std::string index_field = "kv[" + std::to_string(i) + "].key";
+    std::string key = r.string(index_field);
+    check_key(r, key, key_at, index_field);
     const std::string prefix = "kv[" + quoted(key) + "]";
     if (m.index.count(key)) r.fail(prefix + ".key", key_at, "duplicate metadata key " + quoted(key));
+    const uint64_t type_at = r.pos();
     const ValueType type = read_value_type(r, prefix + ".type");
+    check_spec_type(r, key, type, type_at, prefix + ".type");
     const uint64_t value_at = r.pos();
     Value v = parse_value(r, type, prefix + ".value", 0);
     if (key == "general.alignment") m.alignment = check_alignment(r, v, value_at);

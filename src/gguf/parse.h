@@ -31,6 +31,19 @@ constexpr int kMaxArrayDepth = 16;
 constexpr uint64_t kMinKvBytes = 8 + 4 + 1;               // key length, type, 1-byte value
 constexpr uint64_t kMinTensorInfoBytes = 8 + 4 + 8 + 4 + 8;  // name len, n_dims, 1 dim, type, offset
 constexpr uint32_t kMaxDims = 4;
+/// gguf.md: tensor names are at most 64 bytes, keys at most 65535.
+constexpr uint64_t kMaxTensorNameBytes = 64;
+constexpr uint64_t kMaxKeyBytes = 65535;
+/// gguf.md: general.alignment "must be a multiple of 8"; we also need a power
+/// of two (data offsets are rounded up with a mask, as ggml does).
+constexpr uint64_t kMinAlignment = 8;
+
+/// Rejects an empty key, one over kMaxKeyBytes, or one with a byte outside
+/// printable ASCII (0x21..0x7e). `at` is where the key's string starts.
+void check_key(const Reader& r, std::string_view key, uint64_t at, const FieldRef& field);
+/// Rejects a tensor name over kMaxTensorNameBytes or not valid UTF-8.
+void check_tensor_name(const Reader& r, std::string_view name, uint64_t at,
+                       const FieldRef& field);
 
 /// Magic, version (2 or 3), tensor_count and kv_count.
 Header parse_header(Reader& r);
@@ -40,7 +53,9 @@ struct MetadataResult {
   NameIndex index;
   uint64_t alignment = kDefaultAlignment;
 };
-/// kv_count key/value pairs; rejects duplicate keys and validates general.alignment.
+/// kv_count key/value pairs; rejects bad or duplicate keys, a wrongly typed
+/// key whose type gguf.md fixes (general.architecture, general.alignment, ...)
+/// and a general.alignment that is not a power of two >= kMinAlignment.
 MetadataResult parse_metadata(Reader& r, uint64_t kv_count);
 
 /// tensor_count tensor infos; offsets are left relative to the data section.
@@ -49,7 +64,8 @@ std::vector<TensorInfo> parse_tensor_infos(Reader& r, uint64_t tensor_count, Nam
                                            std::vector<uint64_t>& offset_fields);
 
 /// Computes the data section start (aligned end of the infos), then makes
-/// every tensor offset absolute, checking alignment and that it lies in the file.
+/// every tensor offset absolute, checking alignment, that its data lies in
+/// the file, and that no two tensors' data overlap.
 uint64_t place_tensors(const Reader& r, uint64_t alignment, std::vector<TensorInfo>& tensors,
                        const std::vector<uint64_t>& offset_fields);
 

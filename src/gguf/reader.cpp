@@ -62,14 +62,18 @@ std::string quoted(std::string_view name) {
     if (c >= 0x20 && c < 0x7f && c != '\'') {
       s += static_cast<char>(c);
     } else {
-      static const char* hex = "0123456789abcdef";
-      s += "\\x";
-      s += hex[c >> 4];
-      s += hex[c & 15];
+      append_hex_escape(s, c);
     }
   }
   if (name.size() > kMax) s += "...";
   return s + "'";
+}
+
+void append_hex_escape(std::string& out, unsigned char c) {
+  static const char* hex = "0123456789abcdef";
+  out += "\\x";
+  out += hex[c >> 4];
+  out += hex[c & 15];
 }
 
 }  // namespace activekv::gguf::detail

@@ -70,5 +70,7 @@ class Reader {
 /// Quotes a name for messages: 'name' (truncated and with non-printables escaped,
 /// since names come from untrusted files).
 std::string quoted(std::string_view name);
+/// Appends "\xNN" for byte c.
+void append_hex_escape(std::string& out, unsigned char c);
 
 }  // namespace activekv::gguf::detail

@@ -1,4 +1,7 @@
 // Tensor info parsing and placement of tensor data inside the file.
+#include <algorithm>
+#include <numeric>
+
 #include "parse.h"
 
 namespace activekv::gguf::detail {
@@ -59,12 +62,38 @@ void parse_type(Reader& r, const std::string& prefix, TensorInfo& t) {
 TensorInfo parse_one(Reader& r, uint64_t i, uint64_t& offset_field) {
   const std::string prefix = "tensor_infos[" + std::to_string(i) + "]";
   TensorInfo t;
+  const uint64_t name_at = r.pos();
   t.name = r.string(prefix + ".name");
+  check_tensor_name(r, t.name, name_at, prefix + ".name");
   parse_dims(r, prefix, t);
   parse_type(r, prefix, t);
   offset_field = r.pos();
   t.offset = r.u64(prefix + ".offset");  // relative until place_tensors
   return t;
+}
+
+/// Tensors are placed (absolute offsets, extents inside the file, each
+/// n_bytes > 0). Each tensor's data must be its own: gguf.md gives each tensor
+/// a range of tensor_data, and two tensors sharing bytes is a corrupt (or
+/// hostile) file. Sorted by offset, each range must start at or after the end
+/// of the one before; the error names the later tensor's offset field.
+void check_no_overlap(const Reader& r, const std::vector<TensorInfo>& tensors,
+                      const std::vector<uint64_t>& offset_fields) {
+  std::vector<size_t> order(tensors.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return tensors[a].offset < tensors[b].offset; });
+  for (size_t k = 1; k < order.size(); ++k) {
+    const TensorInfo& prev = tensors[order[k - 1]];
+    const TensorInfo& t = tensors[order[k]];
+    if (t.offset < prev.offset + prev.n_bytes) {
+      r.fail("tensor_infos[" + std::to_string(order[k]) + "].offset", offset_fields[order[k]],
+             "tensor " + quoted(t.name) + " data [" + std::to_string(t.offset) + ", " +
+                 std::to_string(t.offset + t.n_bytes) + ") overlaps tensor " + quoted(prev.name) +
+                 " data [" + std::to_string(prev.offset) + ", " +
+                 std::to_string(prev.offset + prev.n_bytes) + ")");
+    }
+  }
 }
 
 }  // namespace
@@ -114,6 +143,7 @@ uint64_t place_tensors(const Reader& r, uint64_t alignment, std::vector<TensorIn
     t.offset = begin;
     t.data = r.data() + begin;
   }
+  check_no_overlap(r, tensors, offset_fields);
   return data_offset;
 }
 

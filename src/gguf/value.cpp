@@ -1,14 +1,14 @@
 // Value accessors. Integers are stored widened (unsigned -> uint64, signed ->
 // int64) so the accessors only need range checks between the two.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <sstream>
 
 #include "activekv/gguf/gguf.h"
+#include "reader.h"
 
 namespace activekv::gguf {
-
-namespace {
 
 const char* value_type_name(ValueType t) {
   switch (t) {
@@ -29,8 +29,30 @@ const char* value_type_name(ValueType t) {
   return "?";
 }
 
+namespace {
+
 [[noreturn]] void wrong_type(const Value& v, const char* wanted) {
   throw Error(std::string("GGUF value is ") + value_type_name(v.type) + ", not " + wanted);
+}
+
+/// At most ~80 bytes of `s` for one line of `inspect`: control bytes escaped
+/// (chat templates hold newlines), cut on a UTF-8 character boundary.
+std::string printable(const std::string& s) {
+  constexpr size_t kMaxBytes = 80;
+  size_t n = std::min(s.size(), kMaxBytes);
+  while (n < s.size() && n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;
+  std::string out;
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c == '\n') {
+      out += "\\n";
+    } else if (c < 0x20 || c == 0x7f) {
+      detail::append_hex_escape(out, c);
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return n < s.size() ? out + "..." : out;
 }
 
 }  // namespace
@@ -93,8 +115,7 @@ std::string Value::to_string(size_t max_items) const {
   } else if (const auto* b = std::get_if<bool>(&data)) {
     os << (*b ? "true" : "false");
   } else if (const auto* s = std::get_if<std::string>(&data)) {
-    constexpr size_t kMaxChars = 80;  // keep `inspect` output to one line
-    os << '"' << s->substr(0, kMaxChars) << (s->size() > kMaxChars ? "...\"" : "\"");
+    os << '"' << printable(*s) << '"';
   } else if (const auto* a = std::get_if<std::vector<Value>>(&data)) {
     os << '[';
     for (size_t k = 0; k < a->size() && k < max_items; ++k) {

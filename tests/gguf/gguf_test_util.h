@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <memory>
 #include <optional>
@@ -52,6 +53,12 @@ class Builder {
     u32(static_cast<uint32_t>(ValueType::UINT32));
     return u32(v);
   }
+  /// A STRING metadata kv.
+  Builder& kv_str(const std::string& key, const std::string& v) {
+    str(key);
+    u32(static_cast<uint32_t>(ValueType::STRING));
+    return str(v);
+  }
   /// A tensor info with the given dims, type id and relative offset.
   Builder& tensor(const std::string& name, const std::vector<uint64_t>& dims, uint32_t type,
                   uint64_t offset) {
@@ -73,6 +80,95 @@ class Builder {
     return *this;
   }
 };
+
+/// A well-formed GGUF assembled from parts, for tests that need a valid file
+/// with one thing changed: edit `kvs` / `tensors`, then call bytes(). Tensor
+/// data is laid out in order, each tensor at the next multiple of 32.
+struct Parts {
+  using WriteValue = std::function<void(Builder&)>;  ///< writes type id + value
+  struct Kv {
+    std::string key;
+    WriteValue value;
+  };
+  struct Tensor {
+    std::string name;
+    std::vector<uint64_t> dims;
+    TensorType type = TensorType::F32;
+  };
+  std::vector<Kv> kvs;
+  std::vector<Tensor> tensors;
+
+  /// Replaces the value of `key`, or appends the key.
+  Parts& set(const std::string& key, WriteValue v) {
+    for (Kv& kv : kvs) {
+      if (kv.key == key) {
+        kv.value = std::move(v);
+        return *this;
+      }
+    }
+    kvs.push_back({key, std::move(v)});
+    return *this;
+  }
+  Parts& erase(const std::string& key) {
+    std::erase_if(kvs, [&](const Kv& kv) { return kv.key == key; });
+    return *this;
+  }
+  Tensor* tensor(const std::string& name) {
+    for (Tensor& t : tensors) {
+      if (t.name == name) return &t;
+    }
+    return nullptr;
+  }
+
+  std::vector<uint8_t> bytes() const {
+    Builder b;
+    b.header(tensors.size(), kvs.size());
+    for (const Kv& kv : kvs) {
+      b.str(kv.key);
+      kv.value(b);
+    }
+    uint64_t offset = 0;
+    for (const Tensor& t : tensors) {
+      b.tensor(t.name, t.dims, static_cast<uint32_t>(t.type), offset);
+      offset += (n_bytes(t) + 31) / 32 * 32;
+    }
+    b.data(offset);
+    return b.bytes;
+  }
+
+  static uint64_t n_bytes(const Tensor& t) {
+    uint64_t rows = 1;
+    for (size_t d = 1; d < t.dims.size(); ++d) rows *= t.dims[d];
+    return row_bytes(t.type, t.dims.at(0)) * rows;
+  }
+};
+
+/// Typed values for Parts::set.
+inline Parts::WriteValue val_u32(uint32_t v) {
+  return [v](Builder& b) { b.u32(uint32_t(ValueType::UINT32)).u32(v); };
+}
+inline Parts::WriteValue val_i32(int32_t v) {
+  return [v](Builder& b) { b.u32(uint32_t(ValueType::INT32)).raw(&v, 4); };
+}
+inline Parts::WriteValue val_u64(uint64_t v) {
+  return [v](Builder& b) { b.u32(uint32_t(ValueType::UINT64)).u64(v); };
+}
+inline Parts::WriteValue val_f32(float v) {
+  return [v](Builder& b) { b.u32(uint32_t(ValueType::FLOAT32)).raw(&v, 4); };
+}
+inline Parts::WriteValue val_f64(double v) {
+  return [v](Builder& b) { b.u32(uint32_t(ValueType::FLOAT64)).raw(&v, 8); };
+}
+inline Parts::WriteValue val_str(std::string v) {
+  return [v](Builder& b) { b.u32(uint32_t(ValueType::STRING)).str(v); };
+}
+/// An ARRAY of n STRINGs "t0", "t1", ...
+inline Parts::WriteValue val_str_array(uint64_t n) {
+  return [n](Builder& b) {
+    b.u32(uint32_t(ValueType::ARRAY)).u32(uint32_t(ValueType::STRING)).u64(n);
+    for (uint64_t i = 0; i < n; ++i) b.str("t" + std::to_string(i));
+  };
+}
 
 /// Parses a copy of `bytes` held in an exactly-sized heap buffer (so ASan
 /// flags any read past the end). Returns the FormatError thrown, or nullopt

@@ -3,6 +3,9 @@
 // sees over-reads) and never allocate according to a bogus count.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <fstream>
+
 #include "gguf_test_util.h"
 
 namespace activekv::gguf {
@@ -213,19 +216,181 @@ TEST(Malformed, RowNotWholeBlocks) {
 }
 
 TEST(Malformed, BadAlignment) {
-  for (uint32_t a : {0u, 3u, 48u}) {
+  // gguf.md: a multiple of 8; a power of two for the mask arithmetic (as ggml).
+  for (uint32_t a : {0u, 1u, 3u, 4u, 48u, 0xffffffffu}) {
     Builder b;
     b.header(0, 1).kv_u32("general.alignment", a);
-    expect_error(b.bytes, "kv['general.alignment']", "power of two");
+    expect_error(b.bytes, "kv['general.alignment']",
+                 "general.alignment " + std::to_string(a) + " is not a power of two >= 8");
   }
+  // gguf.md types it UINT32; llama.cpp reads it with gguf_get_val_u32.
   Builder s;
-  s.header(0, 1).str("general.alignment").u32(8).str("64");
-  expect_error(s.bytes, "kv['general.alignment']", "unsigned integer");
-  // A huge power of two is valid as a value but the data section cannot start there.
+  s.header(0, 1).kv_str("general.alignment", "64");
+  expect_error(s.bytes, "kv['general.alignment'].type", "must be of type UINT32 (gguf.md), not STRING");
+  Builder u64;
+  u64.header(0, 1).str("general.alignment").u32(10).u64(64);
+  expect_error(u64.bytes, "kv['general.alignment'].type", "not UINT64");
+  // The largest UINT32 power of two is valid, but the data section cannot start there.
   Builder h;
-  h.header(1, 1).str("general.alignment").u32(10).u64(uint64_t{1} << 63);
+  h.header(1, 1).kv_u32("general.alignment", 1u << 31);
   h.tensor("w", {32}, kF32, 0).data(128);
   expect_error(h.bytes, "tensor_infos[0].offset", "exceeds file size");
+  Builder ok;
+  ok.header(0, 1).kv_u32("general.alignment", 8);
+  EXPECT_EQ(File::from_memory(ok.bytes).alignment(), 8u);
+}
+
+TEST(Malformed, TensorNameLength) {
+  // gguf.md: "at most 64 bytes long".
+  const std::string name64(64, 'n');
+  Builder ok;
+  ok.header(1, 0).tensor(name64, {32}, kF32, 0).data(128);
+  EXPECT_EQ(File::from_memory(ok.bytes).tensors().at(0).name, name64);
+  Builder b;
+  b.header(1, 0).tensor(name64 + "x", {32}, kF32, 0).data(128);
+  expect_error(b.bytes, "tensor_infos[0].name", "is 65 bytes, more than the 64");
+  // A long name in the second info: the field names the right index and offset.
+  Builder second;
+  second.header(2, 0).tensor("a", {32}, kF32, 0);
+  const uint64_t name_at = second.bytes.size();
+  second.tensor(std::string(300, 'y'), {32}, kF32, 128).data(256);
+  const auto err = try_parse(second.bytes);
+  ASSERT_TRUE(err.has_value());
+  EXPECT_EQ(err->field(), "tensor_infos[1].name");
+  EXPECT_EQ(err->byte_offset(), name_at);
+}
+
+TEST(Malformed, TensorNameNotUtf8) {
+  const std::pair<const char*, size_t> bad[] = {
+      {"w\xff", 1},          // never a UTF-8 byte
+      {"\xc0\xafw", 0},      // overlong '/'
+      {"ab\xed\xa0\x80", 2},  // surrogate U+D800
+      {"w\xe2\x82", 1},      // truncated 3-byte sequence
+      {"\xf4\x90\x80\x80", 0},  // past U+10FFFF
+  };
+  for (const auto& [name, at] : bad) {
+    Builder b;
+    b.header(1, 0).tensor(name, {32}, kF32, 0).data(128);
+    expect_error(b.bytes, "tensor_infos[0].name",
+                 "is not valid UTF-8 (at name byte " + std::to_string(at) + ")");
+  }
+  Builder ok;  // two-, three- and four-byte characters
+  ok.header(1, 0).tensor("caf\xc3\xa9.\xe2\x82\xac.\xf0\x9f\x98\x80", {32}, kF32, 0).data(128);
+  EXPECT_FALSE(try_parse(ok.bytes).has_value());
+}
+
+TEST(Malformed, OverlappingTensorData) {
+  // 64 F32 = 256 bytes at 0, then a tensor at 128: shares bytes [128, 256).
+  Builder b;
+  b.header(2, 0).tensor("big", {64}, kF32, 0).tensor("small", {32}, kF32, 128).data(384);
+  // The data section starts at 96 (24-byte header + 35 + 37 bytes of infos); ranges are absolute.
+  expect_error(b.bytes, "tensor_infos[1].offset",
+               "tensor 'small' data [224, 352) overlaps tensor 'big' data [96, 352)");
+  // Same offset twice.
+  Builder same;
+  same.header(2, 0).tensor("a", {32}, kF32, 0).tensor("b", {32}, kF32, 0).data(128);
+  expect_error(same.bytes, "tensor_infos[1].offset", "overlaps tensor 'a'");
+  // Infos out of offset order: the check sorts, and names the later range.
+  Builder rev;
+  rev.header(2, 0).tensor("late", {32}, kF32, 128).tensor("early", {64}, kF32, 0).data(256);
+  expect_error(rev.bytes, "tensor_infos[0].offset", "tensor 'late' data");
+  // Adjacent ranges, in either order, and a gap are fine.
+  Builder adj;
+  adj.header(3, 0).tensor("b", {32}, kF32, 128).tensor("a", {32}, kF32, 0);
+  adj.tensor("c", {32}, kF32, 512).data(640);
+  EXPECT_FALSE(try_parse(adj.bytes).has_value());
+}
+
+TEST(Malformed, BadKeys) {
+  Builder empty;
+  empty.header(0, 1).kv_u32("", 1);
+  expect_error(empty.bytes, "kv[0].key", "empty metadata key");
+  for (const std::string& key :
+       {std::string("a b"), std::string("caf\xc3\xa9"), std::string("a\nb"), std::string("a\0b", 3),
+        std::string("a\x7f")}) {
+    Builder b;
+    b.header(0, 2).kv_u32("ok", 1).kv_u32(key, 1);
+    expect_error(b.bytes, "kv[1].key", "outside printable ASCII");
+  }
+  Builder huge;
+  huge.header(0, 1).kv_u32(std::string(65536, 'k'), 1);
+  expect_error(huge.bytes, "kv[0].key", "65536 bytes is longer than the 65535");
+  Builder ok;  // digits, underscores, upper case (not lower_snake_case, but ASCII)
+  ok.header(0, 2).kv_u32("general.base_model.0.name", 1).kv_u32("X.Y_z", 2);
+  EXPECT_FALSE(try_parse(ok.bytes).has_value());
+}
+
+TEST(Malformed, SpecTypedKeys) {
+  // general.architecture as an integer: rejected here, at open, instead of
+  // surfacing later as a confusing error of whatever reads it first.
+  Builder arch;
+  arch.header(0, 1).kv_u32("general.architecture", 7);
+  expect_error(arch.bytes, "kv['general.architecture'].type",
+               "general.architecture must be of type STRING (gguf.md), not UINT32");
+  Builder name;
+  name.header(0, 1).str("general.name").u32(9).u32(8).u64(0);
+  expect_error(name.bytes, "kv['general.name'].type", "not ARRAY");
+  Builder qv;
+  qv.header(0, 1).kv_str("general.quantization_version", "2");
+  expect_error(qv.bytes, "kv['general.quantization_version'].type", "must be of type UINT32");
+  Builder ok;
+  ok.header(0, 3).kv_str("general.architecture", "llama").kv_u32("general.quantization_version", 2);
+  ok.kv_str("general.name", "x");
+  EXPECT_FALSE(try_parse(ok.bytes).has_value());
+}
+
+TEST(Malformed, OpenNamesThePath) {
+  const std::string path = ::testing::TempDir() + "/akv_not_a_gguf.txt";
+  {
+    std::ofstream out(path, std::ios::binary);
+    out << "root:x:0:0:root:/root:/bin/bash\n";
+  }
+  try {
+    File::open(path);
+    FAIL() << "parsed a text file";
+  } catch (const FormatError& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(what, "GGUF: " + path + ": bad magic, not a GGUF file (field header.magic at byte 0)");
+    EXPECT_EQ(e.file(), path);
+    EXPECT_EQ(e.field(), "header.magic");
+  }
+  // Truncated after a valid header: the path is named too.
+  const auto good = valid_one_tensor().bytes;
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out.write(reinterpret_cast<const char*>(good.data()), 30);
+  }
+  try {
+    File::open(path);
+    FAIL() << "parsed a truncated file";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("GGUF: " + path + ": "), std::string::npos) << e.what();
+  }
+  std::remove(path.c_str());
+  // from_memory has no file to name.
+  const auto err = try_parse({'X', 'G', 'U', 'F', 3, 0, 0, 0});
+  ASSERT_TRUE(err.has_value());
+  EXPECT_TRUE(err->file().empty());
+  // I/O errors name it as well.
+  try {
+    File::open(path);
+    FAIL() << "opened a removed file";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+  }
+}
+
+TEST(Malformed, StringValuesNeedNotBeUtf8) {
+  // Values are kept as bytes (gguf.h says why); `inspect` escapes control bytes.
+  Builder b;
+  b.header(0, 2).kv_str("tok", "\xff\xfe").kv_str("tmpl", "a\nb\tc");
+  const File f = File::from_memory(b.bytes);
+  EXPECT_EQ(f.get_string("tok"), "\xff\xfe");
+  EXPECT_EQ(f.find("tmpl")->to_string(), "\"a\\nb\\x09c\"");
+  // Long strings are cut on a UTF-8 boundary: 79 ASCII bytes, then a 2-byte char.
+  Builder l;
+  l.header(0, 1).kv_str("s", std::string(79, 'a') + "\xc3\xa9" + "tail");
+  EXPECT_EQ(File::from_memory(l.bytes).find("s")->to_string(), "\"" + std::string(79, 'a') + "...\"");
 }
 
 TEST(Malformed, CustomAlignmentIsUsed) {

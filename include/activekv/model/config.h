@@ -29,14 +29,24 @@ struct ModelConfig {
   int vocab_size = 0;      ///< rows of token_embd.weight
   int context_length = 0;  ///< {arch}.context_length (trained context, tokens)
   int rope_dim = 0;        ///< {arch}.rope.dimension_count (defaults to head_dim)
-  float rope_base = 10000.0f;  ///< {arch}.rope.freq_base
-  float rms_eps = 1e-5f;       ///< {arch}.attention.layer_norm_rms_epsilon
+  float rope_base = 10000.0f;  ///< {arch}.rope.freq_base (defaults to 10000)
+  float rms_eps = 1e-5f;       ///< {arch}.attention.layer_norm_rms_epsilon (required)
   RopeLayout rope_layout = RopeLayout::Interleaved;
   bool tied_output = false;    ///< no output.weight: the head reuses token_embd.weight
   bool qkv_bias = false;       ///< Q/K/V projections carry biases (qwen2)
 
-  /// Reads and validates the config. Throws Error naming the key or the
-  /// unsupported architecture (only "llama" is supported).
+  /// Reads and validates the config. Throws Error, one line naming the key
+  /// and value, for: an unsupported architecture (only "llama"); a missing
+  /// required key (block_count, embedding_length, feed_forward_length,
+  /// context_length, attention.head_count, attention.layer_norm_rms_epsilon);
+  /// a count that is not an integer in [1, INT_MAX]; head_count not a
+  /// multiple of head_count_kv; an odd head dim, or n_heads * head_dim over
+  /// INT_MAX; value_length != key_length; rope.dimension_count odd or > head
+  /// dim; an RMS epsilon that is not finite and > 0, or a RoPE base that is
+  /// not finite and > 1 (both checked as float32); token_embd.weight not
+  /// [embedding_length, vocab], or {arch}.vocab_size / the length of
+  /// tokenizer.ggml.tokens differing from its rows; block_count differing
+  /// from the blk.N tensors present.
   static ModelConfig from_gguf(const gguf::File& f);
 
   /// Exact (bf16) KV history bytes per token over all layers: 2 (K,V) ×
