@@ -1,4 +1,5 @@
-// Streaming / resident decode engine. See include/activekv/cuda/decode_engine.h.
+// Decode engine: per-step plans, incremental work-list patches, streamed and
+// resident jobs. See include/activekv/cuda/decode_engine.h.
 #include "activekv/cuda/decode_engine.h"
 
 #include <cuda_runtime.h>
@@ -6,143 +7,37 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
-#include <type_traits>
 
 #include "activekv/kv/codec.h"
 #include "activekv/kv/int8s_layout.h"
 #include "cuda_check.h"
 #include "device_buffer.h"
+#include "patch.h"
 
 namespace activekv::cuda {
-
 namespace {
+
 cudaEvent_t ev(void* p) { return static_cast<cudaEvent_t>(p); }
 
-std::string gib(size_t bytes) { return std::to_string(double(bytes) / double(1ull << 30)) + " GiB"; }
-}  // namespace
+constexpr size_t kStageAlign = 256;
+size_t align_up(size_t x) { return (x + kStageAlign - 1) / kStageAlign * kStageAlign; }
 
-const char* page_kind_name(PageKind k) {
-  switch (k) {
-    case PageKind::bf16: return "bf16";
-    case PageKind::int8s: return "int8s";
-    case PageKind::lossless13: return "lossless13";
-  }
-  return "?";
-}
-
-namespace {
-constexpr size_t kArenaAlign = 256;
-size_t align_up(size_t x) { return (x + kArenaAlign - 1) / kArenaAlign * kArenaAlign; }
-}  // namespace
-
-PinnedPagePool::PinnedPagePool(size_t page_bytes, size_t n_pages, size_t extra_bytes)
-    : page_bytes_(page_bytes), n_pages_(n_pages) {
-  if (page_bytes == 0 || (n_pages == 0 && extra_bytes == 0))
-    throw InvalidArgument("PinnedPagePool: page_bytes must be positive and the pool not empty");
-  used_ = align_up(page_bytes * n_pages);
-  capacity_ = used_ + align_up(extra_bytes);
-  void* p = nullptr;
-  const cudaError_t e = cudaHostAlloc(&p, capacity_, cudaHostAllocPortable);
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    throw CudaError("PinnedPagePool: cudaHostAlloc of " + std::to_string(capacity_) + " bytes (" +
-                    gib(capacity_) + ") failed: " + cudaGetErrorString(e));
-  }
-  data_ = static_cast<std::byte*>(p);
-}
-
-PageRef PinnedPagePool::page_ref(uint32_t id) const {
-  if (id >= n_pages_)
-    throw InvalidArgument("PinnedPagePool: page id " + std::to_string(id) + " outside the " +
-                          std::to_string(n_pages_) + " bf16 page slots");
-  return PageRef{uint64_t(id) * page_bytes_, page_bytes_, PageKind::bf16};
-}
-
-PageRef PinnedPagePool::allocate(size_t bytes, PageKind kind) {
-  if (bytes == 0) throw InvalidArgument("PinnedPagePool::allocate: zero bytes");
-  if (align_up(bytes) > capacity_ - used_)
-    throw InvalidArgument("PinnedPagePool::allocate: " + std::to_string(bytes) + " bytes do not fit: " +
-                          std::to_string(capacity_ - used_) + " of " + std::to_string(capacity_) + " bytes left");
-  const PageRef r{used_, bytes, kind};
-  used_ += align_up(bytes);
-  return r;
-}
-
-PinnedPagePool::~PinnedPagePool() {
-  if (data_) cudaFreeHost(data_);
-}
-
-DecodeEngine::DecodeEngine(const EngineConfig& cfg, const PinnedPagePool& pool)
-    : cfg_(cfg), pool_(&pool) {
-  cfg_.attn.validate();
-  if (cfg_.n_layers <= 0) throw InvalidArgument("EngineConfig: n_layers must be positive");
-  if (cfg_.tile_pages < 0) throw InvalidArgument("EngineConfig: tile_pages must be >= 0");
-  if (cfg_.ring_slots < 2) throw InvalidArgument("EngineConfig: ring_slots must be >= 2");
-  if (pool.page_bytes() != cfg_.attn.page_bytes())
-    throw InvalidArgument("DecodeEngine: pool page_bytes " + std::to_string(pool.page_bytes()) +
-                          " does not match the shape's " + std::to_string(cfg_.attn.page_bytes()));
-  AKV_CUDA(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
-  AKV_CUDA(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
-  for (int i = 0; i < cfg_.ring_slots; ++i) {
-    cudaEvent_t a, b;
-    AKV_CUDA(cudaEventCreateWithFlags(&a, cudaEventDisableTiming));
-    AKV_CUDA(cudaEventCreateWithFlags(&b, cudaEventDisableTiming));
-    events_copy_.push_back(a);
-    events_compute_.push_back(b);
-  }
-  if (cfg_.mode == Mode::resident) {
-    const size_t bytes = pool.used_bytes();  // pages allocated later are not resident: set_batch checks
-    dev_pool_ = device_alloc<std::byte>(bytes, "DecodeEngine(resident): the resident history");
-    AKV_CUDA(cudaMemcpy(dev_pool_, pool.data(), bytes, cudaMemcpyHostToDevice));
-    resident_bytes_ = bytes;
-  }
-}
-
-void DecodeEngine::free_device() {
-  for (void* p : {static_cast<void*>(staging_), static_cast<void*>(work_dev_), static_cast<void*>(unpack_dev_),
-                  static_cast<void*>(unpack_scratch_), static_cast<void*>(n_splits_dev_),
-                  static_cast<void*>(partials_.o), static_cast<void*>(partials_.lse)})
-    if (p) cudaFree(p);
-  staging_ = nullptr;
-  work_dev_ = nullptr;
-  unpack_dev_ = nullptr;
-  unpack_scratch_ = nullptr;
-  n_splits_dev_ = nullptr;
-  partials_ = {};
-}
-
-DecodeEngine::~DecodeEngine() {
-  if (compute_) cudaStreamSynchronize(compute_);
-  if (copy_) cudaStreamSynchronize(copy_);
-  free_device();
-  if (dev_pool_) cudaFree(dev_pool_);
-  for (void* e : events_copy_) cudaEventDestroy(ev(e));
-  for (void* e : events_compute_) cudaEventDestroy(ev(e));
-  if (compute_) cudaStreamDestroy(compute_);
-  if (copy_) cudaStreamDestroy(copy_);
-}
-
-namespace {
-
-// Checks a page table entry against the pool and the shape without reading
-// the payload (the host validated the blob when it was encoded/published).
-void check_page(const PinnedPagePool& pool, size_t limit, const AttnShape& sh, const PageRef& r, int64_t needed,
-                const std::string& where) {
+// Checks a page table entry without reading a codec payload (the host
+// validated the blob when it was encoded and published).
+void check_page(const AttnShape& sh, const PageRef& r, int64_t needed, const std::string& where) {
   auto bad = [&](const std::string& m) {
-    throw InvalidArgument("set_batch: " + where + " (" + page_kind_name(r.kind) + " page at byte " +
-                          std::to_string(r.offset) + "): " + m);
+    throw InvalidArgument("DecodeEngine::update: " + where + " (" + page_kind_name(r.kind) + " page): " + m);
   };
-  if (r.offset % kArenaAlign != 0 && r.kind != PageKind::bf16) bad("offset is not 256-byte aligned");
-  if (r.offset > limit || r.bytes > limit - r.offset)
-    bad("extends past the " + std::to_string(limit) + " bytes of the pool" +
-        (limit < pool.capacity_bytes() ? " copied to the GPU (allocate pages before creating a resident engine)" : ""));
+  if (!r.host) bad("no host bytes");
+  if (reinterpret_cast<uintptr_t>(r.host) % 16 != 0 || reinterpret_cast<uintptr_t>(r.device) % 16 != 0)
+    bad("not 16-byte aligned");
   if (r.kind == PageKind::bf16) {
-    if (r.bytes != sh.page_bytes()) bad("bf16 page of " + std::to_string(r.bytes) + " bytes, the shape needs " +
-                                        std::to_string(sh.page_bytes()));
+    if (r.bytes != sh.page_bytes())
+      bad("bf16 page of " + std::to_string(r.bytes) + " bytes, the shape needs " + std::to_string(sh.page_bytes()));
     return;
   }
   if (r.bytes < kv::kCodecHeaderBytes) bad("shorter than the 64-byte codec header");
-  const std::byte* b = pool.data() + r.offset;
+  const std::byte* b = r.host;
   auto u32 = [&](size_t off) { uint32_t v; std::memcpy(&v, b + off, 4); return v; };
   uint16_t fmt_id;
   std::memcpy(&fmt_id, b + 4, 2);
@@ -160,10 +55,10 @@ void check_page(const PinnedPagePool& pool, size_t limit, const AttnShape& sh, c
       bad("int8s pages must be full (" + std::to_string(n_tok) + " of " + std::to_string(sh.page_size) + " tokens)");
     if (sh.page_size % 16 != 0)
       bad("the int8s kernel needs a page size that is a multiple of 16, the shape has " + std::to_string(sh.page_size));
-    const size_t want =
+    const size_t want_bytes =
         kv::kCodecHeaderBytes + kv::Int8sSectionLayout{size_t(sh.head_dim), size_t(sh.page_size)}.payload_bytes(sh.n_kv_heads);
-    if (r.bytes != want)
-      bad("an int8s page of this shape is " + std::to_string(want) + " bytes, the entry says " +
+    if (r.bytes != want_bytes)
+      bad("an int8s page of this shape is " + std::to_string(want_bytes) + " bytes, the entry says " +
           std::to_string(r.bytes));
   }
   if (n_tok < needed) bad("holds " + std::to_string(n_tok) + " tokens, " + std::to_string(needed) + " are read");
@@ -174,272 +69,392 @@ void check_page(const PinnedPagePool& pool, size_t limit, const AttnShape& sh, c
         std::to_string(r.bytes - kv::kCodecHeaderBytes) + " after the header");
 }
 
+// A device allocation that grows by doubling; contents are not kept.
+template <class T>
+struct Grow {
+  T* p = nullptr;
+  size_t cap = 0;
+  // True if it had to reallocate (the caller must then rewrite every entry).
+  bool reserve(size_t n, const char* what) {
+    if (n <= cap) return false;
+    size_t c = std::max<size_t>(cap * 2, 16);
+    while (c < n) c *= 2;
+    cudaFree(p);
+    p = nullptr;
+    cap = 0;
+    p = static_cast<T*>(device_malloc(c * sizeof(T), std::string("DecodeEngine: ") + what));
+    cap = c;
+    return true;
+  }
+  ~Grow() { cudaFree(p); }
+};
+
 }  // namespace
 
-void DecodeEngine::set_batch(const std::vector<SeqPages>& seqs) {
-  const AttnShape& sh = cfg_.attn;
-  if (seqs.empty()) throw InvalidArgument("DecodeEngine::set_batch: empty batch");
-  synchronize();
-  // Until this call succeeds the engine holds no batch: a failed set_batch
-  // leaves nothing that points into freed buffers (begin_step refuses to run).
-  free_device();
-  jobs_.clear();
-  ready_ = false;
-  n_seq_ = int(seqs.size());
-  const int64_t ps = sh.page_size;
-  const int splits_per_page = sh.page_size / sh.split_tokens;
-  const int L = cfg_.n_layers;
-  const bool streamed = cfg_.mode == Mode::streamed;
-  const size_t limit = streamed ? pool_->used_bytes() : resident_bytes_;
-
-  // Entries of one layer: (seq, page index), sequence-major.
-  struct Entry { int seq; int64_t page; int64_t valid; };
-  std::vector<Entry> entries;
-  std::vector<int32_t> n_splits(n_seq_);
-  int max_splits = 1;
-  for (int s = 0; s < n_seq_; ++s) {
-    const SeqPages& sp = seqs[s];
-    const std::string seq_name = "sequence " + std::to_string(s);
-    if (sp.n_tokens < 0) throw InvalidArgument("set_batch: " + seq_name + " has n_tokens < 0");
-    if (int(sp.tables.size()) != L)
-      throw InvalidArgument("set_batch: " + seq_name + " has " + std::to_string(sp.tables.size()) +
-                            " page tables, the model has " + std::to_string(L) + " layers");
-    const int64_t np = (sp.n_tokens + ps - 1) / ps;
-    for (int l = 0; l < L; ++l) {
-      if (int64_t(sp.tables[l].size()) < np)
-        throw InvalidArgument("set_batch: " + seq_name + " layer " + std::to_string(l) + " page table has " +
-                              std::to_string(sp.tables[l].size()) + " pages, " + std::to_string(np) +
-                              " needed for " + std::to_string(sp.n_tokens) + " tokens");
-      for (int64_t p = 0; p < np; ++p)
-        check_page(*pool_, limit, sh, sp.tables[l][p], std::min<int64_t>(ps, sp.n_tokens - p * ps),
-                   seq_name + " layer " + std::to_string(l) + " page " + std::to_string(p));
-    }
-    for (int64_t p = 0; p < np; ++p) entries.push_back({s, p, std::min<int64_t>(ps, sp.n_tokens - p * ps)});
-    n_splits[s] = int32_t((sp.n_tokens + sh.split_tokens - 1) / sh.split_tokens);
-    max_splits = std::max(max_splits, int(n_splits[s]));
-    if (max_splits > kMaxMergeSplits)
-      throw InvalidArgument("set_batch: " + seq_name + " has " + std::to_string(n_splits[s]) + " splits of " +
-                            std::to_string(sh.split_tokens) + " tokens; the merge takes at most " +
-                            std::to_string(kMaxMergeSplits) + " (use larger splits)");
+const char* page_kind_name(PageKind k) {
+  switch (k) {
+    case PageKind::bf16: return "bf16";
+    case PageKind::int8s: return "int8s";
+    case PageKind::lossless13: return "lossless13";
   }
-  const int64_t E = int64_t(entries.size());
-  const size_t pb = sh.page_bytes();
-  job_pages_ = int(std::max<int64_t>(1, (!streamed || cfg_.tile_pages == 0) ? E : std::min<int64_t>(cfg_.tile_pages, E)));
-  const int64_t n_jobs = E == 0 ? 0 : (E + job_pages_ - 1) / job_pages_;
-  auto ref = [&](int64_t e, int l) -> const PageRef& { return seqs[entries[e].seq].tables[l][entries[e].page]; };
+  return "?";
+}
 
-  // Staging slot size (largest job of any layer) and unpack scratch (most lossless13 pages in a job).
-  stage_slot_bytes_ = 0;
-  int max_unpack = 0;
-  for (int64_t j = 0; j < n_jobs; ++j)
-    for (int l = 0; l < L; ++l) {
-      size_t bytes = 0;
-      int n13 = 0;
-      for (int64_t e = j * job_pages_; e < std::min(E, (j + 1) * job_pages_); ++e) {
-        bytes += align_up(ref(e, l).bytes);
-        n13 += ref(e, l).kind == PageKind::lossless13;
-      }
-      stage_slot_bytes_ = std::max(stage_slot_bytes_, bytes);
-      max_unpack = std::max(max_unpack, n13);
-    }
+// One job of one layer: the resident pages of the layer, or a tile of its
+// streamed pages (copied into ring slot `slot`).
+struct JobPlan {
+  bool resident = false;
+  int slot = -1;
+  struct Run { const std::byte* host; size_t stage_off, bytes; };
+  std::vector<Run> runs;
+  struct List { size_t off = 0; int n = 0; };  // a slice of Plan::work / Plan::unpack
+  List bf16, int8s, unpack;
+  std::vector<size_t> entries;  // the layer's entries (see layer_entries) this job reads, in order
+  DecodeEngine::JobInfo info;
+};
 
-  // Device buffers of the batch; free_device() releases them (also after a throw here).
-  auto alloc = [](auto*& p, size_t count, const char* what) {
-    p = device_alloc<std::remove_reference_t<decltype(*p)>>(count, std::string("DecodeEngine::set_batch: ") + what);
-  };
-  if (streamed && E > 0) alloc(staging_, size_t(cfg_.ring_slots) * stage_slot_bytes_, "the staging ring");
-  // One unpack scratch for all jobs: safe because every job's unpack and
-  // attention run in order on the one compute stream.
-  if (max_unpack > 0) alloc(unpack_scratch_, size_t(max_unpack) * pb, "the lossless13 unpack scratch");
-
+// What update() computed: the batch, the jobs, and the device work lists as
+// they must read for the next step.
+struct DecodeEngine::Plan {
+  std::vector<SeqPages> seqs;
+  std::vector<std::vector<JobPlan>> jobs;  // [layer]
+  std::vector<std::pair<int, int>> ring;   // streamed jobs in step order: (layer, job); job k uses slot k % R
   std::vector<SplitWork> work;
   std::vector<UnpackWork> unpack;
-  jobs_.assign(size_t(n_jobs), Job{});
-  bytes_per_step_ = 0;
-  copies_per_step_ = 0;
-  largest_copy_ = 0;
-  // Work lists of job j for layer l with its pages at `stage` (streamed: a
-  // slot of the ring; resident: null, pages at their pool offsets on the GPU).
-  auto build_lists = [&](int64_t j, int l, const std::byte* stage) {
-    Lists out;
-    const int64_t e0 = j * job_pages_, e1 = std::min(E, e0 + job_pages_);
-    std::vector<std::pair<const std::byte*, PageKind>> where;
-    size_t off = 0;
-    int n13 = 0;
-    out.unpack.off = unpack.size();
-    for (int64_t e = e0; e < e1; ++e) {
-      const PageRef& r = ref(e, l);
-      const std::byte* src = stage ? stage + off : dev_pool_ + r.offset;
-      off += align_up(r.bytes);
-      if (r.kind == PageKind::lossless13) {
-        std::byte* dst = unpack_scratch_ + size_t(n13++) * pb;
-        unpack.push_back(UnpackWork{src, dst, r.bytes});
-        where.emplace_back(dst, PageKind::bf16);
-      } else {
-        where.emplace_back(src, r.kind);
-      }
-    }
-    out.unpack.n = int(unpack.size() - out.unpack.off);
-    for (PageKind k : {PageKind::bf16, PageKind::int8s}) {
-      List& list = k == PageKind::bf16 ? out.bf16 : out.int8s;
-      list.off = work.size();
-      for (int64_t e = e0; e < e1; ++e) {
-        if (where[size_t(e - e0)].second != k) continue;
-        const Entry& en = entries[e];
-        for (int k2 = 0; k2 < splits_per_page; ++k2) {
-          const int64_t t0 = int64_t(k2) * sh.split_tokens;
-          if (t0 >= en.valid) break;
-          SplitWork w;
-          w.page = where[size_t(e - e0)].first;
-          w.seq = en.seq;
-          w.tok0 = int32_t(t0);
-          w.ntok = int32_t(std::min<int64_t>(sh.split_tokens, en.valid - t0));
-          w.split = int32_t(en.page * splits_per_page + k2);
-          work.push_back(w);
-        }
-      }
-      list.n = int(work.size() - list.off);
-    }
-    return out;
-  };
-  for (int64_t j = 0; j < n_jobs; ++j) {
-    Job& job = jobs_[j];
-    const int64_t e0 = j * job_pages_, e1 = std::min(E, e0 + job_pages_);
-    if (streamed) {
-      for (int r = 0; r < cfg_.ring_slots; ++r)
-        for (int l = 0; l < L; ++l) job.lists.push_back(build_lists(j, l, staging_ + size_t(r) * stage_slot_bytes_));
-    } else {
-      for (int l = 0; l < L; ++l) job.lists.push_back(build_lists(j, l, nullptr));
-    }
-    job.info.resize(L);
-    if (streamed) job.runs.resize(L);
+  std::vector<int32_t> n_splits;  // [seq]
+  size_t stage_slot_bytes = 0;    // largest streamed job
+  int max_unpack = 0;             // most lossless13 pages in one job
+  int max_splits = 1;
+};
+
+// Device buffers; work/unpack/n_splits hold what the previous plan wrote.
+struct DecodeEngine::Device {
+  Grow<SplitWork> work;
+  Grow<UnpackWork> unpack;
+  Grow<int32_t> n_splits;
+  Grow<std::byte> staging;       // ring_slots * slot_bytes
+  Grow<std::byte> unpack_scratch;
+  Grow<float> part_o, part_lse;
+  size_t slot_bytes = 0;
+  int cap_splits = 0, cap_seqs = 0;
+  PatchBuffer patches;
+  std::vector<Patch> pending;
+  bool rewrite_all = true;  // device lists do not hold the previous plan
+};
+
+DecodeEngine::DecodeEngine(const EngineConfig& cfg) : cfg_(cfg), dev_(std::make_unique<Device>()) {
+  cfg_.attn.validate();
+  if (cfg_.n_layers <= 0) throw InvalidArgument("EngineConfig: n_layers must be positive");
+  if (cfg_.tile_pages < 0) throw InvalidArgument("EngineConfig: tile_pages must be >= 0");
+  if (cfg_.ring_slots < 2) throw InvalidArgument("EngineConfig: ring_slots must be >= 2");
+  AKV_CUDA(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
+  AKV_CUDA(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
+  for (int i = 0; i < cfg_.ring_slots; ++i) {
+    cudaEvent_t a, b;
+    AKV_CUDA(cudaEventCreateWithFlags(&a, cudaEventDisableTiming));
+    AKV_CUDA(cudaEventCreateWithFlags(&b, cudaEventDisableTiming));
+    events_copy_.push_back(a);
+    events_compute_.push_back(b);
+  }
+}
+
+DecodeEngine::~DecodeEngine() {
+  if (compute_) cudaStreamSynchronize(compute_);
+  if (copy_) cudaStreamSynchronize(copy_);
+  dev_.reset();
+  for (void* e : events_copy_) cudaEventDestroy(ev(e));
+  for (void* e : events_compute_) cudaEventDestroy(ev(e));
+  if (compute_) cudaStreamDestroy(compute_);
+  if (copy_) cudaStreamDestroy(copy_);
+}
+
+namespace {
+
+// Entries of one layer: (sequence, page index, tokens valid in it), sequence-major.
+struct Entry { int seq; int64_t page; int64_t valid; };
+
+std::vector<Entry> layer_entries(const std::vector<SeqPages>& seqs, int page_size) {
+  std::vector<Entry> out;
+  for (int s = 0; s < int(seqs.size()); ++s) {
+    const int64_t n = seqs[size_t(s)].n_tokens;
+    for (int64_t p = 0; p * page_size < n; ++p) out.push_back({s, p, std::min<int64_t>(page_size, n - p * page_size)});
+  }
+  return out;
+}
+
+}  // namespace
+
+void DecodeEngine::update(const std::vector<SeqPages>& seqs) {
+  const AttnShape& sh = cfg_.attn;
+  const int L = cfg_.n_layers;
+  ready_ = false;
+  if (seqs.empty()) throw InvalidArgument("DecodeEngine::update: empty batch");
+  auto plan = std::make_unique<Plan>();
+  Plan& P = *plan;
+  P.n_splits.resize(seqs.size());
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    const SeqPages& sp = seqs[s];
+    const std::string name = "sequence " + std::to_string(s);
+    if (sp.n_tokens < 0) throw InvalidArgument("DecodeEngine::update: " + name + " has n_tokens < 0");
+    if (int(sp.tables.size()) != L)
+      throw InvalidArgument("DecodeEngine::update: " + name + " has " + std::to_string(sp.tables.size()) +
+                            " page tables, the model has " + std::to_string(L) + " layers");
+    const int64_t np = (sp.n_tokens + sh.page_size - 1) / sh.page_size;
+    const SeqPages* old = plan_ && s < plan_->seqs.size() ? &plan_->seqs[s] : nullptr;
     for (int l = 0; l < L; ++l) {
-      JobInfo& ji = job.info[l];
-      const Lists& li = job.lists[size_t(l)];
-      ji.n_work = li.bf16.n + li.int8s.n;
-      size_t stage_off = 0;
-      for (int64_t e = e0; e < e1; ++e) {
-        const PageRef& r = ref(e, l);
-        ji.tokens += entries[e].valid;
-        ji.tokens_by_kind[int(r.kind)] += entries[e].valid;
-        if (streamed) {
-          std::vector<Run>& runs = job.runs[l];
-          // One copy per run of pages that are back to back in the pool (and so in the
-          // slot); a page's copy includes its padding to 256 bytes (< 0.01 % of a page).
-          const size_t bytes = align_up(r.bytes);
-          if (!runs.empty() && runs.back().host_off + runs.back().bytes == r.offset)
-            runs.back().bytes += bytes;
-          else
-            runs.push_back({r.offset, stage_off, bytes});
-        }
-        stage_off += align_up(r.bytes);
+      const auto& t = sp.tables[size_t(l)];
+      if (int64_t(t.size()) < np)
+        throw InvalidArgument("DecodeEngine::update: " + name + " layer " + std::to_string(l) + " page table has " +
+                              std::to_string(t.size()) + " pages, " + std::to_string(np) + " needed for " +
+                              std::to_string(sp.n_tokens) + " tokens");
+      for (int64_t p = 0; p < np; ++p) {
+        const bool same = old && size_t(p) < old->tables[size_t(l)].size() && old->tables[size_t(l)][size_t(p)] == t[size_t(p)] &&
+                          (p + 1) * sh.page_size <= old->n_tokens;  // was full then: nothing new to check
+        if (!same)
+          check_page(sh, t[size_t(p)], std::min<int64_t>(sh.page_size, sp.n_tokens - p * sh.page_size),
+                     name + " layer " + std::to_string(l) + " page " + std::to_string(p));
       }
-      if (streamed)
-        for (const Run& r : job.runs[l]) {
-          bytes_per_step_ += r.bytes;
-          ++copies_per_step_;
-          largest_copy_ = std::max(largest_copy_, r.bytes);
-        }
+    }
+    P.n_splits[s] = int32_t((sp.n_tokens + sh.split_tokens - 1) / sh.split_tokens);
+    if (P.n_splits[s] > kMaxMergeSplits)
+      throw InvalidArgument("DecodeEngine::update: " + name + " has " + std::to_string(P.n_splits[s]) + " splits of " +
+                            std::to_string(sh.split_tokens) + " tokens; the merge takes at most " +
+                            std::to_string(kMaxMergeSplits) + " (use larger splits)");
+    P.max_splits = std::max(P.max_splits, int(P.n_splits[s]));
+  }
+  P.seqs = seqs;
+
+  // Pass 1: the jobs of each layer (its resident pages; its streamed pages in
+  // tiles) and their copies, in host memory order.
+  const std::vector<Entry> entries = layer_entries(seqs, sh.page_size);
+  auto ref = [&](size_t e, int l) -> const PageRef& {
+    return seqs[size_t(entries[e].seq)].tables[size_t(l)][size_t(entries[e].page)];
+  };
+  P.jobs.resize(size_t(L));
+  for (int l = 0; l < L; ++l) {
+    std::vector<size_t> resident, streamed;  // indexes into entries
+    for (size_t i = 0; i < entries.size(); ++i) (ref(i, l).device ? resident : streamed).push_back(i);
+    auto add_job = [&](std::vector<size_t> idx, bool res) {
+      JobPlan j;
+      j.resident = res;
+      j.info.resident = res;
+      if (!res) {
+        j.slot = int(P.ring.size() % size_t(cfg_.ring_slots));
+        P.ring.emplace_back(l, int(P.jobs[size_t(l)].size()));
+      }
+      size_t stage = 0;
+      int n13 = 0;
+      for (size_t e : idx) {
+        const PageRef& r = ref(e, l);
+        j.info.tokens += entries[e].valid;
+        j.info.tokens_by_kind[int(r.kind)] += entries[e].valid;
+        n13 += r.kind == PageKind::lossless13;
+        if (res) continue;
+        // One copy per run of pages back to back both in host memory and in the slot.
+        auto& runs = j.runs;
+        if (!runs.empty() && runs.back().host + runs.back().bytes == r.host && runs.back().stage_off + runs.back().bytes == stage)
+          runs.back().bytes += r.bytes;
+        else
+          runs.push_back({r.host, stage, r.bytes});
+        stage += align_up(r.bytes);
+      }
+      for (const auto& run : j.runs) j.info.copy_bytes.push_back(run.bytes);
+      j.entries = std::move(idx);
+      P.stage_slot_bytes = std::max(P.stage_slot_bytes, stage);
+      P.max_unpack = std::max(P.max_unpack, n13);
+      P.jobs[size_t(l)].push_back(std::move(j));
+    };
+    if (!resident.empty()) add_job(resident, true);
+    const size_t per = cfg_.tile_pages == 0 ? std::max<size_t>(streamed.size(), 1) : size_t(cfg_.tile_pages);
+    for (size_t b = 0; b < streamed.size(); b += per)
+      add_job(std::vector<size_t>(streamed.begin() + std::ptrdiff_t(b),
+                                  streamed.begin() + std::ptrdiff_t(std::min(streamed.size(), b + per))),
+              false);
+  }
+
+  // Capacities (a growth reallocates: wait for the streams, rewrite every entry).
+  Device& D = *dev_;
+  bool grown = false;
+  if (P.stage_slot_bytes > D.slot_bytes || size_t(P.max_unpack) * sh.page_bytes() > D.unpack_scratch.cap ||
+      P.max_splits > D.cap_splits || int(seqs.size()) > D.cap_seqs) {
+    synchronize();
+    grown = true;
+    if (P.stage_slot_bytes > D.slot_bytes) {
+      D.slot_bytes = align_up(P.stage_slot_bytes);
+      D.staging.reserve(size_t(cfg_.ring_slots) * D.slot_bytes, "the staging ring");
+    }
+    D.unpack_scratch.reserve(size_t(P.max_unpack) * sh.page_bytes(), "the lossless13 unpack scratch");
+    if (P.max_splits > D.cap_splits || int(seqs.size()) > D.cap_seqs) {
+      D.cap_splits = std::min(std::max(P.max_splits, D.cap_splits * 2), kMaxMergeSplits);
+      D.cap_seqs = std::max(int(seqs.size()), D.cap_seqs);
+      const size_t rows = size_t(D.cap_seqs) * size_t(D.cap_splits) * size_t(sh.n_q_heads());
+      D.part_o.reserve(rows * size_t(sh.head_dim), "partial outputs");
+      D.part_lse.reserve(rows, "partial LSE");
     }
   }
 
-  alloc(work_dev_, work.size(), "work lists");
-  AKV_CUDA(cudaMemcpy(work_dev_, work.data(), work.size() * sizeof(SplitWork), cudaMemcpyHostToDevice));
-  if (!unpack.empty()) {
-    alloc(unpack_dev_, unpack.size(), "unpack lists");
-    AKV_CUDA(cudaMemcpy(unpack_dev_, unpack.data(), unpack.size() * sizeof(UnpackWork), cudaMemcpyHostToDevice));
+  // Pass 2: the work lists with device addresses (a job's pages at their
+  // resident copy, or at their place in the job's ring slot; lossless13
+  // pages at their unpacked place in the scratch).
+  for (int l = 0; l < L; ++l) {
+    for (JobPlan& j : P.jobs[size_t(l)]) {
+      std::vector<std::pair<const void*, PageKind>> where;  // the page as the kernels read it
+      const std::byte* slot = j.resident ? nullptr : D.staging.p + size_t(j.slot) * D.slot_bytes;
+      size_t stage = 0;
+      int n13 = 0;
+      j.unpack.off = P.unpack.size();
+      for (size_t e : j.entries) {
+        const PageRef& r = ref(e, l);
+        const void* src = j.resident ? r.device : static_cast<const void*>(slot + stage);
+        stage += align_up(r.bytes);
+        if (r.kind == PageKind::lossless13) {
+          std::byte* dst = D.unpack_scratch.p + size_t(n13++) * sh.page_bytes();
+          P.unpack.push_back(UnpackWork{src, dst, r.bytes});
+          where.emplace_back(dst, PageKind::bf16);
+        } else {
+          where.emplace_back(src, r.kind);
+        }
+      }
+      j.unpack.n = int(P.unpack.size() - j.unpack.off);
+      for (PageKind want : {PageKind::bf16, PageKind::int8s}) {
+        JobPlan::List& list = want == PageKind::bf16 ? j.bf16 : j.int8s;
+        list.off = P.work.size();
+        for (size_t k = 0; k < j.entries.size(); ++k) {
+          if (where[k].second != want) continue;
+          const Entry& en = entries[j.entries[k]];
+          for (int64_t t0 = 0; t0 < en.valid; t0 += sh.split_tokens) {
+            SplitWork w;
+            w.page = where[k].first;
+            w.seq = en.seq;
+            w.tok0 = int32_t(t0);
+            w.ntok = int32_t(std::min<int64_t>(sh.split_tokens, en.valid - t0));
+            w.split = int32_t(en.page * (sh.page_size / sh.split_tokens) + t0 / sh.split_tokens);
+            P.work.push_back(w);
+          }
+        }
+        list.n = int(P.work.size() - list.off);
+      }
+      j.info.n_work = j.bf16.n + j.int8s.n;
+    }
   }
-  alloc(n_splits_dev_, n_splits.size(), "split counts");
-  AKV_CUDA(cudaMemcpy(n_splits_dev_, n_splits.data(), n_splits.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
-  partials_.max_splits = max_splits;
-  const size_t np_rows = size_t(n_seq_) * max_splits * sh.n_q_heads();
-  alloc(partials_.o, np_rows * sh.head_dim, "partial outputs");
-  alloc(partials_.lse, np_rows, "partial LSE");
-  // Unused split slots must read as empty: fill LSE with -inf once.
-  std::vector<float> ninf(np_rows, -__builtin_inff());
-  AKV_CUDA(cudaMemcpy(partials_.lse, ninf.data(), np_rows * sizeof(float), cudaMemcpyHostToDevice));
-  any_step_ = false;
+  if (grown) D.rewrite_all = true;
+  apply(std::move(plan));
+}
+
+// Writes the plan's work lists to the device: every entry after a
+// reallocation, else only those that differ from the previous plan.
+void DecodeEngine::apply(std::unique_ptr<Plan> plan) {
+  Device& D = *dev_;
+  const Plan& P = *plan;
+  if (P.work.size() > D.work.cap || P.unpack.size() > D.unpack.cap || P.n_splits.size() > D.n_splits.cap) {
+    synchronize();  // the old lists may still be read by queued kernels
+    D.work.reserve(P.work.size(), "work lists");
+    D.unpack.reserve(P.unpack.size(), "unpack lists");
+    D.n_splits.reserve(P.n_splits.size(), "split counts");
+    D.rewrite_all = true;
+  }
+  const Plan* old = D.rewrite_all || !plan_ ? nullptr : plan_.get();
+  std::vector<Patch>& out = D.pending;
+  out.clear();
+  auto diff = [&](const auto& want, const auto* have, auto* dev) {
+    for (size_t i = 0; i < want.size(); ++i) {
+      if (have && i < have->size() && std::memcmp(&(*have)[i], &want[i], sizeof(want[i])) == 0) continue;
+      out.push_back(make_patch(dev + i, &want[i], sizeof(want[i])));
+    }
+  };
+  diff(P.work, old ? &old->work : nullptr, D.work.p);
+  diff(P.unpack, old ? &old->unpack : nullptr, D.unpack.p);
+  diff(P.n_splits, old ? &old->n_splits : nullptr, D.n_splits.p);
+  last_patches_ = out.size();
+  D.patches.submit(out, compute_);  // one scatter kernel, ordered before the step's kernels
+  D.rewrite_all = false;
+
+  bytes_per_step_ = copies_per_step_ = largest_copy_ = resident_bytes_per_step_ = 0;
+  for (const auto& layer : P.jobs)
+    for (const JobPlan& j : layer)
+      for (const auto& r : j.runs) {
+        bytes_per_step_ += r.bytes;
+        ++copies_per_step_;
+        largest_copy_ = std::max(largest_copy_, r.bytes);
+      }
+  for (const SeqPages& s : P.seqs)
+    for (const auto& t : s.tables)
+      for (int64_t p = 0; p * cfg_.attn.page_size < s.n_tokens; ++p)
+        if (t[size_t(p)].device) resident_bytes_per_step_ += t[size_t(p)].bytes;
+  plan_ = std::move(plan);
   ready_ = true;
-  slot_base_ = 0;
-  next_layer_ = 0;
-  jobs_enqueued_copy_ = 0;
-}
-
-void DecodeEngine::enqueue_copy(int64_t k) {
-  // k: job index within the step (layer-major).
-  const int64_t J = int64_t(jobs_.size());
-  const int layer = int(k / J);
-  const Job& job = jobs_[size_t(k % J)];
-  const int64_t g = slot_base_ + k;
-  const int slot = int(g % cfg_.ring_slots);
-  if (g >= cfg_.ring_slots) AKV_CUDA(cudaStreamWaitEvent(copy_, ev(events_compute_[slot]), 0));
-  std::byte* base = staging_ + size_t(slot) * stage_slot_bytes_;
-  for (const Run& r : job.runs[layer])
-    AKV_CUDA(cudaMemcpyAsync(base + r.stage_off, pool_->data() + r.host_off, r.bytes,
-                             cudaMemcpyHostToDevice, copy_));
-  AKV_CUDA(cudaEventRecord(ev(events_copy_[slot]), copy_));
-}
-
-void DecodeEngine::ensure_copies(int64_t upto) {
-  const int64_t total = int64_t(jobs_.size()) * cfg_.n_layers;
-  upto = std::min(upto, total - 1);
-  while (jobs_enqueued_copy_ <= upto) enqueue_copy(jobs_enqueued_copy_++);
+  next_layer_ = cfg_.n_layers;  // begin_step() first
 }
 
 void DecodeEngine::begin_step() {
-  if (!ready_) throw InvalidArgument("DecodeEngine: no batch (call set_batch() first, and again after it failed)");
-  if (any_step_) slot_base_ += int64_t(jobs_.size()) * cfg_.n_layers;
-  any_step_ = true;
-  jobs_enqueued_copy_ = 0;
+  if (!ready_) throw InvalidArgument("DecodeEngine: no batch (call update() first, and again after it failed)");
   next_layer_ = 0;
+  ring_job_ = 0;
+  copies_enqueued_ = 0;
 }
 
-void DecodeEngine::launch_job(const Lists& li, const float* q) {
+// Copies streamed job k of the step into ring slot k % R, after the attention
+// that last read that slot.
+void DecodeEngine::enqueue_copy(int64_t k) {
+  const auto [layer, job] = plan_->ring[size_t(k)];
+  const JobPlan& j = plan_->jobs[size_t(layer)][size_t(job)];
+  std::byte* base = dev_->staging.p + size_t(j.slot) * dev_->slot_bytes;
+  AKV_CUDA(cudaStreamWaitEvent(copy_, ev(events_compute_[size_t(j.slot)]), 0));
+  for (const auto& r : j.runs)
+    AKV_CUDA(cudaMemcpyAsync(base + r.stage_off, r.host, r.bytes, cudaMemcpyHostToDevice, copy_));
+  AKV_CUDA(cudaEventRecord(ev(events_copy_[size_t(j.slot)]), copy_));
+}
+
+void DecodeEngine::launch_job(const JobPlan& j, const float* q) {
   const AttnShape& sh = cfg_.attn;
-  launch_unpack_lossless13(sh, unpack_dev_ + li.unpack.off, li.unpack.n, compute_);
-  launch_split_attention(sh, work_dev_ + li.bf16.off, li.bf16.n, q, partials_, compute_);
-  launch_split_attention_int8s(sh, work_dev_ + li.int8s.off, li.int8s.n, q, partials_, cfg_.int8s, compute_);
+  const Device& D = *dev_;
+  const Partials parts{D.part_o.p, D.part_lse.p, D.cap_splits};
+  launch_unpack_lossless13(sh, D.unpack.p + j.unpack.off, j.unpack.n, compute_);
+  launch_split_attention(sh, D.work.p + j.bf16.off, j.bf16.n, q, parts, compute_);
+  launch_split_attention_int8s(sh, D.work.p + j.int8s.off, j.int8s.n, q, parts, cfg_.int8s, compute_);
 }
 
 void DecodeEngine::enqueue_layer(int layer, const float* q, float* out, float* out_lse) {
-  if (!ready_) throw InvalidArgument("DecodeEngine::enqueue_layer: no batch (call set_batch() first)");
+  if (!ready_) throw InvalidArgument("DecodeEngine::enqueue_layer: no batch (call update() first)");
   if (layer != next_layer_ || layer >= cfg_.n_layers)
     throw InvalidArgument("DecodeEngine::enqueue_layer: expected layer " +
                           (next_layer_ < cfg_.n_layers ? std::to_string(next_layer_) : std::string("none")) +
                           ", got " + std::to_string(layer) + " (call begin_step() before each step's layer 0)");
   ++next_layer_;
-  const int64_t J = int64_t(jobs_.size());
-  if (cfg_.mode == Mode::resident) {
-    for (int64_t j = 0; j < J; ++j) launch_job(jobs_[j].lists[size_t(layer)], q);
-  } else {
-    for (int64_t j = 0; j < J; ++j) {
-      const int64_t k = int64_t(layer) * J + j;
-      ensure_copies(k + cfg_.ring_slots - 1);
-      const int slot = int((slot_base_ + k) % cfg_.ring_slots);
-      AKV_CUDA(cudaStreamWaitEvent(compute_, ev(events_copy_[slot]), 0));
-      launch_job(jobs_[j].lists[size_t(slot) * cfg_.n_layers + layer], q);
-      AKV_CUDA(cudaEventRecord(ev(events_compute_[slot]), compute_));
+  const int64_t n_ring = int64_t(plan_->ring.size());
+  for (const JobPlan& j : plan_->jobs[size_t(layer)]) {
+    if (!j.resident) {
+      // Keep up to R-1 copies in flight ahead of this job (into other slots).
+      while (copies_enqueued_ < std::min(n_ring, ring_job_ + cfg_.ring_slots)) enqueue_copy(copies_enqueued_++);
+      AKV_CUDA(cudaStreamWaitEvent(compute_, ev(events_copy_[size_t(j.slot)]), 0));
+    }
+    launch_job(j, q);
+    if (!j.resident) {
+      AKV_CUDA(cudaEventRecord(ev(events_compute_[size_t(j.slot)]), compute_));
+      ++ring_job_;
     }
   }
-  launch_merge(cfg_.attn, partials_, n_splits_dev_, n_seq_, out, out_lse, compute_);
+  const Device& D = *dev_;
+  launch_merge(cfg_.attn, Partials{D.part_o.p, D.part_lse.p, D.cap_splits}, D.n_splits.p,
+               int(plan_->seqs.size()), out, out_lse, compute_);
 }
 
 void DecodeEngine::enqueue_step(const float* q, float* out, float* out_lse) {
   begin_step();
-  const size_t per_layer = size_t(n_seq_) * cfg_.attn.n_q_heads();
+  const size_t per_layer = plan_->seqs.size() * size_t(cfg_.attn.n_q_heads());
   for (int l = 0; l < cfg_.n_layers; ++l)
     enqueue_layer(l, q + per_layer * cfg_.attn.head_dim * l, out + per_layer * cfg_.attn.head_dim * l,
                   out_lse ? out_lse + per_layer * l : nullptr);
 }
 
+int DecodeEngine::jobs_in_layer(int layer) const {
+  return plan_ ? int(plan_->jobs.at(size_t(layer)).size()) : 0;
+}
+
 std::vector<DecodeEngine::JobInfo> DecodeEngine::job_info(int layer) const {
   std::vector<JobInfo> out;
-  for (const Job& j : jobs_) {
-    JobInfo ji = j.info.at(size_t(layer));
-    if (cfg_.mode == Mode::streamed)
-      for (const Run& r : j.runs.at(size_t(layer))) ji.copy_bytes.push_back(r.bytes);
-    out.push_back(std::move(ji));
-  }
+  if (plan_)
+    for (const JobPlan& j : plan_->jobs.at(size_t(layer))) out.push_back(j.info);
   return out;
 }
 

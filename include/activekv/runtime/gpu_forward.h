@@ -1,0 +1,72 @@
+// The Llama-family forward pass on the GPU (llama, qwen2), for a block of T
+// token rows: T = 1 (or a few, batched) in decode, a chunk in prefill.
+//
+// Per layer, as the CPU reference (activekv/model/llama_model.h):
+//   n = RMSNorm(x); q,k,v = W{q,k,v} n (+ bias for qwen2); RoPE(q, k);
+//   a = attention(q, k, v)  -- the caller's LayerAttention: it stores k, v in
+//                              the history and attends over it;
+//   x += Wo a; m = RMSNorm(x); x += W_down (silu(W_gate m) * (W_up m)).
+// Then the head: logits = W_out RMSNorm(x) for the last row (or every row).
+// Projections read the weights in their GGUF types: a quantised matvec with
+// int8 activations for up to kMatvecRows rows, a bf16 cuBLAS GEMM above
+// (activekv/cuda/quant_matvec.h, weight_gemm.h). Everything is enqueued on
+// one stream; nothing synchronises the host.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "activekv/cuda/model_ops.h"
+#include "activekv/cuda/weight_gemm.h"
+#include "activekv/model/config.h"
+#include "activekv/runtime/gpu_weights.h"
+
+typedef struct CUstream_st* cudaStream_t;
+
+namespace activekv::runtime {
+
+/// One layer's attention over the history, enqueued on the forward's stream:
+/// q [T][n_heads*head_dim] (RoPE applied), k, v [T][n_kv_heads*head_dim]
+/// (k with RoPE) of rows at positions pos0 .. pos0+T-1 -> out [T][n_heads*head_dim].
+/// Device fp32 pointers, valid during the call's enqueued work.
+using LayerAttention = std::function<void(int layer, int T, const float* q, const float* k, const float* v, float* out)>;
+
+class GpuForward {
+ public:
+  /// Rows a projection runs as a matvec (batched decode); more rows use the GEMM.
+  static constexpr int kMatvecRows = 8;
+
+  /// Buffers for up to `max_rows` rows. Throws CudaError when they do not fit.
+  GpuForward(const model::ModelConfig& c, const GpuWeights& w, int max_rows);
+  ~GpuForward();
+  GpuForward(const GpuForward&) = delete;
+  GpuForward& operator=(const GpuForward&) = delete;
+
+  /// Runs T rows (1 <= T <= max_rows): token ids `ids` (device int32 [T]) at
+  /// positions `pos` (device int64 [T], consecutive), every layer, then the
+  /// head for the last row, or for every row if all_logits. Enqueued on
+  /// `stream`. Throws InvalidArgument for a bad T.
+  void run(const int32_t* ids, const int64_t* pos, int T, const LayerAttention& attend, bool all_logits,
+           cudaStream_t stream);
+
+  /// Device fp32 logits of the last run: [vocab] (last row) or [T][vocab].
+  const float* logits() const { return logits_; }
+  int max_rows() const { return max_rows_; }
+  const model::ModelConfig& config() const { return c_; }
+
+ private:
+  void project(const cuda::DeviceMatrix& w, const float* in, int T, float* out, bool accumulate, cudaStream_t s);
+  void layer(int l, int T, const int64_t* pos, const LayerAttention& attend, cudaStream_t s);
+
+  model::ModelConfig c_;
+  const GpuWeights& w_;
+  int max_rows_;
+  float *x_ = nullptr, *xn_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *att_ = nullptr;
+  float *gate_ = nullptr, *up_ = nullptr, *logits_ = nullptr;
+  void* matvec_ws_ = nullptr;
+  std::unique_ptr<cuda::WeightGemm> gemm_;
+  std::unique_ptr<cuda::RopeFreqs> rope_;
+};
+
+}  // namespace activekv::runtime

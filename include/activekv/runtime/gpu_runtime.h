@@ -1,0 +1,109 @@
+// One runtime: a real model decoding on the GPU with its KV history in the
+// one page store in pinned host memory (SPEC §8, issue "One runtime").
+//
+// Data flow of one decode step (nothing crosses back but the sampled token):
+//   the token (already on the GPU: the last step's sample) -> embedding ->
+//   per layer: RMSNorm, Q/K/V in the weights' GGUF types, RoPE; the new
+//   token's K/V go, as bf16, into the tail page on the GPU and -- by the same
+//   kernel, through the mapped pinned address -- into its page of the host
+//   store; attention over the layer's history runs in the decode engine
+//   (activekv/cuda/decode_engine.h): pages resident on the GPU are read in
+//   place, the others stream from the host store while earlier layers
+//   compute; Wo, FFN -> head -> GPU sampler -> the token id, 4 bytes, to the
+//   host. The route (SPEC §2) chooses per page which format the step reads:
+//   bf16, or a page that background conversion published in the pinned
+//   arena as int8s or lossless13.
+//
+// Placement (activekv/route/placement.h): `gpu` keeps a device copy of every
+// page (and of every published encoded page the route reads); `host` keeps
+// only each layer's tail page on the GPU and streams every full page every
+// step. Prefill runs on the GPU in chunks of full-model GEMMs, the chunk's
+// attention over device copies of the history (with `host`, those copies are
+// freed once the prompt is done; a prompt whose history does not fit the
+// GPU budget is refused for now, with the sizes).
+//
+// Exactness: the decode engine reads the same bytes with the same kernels
+// and split boundaries whatever the placement, so `host` and `gpu` decode
+// steps give bitwise identical attention, and the same tokens.
+//
+// Needs a CUDA GPU. Not thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "activekv/gguf/gguf.h"
+#include "activekv/model/config.h"
+#include "activekv/model/sampler.h"
+#include "activekv/route/placement.h"
+#include "activekv/route/route.h"
+
+namespace activekv::runtime {
+
+struct RuntimeOptions {
+  int64_t n_ctx = 0;          ///< tokens the history must hold (prompt + generated); > 0
+  int page_size = 1024;       ///< tokens per page
+  route::RouteConfig route;   ///< kind (exact, lossless13, int8s, hybrid), recent window, tile pages
+  route::KvPlacement placement = route::KvPlacement::automatic;
+  size_t gpu_kv_mem = 0;      ///< GPU budget for the history in bytes; 0 = free memory less a margin
+  int convert_threads = 1;    ///< background conversion threads (compressed routes)
+  int prefill_chunk = 512;    ///< tokens per prefill forward pass
+  int split_tokens = 0;       ///< tokens per attention CTA; 0 = the largest divisor of page_size <= 512
+  model::SamplerParams sampling;
+  int device = 0;
+};
+
+/// What the summary reports.
+struct RuntimeStats {
+  std::string device;              ///< e.g. "NVIDIA H200"
+  route::PlacementChoice placement;
+  size_t weight_bytes = 0;         ///< on the GPU, in GGUF types
+  size_t streamed_bytes = 0;       ///< host -> device history bytes, all decode steps
+  size_t resident_bytes = 0;       ///< history bytes read in place on the GPU, all decode steps
+  size_t copies = 0;               ///< host -> device copies, all decode steps
+  size_t decode_steps = 0;
+  route::RouteReport pages;        ///< pages per format and segments read, all decode steps
+};
+
+using ProgressFn = std::function<void(int64_t done, int64_t total)>;
+
+class GpuRuntime {
+ public:
+  /// Loads the weights onto GPU `opt.device` in their GGUF types, sizes the
+  /// page store (pinned) for opt.n_ctx tokens and chooses the placement.
+  /// Throws Error with one line naming what does not fit (weights, pinned
+  /// history, GPU history) or is unsupported (architecture, weight type,
+  /// head dim, GQA group, page format) and CudaError for other GPU failures.
+  GpuRuntime(const gguf::File& f, const model::ModelConfig& c, const RuntimeOptions& opt);
+  ~GpuRuntime();
+  GpuRuntime(const GpuRuntime&) = delete;
+  GpuRuntime& operator=(const GpuRuntime&) = delete;
+
+  /// Appends the prompt (chunks of opt.prefill_chunk, `progress` after each)
+  /// and returns the token sampled from its last position. Throws
+  /// InvalidArgument for an empty prompt, a bad token id or a history past
+  /// n_ctx; what was already appended stays.
+  int32_t prefill(std::span<const int32_t> prompt, const ProgressFn& progress = {});
+  /// Appends `token` and returns the token sampled after it (one decode step).
+  int32_t decode(int32_t token);
+
+  /// Appends `tokens` through the prefill path and returns the logits of
+  /// every one of them, [n][vocab] on the host (tests and evaluation).
+  std::vector<float> prefill_logits(std::span<const int32_t> tokens);
+  /// Logits of the last prefill()/decode() position, [vocab] on the host.
+  std::vector<float> last_logits() const;
+
+  int64_t n_tokens() const;
+  const model::ModelConfig& config() const;
+  const RuntimeStats& stats() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace activekv::runtime

@@ -1,0 +1,60 @@
+// A model's weights on the GPU, in their GGUF types (SPEC §8: never expanded
+// to fp32 on host or GPU).
+//
+// Every matrix is uploaded once, byte for byte as in the file, into one
+// device allocation, and read by the quantised matvec and GEMM kernels of
+// activekv/cuda/quant_matvec.h. The norm weights and biases (vectors of a
+// few thousand values) are widened to fp32 on upload, since the row kernels
+// read them as fp32. Before anything is allocated the constructor checks
+// that every matrix has a GPU kernel and that the bytes fit the free device
+// memory, and says which tensor or how many bytes when not.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "activekv/cuda/quant_matvec.h"
+#include "activekv/gguf/gguf.h"
+#include "activekv/model/config.h"
+
+namespace activekv::runtime {
+
+struct GpuLayerWeights {
+  const float* attn_norm = nullptr;  ///< [d_model] fp32
+  cuda::DeviceMatrix wq, wk, wv, wo;
+  const float* bq = nullptr;  ///< [n_heads*head_dim] fp32, or null (no bias)
+  const float* bk = nullptr;
+  const float* bv = nullptr;
+  const float* ffn_norm = nullptr;
+  cuda::DeviceMatrix w_gate, w_up, w_down;
+};
+
+class GpuWeights {
+ public:
+  /// Uploads the tensors of model::ModelTensors::find(f, c) to the current
+  /// device. Throws Error naming a tensor whose type has no GPU kernel, or
+  /// the bytes needed against the bytes free ("weights need 3.25 GiB, 1.10
+  /// GiB free on NVIDIA H200"), and CudaError for other CUDA failures.
+  GpuWeights(const gguf::File& f, const model::ModelConfig& c);
+  ~GpuWeights();
+  GpuWeights(const GpuWeights&) = delete;
+  GpuWeights& operator=(const GpuWeights&) = delete;
+
+  /// Device bytes the upload takes (matrices as stored + fp32 vectors).
+  static size_t bytes_needed(const gguf::File& f, const model::ModelConfig& c);
+
+  cuda::DeviceMatrix token_embd;  ///< [vocab] rows of d_model
+  cuda::DeviceMatrix output;      ///< the head: token_embd when tied
+  const float* output_norm = nullptr;
+  std::vector<GpuLayerWeights> layers;
+
+  size_t bytes() const { return bytes_; }
+  /// Bytes of the matrices a decode step reads (every layer's and the head).
+  size_t matrix_bytes_per_token() const { return matrix_bytes_; }
+
+ private:
+  void* base_ = nullptr;
+  size_t bytes_ = 0, matrix_bytes_ = 0;
+};
+
+}  // namespace activekv::runtime

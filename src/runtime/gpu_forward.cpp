@@ -1,0 +1,97 @@
+#include "activekv/runtime/gpu_forward.h"
+
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "activekv/cuda/model_ops.h"
+
+namespace activekv::runtime {
+namespace {
+
+float* device_floats(size_t n, const char* what) {
+  void* p = nullptr;
+  const cudaError_t e = cudaMalloc(&p, std::max<size_t>(n, 4) * sizeof(float));
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    throw cuda::CudaError(fmt::format("GpuForward: cudaMalloc of {} bytes for {} failed: {}", n * sizeof(float), what,
+                                      cudaGetErrorString(e)));
+  }
+  return static_cast<float*>(p);
+}
+
+}  // namespace
+
+GpuForward::GpuForward(const model::ModelConfig& c, const GpuWeights& w, int max_rows)
+    : c_(c), w_(w), max_rows_(max_rows) {
+  if (max_rows <= 0) throw InvalidArgument("GpuForward: max_rows must be positive");
+  const size_t R = size_t(max_rows), d = size_t(c.d_model), qd = size_t(c.n_heads) * c.head_dim,
+               kvd = size_t(c.n_kv_heads) * c.head_dim, ff = size_t(c.ffn_dim);
+  x_ = device_floats(R * d, "the residual stream");
+  xn_ = device_floats(R * d, "normalised rows");
+  q_ = device_floats(R * qd, "queries");
+  k_ = device_floats(R * kvd, "keys");
+  v_ = device_floats(R * kvd, "values");
+  att_ = device_floats(R * qd, "attention outputs");
+  gate_ = device_floats(R * ff, "FFN gate");
+  up_ = device_floats(R * ff, "FFN up");
+  logits_ = device_floats(R * size_t(c.vocab_size), "logits");
+  const int64_t widest = std::max<int64_t>({int64_t(d), int64_t(qd), int64_t(ff)});
+  const size_t ws = cuda::matvec_workspace_bytes(widest, std::min(max_rows, kMatvecRows));
+  cuda::check_cuda(cudaMalloc(&matvec_ws_, std::max<size_t>(ws, 16)), "GpuForward: matvec workspace");
+  gemm_ = std::make_unique<cuda::WeightGemm>();
+  rope_ = std::make_unique<cuda::RopeFreqs>(c);
+}
+
+GpuForward::~GpuForward() {
+  for (float* p : {x_, xn_, q_, k_, v_, att_, gate_, up_, logits_}) cudaFree(p);
+  cudaFree(matvec_ws_);
+}
+
+void GpuForward::project(const cuda::DeviceMatrix& w, const float* in, int T, float* out, bool accumulate,
+                         cudaStream_t s) {
+  if (T <= kMatvecRows) {
+    cuda::launch_matvec(w, in, T, out, accumulate, matvec_ws_, s);
+  } else {
+    gemm_->run(w, in, T, out, accumulate, s);
+  }
+}
+
+void GpuForward::layer(int l, int T, const int64_t* pos, const LayerAttention& attend, cudaStream_t s) {
+  const GpuLayerWeights& L = w_.layers[size_t(l)];
+  const int d = c_.d_model, qd = c_.n_heads * c_.head_dim, kvd = c_.n_kv_heads * c_.head_dim;
+  cuda::rms_norm(x_, L.attn_norm, T, d, c_.rms_eps, xn_, s);
+  project(L.wq, xn_, T, q_, false, s);
+  project(L.wk, xn_, T, k_, false, s);
+  project(L.wv, xn_, T, v_, false, s);
+  if (L.bq) {
+    cuda::add_bias(q_, L.bq, T, qd, s);
+    cuda::add_bias(k_, L.bk, T, kvd, s);
+    cuda::add_bias(v_, L.bv, T, kvd, s);
+  }
+  cuda::rope(q_, T, c_.n_heads, c_.head_dim, pos, *rope_, s);
+  cuda::rope(k_, T, c_.n_kv_heads, c_.head_dim, pos, *rope_, s);
+  attend(l, T, q_, k_, v_, att_);
+  project(L.wo, att_, T, x_, true, s);
+  cuda::rms_norm(x_, L.ffn_norm, T, d, c_.rms_eps, xn_, s);
+  project(L.w_gate, xn_, T, gate_, false, s);
+  project(L.w_up, xn_, T, up_, false, s);
+  cuda::swiglu(gate_, up_, int64_t(T) * c_.ffn_dim, s);
+  project(L.w_down, gate_, T, x_, true, s);
+}
+
+void GpuForward::run(const int32_t* ids, const int64_t* pos, int T, const LayerAttention& attend, bool all_logits,
+                     cudaStream_t s) {
+  if (T <= 0 || T > max_rows_)
+    throw InvalidArgument(fmt::format("GpuForward::run: {} rows, the buffers hold 1..{}", T, max_rows_));
+  const int d = c_.d_model;
+  cuda::launch_gather_rows_f32(w_.token_embd, ids, T, x_, s);
+  for (int l = 0; l < c_.n_layers; ++l) layer(l, T, pos, attend, s);
+  const int first = all_logits ? 0 : T - 1;
+  const int rows = T - first;
+  cuda::rms_norm(x_ + size_t(first) * d, w_.output_norm, rows, d, c_.rms_eps, xn_, s);
+  project(w_.output, xn_, rows, logits_, false, s);
+}
+
+}  // namespace activekv::runtime

@@ -1,0 +1,273 @@
+// The GPU runtime. See include/activekv/runtime/gpu_runtime.h.
+#include "activekv/runtime/gpu_runtime.h"
+
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "activekv/cuda/decode_engine.h"
+#include "activekv/cuda/device_pages.h"
+#include "activekv/cuda/kv_write.h"
+#include "activekv/cuda/pinned_memory.h"
+#include "activekv/cuda/prefill.h"
+#include "activekv/cuda/sampling.h"
+#include "activekv/kv/page_store.h"
+#include "activekv/runtime/gpu_forward.h"
+#include "history_view.h"
+
+namespace activekv::runtime {
+namespace {
+
+int default_split(int page_size) {
+  for (int s = std::min(page_size, 512); s > 1; --s)
+    if (page_size % s == 0) return s;
+  return 1;
+}
+
+cuda::AttnShape attn_shape(const model::ModelConfig& c, const RuntimeOptions& o) {
+  cuda::AttnShape a;
+  a.n_kv_heads = c.n_kv_heads;
+  a.group = c.n_heads / c.n_kv_heads;
+  a.head_dim = c.head_dim;
+  a.page_size = o.page_size;
+  a.split_tokens = o.split_tokens > 0 ? o.split_tokens : default_split(o.page_size);
+  a.softmax_scale = 0.f;
+  try {
+    a.validate();
+  } catch (const InvalidArgument& e) {
+    throw Error(fmt::format("this model cannot run on the GPU yet: {}", e.what()));
+  }
+  return a;
+}
+
+template <class T>
+T* device_array(size_t n, const char* what) {
+  void* p = nullptr;
+  const cudaError_t e = cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T));
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    throw cuda::CudaError(fmt::format("GpuRuntime: cudaMalloc of {} bytes for {} failed: {}", n * sizeof(T), what,
+                                      cudaGetErrorString(e)));
+  }
+  return static_cast<T*>(p);
+}
+
+}  // namespace
+
+struct GpuRuntime::Impl {
+  model::ModelConfig c;
+  RuntimeOptions opt;
+  RuntimeStats stats;
+  cuda::AttnShape attn;
+  kv::KvShape kv_shape;
+  int64_t pages_per_layer = 0;
+
+  std::unique_ptr<GpuWeights> weights;
+  std::unique_ptr<GpuForward> forward;
+  std::unique_ptr<kv::PageStore> store;
+  std::unique_ptr<kv::SequenceKv> seq;
+  std::unique_ptr<HistoryView> history;  // route, published pages, device copies
+  std::unique_ptr<cuda::DecodeEngine> engine;
+  std::unique_ptr<cuda::PrefillAttention> prefill_attn;
+  std::unique_ptr<cuda::GpuSampler> sampler;
+
+  int32_t* ids = nullptr;     // device [prefill_chunk]: the rows' token ids
+  int64_t* pos = nullptr;     // device [n_ctx]: 0, 1, 2, ... (a row at p reads pos + p)
+  int32_t* sampled = nullptr; // device: the last sampled token
+  int32_t* host_ids = nullptr;  // pinned [prefill_chunk + 1]: uploads, and the sampled token back
+  cudaEvent_t token_ready = nullptr;
+  bool sampled_valid = false;   // *sampled holds the token the last step sampled
+  int32_t last_sampled = -1;
+  int last_rows = 0;            // rows of logits the last run produced
+
+  Impl(const gguf::File& f, const model::ModelConfig& cfg, const RuntimeOptions& o);
+  ~Impl();
+  cudaStream_t stream() const { return engine->compute_stream(); }
+  void check_tokens(std::span<const int32_t> tokens) const;
+  int32_t run_chunk(std::span<const int32_t> tokens, bool prefill, bool all_logits);
+  int32_t sample_and_fetch();
+};
+
+GpuRuntime::Impl::Impl(const gguf::File& f, const model::ModelConfig& cfg, const RuntimeOptions& o)
+    : c(cfg), opt(o) {
+  if (opt.n_ctx <= 0) throw InvalidArgument("GpuRuntime: n_ctx must be positive");
+  if (opt.prefill_chunk <= 0) throw InvalidArgument("GpuRuntime: prefill_chunk must be positive");
+  cuda::require_gpu(opt.device, "--device cuda");
+  cudaDeviceProp prop{};
+  cuda::check_cuda(cudaGetDeviceProperties(&prop, opt.device), "cudaGetDeviceProperties");
+  stats.device = prop.name;
+  attn = attn_shape(c, opt);
+  kv_shape = kv::KvShape{c.n_layers, c.n_kv_heads, c.head_dim, opt.page_size, kv::PageFormat::bf16};
+  pages_per_layer = (opt.n_ctx + opt.page_size - 1) / opt.page_size;
+
+  weights = std::make_unique<GpuWeights>(f, c);  // checks types and free memory first
+  stats.weight_bytes = weights->bytes();
+  forward = std::make_unique<GpuForward>(c, *weights, opt.prefill_chunk);
+  cuda::EngineConfig ec;
+  ec.n_layers = c.n_layers;
+  ec.attn = attn;
+  ec.tile_pages = opt.route.tile_pages;
+  engine = std::make_unique<cuda::DecodeEngine>(ec);
+  prefill_attn = std::make_unique<cuda::PrefillAttention>(attn);
+  sampler = std::make_unique<cuda::GpuSampler>(c.vocab_size, opt.sampling);
+  ids = device_array<int32_t>(size_t(opt.prefill_chunk), "token ids");
+  pos = device_array<int64_t>(size_t(opt.n_ctx), "positions");
+  sampled = device_array<int32_t>(1, "the sampled token");
+  {
+    std::vector<int64_t> p(size_t(opt.n_ctx));
+    for (size_t i = 0; i < p.size(); ++i) p[i] = int64_t(i);
+    cuda::check_cuda(cudaMemcpy(pos, p.data(), p.size() * sizeof(int64_t), cudaMemcpyHostToDevice), "upload positions");
+  }
+  void* h = nullptr;
+  cuda::check_cuda(cudaHostAlloc(&h, size_t(opt.prefill_chunk + 1) * sizeof(int32_t), cudaHostAllocPortable),
+                   "cudaHostAlloc (token ids)");
+  host_ids = static_cast<int32_t*>(h);
+  cuda::check_cuda(cudaEventCreateWithFlags(&token_ready, cudaEventDisableTiming), "cudaEventCreate");
+
+  // The one page store, pinned, sized for the context; then the placement.
+  store = std::make_unique<kv::PageStore>(kv_shape, size_t(pages_per_layer) * size_t(c.n_layers),
+                                          &cuda::pinned_host_memory());
+  seq = std::make_unique<kv::SequenceKv>(*store);
+  history = std::make_unique<HistoryView>(*seq, attn, opt, stats);
+}
+
+GpuRuntime::Impl::~Impl() {
+  if (engine) engine->synchronize();
+  history.reset();  // cancels conversions before the sequence frees its pages
+  seq.reset();
+  cudaFree(ids);
+  cudaFree(pos);
+  cudaFree(sampled);
+  if (host_ids) cudaFreeHost(host_ids);
+  if (token_ready) cudaEventDestroy(token_ready);
+}
+
+void GpuRuntime::Impl::check_tokens(std::span<const int32_t> tokens) const {
+  for (int32_t id : tokens)
+    if (id < 0 || id >= c.vocab_size)
+      throw InvalidArgument(fmt::format("token id {} outside the vocabulary of {}", id, c.vocab_size));
+  if (seq->n_tokens() + int64_t(tokens.size()) > opt.n_ctx)
+    throw InvalidArgument(fmt::format("the history would hold {} tokens, the context is {} (-c)",
+                                      seq->n_tokens() + int64_t(tokens.size()), opt.n_ctx));
+}
+
+// Samples from the last row's logits and brings the token id to the host:
+// the one host synchronisation of a step.
+int32_t GpuRuntime::Impl::sample_and_fetch() {
+  const cudaStream_t s = stream();
+  const float* last = forward->logits() + size_t(last_rows - 1) * size_t(c.vocab_size);
+  sampler->sample(last, sampled, s);
+  cuda::check_cuda(cudaMemcpyAsync(host_ids + opt.prefill_chunk, sampled, sizeof(int32_t), cudaMemcpyDeviceToHost, s),
+                   "download the sampled token");
+  cuda::check_cuda(cudaEventRecord(token_ready, s), "cudaEventRecord");
+  cuda::check_cuda(cudaEventSynchronize(token_ready), "waiting for the step");
+  last_sampled = host_ids[opt.prefill_chunk];
+  sampled_valid = true;
+  return last_sampled;
+}
+
+// Runs one chunk of rows through the model (a decode step: one row through
+// the engine; prefill: rows attending over device copies of the history),
+// commits it to the history and samples.
+int32_t GpuRuntime::Impl::run_chunk(std::span<const int32_t> tokens, bool prefill, bool all_logits) {
+  const int T = int(tokens.size());
+  const int64_t pos0 = seq->n_tokens();
+  const cudaStream_t s = stream();
+  seq->reserve(T);  // may throw (store full): nothing written yet
+  const bool decode = !prefill;
+  history->prepare(pos0, T, prefill, s);  // device copies and published pages the rows need
+  if (decode && sampled_valid && tokens[0] == last_sampled) {
+    cuda::check_cuda(cudaMemcpyAsync(ids, sampled, sizeof(int32_t), cudaMemcpyDeviceToDevice, s), "token id");
+  } else {
+    std::copy(tokens.begin(), tokens.end(), host_ids);
+    cuda::check_cuda(cudaMemcpyAsync(ids, host_ids, size_t(T) * sizeof(int32_t), cudaMemcpyHostToDevice, s),
+                     "upload token ids");
+  }
+  if (decode) {
+    engine->update(history->engine_tables(pos0 + 1));
+    engine->begin_step();
+  }
+  const LayerAttention attend = [&](int l, int rows, const float* q, const float* k, const float* v, float* out) {
+    history->write_kv(l, pos0, rows, k, v, s);
+    if (decode) {
+      engine->enqueue_layer(l, q, out, nullptr);
+    } else {
+      prefill_attn->run(history->device_pages(l, pos0 + rows), pos0, rows, q, out, nullptr, s);
+    }
+  };
+  forward->run(ids, pos + pos0, T, attend, all_logits, s);
+  last_rows = all_logits ? T : 1;
+  const int32_t next = sample_and_fetch();
+  seq->commit(T);
+  if (decode) {
+    stats.streamed_bytes += engine->bytes_per_step();
+    stats.resident_bytes += engine->resident_bytes_per_step();
+    stats.copies += engine->copies_per_step();
+    ++stats.decode_steps;
+  }
+  history->committed();  // schedules conversion of pages that became full
+  return next;
+}
+
+GpuRuntime::GpuRuntime(const gguf::File& f, const model::ModelConfig& c, const RuntimeOptions& opt)
+    : impl_(std::make_unique<Impl>(f, c, opt)) {}
+
+GpuRuntime::~GpuRuntime() = default;
+
+int32_t GpuRuntime::prefill(std::span<const int32_t> prompt, const ProgressFn& progress) {
+  Impl& I = *impl_;
+  if (prompt.empty()) throw InvalidArgument("prefill: the prompt is empty");
+  I.check_tokens(prompt);
+  I.history->begin_prefill(I.seq->n_tokens() + int64_t(prompt.size()));
+  int32_t next = -1;
+  for (size_t done = 0; done < prompt.size();) {
+    const size_t n = std::min(prompt.size() - done, size_t(I.opt.prefill_chunk));
+    next = I.run_chunk(prompt.subspan(done, n), true, false);
+    done += n;
+    if (progress) progress(int64_t(done), int64_t(prompt.size()));
+  }
+  I.history->prefill_done(I.stream());
+  return next;
+}
+
+int32_t GpuRuntime::decode(int32_t token) {
+  Impl& I = *impl_;
+  const int32_t one[1] = {token};
+  I.check_tokens(one);
+  return I.run_chunk(one, false, false);
+}
+
+std::vector<float> GpuRuntime::prefill_logits(std::span<const int32_t> tokens) {
+  Impl& I = *impl_;
+  if (tokens.empty()) throw InvalidArgument("prefill_logits: no tokens");
+  I.check_tokens(tokens);
+  I.history->begin_prefill(I.seq->n_tokens() + int64_t(tokens.size()));
+  std::vector<float> out(tokens.size() * size_t(I.c.vocab_size));
+  for (size_t done = 0; done < tokens.size();) {
+    const size_t n = std::min(tokens.size() - done, size_t(I.opt.prefill_chunk));
+    I.run_chunk(tokens.subspan(done, n), true, true);
+    cuda::check_cuda(cudaMemcpy(out.data() + done * size_t(I.c.vocab_size), I.forward->logits(),
+                                n * size_t(I.c.vocab_size) * sizeof(float), cudaMemcpyDeviceToHost),
+                     "download logits");
+    done += n;
+  }
+  I.history->prefill_done(I.stream());
+  return out;
+}
+
+std::vector<float> GpuRuntime::last_logits() const {
+  const Impl& I = *impl_;
+  std::vector<float> out(size_t(I.c.vocab_size));
+  if (I.last_rows == 0) throw InvalidArgument("last_logits: nothing was run yet");
+  cuda::check_cuda(cudaMemcpy(out.data(), I.forward->logits() + size_t(I.last_rows - 1) * out.size(),
+                              out.size() * sizeof(float), cudaMemcpyDeviceToHost),
+                   "download logits");
+  return out;
+}
+
+int64_t GpuRuntime::n_tokens() const { return impl_->seq->n_tokens(); }
+const model::ModelConfig& GpuRuntime::config() const { return impl_->c; }
+const RuntimeStats& GpuRuntime::stats() const { return impl_->stats; }
+
+}  // namespace activekv::runtime

@@ -1,0 +1,218 @@
+// See history_view.h.
+#include "history_view.h"
+
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "activekv/cuda/kv_write.h"
+#include "activekv/kv/codec.h"
+#include "activekv/kv/codec_lossless13.h"
+
+namespace activekv::runtime {
+namespace {
+
+double gib(size_t b) { return double(b) / double(1ull << 30); }
+
+kv::CodecFormat codec_of(route::ReadFormat f) {
+  return f == route::ReadFormat::lossless13 ? kv::CodecFormat::lossless13 : kv::CodecFormat::int8s;
+}
+
+cuda::PageKind kind_of(route::ReadFormat f) {
+  switch (f) {
+    case route::ReadFormat::exact: return cuda::PageKind::bf16;
+    case route::ReadFormat::lossless13: return cuda::PageKind::lossless13;
+    case route::ReadFormat::int8s: return cuda::PageKind::int8s;
+  }
+  return cuda::PageKind::bf16;
+}
+
+// Largest encoded page of `f` for the shape (lossless13: every plane raw).
+size_t max_encoded_bytes(kv::CodecFormat f, const kv::KvShape& s) {
+  return f == kv::CodecFormat::lossless13 ? kv::lossless13_raw_page_bytes(s) : kv::encoded_page_bytes(f, s);
+}
+
+}  // namespace
+
+HistoryView::HistoryView(kv::SequenceKv& seq, const cuda::AttnShape& attn, const RuntimeOptions& opt,
+                         RuntimeStats& stats)
+    : seq_(seq), attn_(attn), opt_(opt), stats_(stats) {
+  const kv::KvShape& shape = seq.shape();
+  const int L = shape.n_layers;
+  pages_per_layer_ = (opt.n_ctx + shape.page_size - 1) / shape.page_size;
+  const size_t n_pages = size_t(pages_per_layer_) * size_t(L);
+  if (opt.route.kind != route::RouteKind::exact) codecs_.push_back(codec_of(route::compressed_format(opt.route.kind)));
+  const size_t enc_slot = codecs_.empty() ? 0 : max_encoded_bytes(codecs_[0], shape);
+  const size_t history = n_pages * shape.page_bytes() + n_pages * enc_slot;
+  const cuda::GpuMemory mem = cuda::gpu_memory();
+  const size_t budget = opt.gpu_kv_mem > 0 ? opt.gpu_kv_mem : route::default_gpu_kv_budget(mem.free, mem.total);
+  stats.placement = route::choose_placement(opt.placement, history, budget);
+  placement_ = stats.placement.placement;
+  if (host_placement()) {
+    pages_ = std::make_unique<cuda::DevicePagePool>(shape.page_bytes(), size_t(L), "the tail pages");
+  } else {
+    pages_ = std::make_unique<cuda::DevicePagePool>(shape.page_bytes(), n_pages, "the resident history");
+    if (enc_slot > 0)
+      encoded_ = std::make_unique<cuda::DevicePagePool>(enc_slot, n_pages, "the resident encoded pages");
+  }
+  dev_.assign(size_t(L), std::vector<DevPage>(size_t(pages_per_layer_)));
+  dev_encoded_.assign(size_t(L), std::vector<DevPage>(size_t(pages_per_layer_)));
+  if (!codecs_.empty()) {
+    pool_ = std::make_unique<convert::ConversionPool>(opt.convert_threads);
+    compressed_ = std::make_unique<convert::CompressedHistory>(seq, codecs_, size_t(pages_per_layer_), pool_.get());
+  }
+}
+
+HistoryView::~HistoryView() {
+  compressed_.reset();  // cancels queued conversions, waits for running ones
+  pool_.reset();
+}
+
+const std::byte* HistoryView::host_page(int layer, size_t page) const {
+  return seq_.store().page_data(seq_.page_table(layer)[page]);
+}
+
+void HistoryView::give_copy(int layer, size_t page, cuda::DevicePagePool& pool, bool upload, cudaStream_t s) {
+  DevPage& d = dev_[size_t(layer)][page];
+  d.ptr = pool.acquire();
+  d.pool = &pool;
+  if (upload)
+    cuda::check_cuda(cudaMemcpyAsync(d.ptr, host_page(layer, page), seq_.shape().page_bytes(), cudaMemcpyHostToDevice, s),
+                     "upload a page");
+}
+
+void HistoryView::drop_copy(DevPage& d) {
+  if (!d.ptr) return;
+  d.pool->release(d.ptr);
+  d = DevPage{};
+}
+
+void HistoryView::begin_prefill(int64_t n_tokens) {
+  if (!host_placement() || prompt_) return;
+  const kv::KvShape& shape = seq_.shape();
+  const size_t pages = size_t((n_tokens + shape.page_size - 1) / shape.page_size) * size_t(shape.n_layers);
+  const size_t bytes = pages * shape.page_bytes();
+  try {
+    prompt_ = std::make_unique<cuda::DevicePagePool>(shape.page_bytes(), pages, "the prompt's history");
+  } catch (const Error& e) {
+    throw Error(fmt::format("prefill keeps the prompt's history on the GPU ({:.2f} GiB for {} tokens) and it does not "
+                            "fit; a prefill that streams the history is not written yet ({})",
+                            gib(bytes), n_tokens, e.what()));
+  }
+}
+
+void HistoryView::prepare(int64_t pos0, int T, bool prefill, cudaStream_t s) {
+  const int ps = seq_.shape().page_size;
+  const size_t last = size_t((pos0 + T - 1) / ps);
+  for (int l = 0; l < seq_.shape().n_layers; ++l) {
+    std::vector<DevPage>& d = dev_[size_t(l)];
+    if (!host_placement()) {
+      for (size_t p = 0; p <= last; ++p)
+        if (!d[p].ptr) give_copy(l, p, *pages_, int64_t(p) * ps < pos0, s);
+      continue;
+    }
+    if (prefill) {
+      if (!prompt_) throw InvalidArgument("HistoryView: prefill without begin_prefill");
+      for (size_t p = 0; p <= last; ++p)
+        if (!d[p].ptr) give_copy(l, p, *prompt_, int64_t(p) * ps < pos0, s);
+      continue;
+    }
+    // host decode: only the tail page lives on the GPU.
+    for (size_t p = 0; p < last; ++p) drop_copy(d[p]);
+    if (!d[last].ptr) give_copy(l, last, *pages_, int64_t(last) * ps < pos0, s);
+  }
+}
+
+void HistoryView::write_kv(int layer, int64_t pos0, int T, const float* k, const float* v, cudaStream_t s) {
+  const int ps = seq_.shape().page_size;
+  const int64_t row = int64_t(seq_.shape().n_kv_heads) * seq_.shape().head_dim;
+  for (int64_t t = pos0; t < pos0 + T;) {
+    const size_t p = size_t(t / ps);
+    const int slot = int(t % ps);
+    const int n = int(std::min<int64_t>(ps - slot, pos0 + T - t));
+    // The host page through its mapped pinned address (the store's memory is
+    // cudaHostAllocMapped; with unified addressing the pointers coincide).
+    void* host = const_cast<std::byte*>(host_page(layer, p));
+    cuda::launch_write_kv(attn_, k + (t - pos0) * row, v + (t - pos0) * row, row, n, slot, dev_[size_t(layer)][p].ptr,
+                          host, s);
+    t += n;
+  }
+}
+
+std::vector<cuda::SeqPages> HistoryView::engine_tables(int64_t n_tokens, cudaStream_t s) {
+  const kv::KvShape& shape = seq_.shape();
+  const size_t n_pages = size_t((n_tokens + shape.page_size - 1) / shape.page_size);
+  std::vector<cuda::SeqPages> out(1);
+  out[0].n_tokens = n_tokens;
+  out[0].tables.resize(size_t(shape.n_layers));
+  for (int l = 0; l < shape.n_layers; ++l) {
+    route::PublishedFn published;
+    if (compressed_)
+      published = [&](size_t page, route::ReadFormat f) { return compressed_->published(l, page, codec_of(f)) != nullptr; };
+    const route::RoutePlan plan = route::plan_route(opt_.route, n_tokens, shape.page_size, published);
+    stats_.pages.add(plan);
+    std::vector<cuda::PageRef>& table = out[0].tables[size_t(l)];
+    table.resize(n_pages);
+    for (size_t p = 0; p < n_pages; ++p) {
+      const route::ReadFormat f = plan.page_format[p];
+      if (f == route::ReadFormat::exact) {
+        table[p] = cuda::PageRef{host_page(l, p), dev_[size_t(l)][p].ptr, shape.page_bytes(), cuda::PageKind::bf16};
+        stats_.pages.bytes += double(std::min<int64_t>(shape.page_size, n_tokens - int64_t(p) * shape.page_size)) *
+                              double(shape.bytes_per_token_per_layer());
+        continue;
+      }
+      const kv::EncodedPage* e = compressed_->published(l, p, codec_of(f));
+      DevPage& d = dev_encoded_[size_t(l)][p];
+      if (encoded_ && !d.ptr) {  // gpu placement: the encoded page is read on the GPU too
+        d.ptr = encoded_->acquire();
+        d.pool = encoded_.get();
+        cuda::check_cuda(cudaMemcpyAsync(d.ptr, e->bytes.data(), e->bytes.size(), cudaMemcpyHostToDevice, s),
+                         "upload an encoded page");
+      }
+      table[p] = cuda::PageRef{e->bytes.data(), d.ptr, e->bytes.size(), kind_of(f)};
+      stats_.pages.bytes += double(e->bytes.size());
+    }
+  }
+  return out;
+}
+
+const std::vector<const void*>& HistoryView::device_pages(int layer, int64_t n_tokens) {
+  const size_t n = size_t((n_tokens + seq_.shape().page_size - 1) / seq_.shape().page_size);
+  scratch_.resize(n);
+  for (size_t p = 0; p < n; ++p) {
+    scratch_[p] = dev_[size_t(layer)][p].ptr;
+    if (!scratch_[p]) throw InvalidArgument(fmt::format("HistoryView: layer {} page {} has no device copy", layer, p));
+  }
+  return scratch_;
+}
+
+void HistoryView::committed() {
+  if (compressed_) compressed_->schedule();
+}
+
+void HistoryView::prefill_done(cudaStream_t s) {
+  if (!prompt_) return;
+  const int ps = seq_.shape().page_size;
+  const int64_t n = seq_.n_tokens();
+  for (int l = 0; l < seq_.shape().n_layers; ++l) {
+    for (size_t p = 0; p < dev_[size_t(l)].size(); ++p) {
+      DevPage& d = dev_[size_t(l)][p];
+      if (!d.ptr || d.pool != prompt_.get()) continue;
+      const bool tail = n % ps != 0 && int64_t(p) == n / ps;  // the partly written page decode continues
+      if (tail) {
+        std::byte* keep = pages_->acquire();
+        cuda::check_cuda(cudaMemcpyAsync(keep, d.ptr, seq_.shape().page_bytes(), cudaMemcpyDeviceToDevice, s),
+                         "keep the tail page");
+        drop_copy(d);
+        d = DevPage{keep, pages_.get()};
+      } else {
+        drop_copy(d);
+      }
+    }
+  }
+  cuda::check_cuda(cudaStreamSynchronize(s), "prefill_done");  // nothing reads the prompt pool any more
+  prompt_.reset();
+}
+
+}  // namespace activekv::runtime
