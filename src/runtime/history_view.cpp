@@ -59,7 +59,7 @@ HistoryView::HistoryView(kv::SequenceKv& seq, const cuda::AttnShape& attn, const
   dev_.assign(size_t(L), std::vector<DevPage>(size_t(pages_per_layer_)));
   dev_encoded_.assign(size_t(L), std::vector<DevPage>(size_t(pages_per_layer_)));
   if (!codecs_.empty()) {
-    pool_ = std::make_unique<convert::ConversionPool>(opt.convert_threads);
+    if (opt.convert_threads > 0) pool_ = std::make_unique<convert::ConversionPool>(opt.convert_threads);
     compressed_ = std::make_unique<convert::CompressedHistory>(seq, codecs_, size_t(pages_per_layer_), pool_.get());
   }
 }

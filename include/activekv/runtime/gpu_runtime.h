@@ -50,7 +50,8 @@ struct RuntimeOptions {
   route::RouteConfig route;   ///< kind (exact, lossless13, int8s, hybrid), recent window, tile pages
   route::KvPlacement placement = route::KvPlacement::automatic;
   size_t gpu_kv_mem = 0;      ///< GPU budget for the history in bytes; 0 = free memory less a margin
-  int convert_threads = 1;    ///< background conversion threads (compressed routes)
+  int convert_threads = 1;    ///< background conversion threads (compressed routes); 0 = convert
+                              ///< inside the step that fills a page (deterministic routes, for tests)
   int prefill_chunk = 512;    ///< tokens per prefill forward pass
   int split_tokens = 0;       ///< tokens per attention CTA; 0 = the largest divisor of page_size <= 512
   model::SamplerParams sampling;
