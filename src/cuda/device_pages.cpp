@@ -54,4 +54,27 @@ void DevicePagePool::release(const void* slot) {
   free_.push_back(off / slot_bytes_);
 }
 
+ResidentPages::ResidentPages(size_t slot_bytes, size_t max_pages)
+    : pool_(slot_bytes, max_pages, "resident pages") {}
+
+std::vector<SeqPages> ResidentPages::place(const std::vector<SeqPages>& seqs) {
+  std::vector<SeqPages> out = seqs;
+  for (SeqPages& s : out)
+    for (auto& table : s.tables)
+      for (PageRef& r : table) {
+        if (!r.host) continue;
+        auto it = copies_.find(r.host);
+        if (it == copies_.end()) {
+          if (r.bytes > pool_.slot_bytes())
+            throw Error(fmt::format("ResidentPages: a page of {} bytes exceeds the {}-byte slots", r.bytes,
+                                    pool_.slot_bytes()));
+          std::byte* d = pool_.acquire();
+          check_cuda(cudaMemcpy(d, r.host, r.bytes, cudaMemcpyHostToDevice), "ResidentPages: upload");
+          it = copies_.emplace(r.host, d).first;
+        }
+        r.device = it->second;
+      }
+  return out;
+}
+
 }  // namespace activekv::cuda

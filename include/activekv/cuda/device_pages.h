@@ -11,7 +11,10 @@
 
 #include <cstddef>
 #include <string>
+#include <unordered_map>
 #include <vector>
+
+#include "activekv/cuda/decode_engine.h"
 
 namespace activekv::cuda {
 
@@ -46,6 +49,23 @@ class DevicePagePool {
   std::string what_;
   std::vector<size_t> free_;   // slot indexes, popped from the back (lowest first)
   std::vector<bool> in_use_;
+};
+
+/// Device copies of the pages of a batch, for running the decode engine with
+/// every page resident (benchmarks and tests; the runtime places pages itself).
+/// Each distinct host page is copied once, when first seen.
+class ResidentPages {
+ public:
+  /// Room for `max_pages` pages of at most `slot_bytes` bytes. Throws as DevicePagePool.
+  ResidentPages(size_t slot_bytes, size_t max_pages);
+  /// The same tables with every page's `device` set to its copy (synchronous
+  /// upload of pages not yet copied). Throws Error when the pool is full or a
+  /// page is larger than a slot.
+  std::vector<SeqPages> place(const std::vector<SeqPages>& seqs);
+
+ private:
+  DevicePagePool pool_;
+  std::unordered_map<const std::byte*, std::byte*> copies_;  // host page -> device copy
 };
 
 }  // namespace activekv::cuda
