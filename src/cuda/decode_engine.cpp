@@ -250,10 +250,12 @@ void DecodeEngine::update(const std::vector<SeqPages>& seqs) {
         j.info.tokens_by_kind[int(r.kind)] += entries[e].valid;
         n13 += r.kind == PageKind::lossless13;
         if (res) continue;
-        // One copy per run of pages back to back both in host memory and in the slot.
+        // One copy per run of pages laid out in host memory as in the slot
+        // (each page 256-byte aligned): the run also copies the padding
+        // between its pages, never past its last page's bytes.
         auto& runs = j.runs;
-        if (!runs.empty() && runs.back().host + runs.back().bytes == r.host && runs.back().stage_off + runs.back().bytes == stage)
-          runs.back().bytes += r.bytes;
+        if (!runs.empty() && r.host == runs.back().host + (stage - runs.back().stage_off))
+          runs.back().bytes = stage - runs.back().stage_off + r.bytes;
         else
           runs.push_back({r.host, stage, r.bytes});
         stage += align_up(r.bytes);
