@@ -12,7 +12,7 @@
 #include "activekv/kv/int8s_layout.h"
 #include "cuda_check.h"
 #include "device_buffer.h"
-#include "patch.h"
+#include "activekv/cuda/patch.h"
 
 namespace activekv::cuda {
 namespace {

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "activekv/cuda/decode_attention.h"
-#include "patch.h"
+#include "activekv/cuda/patch.h"
 
 namespace activekv::cuda {
 namespace {

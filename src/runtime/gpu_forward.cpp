@@ -6,20 +6,12 @@
 #include <algorithm>
 
 #include "activekv/cuda/model_ops.h"
+#include "device_buffer.h"
 
 namespace activekv::runtime {
 namespace {
 
-float* device_floats(size_t n, const char* what) {
-  void* p = nullptr;
-  const cudaError_t e = cudaMalloc(&p, std::max<size_t>(n, 4) * sizeof(float));
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    throw cuda::CudaError(fmt::format("GpuForward: cudaMalloc of {} bytes for {} failed: {}", n * sizeof(float), what,
-                                      cudaGetErrorString(e)));
-  }
-  return static_cast<float*>(p);
-}
+float* device_floats(size_t n, const char* what) { return cuda::device_alloc<float>(n, std::string("GpuForward: ") + what); }
 
 }  // namespace
 
@@ -39,8 +31,11 @@ GpuForward::GpuForward(const model::ModelConfig& c, const GpuWeights& w, int max
   logits_ = device_floats(R * size_t(c.vocab_size), "logits");
   const int64_t widest = std::max<int64_t>({int64_t(d), int64_t(qd), int64_t(ff)});
   const size_t ws = cuda::matvec_workspace_bytes(widest, std::min(max_rows, kMatvecRows));
-  cuda::check_cuda(cudaMalloc(&matvec_ws_, std::max<size_t>(ws, 16)), "GpuForward: matvec workspace");
-  gemm_ = std::make_unique<cuda::WeightGemm>();
+  matvec_ws_ = cuda::device_malloc(ws, "GpuForward: matvec workspace");
+  cuda::WeightGemm::Options go;
+  go.max_tokens = max_rows;
+  go.max_cols = widest;
+  gemm_ = std::make_unique<cuda::WeightGemm>(go);
   rope_ = std::make_unique<cuda::RopeFreqs>(c);
 }
 
@@ -58,13 +53,23 @@ void GpuForward::project(const cuda::DeviceMatrix& w, const float* in, int T, fl
   }
 }
 
+// Several projections of the same rows: a matvec quantises `in` to int8 once
+// for all of them.
+void GpuForward::project_same_input(std::initializer_list<std::pair<const cuda::DeviceMatrix*, float*>> outs,
+                                    const float* in, int T, cudaStream_t s) {
+  if (T > kMatvecRows) {
+    for (const auto& [w, out] : outs) gemm_->run(*w, in, T, out, false, s);
+    return;
+  }
+  cuda::launch_quantize_activations(in, outs.begin()->first->cols, T, matvec_ws_, s);
+  for (const auto& [w, out] : outs) cuda::launch_matvec_prequantized(*w, in, T, out, false, matvec_ws_, s);
+}
+
 void GpuForward::layer(int l, int T, const int64_t* pos, const LayerAttention& attend, cudaStream_t s) {
   const GpuLayerWeights& L = w_.layers[size_t(l)];
   const int d = c_.d_model, qd = c_.n_heads * c_.head_dim, kvd = c_.n_kv_heads * c_.head_dim;
   cuda::rms_norm(x_, L.attn_norm, T, d, c_.rms_eps, xn_, s);
-  project(L.wq, xn_, T, q_, false, s);
-  project(L.wk, xn_, T, k_, false, s);
-  project(L.wv, xn_, T, v_, false, s);
+  project_same_input({{&L.wq, q_}, {&L.wk, k_}, {&L.wv, v_}}, xn_, T, s);
   if (L.bq) {
     cuda::add_bias(q_, L.bq, T, qd, s);
     cuda::add_bias(k_, L.bk, T, kvd, s);
@@ -75,8 +80,7 @@ void GpuForward::layer(int l, int T, const int64_t* pos, const LayerAttention& a
   attend(l, T, q_, k_, v_, att_);
   project(L.wo, att_, T, x_, true, s);
   cuda::rms_norm(x_, L.ffn_norm, T, d, c_.rms_eps, xn_, s);
-  project(L.w_gate, xn_, T, gate_, false, s);
-  project(L.w_up, xn_, T, up_, false, s);
+  project_same_input({{&L.w_gate, gate_}, {&L.w_up, up_}}, xn_, T, s);
   cuda::swiglu(gate_, up_, int64_t(T) * c_.ffn_dim, s);
   project(L.w_down, gate_, T, x_, true, s);
 }

@@ -14,16 +14,11 @@
 #include "activekv/cuda/sampling.h"
 #include "activekv/kv/page_store.h"
 #include "activekv/runtime/gpu_forward.h"
+#include "device_buffer.h"
 #include "history_view.h"
 
 namespace activekv::runtime {
 namespace {
-
-int default_split(int page_size) {
-  for (int s = std::min(page_size, 512); s > 1; --s)
-    if (page_size % s == 0) return s;
-  return 1;
-}
 
 cuda::AttnShape attn_shape(const model::ModelConfig& c, const RuntimeOptions& o) {
   cuda::AttnShape a;
@@ -31,7 +26,7 @@ cuda::AttnShape attn_shape(const model::ModelConfig& c, const RuntimeOptions& o)
   a.group = c.n_heads / c.n_kv_heads;
   a.head_dim = c.head_dim;
   a.page_size = o.page_size;
-  a.split_tokens = o.split_tokens > 0 ? o.split_tokens : default_split(o.page_size);
+  a.split_tokens = o.split_tokens > 0 ? o.split_tokens : cuda::default_split_tokens(o.page_size);
   a.softmax_scale = 0.f;
   try {
     a.validate();
@@ -39,18 +34,6 @@ cuda::AttnShape attn_shape(const model::ModelConfig& c, const RuntimeOptions& o)
     throw Error(fmt::format("this model cannot run on the GPU yet: {}", e.what()));
   }
   return a;
-}
-
-template <class T>
-T* device_array(size_t n, const char* what) {
-  void* p = nullptr;
-  const cudaError_t e = cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T));
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    throw cuda::CudaError(fmt::format("GpuRuntime: cudaMalloc of {} bytes for {} failed: {}", n * sizeof(T), what,
-                                      cudaGetErrorString(e)));
-  }
-  return static_cast<T*>(p);
 }
 
 }  // namespace
@@ -111,9 +94,9 @@ GpuRuntime::Impl::Impl(const gguf::File& f, const model::ModelConfig& cfg, const
   engine = std::make_unique<cuda::DecodeEngine>(ec);
   prefill_attn = std::make_unique<cuda::PrefillAttention>(attn);
   sampler = std::make_unique<cuda::GpuSampler>(c.vocab_size, opt.sampling);
-  ids = device_array<int32_t>(size_t(opt.prefill_chunk), "token ids");
-  pos = device_array<int64_t>(size_t(opt.n_ctx), "positions");
-  sampled = device_array<int32_t>(1, "the sampled token");
+  ids = cuda::device_alloc<int32_t>(size_t(opt.prefill_chunk), "GpuRuntime: token ids");
+  pos = cuda::device_alloc<int64_t>(size_t(opt.n_ctx), "GpuRuntime: positions");
+  sampled = cuda::device_alloc<int32_t>(1, "GpuRuntime: the sampled token");
   {
     std::vector<int64_t> p(size_t(opt.n_ctx));
     for (size_t i = 0; i < p.size(); ++i) p[i] = int64_t(i);
@@ -185,7 +168,7 @@ int32_t GpuRuntime::Impl::run_chunk(std::span<const int32_t> tokens, bool prefil
                      "upload token ids");
   }
   if (decode) {
-    engine->update(history->engine_tables(pos0 + 1));
+    engine->update(history->engine_tables(pos0 + 1, s));
     engine->begin_step();
   }
   const LayerAttention attend = [&](int l, int rows, const float* q, const float* k, const float* v, float* out) {
@@ -193,7 +176,8 @@ int32_t GpuRuntime::Impl::run_chunk(std::span<const int32_t> tokens, bool prefil
     if (decode) {
       engine->enqueue_layer(l, q, out, nullptr);
     } else {
-      prefill_attn->run(history->device_pages(l, pos0 + rows), pos0, rows, q, out, nullptr, s);
+      const int64_t n_pages = (pos0 + rows + opt.page_size - 1) / opt.page_size;
+      prefill_attn->run(history->device_pages(l, pos0 + rows), n_pages, pos0, rows, q, out, nullptr, s);
     }
   };
   forward->run(ids, pos + pos0, T, attend, all_logits, s);

@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "activekv/cuda/kv_write.h"
+#include "device_buffer.h"
 #include "activekv/kv/codec.h"
 #include "activekv/kv/codec_lossless13.h"
 
@@ -57,6 +58,9 @@ HistoryView::HistoryView(kv::SequenceKv& seq, const cuda::AttnShape& attn, const
       encoded_ = std::make_unique<cuda::DevicePagePool>(enc_slot, n_pages, "the resident encoded pages");
   }
   dev_.assign(size_t(L), std::vector<DevPage>(size_t(pages_per_layer_)));
+  tables_host_.assign(n_pages, nullptr);
+  tables_dev_ = static_cast<const void**>(cuda::device_malloc(n_pages * sizeof(void*), "the prefill page tables"));
+  cuda::check_cuda(cudaMemset(tables_dev_, 0, n_pages * sizeof(void*)), "clear the prefill page tables");
   dev_encoded_.assign(size_t(L), std::vector<DevPage>(size_t(pages_per_layer_)));
   if (!codecs_.empty()) {
     if (opt.convert_threads > 0) pool_ = std::make_unique<convert::ConversionPool>(opt.convert_threads);
@@ -67,25 +71,36 @@ HistoryView::HistoryView(kv::SequenceKv& seq, const cuda::AttnShape& attn, const
 HistoryView::~HistoryView() {
   compressed_.reset();  // cancels queued conversions, waits for running ones
   pool_.reset();
+  cudaFree(tables_dev_);
 }
 
 const std::byte* HistoryView::host_page(int layer, size_t page) const {
   return seq_.store().page_data(seq_.page_table(layer)[page]);
 }
 
+// Records where page (layer, page) lies on the GPU, and queues the change of
+// the device page table.
+void HistoryView::set_copy(int layer, size_t page, DevPage d) {
+  dev_[size_t(layer)][page] = d;
+  const size_t i = size_t(layer) * size_t(pages_per_layer_) + page;
+  if (tables_host_[i] == d.ptr) return;
+  tables_host_[i] = d.ptr;
+  pending_.push_back(cuda::make_patch(&tables_dev_[i], &tables_host_[i], sizeof(void*)));
+}
+
 void HistoryView::give_copy(int layer, size_t page, cuda::DevicePagePool& pool, bool upload, cudaStream_t s) {
-  DevPage& d = dev_[size_t(layer)][page];
-  d.ptr = pool.acquire();
-  d.pool = &pool;
+  DevPage d{pool.acquire(), &pool};
   if (upload)
     cuda::check_cuda(cudaMemcpyAsync(d.ptr, host_page(layer, page), seq_.shape().page_bytes(), cudaMemcpyHostToDevice, s),
                      "upload a page");
+  set_copy(layer, page, d);
 }
 
-void HistoryView::drop_copy(DevPage& d) {
+void HistoryView::drop_copy(int layer, size_t page) {
+  DevPage& d = dev_[size_t(layer)][page];
   if (!d.ptr) return;
   d.pool->release(d.ptr);
-  d = DevPage{};
+  set_copy(layer, page, DevPage{});
 }
 
 void HistoryView::begin_prefill(int64_t n_tokens) {
@@ -119,9 +134,11 @@ void HistoryView::prepare(int64_t pos0, int T, bool prefill, cudaStream_t s) {
       continue;
     }
     // host decode: only the tail page lives on the GPU.
-    for (size_t p = 0; p < last; ++p) drop_copy(d[p]);
+    for (size_t p = 0; p < last; ++p) drop_copy(l, p);
     if (!d[last].ptr) give_copy(l, last, *pages_, int64_t(last) * ps < pos0, s);
   }
+  patches_.submit(pending_, s);  // the page tables, before the step's kernels read them
+  pending_.clear();
 }
 
 void HistoryView::write_kv(int layer, int64_t pos0, int T, const float* k, const float* v, cudaStream_t s) {
@@ -177,14 +194,13 @@ std::vector<cuda::SeqPages> HistoryView::engine_tables(int64_t n_tokens, cudaStr
   return out;
 }
 
-const std::vector<const void*>& HistoryView::device_pages(int layer, int64_t n_tokens) {
+const void* const* HistoryView::device_pages(int layer, int64_t n_tokens) const {
   const size_t n = size_t((n_tokens + seq_.shape().page_size - 1) / seq_.shape().page_size);
-  scratch_.resize(n);
-  for (size_t p = 0; p < n; ++p) {
-    scratch_[p] = dev_[size_t(layer)][p].ptr;
-    if (!scratch_[p]) throw InvalidArgument(fmt::format("HistoryView: layer {} page {} has no device copy", layer, p));
-  }
-  return scratch_;
+  const size_t first = size_t(layer) * size_t(pages_per_layer_);
+  for (size_t p = 0; p < n; ++p)
+    if (!tables_host_[first + p])
+      throw InvalidArgument(fmt::format("HistoryView: layer {} page {} has no device copy", layer, p));
+  return tables_dev_ + first;
 }
 
 void HistoryView::committed() {
@@ -204,13 +220,15 @@ void HistoryView::prefill_done(cudaStream_t s) {
         std::byte* keep = pages_->acquire();
         cuda::check_cuda(cudaMemcpyAsync(keep, d.ptr, seq_.shape().page_bytes(), cudaMemcpyDeviceToDevice, s),
                          "keep the tail page");
-        drop_copy(d);
-        d = DevPage{keep, pages_.get()};
+        drop_copy(l, p);
+        set_copy(l, p, DevPage{keep, pages_.get()});
       } else {
-        drop_copy(d);
+        drop_copy(l, p);
       }
     }
   }
+  patches_.submit(pending_, s);
+  pending_.clear();
   cuda::check_cuda(cudaStreamSynchronize(s), "prefill_done");  // nothing reads the prompt pool any more
   prompt_.reset();
 }

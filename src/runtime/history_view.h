@@ -10,6 +10,7 @@
 #include "activekv/convert/compressed_history.h"
 #include "activekv/cuda/decode_engine.h"
 #include "activekv/cuda/device_pages.h"
+#include "activekv/cuda/patch.h"
 #include "activekv/kv/page_store.h"
 #include "activekv/runtime/gpu_runtime.h"
 
@@ -40,8 +41,9 @@ class HistoryView {
   /// route (uploading, with gpu placement, published encoded pages not yet
   /// on the GPU); adds what the step reads to stats.pages.
   std::vector<cuda::SeqPages> engine_tables(int64_t n_tokens, cudaStream_t s);
-  /// Device addresses of `layer`'s pages covering `n_tokens` (prefill).
-  const std::vector<const void*>& device_pages(int layer, int64_t n_tokens);
+  /// Device array of the device addresses of `layer`'s pages covering
+  /// `n_tokens` (prefill attention's page table; kept up to date by prepare()).
+  const void* const* device_pages(int layer, int64_t n_tokens) const;
   /// After a commit: queues conversion of pages that became full.
   void committed();
   /// After the prompt: with host placement, frees the prompt's device pages
@@ -54,7 +56,8 @@ class HistoryView {
     cuda::DevicePagePool* pool = nullptr;
   };
   void give_copy(int layer, size_t page, cuda::DevicePagePool& pool, bool upload, cudaStream_t s);
-  void drop_copy(DevPage& d);
+  void drop_copy(int layer, size_t page);
+  void set_copy(int layer, size_t page, DevPage d);
   const std::byte* host_page(int layer, size_t page) const;
   bool host_placement() const { return placement_ == route::KvPlacement::host; }
 
@@ -72,7 +75,12 @@ class HistoryView {
   std::vector<kv::CodecFormat> codecs_;            // the route's compressed format, if any
   std::unique_ptr<convert::ConversionPool> pool_;
   std::unique_ptr<convert::CompressedHistory> compressed_;
-  std::vector<const void*> scratch_;
+  // Device page tables [layer][page] for prefill attention, mirrored on the
+  // host; changes go to the device as patches on the step's stream.
+  const void** tables_dev_ = nullptr;
+  std::vector<const void*> tables_host_;
+  std::vector<cuda::Patch> pending_;
+  cuda::PatchBuffer patches_;
 };
 
 }  // namespace activekv::runtime

@@ -15,6 +15,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
+#include <utility>
 #include <memory>
 
 #include "activekv/cuda/model_ops.h"
@@ -57,6 +59,8 @@ class GpuForward {
 
  private:
   void project(const cuda::DeviceMatrix& w, const float* in, int T, float* out, bool accumulate, cudaStream_t s);
+  void project_same_input(std::initializer_list<std::pair<const cuda::DeviceMatrix*, float*>> outs, const float* in,
+                          int T, cudaStream_t s);
   void layer(int l, int T, const int64_t* pos, const LayerAttention& attend, cudaStream_t s);
 
   model::ModelConfig c_;

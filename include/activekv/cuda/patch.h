@@ -1,4 +1,4 @@
-// Internal to the CUDA backend: small updates of device-resident tables
+// Small updates of device-resident tables
 // (work lists, split counts) without a host synchronisation.
 //
 // The host collects patches -- "write these <= 24 bytes at this device
