@@ -45,7 +45,7 @@ size_t GpuWeights::bytes_needed(const gguf::File& f, const model::ModelConfig& c
 GpuWeights::GpuWeights(const gguf::File& f, const model::ModelConfig& c) {
   const model::ModelTensors m = model::ModelTensors::find(f, c);
   for_each_tensor(m, [&](const gguf::TensorInfo* t) {
-    if (!is_vector(t)) cuda::require_gpu_kernel(t->type, t->name);
+    if (!is_vector(t)) cuda::require_gpu_kernel(t->name, t->type);
     else if (!gguf::is_supported(t->type))
       throw Error(fmt::format("tensor '{}' has type {}, which ActiveKV cannot read", t->name, gguf::type_name(t->type)));
     bytes_ += device_bytes(t);

@@ -108,17 +108,17 @@ TEST(GpuRuntime, GreedyDecodeMatchesTheCpuPath) {
 
 // Decode logits of `steps` greedy steps after the prompt, with the history
 // streamed (host) or resident (gpu), along `route`.
-struct Run {
+struct DecodeRun {
   std::vector<std::vector<float>> logits;
   std::vector<int32_t> tokens;
   runtime::RuntimeStats stats;
 };
-Run decode_run(const std::string& route, route::KvPlacement placement, int steps) {
+DecodeRun decode_run(const std::string& route, route::KvPlacement placement, int steps) {
   const std::vector<int32_t> ids = golden_ids();
   const std::vector<int32_t> prompt(ids.begin(), ids.begin() + 280);  // 4 full pages and a tail
   runtime::GpuRuntime rt(testing::model_file(), testing::shared_model().config(),
                          options(int64_t(prompt.size()) + steps + 1, route, placement));
-  Run r;
+  DecodeRun r;
   r.tokens.push_back(rt.prefill(prompt));
   for (int i = 0; i < steps; ++i) {
     r.tokens.push_back(rt.decode(r.tokens.back()));
@@ -136,9 +136,9 @@ class PlacementExactness : public ::testing::TestWithParam<std::string> {};
 TEST_P(PlacementExactness, HostAndGpuPlacementGiveTheSameBits) {
   NEED_GPU();
   const int steps = 40;  // crosses a page boundary (280 + 40 > 320)
-  const Run host = decode_run(GetParam(), route::KvPlacement::host, steps);
-  const Run gpu = decode_run(GetParam(), route::KvPlacement::gpu, steps);
-  const Run again = decode_run(GetParam(), route::KvPlacement::host, steps);
+  const DecodeRun host = decode_run(GetParam(), route::KvPlacement::host, steps);
+  const DecodeRun gpu = decode_run(GetParam(), route::KvPlacement::gpu, steps);
+  const DecodeRun again = decode_run(GetParam(), route::KvPlacement::host, steps);
   EXPECT_EQ(host.stats.placement.placement, route::KvPlacement::host);
   EXPECT_EQ(gpu.stats.placement.placement, route::KvPlacement::gpu);
   EXPECT_GT(host.stats.streamed_bytes, 0u);
