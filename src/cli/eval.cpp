@@ -27,7 +27,7 @@ namespace {
 
 struct EvalArgs {
   std::string model;
-  std::string data_dir = std::string(ACTIVEKV_SOURCE_DIR) + "/../shared/data";
+  std::string data_dir = std::string(ACTIVEKV_SOURCE_DIR) + "/data/texts";  // shipped in the tree
   std::vector<std::string> texts{"wikitext2-test.raw", "pride-and-prejudice.txt", "tinyshakespeare.txt"};
   std::string json_out;
   int threads = int(std::max(1u, std::thread::hardware_concurrency()));
