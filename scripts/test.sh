@@ -4,7 +4,7 @@
 #   2. The concurrency tests (background conversion) under ThreadSanitizer (build-tsan/).
 #   3. The GGUF fuzz target under libFuzzer+ASan+UBSan for FUZZ_SECONDS (default 60).
 #   4. The whole project without the CUDA backend (build-nocuda/, -DACTIVEKV_CUDA=OFF:
-#      what a machine without nvcc builds), --help and a short generate.
+#      what a machine without nvcc builds), its CLI tests and a short generate.
 #   5. ctest on the Release build (build/, CUDA on where nvcc is), GPU-labelled tests excluded.
 # Set QUICK=1 to run only step 5.
 set -euo pipefail
@@ -34,6 +34,7 @@ if [ "${QUICK:-0}" != 1 ]; then
   cmake --build build-nocuda --parallel "$jobs"  # every target, the test binaries included
   build-nocuda/bin/activekv --help >/dev/null
   build-nocuda/bin/activekv -p "The capital of France is" -n 8 --temp 0 -t "$jobs"
+  ctest --test-dir build-nocuda --output-on-failure -L cli -j "$jobs"
 fi
 
 # ctest last, so that its summary closes the log.

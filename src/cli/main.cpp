@@ -6,11 +6,13 @@
 
 #include <cstdlib>
 #include <exception>
+#include <new>
 #include <string>
 #include <vector>
 
 #include "activekv/core/error.h"
 #include "commands.h"
+#include "memory.h"
 #include "provenance.h"
 
 namespace activekv::cli {
@@ -92,6 +94,13 @@ int main(int argc, char** argv) {
     return run_generate();  // `generate` or no subcommand
   } catch (const activekv::Error& e) {
     fmt::print(stderr, "activekv: error: {}\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    // The allocations we can size in advance are checked before they are made
+    // (memory.h); this is any other one.
+    fmt::print(stderr, "activekv: error: out of memory: an allocation failed with {} available "
+               "(MemAvailable in /proc/meminfo; a process limit such as ulimit -v can be lower)\n",
+               activekv::cli::describe_bytes(activekv::cli::available_memory_bytes()));
     return 1;
   } catch (const std::exception& e) {
     fmt::print(stderr, "activekv: internal error: {}\n", e.what());
