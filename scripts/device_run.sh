@@ -18,15 +18,14 @@
 #
 # The device image lacks our Debian libraries: fetch them here into .debs/
 # (ignored via .git/info/exclude) and carry it, with the gguf wheel in .whl/
-# (tools/make_tiny_llama_gguf.py) and the eval texts in .evaldata/:
+# (tools/make_tiny_llama_gguf.py); the eval texts travel with the tree (data/texts/):
 #
 #   (mkdir -p .debs && cd .debs && apt-get download libopenblas0-openmp libopenblas-openmp-dev \
 #      libopenblas-dev libgfortran5 libicu72 libicu-dev libfmt9 libfmt-dev libcli11-dev \
 #      nlohmann-json3-dev libgtest-dev)
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #      --platform manylinux_2_28_x86_64 -d .whl gguf==0.19.0
-#   mkdir -p .evaldata && cp ../shared/data/*.txt ../shared/data/*.raw .evaldata/
-#   run: scripts/device_run.sh full   (carry: .debs, .whl, .evaldata)
+#   run: scripts/device_run.sh full   (carry: .debs, .whl)
 #
 # The default model (98 MB) is over one call's 64 MiB carry. To run the eval
 # with the GPU int8s kernel, send it first in two calls on the same warm
@@ -84,7 +83,7 @@ if ls /tmp/akv-model/part_* > /dev/null 2>&1; then
   mkdir -p models && cat /tmp/akv-model/part_* > models/SmolLM2-135M-Instruct.Q4_1.gguf
   if echo "$MODEL_SHA  models/SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c --quiet; then
     echo "== eval with the GPU int8s kernel on the own-format samples"
-    $AKV eval -m models/SmolLM2-135M-Instruct.Q4_1.gguf --data-dir .evaldata --device cuda --routes int8s,hybrid \
+    $AKV eval -m models/SmolLM2-135M-Instruct.Q4_1.gguf --device cuda --routes int8s,hybrid \
       -t 16 --json "$OUT/eval_gpu.json" 2>&1 | grep -vE "^\[eval .*score [0-9]+ tokens"
     EVAL_JSON="$OUT/eval_gpu.json"
   else
