@@ -54,8 +54,8 @@ import torch
 
 DEFAULT_MODEL = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_OUT = "tests/golden/smollm2_logits.json"
-DEFAULT_PROSE = "/work/shared/data/pride-and-prejudice.txt"
-DEFAULT_WIKI = "/work/shared/data/wikitext2-test.raw"
+DEFAULT_PROSE = "data/texts/pride-and-prejudice.txt"  # paths relative to the checkout, as the two above
+DEFAULT_WIKI = "data/texts/wikitext2-test.raw"
 PROSE_ANCHOR = "It is a truth universally acknowledged"   # start of Chapter I
 TOP_K = 8
 

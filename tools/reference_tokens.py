@@ -28,6 +28,7 @@ import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TEXTS = os.path.join(ROOT, "data", "texts")  # the corpora shipped in the tree
 
 
 def load_gguf_vocab(path: str):
@@ -77,7 +78,7 @@ def fnv1a64_ids(ids) -> str:
 
 
 def golden_texts(root: str):
-    with open("/work/shared/data/pride-and-prejudice.txt", encoding="utf-8", newline="") as f:
+    with open(os.path.join(TEXTS, "pride-and-prejudice.txt"), encoding="utf-8", newline="") as f:
         pp = f.read()
     # The first paragraphs of chapter 1 (CRLF line endings kept as in the file).
     start = pp.index("It is a truth universally acknowledged")
@@ -183,7 +184,7 @@ def main() -> int:
     corpora = []
     for name, limit in (("pride-and-prejudice.txt", None), ("tinyshakespeare.txt", 20000),
                         ("wikitext2-test.raw", None)):
-        with open(os.path.join("/work/shared/data", name), "rb") as f:
+        with open(os.path.join(TEXTS, name), "rb") as f:
             raw = f.read()
         if limit is not None:
             raw = raw[:limit]

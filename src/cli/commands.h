@@ -17,12 +17,13 @@ std::string default_prompt_path();
 void add_generate(CLI::App& app, std::function<int()>& run);
 void add_inspect(CLI::App& app, std::function<int()>& run);
 void add_eval(CLI::App& app, std::function<int()>& run);
+/// `activekv gate`: the economic gate (SPEC 6) over bench + eval JSON. CPU
+/// only (it reads measurements), so it is in every build.
+void add_gate(CLI::App& app, std::function<int()>& run);
 #ifdef ACTIVEKV_HAVE_CUDA
 /// `bench decode` and `calibrate`: the GPU decode engine (src/cuda/bench.cpp).
 void add_bench(CLI::App& app, std::function<int()>& run);
 void add_calibrate(CLI::App& app, std::function<int()>& run);
-/// `activekv gate`: the economic gate (SPEC 6) over bench + eval JSON.
-void add_gate(CLI::App& app, std::function<int()>& run);
 #endif
 
 }  // namespace activekv::cli

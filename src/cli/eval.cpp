@@ -6,19 +6,20 @@
 
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <thread>
 
 #include "activekv/core/blas.h"
 #include "activekv/core/error.h"
+#include "activekv/core/text_file.h"
 #include "activekv/eval/quality_eval.h"
 #ifdef ACTIVEKV_HAVE_CUDA
 #include "activekv/cuda/int8s_tile.h"
 #endif
 #include "activekv/tokenizer/tokenizer.h"
 #include "commands.h"
+#include "memory.h"
+#include "options.h"
 #include "provenance.h"
 #include "stats.h"
 
@@ -27,10 +28,10 @@ namespace {
 
 struct EvalArgs {
   std::string model;
-  std::string data_dir = std::string(ACTIVEKV_SOURCE_DIR) + "/../shared/data";
+  std::string data_dir = std::string(ACTIVEKV_SOURCE_DIR) + "/data/texts";  // shipped in the tree
   std::vector<std::string> texts{"wikitext2-test.raw", "pride-and-prejudice.txt", "tinyshakespeare.txt"};
   std::string json_out;
-  int threads = int(std::max(1u, std::thread::hardware_concurrency()));
+  int threads = default_threads();
   std::string device = "cpu";  ///< where the own-format samples' int8s kernel runs
   std::vector<std::string> routes{"lossless13", "int8s", "hybrid"};
   eval::EvalConfig cfg;
@@ -89,10 +90,12 @@ int run(EvalArgs& a) {
     a.cfg.routes.push_back(k);
   }
   const std::string model_path = a.model.empty() ? default_model_path() : a.model;
+  const std::string model_name = std::filesystem::path(model_path).stem().string();
+  const std::string out = a.json_out.empty() ? "eval-" + model_name + ".json" : a.json_out;
+  check_writable(out, "eval --json output");  // before minutes of work, not after
   const gguf::File file = gguf::File::open(model_path);
   const Tokenizer tok = Tokenizer::from_gguf(file);
-  model::LlamaModel lm(file);
-  const std::string model_name = std::filesystem::path(model_path).stem().string();
+  model::LlamaModel lm = load_weights_checked(file, model_path, [&] { return model::LlamaModel(file); });
   a.cfg.text_files.clear();
   for (const auto& t : a.texts) a.cfg.text_files.push_back(std::filesystem::path(t).is_absolute() ? t : a.data_dir + "/" + t);
 
@@ -102,7 +105,19 @@ int run(EvalArgs& a) {
       lm, [&](const std::string& text) { return tok.encode(text, tok.add_bos_default()); }, a.cfg,
       [&](const std::string& line) { fmt::print(stderr, "[eval {:6.0f} s] {}\n", ms_since(t0) / 1000.0, line); });
 
-  fmt::print("\n{:12s} {:24s} {:>9s} {:>8s} {:>9s} {:>10s} {:>9s} {:>9s} {:>10s} {:>8s}\n", "route", "text", "ppl",
+  std::vector<std::string> routes{"exact"};
+  for (auto k : a.cfg.routes) routes.push_back(route::kind_name(k));
+  std::map<std::string, std::string> all_label;  // route -> "all (N samples)"
+  for (const auto& route : routes) {
+    int n = 0;
+    for (const auto& s : r.samples) n += s.route == route;
+    all_label[route] = "all (" + std::to_string(n) + " samples)";
+  }
+  // The text column is as wide as its longest entry, so that the columns stay aligned.
+  size_t tw = 4;
+  for (const auto& q : r.routes) tw = std::max(tw, q.text.size());
+  for (const auto& [route, label] : all_label) tw = std::max(tw, label.size());
+  fmt::print("\n{:12s} {:{}s} {:>9s} {:>8s} {:>9s} {:>10s} {:>9s} {:>9s} {:>10s} {:>8s}\n", "route", "text", tw, "ppl",
              "dppl %", "top-1", "mean KL", "own err", "(1-term)", "MiB/step", "bitwise");
   nlohmann::json records = nlohmann::json::array();
   auto base = [&](const std::string& route, const std::string& text) {
@@ -121,7 +136,7 @@ int run(EvalArgs& a) {
         worst1 = std::max(worst1, s.error_one_term);
       }
     }
-    fmt::print("{:12s} {:24s} {:9.4f} {:8.3f} {:9.4f} {:10.2e} {:>9s} {:>9s} {:10.2f} {:>8s}\n", q.route, q.text, q.ppl,
+    fmt::print("{:12s} {:{}s} {:9.4f} {:8.3f} {:9.4f} {:10.2e} {:>9s} {:>9s} {:10.2f} {:>8s}\n", q.route, q.text, tw, q.ppl,
                q.ppl_increase_pct, q.top1_agreement, q.mean_kl, cell(worst), cell(worst1), q.bytes_per_step / 1048576.0,
                q.bitwise_equal_to_exact ? "yes" : "no");
     nlohmann::json j = base(q.route, q.text);
@@ -131,8 +146,6 @@ int run(EvalArgs& a) {
               {"bitwise_equal_to_exact", q.bitwise_equal_to_exact}, {"history_bytes_per_step", q.bytes_per_step}});
     records.push_back(j);
   }
-  std::vector<std::string> routes{"exact"};
-  for (auto k : a.cfg.routes) routes.push_back(route::kind_name(k));
   for (const auto& route : routes) {
     nlohmann::json j = base(route, "all");
     int n = 0;
@@ -141,8 +154,7 @@ int run(EvalArgs& a) {
     j.update({{"n_samples", n}, {"own_format_error", optional(r.worst_sample_error(route))},
               {"own_format_error_one_term_query", optional(r.worst_sample_error(route, true))}});
     records.push_back(j);
-    fmt::print("{:12s} {:24s} {:9.4f} {:8.3f} {:9.4f} {:10.2e} {:>9s} {:>9s}\n", route,
-               "all (" + std::to_string(n) + " samples)", j["ppl"].get<double>(), j["ppl_increase_pct"].get<double>(),
+    fmt::print("{:12s} {:{}s} {:9.4f} {:8.3f} {:9.4f} {:10.2e} {:>9s} {:>9s}\n", route, all_label[route], tw, j["ppl"].get<double>(), j["ppl_increase_pct"].get<double>(),
                j["top1_agreement"].get<double>(), j["mean_kl"].get<double>(), cell(r.worst_sample_error(route)),
                cell(r.worst_sample_error(route, true)));
   }
@@ -159,8 +171,7 @@ int run(EvalArgs& a) {
               {"per_token_quantiser_error_one_term_query", s.per_token[0]}});
     records.push_back(j);
   }
-  const std::string out = a.json_out.empty() ? "eval-" + model_name + ".json" : a.json_out;
-  std::ofstream(out) << records.dump(2) << "\n";
+  write_text_file(out, records.dump(2) + "\n", "eval --json output");
   fmt::print(stderr, "wrote {} ({} records) in {:.0f} s\n", out, records.size(), ms_since(t0) / 1000.0);
   return 0;
 }
@@ -172,15 +183,20 @@ void add_eval(CLI::App& app, std::function<int()>& run_fn) {
   app.add_option("-m,--model", a->model, "GGUF model file (default: the installed SmolLM2-135M-Instruct)");
   app.add_option("--data-dir", a->data_dir, "Folder of the real texts")->capture_default_str();
   app.add_option("--texts", a->texts, "Text files (names in --data-dir, or absolute paths)")->capture_default_str();
-  app.add_option("-c,--ctx-size", a->cfg.context, "Window tokens per text (prefix + scored)")->capture_default_str();
-  app.add_option("--scored", a->cfg.scored, "Tokens scored at the end of each window")->capture_default_str();
-  app.add_option("--page-size", a->cfg.page_size, "Tokens per page")->capture_default_str();
-  app.add_option("--recent-pages", a->cfg.recent_pages, "hybrid: full pages kept exact before the tail")->capture_default_str();
-  app.add_option("--layers-per-text", a->cfg.layers_per_text, "Own-format samples (layers) per text")->capture_default_str();
-  app.add_option("--query-rows", a->cfg.query_rows, "Query rows per sample")->capture_default_str();
-  app.add_option("--synthetic-tokens", a->cfg.synthetic_tokens, "Synthetic outlier case length (0: skip)")->capture_default_str();
+  app.add_option("-c,--ctx-size", a->cfg.context, "Window tokens per text (prefix + scored)")->capture_default_str()
+      ->check(count_range(2));
+  app.add_option("--scored", a->cfg.scored, "Tokens scored at the end of each window (fewer than -c)")
+      ->capture_default_str()->check(count_range(1));
+  add_page_size_option(app, a->cfg.page_size);
+  add_recent_pages_option(app, a->cfg.recent_pages);
+  app.add_option("--layers-per-text", a->cfg.layers_per_text, "Own-format samples (layers) per text")
+      ->capture_default_str()->check(count_range(1));
+  app.add_option("--query-rows", a->cfg.query_rows, "Query rows per sample (at most --scored)")->capture_default_str()
+      ->check(count_range(1));
+  app.add_option("--synthetic-tokens", a->cfg.synthetic_tokens, "Synthetic outlier case length (0: skip)")
+      ->capture_default_str()->check(count_range(0));
   app.add_option("--json", a->json_out, "Output JSON (default: eval-<model>.json)");
-  app.add_option("-t,--threads", a->threads, "CPU threads")->capture_default_str();
+  add_threads_option(app, a->threads);
   app.add_option("--routes", a->routes, "Routes scored against exact: lossless13, int8s, hybrid")
       ->delimiter(',')->capture_default_str();
   app.add_option("--device", a->device, "Where the own-format samples' int8s kernel runs: cpu, or cuda (the GPU "

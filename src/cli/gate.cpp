@@ -5,11 +5,11 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <fstream>
 #include <set>
 #include <nlohmann/json.hpp>
 
 #include "activekv/core/error.h"
+#include "activekv/core/text_file.h"
 #include "activekv/cost/gate.h"
 #include "commands.h"
 #include "provenance.h"
@@ -64,11 +64,7 @@ void add_gate(CLI::App& app, std::function<int()>& run) {
   app.add_option("--batch", a->batch, "Batch size of the records to judge")->capture_default_str();
   app.add_option("--json", a->json_out, "Also write the rows as JSON");
   run = [a] {
-    std::ofstream json_file;
-    if (!a->json_out.empty()) {  // before the work: a bad output path fails at once
-      json_file.open(a->json_out);
-      if (!json_file) throw activekv::Error("gate: cannot write " + a->json_out);
-    }
+    if (!a->json_out.empty()) check_writable(a->json_out, "gate --json output");  // before the work
     const auto points = cost::read_bench_json(a->bench);
     std::map<std::string, cost::Quality> quality;
     for (const auto& path : a->eval)
@@ -93,7 +89,7 @@ void add_gate(CLI::App& app, std::function<int()>& run) {
                "would have rejected {} accepted (format, size) pairs that save time (marked !).\n", rows.size() - size_t(wrong), rows.size(),
                false_rejects);
     if (!a->json_out.empty()) {
-      json_file << to_json(rows, *a).dump(2) << "\n";
+      write_text_file(a->json_out, to_json(rows, *a).dump(2) + "\n", "gate --json output");
       fmt::print("JSON written to {}\n", a->json_out);
     }
     return wrong == 0 ? 0 : 1;

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <limits>
 #include <optional>
@@ -23,6 +24,8 @@
 #include "activekv/cuda/attention_backend.h"
 #endif
 #include "commands.h"
+#include "memory.h"
+#include "options.h"
 #include "stats.h"
 
 namespace activekv::cli {
@@ -35,7 +38,7 @@ struct GenerateArgs {
   int64_t seed = 42;                   // -1: a random seed, printed
   int n_predict = 128;
   int n_ctx = 0;  // 0: prompt + n_predict
-  int threads = int(std::max(1u, std::thread::hardware_concurrency()));
+  int threads = default_threads();
   model::SamplerParams sampling;
   bool chat = false;
   int page_size = 1024;
@@ -59,6 +62,8 @@ std::string prompt_text(const GenerateArgs& a, const Tokenizer& tok) {
 struct Timings {
   double load_ms = 0, prefill_ms = 0;
   std::vector<double> step_ms;
+  int generated = 0;         // tokens sampled and printed
+  bool end_of_text = false;  // the model sampled end-of-text before -n was reached
   route::RouteReport decode_route;  // pages, tiles and bytes read by the decode steps
 };
 
@@ -101,6 +106,7 @@ void print_summary(const Timings& t, size_t n_prompt, const model::ModelConfig& 
   fmt::print(stderr, "history read/token   {:10.2f} MiB ({}; per step {:.0f} exact + {:.0f} lossless13 + {:.0f} int8s pages)\n",
              r.bytes / steps / (1024.0 * 1024.0), kv_format, double(r.pages[0]) / steps,
              double(r.pages[1]) / steps, double(r.pages[2]) / steps);
+  if (t.end_of_text) fmt::print(stderr, "stopped at end of text after {} tokens\n", t.generated);
   fmt::print(stderr, "peak RSS             {:10.1f} MiB\n", double(peak_rss_bytes()) / (1024.0 * 1024.0));
 }
 
@@ -113,6 +119,12 @@ void check_args(const GenerateArgs& a) {
   if (a.device == "cuda") throw Error("--device cuda: this activekv was built without the CUDA backend (ACTIVEKV_CUDA=OFF)");
 #endif
   if (a.prompt && !a.prompt_file.empty()) throw Error("give either -p or -f, not both");
+  if (!std::isfinite(a.sampling.temperature)) {
+    throw InvalidArgument(fmt::format("--temp must be a finite number, got {}", a.sampling.temperature));
+  }
+  if (!(a.sampling.top_p > 0.0f && a.sampling.top_p <= 1.0f)) {  // also rejects NaN
+    throw InvalidArgument(fmt::format("--top-p must be in (0, 1], got {}", a.sampling.top_p));
+  }
 }
 
 // Samples, streams and runs one forward step per token; times each step.
@@ -122,8 +134,12 @@ void decode_loop(const GenerateArgs& a, model::LlamaModel& lm, const Tokenizer& 
   for (int i = 0; i < a.n_predict; ++i) {
     const auto ts = std::chrono::steady_clock::now();
     const int32_t id = sampler.sample(logits);
-    if (tok.is_end_of_generation(id)) break;
+    if (tok.is_end_of_generation(id)) {
+      t.end_of_text = true;
+      break;
+    }
     fmt::print("{}", tok.token_to_piece(id));
+    ++t.generated;
     std::fflush(stdout);
     if (i + 1 == a.n_predict) break;  // the last token needs no forward pass
     const int32_t one[1] = {id};
@@ -145,7 +161,7 @@ int run(const GenerateArgs& a) {
   model::ForwardOptions fopt;
   fopt.prefill_chunk = a.prefill_chunk;
   fopt.attention.tile_pages = a.tile_pages;
-  model::LlamaModel lm(file, fopt);
+  model::LlamaModel lm = load_weights_checked(file, model_path, [&] { return model::LlamaModel(file, fopt); });
   const model::ModelConfig& c = lm.config();
   t.load_ms = ms_since(t0);
 
@@ -162,6 +178,7 @@ int run(const GenerateArgs& a) {
   const HistoryPlan plan = plan_history(a.kv_format);
   const kv::KvShape shape = lm.kv_shape(a.page_size, plan.page_format);
   const size_t pages_per_layer = size_t((n_ctx + a.page_size - 1) / a.page_size);
+  require_page_store(shape, n_ctx);  // pages are allocated as the history grows: refuse now, not hours in
   kv::PageStore store(shape, pages_per_layer * size_t(c.n_layers));
   kv::SequenceKv seq(store);
   std::unique_ptr<convert::ConversionPool> pool;
@@ -220,22 +237,21 @@ void add_generate(CLI::App& app, std::function<int()>& run_fn) {
   app.add_option("-m,--model", a->model, "GGUF model file (default: $ACTIVEKV_MODEL, else the installed SmolLM2-135M-Instruct)");
   app.add_option("-p,--prompt", a->prompt, "Prompt text");
   app.add_option("-f,--file", a->prompt_file, "Read the prompt from a file (default: data/default_prompt.txt)");
-  app.add_option("-n,--n-predict", a->n_predict, "Tokens to generate")->capture_default_str()->check(CLI::Range(0, 1 << 30));
+  app.add_option("-n,--n-predict", a->n_predict, "Tokens to generate")->capture_default_str()->check(count_range(0));
   app.add_option("-c,--ctx-size", a->n_ctx, "Context size in tokens (0 = prompt + n-predict)")->capture_default_str()->check(CLI::NonNegativeNumber);
-  app.add_option("-t,--threads", a->threads, "CPU threads")->capture_default_str()->check(CLI::Range(1, 1024));
+  add_threads_option(app, a->threads);
   app.add_option("--temp", a->sampling.temperature, "Temperature (<= 0: greedy)")->capture_default_str();
   app.add_option("--top-k", a->sampling.top_k, "Top-k (<= 0: off)")->capture_default_str();
   app.add_option("--top-p", a->sampling.top_p, "Top-p in (0, 1]")->capture_default_str();
   app.add_option("--seed", a->seed, "Sampling seed (-1: random, printed)")->capture_default_str()
       ->check(CLI::Range(int64_t(-1), std::numeric_limits<int64_t>::max()));
   app.add_flag("--chat", a->chat, "Wrap the prompt in the model's ChatML chat template");
-  app.add_option("--page-size", a->page_size, "Tokens per KV page")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  add_page_size_option(app, a->page_size);
   app.add_option("--kv-format", a->kv_format,
                  "History format: bf16 (exact tier), f32 (reference), lossless13, int8s, or hybrid "
                  "(exact sink/recent/tail, int8s between)")
       ->capture_default_str()->check(CLI::IsMember({"bf16", "f32", "lossless13", "int8s", "hybrid"}));
-  app.add_option("--recent-pages", a->recent_pages, "hybrid: full pages before the tail kept exact")
-      ->capture_default_str()->check(CLI::Range(0, 1 << 20));
+  add_recent_pages_option(app, a->recent_pages);
   app.add_option("--convert-threads", a->convert_threads, "Background page-conversion threads")
       ->capture_default_str()->check(CLI::Range(1, 256));
   app.add_option("--tile-pages", a->tile_pages, "Pages per attention tile")->capture_default_str()->check(CLI::Range(1, 1 << 20));

@@ -6,11 +6,13 @@
 
 #include <cstdlib>
 #include <exception>
+#include <new>
 #include <string>
 #include <vector>
 
 #include "activekv/core/error.h"
 #include "commands.h"
+#include "memory.h"
 #include "provenance.h"
 
 namespace activekv::cli {
@@ -21,6 +23,19 @@ std::string default_model_path() {
 }
 
 std::string default_prompt_path() { return ACTIVEKV_DEFAULT_PROMPT; }
+
+#ifndef ACTIVEKV_HAVE_CUDA
+// A CPU-only build keeps the GPU subcommands' names, so that asking for one
+// says what is missing instead of "argument not expected".
+void add_missing_cuda(CLI::App& app, std::function<int()>& run) {
+  app.description(app.get_description() + " [not in this build: needs the CUDA backend]");
+  app.allow_extras();
+  run = [name = app.get_name()]() -> int {
+    throw Error(name + ": this activekv was built without the CUDA backend (ACTIVEKV_CUDA=OFF, or no nvcc at "
+                "configure time)");
+  };
+}
+#endif
 
 }  // namespace activekv::cli
 
@@ -59,25 +74,33 @@ int main(int argc, char** argv) {
   std::function<int()> run_gate;
   auto* gate = app.add_subcommand("gate", "Economic gate (SPEC 6): accept a format per context from bench + eval results");
   activekv::cli::add_gate(*gate, run_gate);
-#ifdef ACTIVEKV_HAVE_CUDA
   std::function<int()> run_bench, run_calibrate;
   auto* bench = app.add_subcommand("bench", "GPU benchmarks (bench decode)");
-  activekv::cli::add_bench(*bench, run_bench);
   auto* cal = app.add_subcommand("calibrate", "Measure H2D bandwidth and kernel time: the transfer model's profile");
+#ifdef ACTIVEKV_HAVE_CUDA
+  activekv::cli::add_bench(*bench, run_bench);
   activekv::cli::add_calibrate(*cal, run_calibrate);
+#else
+  activekv::cli::add_missing_cuda(*bench, run_bench);
+  activekv::cli::add_missing_cuda(*cal, run_calibrate);
 #endif
   CLI11_PARSE(app, argc, argv);
   try {
     if (*ins) return run_inspect();
     if (*ev) return run_eval();
     if (*gate) return run_gate();
-#ifdef ACTIVEKV_HAVE_CUDA
     if (*bench) return run_bench();
     if (*cal) return run_calibrate();
-#endif
     return run_generate();  // `generate` or no subcommand
   } catch (const activekv::Error& e) {
     fmt::print(stderr, "activekv: error: {}\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    // The allocations we can size in advance are checked before they are made
+    // (memory.h); this is any other one.
+    fmt::print(stderr, "activekv: error: out of memory: an allocation failed with {} available "
+               "(MemAvailable in /proc/meminfo; a process limit such as ulimit -v can be lower)\n",
+               activekv::cli::describe_bytes(activekv::cli::available_memory_bytes()));
     return 1;
   } catch (const std::exception& e) {
     fmt::print(stderr, "activekv: internal error: {}\n", e.what());

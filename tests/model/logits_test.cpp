@@ -1,5 +1,12 @@
 // Our forward pass against transformers (float32, CPU) on the same GGUF:
 // tests/golden/smollm2_logits.json, written by tools/reference_logits.py.
+//
+// Bounds are about 3x what was measured (the [measured] lines these tests
+// print): on 2026-12-01, branch cli-ci from c6279a8, a Release build (g++ 12,
+// OpenBLAS OpenMP build) on a 2-core x86-64 Xeon VM, with OMP_NUM_THREADS 1
+// and 2 (the larger of the two is quoted; thread count changes the summation
+// order). Other CPUs or BLAS builds sum in other orders: widen a bound only
+// with a new measurement quoted here.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -64,23 +71,25 @@ GoldenComparison compare_to_golden(PageFormat format) {
     }
     if (model::argmax({row, vocab}) != p["argmax"].get<int32_t>()) ++c.argmax_mismatch;
   }
-  std::printf("[measured] %s pages, %zu positions: max |dlogit| vs transformers = %.5f, argmax mismatches = %d\n",
+  std::printf("[measured] %s pages, %zu positions: max |dlogit| vs transformers = %.3e, argmax mismatches = %d\n",
               kv::format_name(format).c_str(), ids.size(), c.max_delta, c.argmax_mismatch);
   return c;
 }
 
 // The forward pass itself: fp32 history, so only fp32 arithmetic differs.
+// Measured max |dlogit| 6.9e-05 (1 thread; 5.9e-05 with 2), no argmax mismatch.
 TEST(Logits, F32HistoryMatchesTransformersFloat32) {
   const GoldenComparison c = compare_to_golden(PageFormat::f32);
   EXPECT_EQ(c.argmax_mismatch, 0);
-  EXPECT_LE(c.max_delta, 1e-2);
+  EXPECT_LE(c.max_delta, 2e-4);
 }
 
 // The exact tier stores the history in bf16: its rounding moves logits by
-// ~0.1 (measured 0.15 max on this window), the argmax follows the reference.
+// ~0.1; measured max |dlogit| 0.167 (2 threads; 0.165 with 1) and 1 argmax
+// mismatch, at a near-tie (several positions have top1-top2 gaps < 0.05).
 TEST(Logits, Bf16HistoryStaysCloseToTransformers) {
   const GoldenComparison c = compare_to_golden(PageFormat::bf16);
-  EXPECT_LE(c.argmax_mismatch, 3);  // 1% of 300 positions; several have top1-top2 gaps < 0.05
+  EXPECT_LE(c.argmax_mismatch, 3);
   EXPECT_LE(c.max_delta, 0.5);
 }
 
@@ -110,6 +119,8 @@ INSTANTIATE_TEST_SUITE_P(Formats, GreedyContinuation, ::testing::Values(PageForm
 // Splitting the history into pages and tiles changes only fp32 summation
 // order. With an f32 history that is all that differs; with bf16 the tiny
 // differences flip some bf16 roundings of later layers' K/V (see page_format.h).
+// Measured max |dlogit| over the three pairs: f32 8.4e-05 (1 thread; 7.4e-05
+// with 2), bf16 0.134 (1 and 2 threads).
 TEST(Logits, PageSize16And1024AndEightTilesAgree) {
   const auto g = testing::load_golden("smollm2_logits.json");
   const std::vector<int32_t> ids = g["token_ids"].get<std::vector<int32_t>>();
@@ -123,15 +134,16 @@ TEST(Logits, PageSize16And1024AndEightTilesAgree) {
     std::printf("[measured] %s: max |dlogit| page 1024 vs 16: %.2e; 1 vs 7 tiles: %.2e; 1 vs 10 tiles: %.2e\n",
                 kv::format_name(f).c_str(), ab, ac, ad);
     if (f == PageFormat::f32) {
-      EXPECT_LE(std::max({ab, ac, ad}), 1e-3);
+      EXPECT_LE(std::max({ab, ac, ad}), 2.5e-4);
     } else {
       EXPECT_GE(argmax_agreement(a, b, vocab), 0.99);
       EXPECT_GE(argmax_agreement(a, d, vocab), 0.99);
-      EXPECT_LE(std::max({ab, ac, ad}), 0.5);
+      EXPECT_LE(std::max({ab, ac, ad}), 0.4);
     }
   }
 }
 
+// Measured max |dlogit| 3.3e-05 (1 and 2 threads).
 TEST(Logits, ChunkedPrefillEqualsOnePass) {
   const auto g = testing::load_golden("smollm2_logits.json");
   const std::vector<int32_t> ids = g["token_ids"].get<std::vector<int32_t>>();
@@ -147,7 +159,8 @@ TEST(Logits, ChunkedPrefillEqualsOnePass) {
   }
   double delta = 0;
   for (size_t v = 0; v < vocab; ++v) delta = std::max(delta, double(std::abs(last[v] - whole[(ids.size() - 1) * vocab + v])));
-  EXPECT_LE(delta, 1e-3);
+  std::printf("[measured] f32: max |dlogit| of the last position, chunks of 37 vs one pass: %.3e\n", delta);
+  EXPECT_LE(delta, 1e-4);
 }
 
 TEST(Logits, BadTokenIdIsRejectedAndHistoryKept) {

@@ -7,15 +7,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "activekv/core/text_file.h"
 #include "activekv/gguf/gguf.h"
 #include "activekv/tokenizer/tokenizer.h"
 
@@ -32,15 +31,10 @@ std::string model_path() {
   return dir + "/" + kModelFile;
 }
 
-// The real texts beside the checkout (CI lays shared/ next to its clone).
-std::string shared_data() { return std::string(ACTIVEKV_SOURCE_DIR) + "/../shared/data/"; }
-
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return {};
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+// A real text shipped in the tree (data/texts/, README there: sources,
+// licences, sha256). Throws (the test fails, naming the file) if it is missing.
+std::string corpus(const std::string& name) {
+  return activekv::read_text_file(std::string(ACTIVEKV_SOURCE_DIR) + "/data/texts/" + name, "corpus");
 }
 
 std::string fnv1a64(const std::vector<int32_t>& ids) {
@@ -65,7 +59,7 @@ class SmolLM2 : public ::testing::Test {
     file_ = std::make_unique<activekv::gguf::File>(activekv::gguf::File::open(path));
     tok_ = std::make_unique<Tokenizer>(Tokenizer::from_gguf(*file_));
     golden_ = nlohmann::json::parse(
-        read_file(std::string(ACTIVEKV_SOURCE_DIR) + "/tests/golden/smollm2_tokens.json"));
+        activekv::read_text_file(std::string(ACTIVEKV_SOURCE_DIR) + "/tests/golden/smollm2_tokens.json", "golden file"));
   }
   static void TearDownTestSuite() {
     tok_.reset();
@@ -149,8 +143,8 @@ TEST_F(SmolLM2, ChatTemplateMatchesReference) {
 TEST_F(SmolLM2, CorporaMatchReferenceAndRoundTrip) {
   for (const auto& c : golden_["corpora"]) {
     const std::string name = c["file"].get<std::string>();
-    std::string text = read_file(shared_data() + name);
-    ASSERT_FALSE(text.empty()) << "cannot read " << shared_data() << name;
+    std::string text = corpus(name);
+    ASSERT_GE(text.size(), c["bytes"].get<size_t>()) << name;
     text.resize(c["bytes"].get<size_t>());
     const auto ids = tok_->encode(text, false);
     EXPECT_EQ(ids.size(), c["n_tokens"].get<size_t>()) << name;
@@ -160,14 +154,14 @@ TEST_F(SmolLM2, CorporaMatchReferenceAndRoundTrip) {
 }
 
 TEST_F(SmolLM2, TinyShakespeareRoundTrip) {
-  std::string text = read_file(shared_data() + "tinyshakespeare.txt");
+  std::string text = corpus("tinyshakespeare.txt");
   ASSERT_GE(text.size(), 20000u);
   text.resize(20000);
   EXPECT_EQ(tok_->decode(tok_->encode(text, false)), text);
 }
 
 TEST_F(SmolLM2, ConcurrentEncodeAgrees) {
-  const std::string text = read_file(shared_data() + "tinyshakespeare.txt").substr(0, 200000);
+  const std::string text = corpus("tinyshakespeare.txt").substr(0, 200000);
   const auto want = tok_->encode(text, false);
   std::vector<std::vector<int32_t>> got(4);
   std::vector<std::thread> threads;
@@ -178,7 +172,7 @@ TEST_F(SmolLM2, ConcurrentEncodeAgrees) {
 }
 
 TEST_F(SmolLM2, EncodeSpeed) {
-  const std::string text = read_file(shared_data() + "pride-and-prejudice.txt");
+  const std::string text = corpus("pride-and-prejudice.txt");
   ASSERT_FALSE(text.empty());
   (void)tok_->encode(text.substr(0, 10000), false);  // warm up
   const auto t0 = std::chrono::steady_clock::now();

@@ -1,0 +1,40 @@
+// Flags that several subcommands take, declared once so that each takes the
+// same values and rejects the same ones (CLI11 validators: an out-of-range
+// value is one line naming the flag and a non-zero exit, as any CLI11 parse error).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <thread>
+
+namespace activekv::cli {
+
+/// Largest token count a flag accepts (2^30): far beyond any model's context,
+/// small enough that tokens x layers x bytes cannot overflow 64 bits.
+inline constexpr int kMaxTokens = 1 << 30;
+
+/// Every hardware thread: the default of -t.
+inline int default_threads() { return int(std::max(1u, std::thread::hardware_concurrency())); }
+
+/// A token or item count in [lo, kMaxTokens].
+inline CLI::Range count_range(int lo) { return CLI::Range(lo, kMaxTokens); }
+
+/// -t,--threads: CPU threads, 1..1024.
+inline CLI::Option* add_threads_option(CLI::App& app, int& threads) {
+  return app.add_option("-t,--threads", threads, "CPU threads")->capture_default_str()->check(CLI::Range(1, 1024));
+}
+
+/// --page-size: tokens per KV page, 1..2^20.
+inline CLI::Option* add_page_size_option(CLI::App& app, int& page_size) {
+  return app.add_option("--page-size", page_size, "Tokens per KV page")->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+}
+
+/// --recent-pages: the hybrid route's full pages kept exact before the tail, 0..2^20.
+inline CLI::Option* add_recent_pages_option(CLI::App& app, int& recent_pages) {
+  return app.add_option("--recent-pages", recent_pages, "hybrid: full pages before the tail kept exact")
+      ->capture_default_str()->check(CLI::Range(0, 1 << 20));
+}
+
+}  // namespace activekv::cli

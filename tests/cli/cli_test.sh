@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# The activekv command as a user meets it: bad arguments, paths and sizes get
+# one line naming the problem and a non-zero exit; the summary and the eval
+# table say what happened. One case per ctest entry (tests/cli/CMakeLists.txt):
+#   cli_test.sh <activekv binary> <case>
+# Cases that run the model use the default one (scripts/setup.sh installs it).
+set -uo pipefail
+AKV=$1
+CASE=$2
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+failures=0
+
+fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
+
+# expect <exit code> <text the output must hold> -- <activekv arguments...>
+expect() {
+  local want_rc=$1 want_text=$2
+  shift 3
+  local out rc
+  out=$("$AKV" "$@" 2>&1)
+  rc=$?
+  if [ "$rc" != "$want_rc" ]; then
+    fail "activekv $* exited $rc, expected $want_rc; output: $(tail -n 3 <<<"$out")"
+  elif ! grep -qF -- "$want_text" <<<"$out"; then
+    fail "activekv $* (exit $rc) did not say '$want_text'; output: $(tail -n 3 <<<"$out")"
+  else
+    echo "ok: activekv $* -> exit $rc, '$want_text'"
+  fi
+}
+
+case $CASE in
+  bad_args)  # rejected by the same validators in generate and eval, before any work
+    expect 105 "--threads: Value 0 not in range" -- generate -t 0
+    expect 105 "--threads: Value 0 not in range" -- eval -t 0
+    expect 105 "--synthetic-tokens: Value -1 not in range" -- eval --synthetic-tokens -1
+    expect 105 "--layers-per-text: Value 0 not in range" -- eval --layers-per-text 0
+    expect 105 "--page-size: Value 0 not in range" -- eval --page-size 0
+    expect 1 "--temp must be a finite number, got inf" -- generate --temp inf -p hi -n 1
+    expect 1 "--temp must be a finite number, got nan" -- generate --temp nan -p hi -n 1
+    expect 1 "--top-p must be in (0, 1], got inf" -- generate --top-p inf -p hi -n 1
+    expect 1 "--top-p must be in (0, 1], got 0" -- generate --top-p 0 -p hi -n 1
+    ;;
+  paths)  # output paths checked before the work and every write checked; a folder is not a prompt
+    expect 1 "cannot write eval --json output '/nonexistent_dir/x.json': folder '/nonexistent_dir' does not exist" \
+      -- eval --json /nonexistent_dir/x.json
+    expect 1 "cannot write eval --json output '$TMP': it is a directory" -- eval --json "$TMP"
+    expect 1 "cannot write gate --json output '/dev/full': write failed" -- gate --json /dev/full
+    expect 1 "prompt file '$TMP' is a directory, not a file" -- generate -f "$TMP" -n 1
+    expect 1 "cannot read prompt file '$TMP/missing.txt'" -- generate -f "$TMP/missing.txt" -n 1
+    ;;
+  memory)  # a history that cannot fit is refused before it is allocated, with sizes
+    expect 1 "not enough memory for the KV page store of a 2000000000-token context" -- -c 2000000000 -p hi -n 1 -t 2
+    expect 1 "bytes) asked," -- -c 2000000000 -p hi -n 1 -t 2
+    ;;
+  oom)  # an allocation that fails (here: under ulimit -v) is one line naming it, not "internal error"
+    # Limits between the binary's own mappings and its fp32 weights (513 MiB for
+    # the default model); one thread, as failing to start OpenBLAS threads spins.
+    named=0
+    for kib in 450000 600000 800000; do
+      out=$( (ulimit -v "$kib" && OMP_NUM_THREADS=1 timeout 60 "$AKV" -p hi -n 1 -t 1) 2>&1)
+      if grep -q "internal error" <<<"$out"; then fail "ulimit -v $kib: $(tail -n 1 <<<"$out")"; fi
+      if grep -q "error: out of memory allocating the weights of .* dequantised to fp32: .* asked" <<<"$out"; then
+        named=$((named + 1))
+        echo "ok: ulimit -v $kib -> $(tail -n 1 <<<"$out" | cut -c1-120)..."
+      fi
+    done
+    [ "$named" -gt 0 ] || fail "no ulimit -v in 450000..800000 KiB gave the weights' out-of-memory line"
+    ;;
+  end_of_text)  # a chat answer ends before -n: the summary says so
+    expect 0 "stopped at end of text after" -- --chat -p "Reply with one word: hello" -n 128 --temp 0 -t 2
+    ;;
+  eval_table)  # a long text name widens the column instead of shifting the others
+    long="$TMP/a-text-file-with-a-rather-long-name-for-the-eval-table.txt"
+    head -c 20000 "$(dirname "$0")/../../data/texts/tinyshakespeare.txt" > "$long"
+    if ! "$AKV" eval -c 128 --scored 16 --page-size 16 --layers-per-text 1 --query-rows 4 --synthetic-tokens 0 \
+        --routes int8s -t 2 --texts "$long" --json "$TMP/eval.json" > "$TMP/table.txt" 2> "$TMP/log.txt"; then
+      fail "short eval failed: $(tail -n 3 "$TMP/log.txt")"
+    else
+      # Rows of one text are as long as the header; the "all" rows lack the
+      # last two columns (MiB/step, bitwise: 11 + 9 characters).
+      awk 'NF == 0 { next }
+           $1 == "route" { h = length($0); next }
+           $2 == "all" { if (length($0) != h - 20) bad = bad "\n  " $0; next }
+           { if (length($0) != h) bad = bad "\n  " $0 }
+           END { if (!h) { print "no table header"; exit 1 } if (bad != "") { print "misaligned rows:" bad; exit 1 } }' \
+        "$TMP/table.txt" || fail "eval table columns do not align: $(cat "$TMP/table.txt")"
+      [ -s "$TMP/eval.json" ] || fail "eval did not write $TMP/eval.json"
+      echo "ok: eval table aligned with a ${#long}-character text path"
+    fi
+    ;;
+  cpu_only)  # what a build without the CUDA backend says when asked for the GPU
+    expect 1 "--device cuda: this activekv was built without the CUDA backend" -- generate --device cuda -p hi -n 1
+    expect 1 "this build has no CUDA backend" -- eval --device cuda
+    expect 1 "bench: this activekv was built without the CUDA backend" -- bench decode
+    expect 1 "calibrate: this activekv was built without the CUDA backend" -- calibrate
+    ;;
+  *)
+    echo "unknown case '$CASE'" >&2
+    exit 2
+    ;;
+esac
+[ "$failures" = 0 ] || { echo "$failures check(s) failed" >&2; exit 1; }
