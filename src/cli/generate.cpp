@@ -1,6 +1,10 @@
 // `activekv generate`: prompt -> prefill (chunked, with a progress line) ->
 // decode loop streaming text -> summary of speed, latency, bytes and memory.
-// Flag names follow llama.cpp's llama-cli where one exists.
+// Flag names follow llama.cpp's llama-cli where one exists. This file holds
+// the flags, the CPU path and what both paths share; the GPU path (the whole
+// model on the GPU, the history in pinned host pages) is generate_gpu.cpp.
+#include "generate.h"
+
 #include <fmt/format.h>
 #include <omp.h>
 #include <unistd.h>
@@ -10,45 +14,19 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
-#include <optional>
+#include <nlohmann/json.hpp>
 #include <random>
-#include <thread>
 
 #include "activekv/convert/compressed_history.h"
 #include "activekv/core/blas.h"
 #include "activekv/core/text_file.h"
 #include "activekv/model/llama_model.h"
-#include "activekv/model/sampler.h"
-#include "activekv/tokenizer/tokenizer.h"
-#ifdef ACTIVEKV_HAVE_CUDA
-#include "activekv/cuda/attention_backend.h"
-#endif
 #include "commands.h"
 #include "memory.h"
-#include "options.h"
+#include "provenance.h"
 #include "stats.h"
 
 namespace activekv::cli {
-namespace {
-
-struct GenerateArgs {
-  std::string model;
-  std::optional<std::string> prompt;  // -p given (possibly empty)
-  std::string prompt_file;
-  int64_t seed = 42;                   // -1: a random seed, printed
-  int n_predict = 128;
-  int n_ctx = 0;  // 0: prompt + n_predict
-  int threads = default_threads();
-  model::SamplerParams sampling;
-  bool chat = false;
-  int page_size = 1024;
-  std::string kv_format = "bf16";
-  int recent_pages = 2;
-  int convert_threads = 1;
-  int tile_pages = 32;
-  int prefill_chunk = 256;
-  std::string device = "cpu";  // cpu | cuda: where the exact attention runs (layers stay on the CPU)
-};
 
 std::string prompt_text(const GenerateArgs& a, const Tokenizer& tok) {
   std::string text = a.prompt                 ? *a.prompt
@@ -59,13 +37,116 @@ std::string prompt_text(const GenerateArgs& a, const Tokenizer& tok) {
   return tok.apply_chat_template(std::span<const ChatMessage>(&msg, 1), true);
 }
 
-struct Timings {
-  double load_ms = 0, prefill_ms = 0;
-  std::vector<double> step_ms;
-  int generated = 0;         // tokens sampled and printed
-  bool end_of_text = false;  // the model sampled end-of-text before -n was reached
-  route::RouteReport decode_route;  // pages, tiles and bytes read by the decode steps
-};
+int64_t context_size(const GenerateArgs& a, size_t prompt_tokens) {
+  return a.n_ctx > 0 ? a.n_ctx : int64_t(prompt_tokens) + a.n_predict;
+}
+
+std::vector<int32_t> prompt_ids(const GenerateArgs& a, const Tokenizer& tok) {
+  std::vector<int32_t> prompt = tok.encode(prompt_text(a, tok), tok.add_bos_default());
+  if (prompt.empty()) throw Error("the prompt is empty");
+  const int64_t n_ctx = context_size(a, prompt.size());
+  if (int64_t(prompt.size()) + a.n_predict > n_ctx) {
+    throw Error(fmt::format("prompt of {} tokens plus -n {} exceeds the context -c {}", prompt.size(), a.n_predict,
+                            n_ctx));
+  }
+  return prompt;
+}
+
+model::SamplerParams sampler_params(const GenerateArgs& a) {
+  model::SamplerParams s = a.sampling;
+  s.seed = a.seed >= 0 ? uint64_t(a.seed) : uint64_t(std::random_device{}()) << 32 | std::random_device{}();
+  if (a.seed < 0) fmt::print(stderr, "seed {}\n", s.seed);
+  return s;
+}
+
+std::function<void(int64_t, int64_t)> prefill_progress(std::chrono::steady_clock::time_point t0) {
+  // On a terminal the progress line redraws itself; in a log, one line per chunk.
+  const bool tty = isatty(STDERR_FILENO);
+  return [t0, tty](int64_t done, int64_t total) {
+    fmt::print(stderr, "{}prefill {:6d}/{} tokens  {:7.1f} tokens/s{}", tty ? "\r" : "", done, total,
+               1000.0 * double(done) / ms_since(t0), tty && done < total ? "" : "\n");
+    std::fflush(stderr);
+  };
+}
+
+bool emit_token(const Tokenizer& tok, int32_t id, GenerationReport& r) {
+  if (tok.is_end_of_generation(id)) {
+    r.end_of_text = true;
+    return false;
+  }
+  fmt::print("{}", tok.token_to_piece(id));
+  std::fflush(stdout);
+  ++r.generated;
+  return true;
+}
+
+namespace {
+
+void print_summary(const GenerationReport& r) {
+  const size_t n_gen = r.step_ms.size();
+  double decode_ms = 0;
+  for (double s : r.step_ms) decode_ms += s;
+  constexpr double MiB = 1024.0 * 1024.0;
+  fmt::print(stderr, "\n\n--- activekv summary ({}) ---\n", r.model_name);
+  fmt::print(stderr, "device               {}\n", r.device);
+  if (!r.placement.empty()) fmt::print(stderr, "kv placement         {}\n", r.placement);
+  if (r.weight_bytes >= 0) fmt::print(stderr, "weights on the GPU   {:10.1f} MiB (GGUF types)\n", r.weight_bytes / MiB);
+  fmt::print(stderr, "model load           {:10.1f} ms\n", r.load_ms);
+  fmt::print(stderr, "prompt tokens        {:10d}\n", r.prompt_tokens);
+  fmt::print(stderr, "prefill              {:10.1f} tokens/s ({:.1f} ms)\n",
+             r.prefill_ms > 0 ? 1000.0 * double(r.prompt_tokens) / r.prefill_ms : 0.0, r.prefill_ms);
+  if (n_gen == 0) {
+    fmt::print(stderr, "decode               no decode step was run (-n below 2, or end of text at once)\n");
+  } else {
+    fmt::print(stderr, "decode               {:10.2f} tokens/s ({} tokens, {:.1f} ms)\n",
+               1000.0 * double(n_gen) / decode_ms, n_gen, decode_ms);
+    fmt::print(stderr, "per-token latency    median {:.2f} ms, p90 {:.2f} ms\n", quantile(r.step_ms, 0.5),
+               quantile(r.step_ms, 0.9));
+  }
+  const auto& d = r.decode_route;
+  const double steps = double(std::max<size_t>(n_gen, 1));
+  fmt::print(stderr, "history read/token   {:10.2f} MiB ({}; per step {:.0f} exact + {:.0f} lossless13 + {:.0f} int8s pages)\n",
+             d.bytes / steps / MiB, r.kv_format, double(d.pages[0]) / steps, double(d.pages[1]) / steps,
+             double(d.pages[2]) / steps);
+  if (r.streamed_bytes >= 0)
+    fmt::print(stderr, "streamed/token       {:10.2f} MiB host -> GPU ({:.2f} MiB read in place on the GPU)\n",
+               r.streamed_bytes / steps / MiB, r.resident_bytes / steps / MiB);
+  if (r.end_of_text) fmt::print(stderr, "stopped at end of text after {} tokens\n", r.generated);
+  fmt::print(stderr, "peak RSS             {:10.1f} MiB\n", double(peak_rss_bytes()) / MiB);
+}
+
+nlohmann::json report_json(const GenerationReport& r) {
+  double decode_ms = 0;
+  for (double s : r.step_ms) decode_ms += s;
+  const double steps = double(std::max<size_t>(r.step_ms.size(), 1));
+  auto or_null = [](double v) { return v < 0 ? nlohmann::json(nullptr) : nlohmann::json(v); };
+  return {{"command", command_line()},
+          {"commit", git_commit()},
+          {"model", r.model_path},
+          {"model_name", r.model_name},
+          {"device", r.device},
+          {"threads", r.threads},
+          {"kv_format", r.kv_format},
+          {"kv_placement", r.placement},
+          {"prompt_tokens", r.prompt_tokens},
+          {"generated_tokens", r.generated},
+          {"end_of_text", r.end_of_text},
+          {"load_ms", r.load_ms},
+          {"prefill_ms", r.prefill_ms},
+          {"prefill_tokens_per_s", r.prefill_ms > 0 ? 1000.0 * double(r.prompt_tokens) / r.prefill_ms : 0.0},
+          {"decode_steps", r.step_ms.size()},
+          {"decode_tokens_per_s", decode_ms > 0 ? 1000.0 * double(r.step_ms.size()) / decode_ms : 0.0},
+          {"latency_ms_median", quantile(r.step_ms, 0.5)},
+          {"latency_ms_p90", quantile(r.step_ms, 0.9)},
+          {"history_bytes_per_token", r.decode_route.bytes / steps},
+          {"streamed_bytes_per_token", or_null(r.streamed_bytes < 0 ? -1 : r.streamed_bytes / steps)},
+          {"resident_bytes_per_token", or_null(r.resident_bytes < 0 ? -1 : r.resident_bytes / steps)},
+          {"weight_bytes_gpu", or_null(r.weight_bytes)},
+          {"pages_per_step", {{"exact", double(r.decode_route.pages[0]) / steps},
+                              {"lossless13", double(r.decode_route.pages[1]) / steps},
+                              {"int8s", double(r.decode_route.pages[2]) / steps}}},
+          {"peak_rss_bytes", peak_rss_bytes()}};
+}
 
 // --kv-format: bf16/f32 are exact routes over pages of that format; the
 // compressed formats read bf16 pages converted in the background.
@@ -83,41 +164,19 @@ HistoryPlan plan_history(const std::string& kv_format) {
   return {kv::PageFormat::bf16, kind, {codec}};
 }
 
-void print_summary(const Timings& t, size_t n_prompt, const model::ModelConfig& c, const std::string& kv_format,
-                   int threads) {
-  const size_t n_gen = t.step_ms.size();
-  double decode_ms = 0;
-  for (double s : t.step_ms) decode_ms += s;
-  fmt::print(stderr, "\n\n--- activekv summary ({}, {} threads) ---\n", c.name.empty() ? c.arch : c.name, threads);
-  fmt::print(stderr, "model load           {:10.1f} ms\n", t.load_ms);
-  fmt::print(stderr, "prompt tokens        {:10d}\n", n_prompt);
-  fmt::print(stderr, "prefill              {:10.1f} tokens/s ({:.1f} ms)\n",
-             t.prefill_ms > 0 ? 1000.0 * double(n_prompt) / t.prefill_ms : 0.0, t.prefill_ms);
-  if (n_gen == 0) {
-    fmt::print(stderr, "decode               no decode step was run (-n below 2, or end of text at once)\n");
-  } else {
-    fmt::print(stderr, "decode               {:10.2f} tokens/s ({} tokens, {:.1f} ms)\n",
-               1000.0 * double(n_gen) / decode_ms, n_gen, decode_ms);
-    fmt::print(stderr, "per-token latency    median {:.2f} ms, p90 {:.2f} ms\n", quantile(t.step_ms, 0.5),
-               quantile(t.step_ms, 0.9));
-  }
-  const auto& r = t.decode_route;
-  const double steps = double(std::max<size_t>(n_gen, 1));
-  fmt::print(stderr, "history read/token   {:10.2f} MiB ({}; per step {:.0f} exact + {:.0f} lossless13 + {:.0f} int8s pages)\n",
-             r.bytes / steps / (1024.0 * 1024.0), kv_format, double(r.pages[0]) / steps,
-             double(r.pages[1]) / steps, double(r.pages[2]) / steps);
-  if (t.end_of_text) fmt::print(stderr, "stopped at end of text after {} tokens\n", t.generated);
-  fmt::print(stderr, "peak RSS             {:10.1f} MiB\n", double(peak_rss_bytes()) / (1024.0 * 1024.0));
+// --device auto: the GPU when this build has the CUDA backend and a usable GPU is present.
+std::string resolve_device(const std::string& device) {
+#ifdef ACTIVEKV_HAVE_CUDA
+  if (device == "auto") return gpu_present() ? "cuda" : "cpu";
+#else
+  if (device == "auto") return "cpu";
+  if (device == "cuda") throw Error("--device cuda: this activekv was built without the CUDA backend (ACTIVEKV_CUDA=OFF)");
+#endif
+  return device;
 }
 
 // Argument combinations that cannot work, rejected before the model loads.
-void check_args(const GenerateArgs& a) {
-  if (a.device == "cuda" && a.kv_format != "bf16") {
-    throw Error(fmt::format("--device cuda supports --kv-format bf16 only, not '{}'", a.kv_format));
-  }
-#ifndef ACTIVEKV_HAVE_CUDA
-  if (a.device == "cuda") throw Error("--device cuda: this activekv was built without the CUDA backend (ACTIVEKV_CUDA=OFF)");
-#endif
+void check_args(const GenerateArgs& a, const std::string& device) {
   if (a.prompt && !a.prompt_file.empty()) throw Error("give either -p or -f, not both");
   if (!std::isfinite(a.sampling.temperature)) {
     throw InvalidArgument(fmt::format("--temp must be a finite number, got {}", a.sampling.temperature));
@@ -125,60 +184,57 @@ void check_args(const GenerateArgs& a) {
   if (!(a.sampling.top_p > 0.0f && a.sampling.top_p <= 1.0f)) {  // also rejects NaN
     throw InvalidArgument(fmt::format("--top-p must be in (0, 1], got {}", a.sampling.top_p));
   }
+  if (device == "cuda" && a.kv_format == "f32")
+    throw Error("--kv-format f32 is the CPU path's reference format; on the GPU use bf16, lossless13, int8s or hybrid");
+  if (device == "cpu" && (a.kv_placement != "auto" || a.gpu_kv_mem_gib > 0))
+    throw Error("--kv-placement and --gpu-kv-mem apply to --device cuda only");
+  if (!a.json_out.empty()) check_writable(a.json_out, "generate --json output");
 }
 
 // Samples, streams and runs one forward step per token; times each step.
 void decode_loop(const GenerateArgs& a, model::LlamaModel& lm, const Tokenizer& tok, kv::SequenceKv& seq,
                  convert::CompressedHistory* compressed, const route::RoutedView& view, model::Sampler& sampler,
-                 std::vector<float>& logits, Timings& t) {
+                 std::vector<float>& logits, GenerationReport& r) {
   for (int i = 0; i < a.n_predict; ++i) {
     const auto ts = std::chrono::steady_clock::now();
     const int32_t id = sampler.sample(logits);
-    if (tok.is_end_of_generation(id)) {
-      t.end_of_text = true;
-      break;
-    }
-    fmt::print("{}", tok.token_to_piece(id));
-    ++t.generated;
-    std::fflush(stdout);
+    if (!emit_token(tok, id, r)) break;
     if (i + 1 == a.n_predict) break;  // the last token needs no forward pass
     const int32_t one[1] = {id};
     lm.forward(one, seq, logits, false, &view);
     if (compressed) compressed->schedule();
-    t.step_ms.push_back(ms_since(ts));
+    r.step_ms.push_back(ms_since(ts));
   }
 }
 
-int run(const GenerateArgs& a) {
-  check_args(a);
+int run_cpu(const GenerateArgs& a) {
   omp_set_num_threads(a.threads);
   set_blas_threads(a.threads);
-  Timings t;
+  GenerationReport r;
   auto t0 = std::chrono::steady_clock::now();
-  const std::string model_path = a.model.empty() ? default_model_path() : a.model;
-  const gguf::File file = gguf::File::open(model_path);
+  r.model_path = a.model.empty() ? default_model_path() : a.model;
+  const gguf::File file = gguf::File::open(r.model_path);
   const Tokenizer tok = Tokenizer::from_gguf(file);
   model::ForwardOptions fopt;
   fopt.prefill_chunk = a.prefill_chunk;
   fopt.attention.tile_pages = a.tile_pages;
-  model::LlamaModel lm = load_weights_checked(file, model_path, [&] { return model::LlamaModel(file, fopt); });
+  model::LlamaModel lm = load_weights_checked(file, r.model_path, [&] { return model::LlamaModel(file, fopt); });
   const model::ModelConfig& c = lm.config();
-  t.load_ms = ms_since(t0);
+  r.load_ms = ms_since(t0);
+  r.model_name = c.name.empty() ? c.arch : c.name;
+  r.device = fmt::format("cpu ({} threads)", a.threads);
+  r.threads = a.threads;
+  r.kv_format = a.kv_format;
 
-  const std::vector<int32_t> prompt = tok.encode(prompt_text(a, tok), tok.add_bos_default());
-  if (prompt.empty()) throw Error("the prompt is empty");
-  const int64_t n_ctx = a.n_ctx > 0 ? a.n_ctx : int64_t(prompt.size()) + a.n_predict;
-  if (int64_t(prompt.size()) + a.n_predict > n_ctx) {
-    throw Error(fmt::format("prompt of {} tokens plus -n {} exceeds the context -c {}", prompt.size(),
-                            a.n_predict, n_ctx));
-  }
+  const std::vector<int32_t> prompt = prompt_ids(a, tok);
+  const int64_t n_ctx = context_size(a, prompt.size());
   if (n_ctx > c.context_length) {
     fmt::print(stderr, "warning: context {} exceeds the model's trained context {}\n", n_ctx, c.context_length);
   }
   const HistoryPlan plan = plan_history(a.kv_format);
   const kv::KvShape shape = lm.kv_shape(a.page_size, plan.page_format);
   const size_t pages_per_layer = size_t((n_ctx + a.page_size - 1) / a.page_size);
-  require_page_store(shape, n_ctx);  // pages are allocated as the history grows: refuse now, not hours in
+  require_page_store(shape, n_ctx);  // refuse now what could not be held, not hours in
   kv::PageStore store(shape, pages_per_layer * size_t(c.n_layers));
   kv::SequenceKv seq(store);
   std::unique_ptr<convert::ConversionPool> pool;
@@ -189,48 +245,40 @@ int run(const GenerateArgs& a) {
   route::RoutedView view;
   view.compressed = compressed.get();
   view.config = {plan.route, a.recent_pages, a.tile_pages};
-  model::SamplerParams sampling = a.sampling;
-  sampling.seed = a.seed >= 0 ? uint64_t(a.seed) : uint64_t(std::random_device{}()) << 32 | std::random_device{}();
-  if (a.seed < 0) fmt::print(stderr, "seed {}\n", sampling.seed);
-  model::Sampler sampler(sampling);
-#ifdef ACTIVEKV_HAVE_CUDA
-  // --device cuda: every layer's attention on the GPU (lm keeps a non-owning
-  // pointer and calls it only inside forward); the model layers stay on the CPU.
-  std::unique_ptr<cuda::CudaAttentionBackend> gpu_attention;
-  if (a.device == "cuda") {
-    gpu_attention = std::make_unique<cuda::CudaAttentionBackend>(shape, c.n_heads);
-    fopt.attention_backend = gpu_attention.get();
-    lm.set_options(fopt);
-    fmt::print(stderr, "activekv: attention on {} (flash-style prefill kernel), model layers on the CPU\n",
-               gpu_attention->device_name());
-  }
-#endif
+  model::Sampler sampler(sampler_params(a));
 
-  fmt::print(stderr, "activekv: {} | {} layers, {} KV heads x {} | {} history, page {} tokens, tile {} pages | {} prompt tokens\n",
-             model_path, c.n_layers, c.n_kv_heads, c.head_dim, a.kv_format, a.page_size, a.tile_pages, prompt.size());
+  fmt::print(stderr, "activekv: {} | cpu, {} threads | {} layers, {} KV heads x {} | {} history, page {} tokens, tile {} pages | {} prompt tokens\n",
+             r.model_path, a.threads, c.n_layers, c.n_kv_heads, c.head_dim, a.kv_format, a.page_size, a.tile_pages,
+             prompt.size());
+  r.prompt_tokens = int64_t(prompt.size());
   t0 = std::chrono::steady_clock::now();
-  // On a terminal the progress line redraws itself; in a log, one line per chunk.
-  const char* progress_end = isatty(STDERR_FILENO) ? "" : "\n";
-  const char* progress_start = isatty(STDERR_FILENO) ? "\r" : "";
-  std::vector<float> logits = lm.prefill(prompt, seq, [&](int64_t done, int64_t total) {
-    const double ms = ms_since(t0);
-    fmt::print(stderr, "{}prefill {:6d}/{} tokens  {:7.1f} tokens/s{}", progress_start, done, total,
-               1000.0 * double(done) / ms, progress_end);
-    std::fflush(stderr);
-  }, &view);
-  t.prefill_ms = ms_since(t0);
-  if (!*progress_end) fmt::print(stderr, "\n");
-  if (!a.chat) {
-    fmt::print("{}", !a.prompt && a.prompt_file.empty() ? "[...] " : "");
-  }
-
-  view.report = &t.decode_route;
-  decode_loop(a, lm, tok, seq, compressed.get(), view, sampler, logits, t);
-  print_summary(t, prompt.size(), c, a.kv_format, a.threads);
+  std::vector<float> logits = lm.prefill(prompt, seq, prefill_progress(t0), &view);
+  r.prefill_ms = ms_since(t0);
+  if (!a.chat) fmt::print("{}", !a.prompt && a.prompt_file.empty() ? "[...] " : "");
+  view.report = &r.decode_route;
+  decode_loop(a, lm, tok, seq, compressed.get(), view, sampler, logits, r);
+  report(a, r);
   return 0;
 }
 
+int run(const GenerateArgs& a) {
+  const std::string device = resolve_device(a.device);
+  check_args(a, device);
+#ifdef ACTIVEKV_HAVE_CUDA
+  if (device == "cuda") return run_generate_gpu(a);
+#endif
+  return run_cpu(a);
+}
+
 }  // namespace
+
+void report(const GenerateArgs& a, const GenerationReport& r) {
+  print_summary(r);
+  if (!a.json_out.empty()) {
+    write_text_file(a.json_out, report_json(r).dump(2) + "\n", "generate --json output");
+    fmt::print(stderr, "wrote {}\n", a.json_out);
+  }
+}
 
 void add_generate(CLI::App& app, std::function<int()>& run_fn) {
   auto a = std::make_shared<GenerateArgs>();
@@ -248,16 +296,26 @@ void add_generate(CLI::App& app, std::function<int()>& run_fn) {
   app.add_flag("--chat", a->chat, "Wrap the prompt in the model's ChatML chat template");
   add_page_size_option(app, a->page_size);
   app.add_option("--kv-format", a->kv_format,
-                 "History format: bf16 (exact tier), f32 (reference), lossless13, int8s, or hybrid "
+                 "History format: bf16 (exact tier), f32 (CPU reference), lossless13, int8s, or hybrid "
                  "(exact sink/recent/tail, int8s between)")
       ->capture_default_str()->check(CLI::IsMember({"bf16", "f32", "lossless13", "int8s", "hybrid"}));
   add_recent_pages_option(app, a->recent_pages);
   app.add_option("--convert-threads", a->convert_threads, "Background page-conversion threads")
       ->capture_default_str()->check(CLI::Range(1, 256));
-  app.add_option("--tile-pages", a->tile_pages, "Pages per attention tile")->capture_default_str()->check(CLI::Range(1, 1 << 20));
-  app.add_option("--device", a->device, "Where the attention runs: cpu, or cuda (exact bf16 history on the GPU; model layers stay on the CPU)")
-      ->capture_default_str()->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--tile-pages", a->tile_pages, "Pages per attention tile (GPU: per streamed copy job)")
+      ->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  app.add_option("--device", a->device,
+                 "auto (the GPU when one is usable, else the CPU), cpu, or cuda (the whole model on the GPU, "
+                 "the history in pinned host memory)")
+      ->capture_default_str()->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  app.add_option("--kv-placement", a->kv_placement,
+                 "GPU: where the history is read each step: host (streamed from pinned host memory), gpu (a "
+                 "copy resident on the GPU), auto (gpu if it fits --gpu-kv-mem)")
+      ->capture_default_str()->check(CLI::IsMember({"auto", "host", "gpu"}));
+  app.add_option("--gpu-kv-mem", a->gpu_kv_mem_gib, "GPU: GiB the resident history may use (0: free memory less a margin)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--prefill-chunk", a->prefill_chunk, "Tokens per prefill forward pass")->capture_default_str()->check(CLI::Range(1, 1 << 16));
+  app.add_option("--json", a->json_out, "Also write the summary as JSON to this file (with command and commit)");
   run_fn = [a] { return run(*a); };
 }
 

@@ -50,10 +50,7 @@ void LlamaModel::layer_forward(int l, int T, const int64_t* pos, kv::SequenceKv&
 
   const attention::LayerHistory history{&seq.store(), seq.page_table(l), pos[T - 1] + 1};
   const attention::QueryRows rows{q_.data(), T, c.n_heads, pos};
-  const bool on_backend = opt_.attention_backend && !view.compressed;
-  if (on_backend) route::report_exact_read(history, view);
-  const attention::Partial out = on_backend ? opt_.attention_backend->attend(l, history, rows, opt_.attention)
-                                            : route::attend_routed(history, l, view, rows, opt_.attention, ws_);
+  const attention::Partial out = route::attend_routed(history, l, view, rows, opt_.attention, ws_);
   gemm_nt(T, d, q_dim, 1.0f, out.o.data(), q_dim, L.wo.data(), q_dim, 0.0f, tmp_.data(), d);
   add_inplace(x_.data(), tmp_.data(), int64_t(T) * d);
 

@@ -110,13 +110,4 @@ attention::Partial attend_routed(const attention::LayerHistory& history, int lay
   return attention::merge(partials);
 }
 
-void report_exact_read(const attention::LayerHistory& history, const RoutedView& view) {
-  if (!view.report) return;
-  const kv::KvShape& s = history.store->shape();
-  RouteConfig exact = view.config;
-  exact.kind = RouteKind::exact;
-  view.report->add(plan_route(exact, history.n_tokens, s.page_size, nullptr));
-  view.report->bytes += double(history.n_tokens) * double(s.bytes_per_token_per_layer());
-}
-
 }  // namespace activekv::route

@@ -12,7 +12,6 @@
 #include <span>
 #include <vector>
 
-#include "activekv/attention/backend.h"
 #include "activekv/attention/paged_attention.h"
 #include "activekv/gguf/gguf.h"
 #include "activekv/kv/page_store.h"
@@ -30,9 +29,6 @@ struct ForwardOptions {
   int prefill_chunk = 256;  ///< tokens per forward call during prefill
   attention::AttentionOptions attention;
   QueryObserver on_queries;  ///< optional
-  /// Optional, not owned: computes the attention of exact routes (views with
-  /// no compressed history) instead of the CPU kernels, e.g. on the GPU.
-  attention::AttentionBackend* attention_backend = nullptr;
 };
 
 /// Called after each prefill chunk with (tokens done, tokens total).

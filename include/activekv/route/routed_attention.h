@@ -35,8 +35,5 @@ attention::Partial attend_routed(const attention::LayerHistory& history, int lay
                                  const attention::QueryRows& q, const attention::AttentionOptions& opt,
                                  attention::Workspace& ws);
 
-/// Adds to view.report (if any) what an exact read of `history` costs, for
-/// attention computed elsewhere (an attention::AttentionBackend).
-void report_exact_read(const attention::LayerHistory& history, const RoutedView& view);
 
 }  // namespace activekv::route

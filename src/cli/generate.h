@@ -1,0 +1,78 @@
+// `activekv generate`, shared by its CPU path (generate.cpp) and its GPU path
+// (generate_gpu.cpp, CUDA builds): the arguments, what a run reports, and the
+// pieces both paths use.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "activekv/model/sampler.h"
+#include "activekv/route/route.h"
+#include "activekv/tokenizer/tokenizer.h"
+#include "options.h"
+
+namespace activekv::cli {
+
+struct GenerateArgs {
+  std::string model;
+  std::optional<std::string> prompt;  // -p given (possibly empty)
+  std::string prompt_file;
+  int64_t seed = 42;                  // -1: a random seed, printed
+  int n_predict = 128;
+  int n_ctx = 0;  // 0: prompt + n_predict
+  int threads = default_threads();
+  model::SamplerParams sampling;
+  bool chat = false;
+  int page_size = 1024;
+  std::string kv_format = "bf16";
+  int recent_pages = 2;
+  int convert_threads = 1;
+  int tile_pages = 32;
+  int prefill_chunk = 256;
+  std::string device = "auto";        // auto | cpu | cuda
+  std::string kv_placement = "auto";  // host | gpu | auto (GPU only)
+  double gpu_kv_mem_gib = 0;          // GPU budget for the history; 0 = free memory less a margin
+  std::string json_out;               // --json: the report as JSON
+};
+
+/// What a run reports (the summary, and --json).
+struct GenerationReport {
+  std::string model_path, model_name, device, kv_format, placement;
+  int threads = 0;
+  int64_t prompt_tokens = 0;
+  double load_ms = 0, prefill_ms = 0;
+  std::vector<double> step_ms;  ///< one per decode step (a forward pass and a sample)
+  int generated = 0;            ///< tokens sampled and printed
+  bool end_of_text = false;     ///< the model sampled end-of-text before -n was reached
+  route::RouteReport decode_route;  ///< pages, tiles and bytes read by the decode steps
+  double streamed_bytes = -1;   ///< GPU: history bytes copied host -> device, all steps (-1: n/a)
+  double resident_bytes = -1;   ///< GPU: history bytes read in place on the GPU, all steps
+  double weight_bytes = -1;     ///< GPU: weights on the GPU, in their GGUF types
+};
+
+/// The prompt as text (-p, -f or the default prompt file), in the chat template with --chat.
+std::string prompt_text(const GenerateArgs& a, const Tokenizer& tok);
+/// Token ids of the prompt; Error if empty, or if it plus -n exceeds -c.
+std::vector<int32_t> prompt_ids(const GenerateArgs& a, const Tokenizer& tok);
+/// The context: -c, or prompt + -n.
+int64_t context_size(const GenerateArgs& a, size_t prompt_tokens);
+/// The sampler parameters with the seed resolved (--seed -1: random, printed).
+model::SamplerParams sampler_params(const GenerateArgs& a);
+/// A progress callback for prefill: redraws one line on a terminal, one line per chunk in a log.
+std::function<void(int64_t, int64_t)> prefill_progress(std::chrono::steady_clock::time_point t0);
+/// Streams one token's text to stdout (false: end of text, nothing printed).
+bool emit_token(const Tokenizer& tok, int32_t id, GenerationReport& r);
+
+/// Prints the summary to stderr and, with --json, writes it.
+void report(const GenerateArgs& a, const GenerationReport& r);
+
+#ifdef ACTIVEKV_HAVE_CUDA
+/// The GPU path: the whole model on the GPU, the history in pinned host pages.
+int run_generate_gpu(const GenerateArgs& a);
+/// True if a usable CUDA GPU is present (for --device auto).
+bool gpu_present();
+#endif
+
+}  // namespace activekv::cli
