@@ -281,8 +281,8 @@ void DecodeEngine::update(const std::vector<SeqPages>& seqs) {
       P.max_splits > D.cap_splits || int(seqs.size()) > D.cap_seqs) {
     synchronize();
     grown = true;
-    if (P.stage_slot_bytes > D.slot_bytes) {
-      D.slot_bytes = align_up(P.stage_slot_bytes);
+    if (P.stage_slot_bytes > D.slot_bytes) {  // doubling: a history growing page by page reallocates rarely
+      D.slot_bytes = std::max(align_up(P.stage_slot_bytes), 2 * D.slot_bytes);
       D.staging.reserve(size_t(cfg_.ring_slots) * D.slot_bytes, "the staging ring");
     }
     D.unpack_scratch.reserve(size_t(P.max_unpack) * sh.page_bytes(), "the lossless13 unpack scratch");
