@@ -282,7 +282,9 @@ void DecodeEngine::update(const std::vector<SeqPages>& seqs) {
     synchronize();
     grown = true;
     if (P.stage_slot_bytes > D.slot_bytes) {  // doubling: a history growing page by page reallocates rarely
-      D.slot_bytes = std::max(align_up(P.stage_slot_bytes), 2 * D.slot_bytes);
+      // Never beyond a full tile of bf16 pages (the largest job a tile can be).
+      const size_t cap = cfg_.tile_pages > 0 ? size_t(cfg_.tile_pages) * align_up(sh.page_bytes()) : SIZE_MAX;
+      D.slot_bytes = std::max(align_up(P.stage_slot_bytes), std::min(2 * D.slot_bytes, cap));
       D.staging.reserve(size_t(cfg_.ring_slots) * D.slot_bytes, "the staging ring");
     }
     D.unpack_scratch.reserve(size_t(P.max_unpack) * sh.page_bytes(), "the lossless13 unpack scratch");
