@@ -3,9 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <fstream>
 #include <limits>
-#include <sstream>
 
 namespace activekv::cli {
 namespace {
@@ -23,17 +21,7 @@ const char* const kSource = "MemAvailable in /proc/meminfo";
 
 }  // namespace
 
-uint64_t available_memory_bytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    std::istringstream ss(line);
-    std::string key, unit;
-    uint64_t kib = 0;
-    if (ss >> key >> kib >> unit && key == "MemAvailable:" && unit == "kB") return saturating_mul(kib, 1024);
-  }
-  return 0;
-}
+uint64_t available_memory_bytes() { return kv::host_memory_available(); }
 
 std::string describe_bytes(uint64_t bytes) {
   const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};

@@ -66,8 +66,9 @@ size_t host_memory_available() {
   while (std::getline(in, line)) {
     std::istringstream s(line);
     std::string key;
+    std::string unit;
     size_t kib = 0;
-    if (s >> key >> kib && key == "MemAvailable:") return kib * 1024;
+    if (s >> key >> kib >> unit && key == "MemAvailable:" && unit == "kB") return kib * 1024;
   }
   return 0;
 }
