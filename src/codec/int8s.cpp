@@ -100,8 +100,8 @@ void encode_values(const bf16* v, int n, int d, int head, std::byte* out) {
   }
 }
 
-std::vector<float> read_scales(const std::byte* p, int count, const char* what, int head, bool channel) {
-  std::vector<float> out(static_cast<size_t>(count));
+// Validates `count` fp16 scales at p (channel: also within [2^-14, 2^14]).
+void check_scales(const std::byte* p, int count, const char* what, int head, bool channel) {
   for (int i = 0; i < count; ++i) {
     const float x = detail::half_to_float(detail::load<uint16_t>(p + 2 * size_t(i)));
     if (!std::isfinite(x)) throw Error(fmt::format("int8s page: {} scale {} of head {} is not finite", what, i, head));
@@ -111,9 +111,7 @@ std::vector<float> read_scales(const std::byte* p, int count, const char* what, 
     if (x < 0.0f || std::signbit(x)) {
       throw Error(fmt::format("int8s page: {} scale {} of head {} is negative ({})", what, i, head, x));
     }
-    out[size_t(i)] = x;
   }
-  return out;
 }
 
 void check_codes(const int8_t* q, size_t n, const char* what, int head) {
@@ -150,33 +148,53 @@ EncodedPage encode_int8s_page(const KvShape& shape, std::span<const bf16> page, 
   return out;
 }
 
-Int8sPageView parse_int8s_page(const EncodedPage& page) {
+Int8sHeadView Int8sPageView::head(int h) const {
+  const int d = header.head_dim, n = header.n_tokens;
+  Int8sHeadView hv;
+  const std::byte* p = blob.data() + kCodecHeaderBytes + size_t(h) * head_section_bytes(d, n);
+  hv.c_fp16 = p;
+  p += 2 * size_t(d);
+  hv.s_fp16 = p;
+  p += 2 * size_t(n);
+  hv.kq = reinterpret_cast<const int8_t*>(p);
+  p += size_t(n) * d;
+  hv.v_fp16 = p;
+  p += 2 * size_t(d);
+  hv.vq = reinterpret_cast<const int8_t*>(p);
+  return hv;
+}
+
+float Int8sHeadView::c(size_t j) const { return detail::half_to_float(detail::load<uint16_t>(c_fp16 + 2 * j)); }
+float Int8sHeadView::s(size_t t) const { return detail::half_to_float(detail::load<uint16_t>(s_fp16 + 2 * t)); }
+float Int8sHeadView::v(size_t j) const { return detail::half_to_float(detail::load<uint16_t>(v_fp16 + 2 * j)); }
+
+void fp16_to_f32(const std::byte* src, size_t count, float* dst) {
+  for (size_t i = 0; i < count; ++i) dst[i] = detail::half_to_float(detail::load<uint16_t>(src + 2 * i));
+}
+
+Int8sPageView parse_int8s_page(std::span<const std::byte> blob) {
   Int8sPageView view;
-  view.header = detail::expect_format(page.bytes, CodecFormat::int8s);
+  view.header = detail::expect_format(blob, CodecFormat::int8s);
+  view.blob = blob;
   const int d = view.header.head_dim, n = view.header.n_tokens, H = view.header.n_kv_heads;
   const size_t expected = int8s_payload_bytes(H, d, n);
   if (view.header.payload_bytes != expected) {
     throw Error(fmt::format("int8s page: payload is {} bytes, dimensions (heads {}, dim {}, tokens {}) need {}",
                             view.header.payload_bytes, H, d, n, expected));
   }
-  const std::byte* p = page.bytes.data() + kCodecHeaderBytes;
-  view.heads.resize(size_t(H));
   for (int h = 0; h < H; ++h) {
-    Int8sHeadView& hv = view.heads[size_t(h)];
-    hv.c = read_scales(p, d, "key channel", h, true);
-    p += 2 * size_t(d);
-    hv.s = read_scales(p, n, "key token", h, false);
-    p += 2 * size_t(n);
-    hv.kq = reinterpret_cast<const int8_t*>(p);
+    const Int8sHeadView hv = view.head(h);
+    check_scales(hv.c_fp16, d, "key channel", h, true);
+    check_scales(hv.s_fp16, n, "key token", h, false);
     check_codes(hv.kq, size_t(n) * d, "key", h);
-    p += size_t(n) * d;
-    hv.v = read_scales(p, d, "value channel", h, false);
-    p += 2 * size_t(d);
-    hv.vq = reinterpret_cast<const int8_t*>(p);
+    check_scales(hv.v_fp16, d, "value channel", h, false);
     check_codes(hv.vq, size_t(n) * d, "value", h);
-    p += size_t(n) * d;
   }
   return view;
+}
+
+Int8sPageView parse_int8s_page(const EncodedPage& page) {
+  return parse_int8s_page(std::span<const std::byte>(page.bytes));
 }
 
 }  // namespace activekv::kv
