@@ -20,25 +20,23 @@ struct CodecTile {
   size_t n_read = 0;     ///< pages holding tokens below `end`
 };
 
-/// Checks pages (non-null, same format and dimensions, enough tokens) and
-/// rows (positions in [0, history_tokens), heads a multiple of KV heads).
-/// Reads every needed page's header (with its checksum).
-inline CodecTile check_codec_tile(const char* what, kv::CodecFormat format,
-                                  std::span<const kv::EncodedPage* const> pages, int64_t first_token,
-                                  int64_t history_tokens, const QueryRows& q) {
-  if (pages.empty()) throw InvalidArgument(fmt::format("{}: no pages", what));
+/// Checks the tile from its pages' headers (same format and dimensions,
+/// enough tokens) and the rows (positions in [0, history_tokens), heads a
+/// multiple of KV heads). `header_of(i)` gives page i's header; it is called
+/// only for the pages the tile reads.
+template <class HeaderOf>
+CodecTile check_tile(const char* what, kv::CodecFormat format, size_t n_pages, const HeaderOf& header_of,
+                     int64_t first_token, int64_t history_tokens, const QueryRows& q) {
+  if (n_pages == 0) throw InvalidArgument(fmt::format("{}: no pages", what));
   if (first_token < 0) throw InvalidArgument(fmt::format("{}: first_token {} is negative", what, first_token));
   CodecTile tile;
-  for (size_t i = 0; i < pages.size(); ++i) {
-    if (pages[i] == nullptr) throw InvalidArgument(fmt::format("{}: page {} is null", what, i));
-  }
-  tile.first = kv::read_header(pages[0]->bytes);
+  tile.first = header_of(size_t(0));
   const kv::PageHeader& h0 = tile.first;
   const int64_t P = h0.page_size;
-  tile.end = std::min<int64_t>(history_tokens, first_token + int64_t(pages.size()) * P);
+  tile.end = std::min<int64_t>(history_tokens, first_token + int64_t(n_pages) * P);
   tile.n_read = tile.end > first_token ? size_t((tile.end - first_token + P - 1) / P) : 0;
   for (size_t i = 0; i < tile.n_read; ++i) {
-    const kv::PageHeader h = i == 0 ? h0 : kv::read_header(pages[i]->bytes);
+    const kv::PageHeader h = i == 0 ? h0 : header_of(i);
     if (h.format != format) {
       throw InvalidArgument(fmt::format("{}: page {} is {}, expected {}", what, i, kv::codec_name(h.format),
                                         kv::codec_name(format)));
@@ -64,6 +62,27 @@ inline CodecTile check_codec_tile(const char* what, kv::CodecFormat format,
     }
   }
   return tile;
+}
+
+/// check_tile over blobs: pages must be non-null; reads each needed page's
+/// header (with its checksum).
+inline CodecTile check_codec_tile(const char* what, kv::CodecFormat format,
+                                  std::span<const kv::EncodedPage* const> pages, int64_t first_token,
+                                  int64_t history_tokens, const QueryRows& q) {
+  for (size_t i = 0; i < pages.size(); ++i) {
+    if (pages[i] == nullptr) throw InvalidArgument(fmt::format("{}: page {} is null", what, i));
+  }
+  return check_tile(
+      what, format, pages.size(), [&](size_t i) { return kv::read_header(pages[i]->bytes); }, first_token,
+      history_tokens, q);
+}
+
+/// check_tile over validated views (their headers; nothing is re-validated).
+template <class View>
+CodecTile check_view_tile(const char* what, kv::CodecFormat format, std::span<const View> pages,
+                          int64_t first_token, int64_t history_tokens, const QueryRows& q) {
+  return check_tile(
+      what, format, pages.size(), [&](size_t i) { return pages[i].header; }, first_token, history_tokens, q);
 }
 
 }  // namespace activekv::attention::detail

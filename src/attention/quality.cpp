@@ -63,19 +63,23 @@ void DenseHistoryF64::append(const kv::EncodedPage& page, int n) {
   if (hdr.format == kv::CodecFormat::int8s) {
     const kv::Int8sPageView view = kv::parse_int8s_page(page);
     append_planes(*this, n, [&](int g, double* k_out, double* v_out) {
-      const kv::Int8sHeadView& hv = view.heads[size_t(g)];
+      const kv::Int8sHeadView hv = view.head(g);
       for (size_t i = 0; i < m; ++i) {
         const size_t t = i / size_t(d), j = i % size_t(d);
-        k_out[i] = double(hv.c[j]) * double(hv.s[t]) * double(hv.kq[i]);  // exact in double
-        v_out[i] = double(hv.v[j]) * double(hv.vq[i]);
+        k_out[i] = double(hv.c(j)) * double(hv.s(t)) * double(hv.kq[i]);  // exact in double
+        v_out[i] = double(hv.v(j)) * double(hv.vq[i]);
       }
     });
     return;
   }
-  const kv::KvShape shape{1, H, d, hdr.page_size};
-  std::vector<bf16> tmp(shape.page_elements());
-  kv::decode_lossless13_page(page, tmp);
-  append(shape, tmp, n);
+  const kv::Lossless13PageView view = kv::parse_lossless13_page(page.bytes);
+  std::vector<float> kf(m), vf(m);
+  append_planes(*this, n, [&](int g, double* k_out, double* v_out) {
+    view.decode_plane(g, m, kf.data());
+    view.decode_plane(H + g, m, vf.data());
+    std::copy(kf.begin(), kf.end(), k_out);
+    std::copy(vf.begin(), vf.end(), v_out);
+  });
 }
 
 void DenseHistoryF64::append(const kv::KvShape& s, std::span<const bf16> page, int n) {

@@ -30,6 +30,12 @@ EncodedPage encode_page(CodecFormat f, const PageStore& store, PageId id, int n_
   return encode_page(f, s, std::span<const bf16>(base, s.page_elements()), n_tokens);
 }
 
+PageHeader validate_page(std::span<const std::byte> blob) {
+  const PageHeader h = read_header(blob);
+  if (h.format == CodecFormat::lossless13) return parse_lossless13_page(blob).header;
+  return parse_int8s_page(blob).header;
+}
+
 void decode_page_f32(const EncodedPage& page, std::span<float> out) {
   const PageHeader h = read_header(page.bytes);
   const size_t plane = size_t(h.page_size) * h.head_dim;
@@ -37,24 +43,24 @@ void decode_page_f32(const EncodedPage& page, std::span<float> out) {
   if (out.size() < total) {
     throw InvalidArgument(fmt::format("decode_page_f32: output holds {} values, the page needs {}", out.size(), total));
   }
+  std::fill(out.begin(), out.begin() + ptrdiff_t(total), 0.0f);
+  const size_t n = size_t(h.n_tokens) * h.head_dim;
   if (h.format == CodecFormat::lossless13) {
-    std::vector<bf16> tmp(total);
-    decode_lossless13_page(page, tmp);
-    for (size_t i = 0; i < total; ++i) out[i] = bf16_to_f32(tmp[i]);
+    const Lossless13PageView view = parse_lossless13_page(page.bytes);
+    for (int p = 0; p < view.n_planes(); ++p) view.decode_plane(p, n, out.data() + size_t(p) * plane);
     return;
   }
   const Int8sPageView view = parse_int8s_page(page);
-  const int d = h.head_dim, n = h.n_tokens, H = h.n_kv_heads;
-  std::fill(out.begin(), out.begin() + ptrdiff_t(total), 0.0f);
+  const int d = h.head_dim, n_tok = h.n_tokens, H = h.n_kv_heads;
   for (int g = 0; g < H; ++g) {
-    const Int8sHeadView& hv = view.heads[size_t(g)];
+    const Int8sHeadView hv = view.head(g);
     float* k = out.data() + size_t(g) * plane;
     float* v = out.data() + size_t(H + g) * plane;
-    for (int t = 0; t < n; ++t) {
+    for (int t = 0; t < n_tok; ++t) {
       for (int j = 0; j < d; ++j) {
         const size_t i = size_t(t) * d + j;
-        k[i] = float(double(hv.c[size_t(j)]) * double(hv.s[size_t(t)]) * double(hv.kq[i]));
-        v[i] = float(double(hv.v[size_t(j)]) * double(hv.vq[i]));
+        k[i] = float(double(hv.c(size_t(j))) * double(hv.s(size_t(t))) * double(hv.kq[i]));
+        v[i] = float(double(hv.v(size_t(j))) * double(hv.vq[i]));
       }
     }
   }

@@ -99,8 +99,8 @@ void encode_values(const bf16* v, int n, int d, int head, std::byte* section) {
   }
 }
 
-std::vector<float> read_scales(const std::byte* p, int count, const char* what, int head, bool channel) {
-  std::vector<float> out(static_cast<size_t>(count));
+// Validates `count` fp16 scales at p (channel: also within [2^-14, 2^14]).
+void check_scales(const std::byte* p, int count, const char* what, int head, bool channel) {
   for (int i = 0; i < count; ++i) {
     const float x = detail::half_to_float(detail::load<uint16_t>(p + 2 * size_t(i)));
     if (!std::isfinite(x)) throw Error(fmt::format("int8s page: {} scale {} of head {} is not finite", what, i, head));
@@ -110,9 +110,7 @@ std::vector<float> read_scales(const std::byte* p, int count, const char* what, 
     if (x < 0.0f || std::signbit(x)) {
       throw Error(fmt::format("int8s page: {} scale {} of head {} is negative ({})", what, i, head, x));
     }
-    out[size_t(i)] = x;
   }
-  return out;
 }
 
 void check_codes(const int8_t* q, size_t n, const char* what, int head) {
@@ -148,29 +146,49 @@ EncodedPage encode_int8s_page(const KvShape& shape, std::span<const bf16> page, 
   return out;
 }
 
-Int8sPageView parse_int8s_page(const EncodedPage& page) {
+Int8sHeadView Int8sPageView::head(int h) const {
+  const Int8sSectionLayout lay{size_t(header.head_dim), size_t(header.n_tokens)};
+  const std::byte* section = blob.data() + lay.head_offset(h);
+  Int8sHeadView hv;
+  hv.c_fp16 = section + lay.key_channel_scales();
+  hv.s_fp16 = section + lay.key_token_scales();
+  hv.kq = reinterpret_cast<const int8_t*>(section + lay.key_codes());
+  hv.v_fp16 = section + lay.value_channel_scales();
+  hv.vq = reinterpret_cast<const int8_t*>(section + lay.value_codes());
+  return hv;
+}
+
+float Int8sHeadView::c(size_t j) const { return detail::half_to_float(detail::load<uint16_t>(c_fp16 + 2 * j)); }
+float Int8sHeadView::s(size_t t) const { return detail::half_to_float(detail::load<uint16_t>(s_fp16 + 2 * t)); }
+float Int8sHeadView::v(size_t j) const { return detail::half_to_float(detail::load<uint16_t>(v_fp16 + 2 * j)); }
+
+void fp16_to_f32(const std::byte* src, size_t count, float* dst) {
+  for (size_t i = 0; i < count; ++i) dst[i] = detail::half_to_float(detail::load<uint16_t>(src + 2 * i));
+}
+
+Int8sPageView parse_int8s_page(std::span<const std::byte> blob) {
   Int8sPageView view;
-  view.header = detail::expect_format(page.bytes, CodecFormat::int8s);
+  view.header = detail::expect_format(blob, CodecFormat::int8s);
+  view.blob = blob;
   const int d = view.header.head_dim, n = view.header.n_tokens, H = view.header.n_kv_heads;
   const size_t expected = int8s_payload_bytes(H, d, n);
   if (view.header.payload_bytes != expected) {
     throw Error(fmt::format("int8s page: payload is {} bytes, dimensions (heads {}, dim {}, tokens {}) need {}",
                             view.header.payload_bytes, H, d, n, expected));
   }
-  const Int8sSectionLayout lay{size_t(d), size_t(n)};
-  view.heads.resize(size_t(H));
   for (int h = 0; h < H; ++h) {
-    Int8sHeadView& hv = view.heads[size_t(h)];
-    const std::byte* section = page.bytes.data() + lay.head_offset(h);
-    hv.c = read_scales(section + lay.key_channel_scales(), d, "key channel", h, true);
-    hv.s = read_scales(section + lay.key_token_scales(), n, "key token", h, false);
-    hv.kq = reinterpret_cast<const int8_t*>(section + lay.key_codes());
+    const Int8sHeadView hv = view.head(h);
+    check_scales(hv.c_fp16, d, "key channel", h, true);
+    check_scales(hv.s_fp16, n, "key token", h, false);
     check_codes(hv.kq, size_t(n) * d, "key", h);
-    hv.v = read_scales(section + lay.value_channel_scales(), d, "value channel", h, false);
-    hv.vq = reinterpret_cast<const int8_t*>(section + lay.value_codes());
+    check_scales(hv.v_fp16, d, "value channel", h, false);
     check_codes(hv.vq, size_t(n) * d, "value", h);
   }
   return view;
+}
+
+Int8sPageView parse_int8s_page(const EncodedPage& page) {
+  return parse_int8s_page(std::span<const std::byte>(page.bytes));
 }
 
 }  // namespace activekv::kv

@@ -4,10 +4,12 @@
 
 #include <algorithm>
 #include <array>
+#include <type_traits>
 
 #include "activekv/core/error.h"
 #include "activekv/kv/codec_lossless13.h"
 #include "internal.h"
+#include "unpack13.h"
 
 namespace activekv::kv {
 namespace {
@@ -66,28 +68,18 @@ size_t encode_plane(const bf16* x, size_t n, const std::vector<uint8_t>& table, 
   return 2 + table.size() + w;
 }
 
-// A validated plane: mode, table and where its data starts.
-struct PlaneView {
-  Lossless13Mode mode = Lossless13Mode::raw;
-  std::array<uint8_t, kMaxExponents> table{};
-  int n_exp = 0;
-  const std::byte* data = nullptr;
-};
-
 // Validates the directory and every plane of a lossless13 page.
-std::vector<PlaneView> parse(const EncodedPage& page, PageHeader& header) {
+void validate_planes(std::span<const std::byte> blob, const PageHeader& header) {
   using detail::load;
-  header = detail::expect_format(page.bytes, CodecFormat::lossless13);
   const int n_planes = 2 * header.n_kv_heads;
   const size_t n = size_t(header.n_tokens) * size_t(header.head_dim);
-  const std::byte* payload = page.bytes.data() + kCodecHeaderBytes;
+  const std::byte* payload = blob.data() + kCodecHeaderBytes;
   const size_t size = header.payload_bytes;
   const size_t dir_bytes = 4 * size_t(n_planes);
   if (size < dir_bytes) {
     throw Error(fmt::format("lossless13 page: payload of {} bytes cannot hold the {}-byte plane directory", size,
                             dir_bytes));
   }
-  std::vector<PlaneView> planes(static_cast<size_t>(n_planes));
   size_t pos = dir_bytes;
   for (int p = 0; p < n_planes; ++p) {
     const uint32_t off = load<uint32_t>(payload + 4 * size_t(p));
@@ -97,12 +89,9 @@ std::vector<PlaneView> parse(const EncodedPage& page, PageHeader& header) {
     }
     if (size - pos < 2) throw Error(fmt::format("lossless13 page: plane {} header runs past the payload", p));
     const uint8_t mode = uint8_t(payload[pos]), n_exp = uint8_t(payload[pos + 1]);
-    PlaneView& v = planes[size_t(p)];
     if (mode == uint8_t(Lossless13Mode::raw)) {
       if (n_exp != 0) throw Error(fmt::format("lossless13 page: raw plane {} has table size {} (must be 0)", p, n_exp));
       if (size - pos - 2 < 2 * n) throw Error(fmt::format("lossless13 page: raw plane {} runs past the payload", p));
-      v.mode = Lossless13Mode::raw;
-      v.data = payload + pos + 2;
       pos += 2 + 2 * n;
       continue;
     }
@@ -115,26 +104,21 @@ std::vector<PlaneView> parse(const EncodedPage& page, PageHeader& header) {
     if (size - pos - 2 < n_exp + packed_bytes(n)) {
       throw Error(fmt::format("lossless13 page: table plane {} runs past the payload", p));
     }
-    v.mode = Lossless13Mode::table;
-    v.n_exp = n_exp;
-    for (int i = 0; i < n_exp; ++i) {
-      v.table[size_t(i)] = uint8_t(payload[pos + 2 + size_t(i)]);
-      if (i > 0 && v.table[size_t(i)] <= v.table[size_t(i) - 1]) {
+    const uint8_t* table = reinterpret_cast<const uint8_t*>(payload + pos + 2);
+    for (int i = 1; i < n_exp; ++i) {
+      if (table[i] <= table[i - 1]) {
         throw Error(fmt::format("lossless13 page: plane {} exponent table is not strictly ascending at entry {}", p, i));
       }
     }
-    v.data = payload + pos + 2 + n_exp;
     // Every index must address the table; unused bits of the last byte must be zero.
-    const uint8_t* bytes = reinterpret_cast<const uint8_t*>(v.data);
-    for (size_t i = 0; i < n; ++i) {
-      const size_t bit = 13 * i;
+    const uint8_t* bytes = table + n_exp;
+    const size_t bad = detail::first_index_at_least(bytes, n, n_exp);
+    if (bad < n) {
+      const size_t bit = 13 * bad;
       const uint32_t w = uint32_t(bytes[bit / 8]) | (uint32_t(bytes[bit / 8 + 1]) << 8) |
                          (bit / 8 + 2 < packed_bytes(n) ? uint32_t(bytes[bit / 8 + 2]) << 16 : 0u);
-      const uint32_t idx = ((w >> (bit % 8)) >> 7) & 0x1fu;
-      if (idx >= n_exp) {
-        throw Error(fmt::format("lossless13 page: plane {} value {} has table index {} >= table size {}", p, i, idx,
-                                n_exp));
-      }
+      throw Error(fmt::format("lossless13 page: plane {} value {} has table index {} >= table size {}", p, bad,
+                              ((w >> (bit % 8)) >> 7) & 0x1fu, n_exp));
     }
     const size_t used_bits = 13 * n, total_bits = 8 * packed_bytes(n);
     if (used_bits < total_bits && (uint32_t(bytes[packed_bytes(n) - 1]) >> (8 - (total_bits - used_bits))) != 0) {
@@ -145,27 +129,34 @@ std::vector<PlaneView> parse(const EncodedPage& page, PageHeader& header) {
   if (pos != size) {
     throw Error(fmt::format("lossless13 page: planes end at byte {} of a {}-byte payload", pos, size));
   }
-  return planes;
 }
 
-void decode_plane(const PlaneView& v, size_t n, bf16* out) {
-  if (v.mode == Lossless13Mode::raw) {
-    std::memcpy(out, v.data, 2 * n);
+// Where plane p of a validated page starts: its mode byte.
+const std::byte* plane_start(const Lossless13PageView& v, int p) {
+  const std::byte* payload = v.blob.data() + kCodecHeaderBytes;
+  return payload + detail::load<uint32_t>(payload + 4 * size_t(p));
+}
+
+template <class Out>
+void decode_plane_as(const Lossless13PageView& v, int p, size_t n, Out* out) {
+  const std::byte* start = plane_start(v, p);
+  const uint8_t n_exp = uint8_t(start[1]);
+  if (Lossless13Mode(start[0]) == Lossless13Mode::raw) {
+    if constexpr (std::is_same_v<Out, bf16>) {
+      std::memcpy(out, start + 2, 2 * n);
+    } else {
+      for (size_t i = 0; i < n; ++i) out[i] = bf16_to_f32(bf16{detail::load<uint16_t>(start + 2 + 2 * i)});
+    }
     return;
   }
-  const uint8_t* bytes = reinterpret_cast<const uint8_t*>(v.data);
-  uint64_t acc = 0;
-  int bits = 0;
-  size_t r = 0;
-  for (size_t i = 0; i < n; ++i) {
-    while (bits < 13) {
-      acc |= uint64_t(bytes[r++]) << bits;
-      bits += 8;
-    }
-    const uint32_t code = uint32_t(acc & 0x1fffu);
-    acc >>= 13;
-    bits -= 13;
-    out[i].bits = uint16_t(((code >> 12) << 15) | (uint32_t(v.table[(code >> 7) & 0x1fu]) << 7) | (code & 0x7fu));
+  uint8_t table[kMaxExponents] = {};
+  std::memcpy(table, start + 2, n_exp);
+  const auto* codes = reinterpret_cast<const uint8_t*>(start + 2 + n_exp);
+  if constexpr (std::is_same_v<Out, bf16>) {
+    static_assert(sizeof(bf16) == sizeof(uint16_t));
+    detail::unpack13(codes, n, table, reinterpret_cast<uint16_t*>(out));
+  } else {
+    detail::unpack13(codes, n, table, out);
   }
 }
 
@@ -204,24 +195,41 @@ EncodedPage encode_lossless13_page(const KvShape& shape, std::span<const bf16> p
   return out;
 }
 
-void decode_lossless13_page(const EncodedPage& page, std::span<bf16> out) {
-  PageHeader h;
-  const std::vector<PlaneView> planes = parse(page, h);
+Lossless13Mode Lossless13PageView::mode(int p) const { return Lossless13Mode(plane_start(*this, p)[0]); }
+
+void Lossless13PageView::decode_plane(int p, size_t n, bf16* out) const { decode_plane_as(*this, p, n, out); }
+void Lossless13PageView::decode_plane(int p, size_t n, float* out) const { decode_plane_as(*this, p, n, out); }
+
+Lossless13PageView parse_lossless13_page(std::span<const std::byte> blob) {
+  Lossless13PageView view;
+  view.header = detail::expect_format(blob, CodecFormat::lossless13);
+  validate_planes(blob, view.header);
+  view.blob = blob;
+  return view;
+}
+
+void decode_lossless13_page(const Lossless13PageView& page, std::span<bf16> out) {
+  const PageHeader& h = page.header;
   const size_t plane = size_t(h.page_size) * h.head_dim, n = size_t(h.n_tokens) * h.head_dim;
-  if (out.size() < planes.size() * plane) {
+  const size_t n_planes = size_t(page.n_planes());
+  if (out.size() < n_planes * plane) {
     throw InvalidArgument(fmt::format("lossless13 decode: output holds {} values, the page needs {}", out.size(),
-                                      planes.size() * plane));
+                                      n_planes * plane));
   }
-  for (size_t p = 0; p < planes.size(); ++p) {
-    decode_plane(planes[p], n, out.data() + p * plane);
+  for (size_t p = 0; p < n_planes; ++p) {
+    page.decode_plane(int(p), n, out.data() + p * plane);
     std::fill(out.data() + p * plane + n, out.data() + (p + 1) * plane, bf16{});
   }
 }
 
+void decode_lossless13_page(const EncodedPage& page, std::span<bf16> out) {
+  decode_lossless13_page(parse_lossless13_page(page.bytes), out);
+}
+
 std::vector<Lossless13Mode> lossless13_plane_modes(const EncodedPage& page) {
-  PageHeader h;
+  const Lossless13PageView view = parse_lossless13_page(page.bytes);
   std::vector<Lossless13Mode> modes;
-  for (const PlaneView& v : parse(page, h)) modes.push_back(v.mode);
+  for (int p = 0; p < view.n_planes(); ++p) modes.push_back(view.mode(p));
   return modes;
 }
 

@@ -1,6 +1,5 @@
 #include "activekv/route/routed_attention.h"
 
-#include <map>
 #include <vector>
 
 #include "activekv/attention/attention_codecs.h"
@@ -13,51 +12,48 @@ kv::CodecFormat codec_of(ReadFormat f) {
   return f == ReadFormat::lossless13 ? kv::CodecFormat::lossless13 : kv::CodecFormat::int8s;
 }
 
-// Supplies lossless13 pages of a bf16 segment to the bf16 kernel, decoding
-// each page once (all KV heads) on first use.
+// Supplies lossless13 pages of a bf16 segment to the bf16 kernel: each
+// (page, KV head) request unpacks the two planes straight into the kernel's
+// fp32 workspace from the view validated at publication -- no allocation,
+// no validation, no bf16 copy of the page.
 class Lossless13Reader {
  public:
-  Lossless13Reader(const convert::CompressedHistory* c, int layer, const RoutePlan& plan, const kv::KvShape& s)
-      : compressed_(c), layer_(layer), plan_(plan), shape_(s) {}
+  Lossless13Reader(const convert::CompressedHistory* c, int layer, const RoutePlan& plan)
+      : compressed_(c), layer_(layer), plan_(plan) {}
 
-  bool operator()(size_t page, int kv_head, int n_keys, float* k, float* v) {
+  bool operator()(size_t page, int kv_head, int n_keys, float* k, float* v) const {
     if (plan_.page_format[page] != ReadFormat::lossless13) return false;
-    const std::vector<bf16>& bf = decoded(page);
-    const size_t n = size_t(n_keys) * size_t(shape_.head_dim);
-    const bf16* kp = bf.data() + size_t(kv_head) * shape_.plane_elements();
-    const bf16* vp = bf.data() + size_t(shape_.n_kv_heads + kv_head) * shape_.plane_elements();
-    for (size_t i = 0; i < n; ++i) k[i] = bf16_to_f32(kp[i]);
-    for (size_t i = 0; i < n; ++i) v[i] = bf16_to_f32(vp[i]);
+    attention::read_lossless13_planes(*compressed_->lossless13_view(layer_, page), kv_head, n_keys, k, v);
     return true;
   }
 
  private:
-  const std::vector<bf16>& decoded(size_t page) {
-    auto it = pages_.find(page);
-    if (it != pages_.end()) return it->second;
-    std::vector<bf16> out(shape_.page_elements());
-    kv::decode_lossless13_page(*compressed_->published(layer_, page, kv::CodecFormat::lossless13), out);
-    return pages_.emplace(page, std::move(out)).first->second;
-  }
-
   const convert::CompressedHistory* compressed_;
   int layer_;
   const RoutePlan& plan_;
-  kv::KvShape shape_;
-  std::map<size_t, std::vector<bf16>> pages_;
 };
 
 attention::Partial attend_int8s_segment(const attention::LayerHistory& history, int layer,
                                         const RoutedView& view, const Segment& seg,
                                         const attention::QueryRows& q, const attention::AttentionOptions& opt) {
-  std::vector<const kv::EncodedPage*> pages;
-  for (size_t p = seg.first_page; p < seg.first_page + seg.n_pages; ++p) {
-    pages.push_back(view.compressed->published(layer, p, kv::CodecFormat::int8s));
-    if (view.report) view.report->bytes += double(pages.back()->bytes.size());
-  }
   const int64_t first_token = int64_t(seg.first_page) * history.store->shape().page_size;
-  if (view.int8s_tile) return view.int8s_tile(pages, first_token, history.n_tokens, q, opt);
-  return attention::attend_int8s_tile(pages, first_token, history.n_tokens, q, opt);
+  if (view.int8s_tile) {  // e.g. the GPU: takes the blobs
+    std::vector<const kv::EncodedPage*> pages;
+    for (size_t p = seg.first_page; p < seg.first_page + seg.n_pages; ++p) {
+      pages.push_back(view.compressed->published(layer, p, kv::CodecFormat::int8s));
+      if (view.report) view.report->bytes += double(pages.back()->bytes.size());
+    }
+    return view.int8s_tile(pages, first_token, history.n_tokens, q, opt);
+  }
+  // The CPU kernel reads the views validated at publication.
+  std::vector<kv::Int8sPageView> pages;
+  pages.reserve(seg.n_pages);
+  for (size_t p = seg.first_page; p < seg.first_page + seg.n_pages; ++p) {
+    pages.push_back(*view.compressed->int8s_view(layer, p));
+    if (view.report) view.report->bytes += double(pages.back().blob.size());
+  }
+  return attention::attend_int8s_tile(std::span<const kv::Int8sPageView>(pages), first_token, history.n_tokens, q,
+                                      opt);
 }
 
 // Bytes the bf16 kernel reads for pages [first, first + n): stored bytes for
@@ -94,7 +90,7 @@ attention::Partial attend_routed(const attention::LayerHistory& history, int lay
 
   attention::LayerHistory bf16_history = history;
   if (view.compressed && view.config.kind == RouteKind::lossless13) {
-    bf16_history.read_planes = Lossless13Reader(view.compressed, layer, plan, shape);
+    bf16_history.read_planes = Lossless13Reader(view.compressed, layer, plan);
   }
   std::vector<attention::Partial> partials;
   partials.reserve(plan.segments.size());

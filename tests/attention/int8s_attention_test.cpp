@@ -139,12 +139,37 @@ TEST(Int8sAttention, TilesAndCausalRowsMatchReference) {
   EXPECT_LE(attention::own_format_error(attention::merge(parts), whole_ref), kBound);
 }
 
+// The kernel over views validated beforehand (as published pages are) gives
+// the blob kernel's bits: whole and partial tiles, one- and two-term queries.
+TEST(Int8sAttention, ViewsGiveTheBlobResultBitwise) {
+  const Case c = random_case(1100, 3, 64, 9, {1099, 1023, 700, 256, 3}, 63);
+  const auto pages = testing::encode_history(c.hist, 256, kv::CodecFormat::int8s);
+  std::vector<kv::Int8sPageView> views;
+  for (const kv::EncodedPage& e : pages) views.push_back(kv::parse_int8s_page(e));
+  for (int terms : {1, 2}) {
+    attention::AttentionOptions opt;
+    opt.int8s_query_terms = terms;
+    for (auto [fp, np] : {std::pair<size_t, size_t>{0, 5}, {1, 3}, {4, 1}}) {
+      SCOPED_TRACE(::testing::Message() << "terms " << terms << ", tile " << fp << "+" << np);
+      const Partial blob = attention::attend_int8s_tile(testing::pointers(pages, fp, np), int64_t(fp) * 256,
+                                                        c.hist.n_tokens, c.rows(), opt);
+      const Partial view = attention::attend_int8s_tile(std::span<const kv::Int8sPageView>(views).subspan(fp, np),
+                                                        int64_t(fp) * 256, c.hist.n_tokens, c.rows(), opt);
+      ASSERT_EQ(std::memcmp(blob.o.data(), view.o.data(), blob.o.size() * sizeof(float)), 0);
+      ASSERT_EQ(std::memcmp(blob.lse.data(), view.lse.data(), blob.lse.size() * sizeof(float)), 0);
+    }
+  }
+}
+
 TEST(Int8sAttention, RejectsBadArguments) {
   const Case c = random_case(300, 1, 16, 2, {299}, 61);
   const auto pages = testing::encode_history(c.hist, 128, kv::CodecFormat::int8s);
   const auto l13 = testing::encode_history(c.hist, 128, kv::CodecFormat::lossless13);
   auto ptrs = testing::pointers(pages);
-  EXPECT_THROW(attention::attend_int8s_tile({}, 0, 300, c.rows(), {}), InvalidArgument);
+  EXPECT_THROW(attention::attend_int8s_tile(std::span<const kv::EncodedPage* const>{}, 0, 300, c.rows(), {}),
+               InvalidArgument);
+  EXPECT_THROW(attention::attend_int8s_tile(std::span<const kv::Int8sPageView>{}, 0, 300, c.rows(), {}),
+               InvalidArgument);
   EXPECT_THROW(attention::attend_int8s_tile(testing::pointers(l13), 0, 300, c.rows(), {}), InvalidArgument);
   EXPECT_THROW(attention::attend_lossless13_tile(ptrs, 0, 300, c.rows(), {}), InvalidArgument);
   EXPECT_THROW(attention::attend_int8s_tile(ptrs, 0, 299, c.rows(), {}), InvalidArgument);   // position 299 >= 299

@@ -1,4 +1,5 @@
-// lossless13 attention is bitwise identical to attend_tile over the bf16 pages.
+// lossless13 attention (over blobs or validated views) is bitwise identical
+// to attend_tile over the bf16 pages.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -56,6 +57,12 @@ TEST(Lossless13Attention, BitwiseIdenticalToBf16Tiles) {
     const Partial want = attention::attend_tile(hist, fp, np, rows, opt, ws);
     const Partial got = attention::attend_lossless13_tile(ptrs, int64_t(fp) * P, n_tokens, rows, opt);
     expect_bitwise(got, want);
+    // Over views validated beforehand (as published pages are): same bits.
+    std::vector<kv::Lossless13PageView> views;
+    for (const kv::EncodedPage* e : ptrs) views.push_back(kv::parse_lossless13_page(e->bytes));
+    expect_bitwise(attention::attend_lossless13_tile(std::span<const kv::Lossless13PageView>(views), int64_t(fp) * P,
+                                                     n_tokens, rows, opt, ws),
+                   want);
   }
   // The merged whole history (tiles of 4 pages) matches attend() bitwise too.
   opt.tile_pages = 4;

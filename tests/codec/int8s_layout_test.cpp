@@ -30,8 +30,8 @@ TEST(Int8sLayout, OffsetsAreWhereTheEncoderWroteEachField) {
   const Int8sPageView v = parse_int8s_page(e);
   for (int h = 0; h < s.n_kv_heads; ++h) {
     const std::byte* sec = e.bytes.data() + lay.head_offset(h);
-    EXPECT_EQ(static_cast<const void*>(v.heads[size_t(h)].kq), static_cast<const void*>(sec + lay.key_codes()));
-    EXPECT_EQ(static_cast<const void*>(v.heads[size_t(h)].vq), static_cast<const void*>(sec + lay.value_codes()));
+    EXPECT_EQ(static_cast<const void*>(v.head(h).kq), static_cast<const void*>(sec + lay.key_codes()));
+    EXPECT_EQ(static_cast<const void*>(v.head(h).vq), static_cast<const void*>(sec + lay.value_codes()));
     uint16_t c0, s0, v0;  // first key channel, key token and value channel scale, as fp16 bits
     std::memcpy(&c0, sec + lay.key_channel_scales(), 2);
     std::memcpy(&s0, sec + lay.key_token_scales(), 2);
@@ -44,9 +44,9 @@ TEST(Int8sLayout, OffsetsAreWhereTheEncoderWroteEachField) {
       std::memcpy(&x, &f, 4);
       return x;
     };
-    EXPECT_EQ(half(c0), v.heads[size_t(h)].c[0]) << "head " << h;
-    EXPECT_EQ(half(s0), v.heads[size_t(h)].s[0]) << "head " << h;
-    EXPECT_EQ(half(v0), v.heads[size_t(h)].v[0]) << "head " << h;
+    EXPECT_EQ(half(c0), v.head(h).c(0)) << "head " << h;
+    EXPECT_EQ(half(s0), v.head(h).s(0)) << "head " << h;
+    EXPECT_EQ(half(v0), v.head(h).v(0)) << "head " << h;
   }
 }
 

@@ -85,12 +85,12 @@ void expect_matches_spec(const kv::KvShape& sh, const std::vector<bf16>& page, i
   const kv::Int8sPageView view = kv::parse_int8s_page(enc);
   for (int h = 0; h < sh.n_kv_heads; ++h) {
     const Expected e = spec_int8s(sh, page, h, n);
-    const kv::Int8sHeadView& hv = view.heads[size_t(h)];
+    const kv::Int8sHeadView hv = view.head(h);
     for (int j = 0; j < sh.head_dim; ++j) {
-      ASSERT_EQ(hv.c[size_t(j)], e.c[size_t(j)]) << "c " << j;
-      ASSERT_EQ(hv.v[size_t(j)], e.v[size_t(j)]) << "v " << j;
+      ASSERT_EQ(hv.c(size_t(j)), e.c[size_t(j)]) << "c " << j;
+      ASSERT_EQ(hv.v(size_t(j)), e.v[size_t(j)]) << "v " << j;
     }
-    for (int t = 0; t < n; ++t) ASSERT_EQ(hv.s[size_t(t)], e.s[size_t(t)]) << "s " << t;
+    for (int t = 0; t < n; ++t) ASSERT_EQ(hv.s(size_t(t)), e.s[size_t(t)]) << "s " << t;
     for (size_t i = 0; i < e.kq.size(); ++i) {
       ASSERT_EQ(hv.kq[i], e.kq[i]) << "kq " << i;
       ASSERT_EQ(hv.vq[i], e.vq[i]) << "vq " << i;
@@ -109,9 +109,9 @@ TEST(Int8s, ChannelScalesHaveUnitProductAndDequantisationIsWithinHalfStep) {
   for (int t = 0; t < 512; ++t) page[testing::at(sh, 0, t, 5)] = f32_to_bf16(80.0f * bf16_to_f32(page[testing::at(sh, 0, t, 5)]));
   const kv::EncodedPage enc = kv::encode_int8s_page(sh, page, 512);
   const kv::Int8sPageView view = kv::parse_int8s_page(enc);
-  const kv::Int8sHeadView& hv = view.heads[0];
+  const kv::Int8sHeadView hv = view.head(0);
   double logprod = 0;
-  for (float c : hv.c) logprod += std::log2(double(c));
+  for (size_t j = 0; j < 128; ++j) logprod += std::log2(double(hv.c(j)));
   EXPECT_NEAR(logprod, 0.0, 128 * 0x1p-11);  // prod c = 1 up to fp16 rounding of each c_j
   std::vector<float> deq(sh.page_elements());
   kv::decode_page_f32(enc, deq);
@@ -119,7 +119,7 @@ TEST(Int8s, ChannelScalesHaveUnitProductAndDequantisationIsWithinHalfStep) {
     int max_code = 0;
     for (int j = 0; j < 128; ++j) {
       const size_t i = size_t(t) * 128 + j;
-      const double step = double(hv.c[size_t(j)]) * hv.s[size_t(t)];
+      const double step = double(hv.c(size_t(j))) * hv.s(size_t(t));
       ASSERT_EQ(double(deq[i]), double(float(step * hv.kq[i])));
       ASSERT_LE(std::fabs(double(bf16_to_f32(page[i])) - step * hv.kq[i]), 0.5 * step * (1 + 1e-3) + 1e-30);
       max_code = std::max(max_code, std::abs(int(hv.kq[i])));
@@ -136,10 +136,10 @@ TEST(Int8s, ZeroChannelGetsUnitScaleAndZeroToken) {
   for (int t = 0; t < 64; ++t) page[testing::at(sh, 1, t, 7)] = bf16{0};       // zero value channel
   const kv::EncodedPage view_enc = kv::encode_int8s_page(sh, page, 64);
   const kv::Int8sPageView view = kv::parse_int8s_page(view_enc);
-  const kv::Int8sHeadView& hv = view.heads[0];
-  EXPECT_EQ(hv.c[3], 1.0f);
-  EXPECT_EQ(hv.s[9], 0.0f);
-  EXPECT_EQ(hv.v[7], 0.0f);
+  const kv::Int8sHeadView hv = view.head(0);
+  EXPECT_EQ(hv.c(3), 1.0f);
+  EXPECT_EQ(hv.s(9), 0.0f);
+  EXPECT_EQ(hv.v(7), 0.0f);
   for (int t = 0; t < 64; ++t) {
     EXPECT_EQ(hv.kq[size_t(t) * 16 + 3], 0);
     EXPECT_EQ(hv.vq[size_t(t) * 16 + 7], 0);
@@ -150,8 +150,8 @@ TEST(Int8s, ZeroChannelGetsUnitScaleAndZeroToken) {
   std::vector<bf16> zero(sh.page_elements());
   const kv::EncodedPage z_enc = kv::encode_int8s_page(sh, zero, 64);
   const kv::Int8sPageView z = kv::parse_int8s_page(z_enc);
-  for (float c : z.heads[0].c) EXPECT_EQ(c, 1.0f);
-  for (float s : z.heads[0].s) EXPECT_EQ(s, 0.0f);
+  for (size_t j = 0; j < 16; ++j) EXPECT_EQ(z.head(0).c(j), 1.0f);
+  for (size_t t = 0; t < 64; ++t) EXPECT_EQ(z.head(0).s(t), 0.0f);
 }
 
 TEST(Int8s, ChannelScaleClampsToBothBounds) {
@@ -165,10 +165,10 @@ TEST(Int8s, ChannelScaleClampsToBothBounds) {
   }
   const kv::EncodedPage view_enc = kv::encode_int8s_page(sh, page, 4);
   const kv::Int8sPageView view = kv::parse_int8s_page(view_enc);
-  EXPECT_EQ(view.heads[0].c[0], 0x1p14f);
-  EXPECT_EQ(view.heads[0].c[1], 0x1p-14f);
-  EXPECT_EQ(view.heads[0].kq[0], 127);
-  EXPECT_EQ(view.heads[0].kq[2], -127);
+  EXPECT_EQ(view.head(0).c(0), 0x1p14f);
+  EXPECT_EQ(view.head(0).c(1), 0x1p-14f);
+  EXPECT_EQ(view.head(0).kq[0], 127);
+  EXPECT_EQ(view.head(0).kq[2], -127);
   expect_matches_spec(sh, page, 4);
 }
 
@@ -185,9 +185,9 @@ TEST(Int8s, CodesClipAt127WhenTheTokenScaleRoundsDown) {
   }
   const kv::EncodedPage view_enc = kv::encode_int8s_page(sh, page, 4);
   const kv::Int8sPageView view = kv::parse_int8s_page(view_enc);
-  const kv::Int8sHeadView& hv = view.heads[0];
-  ASSERT_EQ(hv.c[0], 1.0f);
-  EXPECT_EQ(hv.s[0], 0x1p-24f);
+  const kv::Int8sHeadView hv = view.head(0);
+  ASSERT_EQ(hv.c(0), 1.0f);
+  EXPECT_EQ(hv.s(0), 0x1p-24f);
   EXPECT_EQ(hv.kq[0], 127);
   EXPECT_EQ(hv.kq[1], 127);
   EXPECT_EQ(hv.kq[2], -127);
@@ -213,14 +213,14 @@ TEST(Int8s, TiesRoundToEven) {
   }
   const kv::EncodedPage view_enc = kv::encode_int8s_page(sh, page, 16);
   const kv::Int8sPageView view = kv::parse_int8s_page(view_enc);
-  const kv::Int8sHeadView& hv = view.heads[0];
-  ASSERT_EQ(hv.c[0], 1.0f);
-  ASSERT_EQ(hv.c[1], 1.0f);
-  ASSERT_EQ(hv.v[0], 1.0f / 128);
+  const kv::Int8sHeadView hv = view.head(0);
+  ASSERT_EQ(hv.c(0), 1.0f);
+  ASSERT_EQ(hv.c(1), 1.0f);
+  ASSERT_EQ(hv.v(0), 1.0f / 128);
   for (int i = 0; i < 8; ++i) {
     for (int side = 0; side < 2; ++side) {
       const int t = 2 * i + side;
-      EXPECT_EQ(hv.s[size_t(t)], 1.0f / 128);
+      EXPECT_EQ(hv.s(size_t(t)), 1.0f / 128);
       EXPECT_EQ(hv.kq[size_t(t) * 2 + side], 127);
       EXPECT_EQ(hv.kq[size_t(t) * 2 + 1 - side], want[i]) << half[i];
       EXPECT_EQ(hv.vq[size_t(t) * 2 + 1 - side], want[i]) << half[i];
@@ -233,11 +233,11 @@ TEST(Int8s, PerTokenOnlyScalingHasUnitChannelScales) {
   const auto page = testing::random_page(sh, 5);
   const kv::EncodedPage view_enc = kv::encode_int8s_page(sh, page, 64, kv::Int8sKeyScaling::per_token_only);
   const kv::Int8sPageView view = kv::parse_int8s_page(view_enc);
-  for (float c : view.heads[0].c) EXPECT_EQ(c, 1.0f);
+  for (size_t j = 0; j < 32; ++j) EXPECT_EQ(view.head(0).c(j), 1.0f);
   for (int t = 0; t < 64; ++t) {
     double m = 0;
     for (int j = 0; j < 32; ++j) m = std::max(m, std::fabs(double(bf16_to_f32(page[testing::at(sh, 0, t, j)]))));
-    EXPECT_EQ(view.heads[0].s[size_t(t)], to_fp16(m / 127));
+    EXPECT_EQ(view.head(0).s(size_t(t)), to_fp16(m / 127));
   }
 }
 

@@ -5,10 +5,17 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <random>
+#include <string>
 
+#include "activekv/attention/attention_codecs.h"
 #include "activekv/attention/quality.h"
+#include "activekv/core/error.h"
 
 namespace activekv {
 namespace {
@@ -143,6 +150,126 @@ TEST(CompressedHistory, BackgroundConversionPublishesEveryFullPage) {
   EXPECT_EQ(c.published_count(kv::CodecFormat::int8s), 20u);
   EXPECT_EQ(c.published_count(kv::CodecFormat::lossless13), 20u);
   EXPECT_EQ(pool.failed(), 0u);
+}
+
+// An encoder that corrupts the blobs of chosen pages of layer 0 after
+// encoding them: what publication must catch, since the kernels read the
+// published views unchecked. Pages are told apart by their address in the
+// store (jobs run in any order).
+struct FaultyEncoder {
+  std::vector<const bf16*> bad_pages;
+  std::shared_ptr<std::atomic<int>> calls = std::make_shared<std::atomic<int>>(0);
+  FaultyEncoder(const History& h, std::vector<size_t> pages) {
+    for (size_t p : pages) {
+      bad_pages.push_back(reinterpret_cast<const bf16*>(h.store.k_plane(h.seq.page_table(0)[p], 0)));
+    }
+  }
+  kv::EncodedPage operator()(kv::CodecFormat f, const kv::KvShape& s, std::span<const bf16> page, int n) const {
+    kv::EncodedPage e = kv::encode_page(f, s, page, n);
+    (*calls)++;
+    if (std::find(bad_pages.begin(), bad_pages.end(), page.data()) == bad_pages.end()) return e;
+    if (f == kv::CodecFormat::int8s) {
+      // A key code of -128 behind a valid checksum: only the metadata check sees it.
+      e.bytes[kv::kCodecHeaderBytes + 2 * 64 + 2 * 64] = std::byte(0x80);
+      kv::rewrite_checksum(e);
+    } else {
+      e.bytes.back() ^= std::byte{1};  // stale checksum
+    }
+    return e;
+  }
+};
+
+TEST(CompressedHistory, CorruptPageIsRejectedAtPublicationAndServedExact) {
+  History h(12 * 64 + 5, 64, 13);
+  std::vector<std::string> log;
+  std::mutex log_mu;
+  convert::ConversionPool pool(2, [&](const std::string& line) {
+    std::lock_guard lock(log_mu);
+    log.push_back(line);
+  });
+  convert::CompressedHistory c(h.seq, {kv::CodecFormat::int8s}, 16, &pool, FaultyEncoder(h, {4}));
+  c.schedule();
+  c.wait();
+  EXPECT_EQ(pool.failed(), 1u);
+  ASSERT_EQ(log.size(), 1u);
+  EXPECT_NE(log[0].find("int8s page 4 of layer 0 rejected at publication"), std::string::npos) << log[0];
+  EXPECT_NE(log[0].find("key code 0 of head 0 is -128"), std::string::npos) << log[0];
+  EXPECT_EQ(c.published(0, 4, kv::CodecFormat::int8s), nullptr);
+  EXPECT_EQ(c.int8s_view(0, 4), nullptr);
+  EXPECT_EQ(c.published_count(kv::CodecFormat::int8s), 11u);
+
+  // The int8s route reads pages 0..3 and 5..11 as int8s; page 4 exact, like
+  // the partial tail page 12: the same as computing those segments by hand.
+  auto q = queries(2, 14);
+  std::vector<int64_t> pos{12 * 64 + 4, 9 * 64 + 1};
+  const attention::QueryRows rows{q.data(), 2, 4, pos.data()};
+  route::RouteReport report;
+  const attention::Partial got = run(h, RouteKind::int8s, &c, rows, 32, &report);
+  EXPECT_EQ(report.pages[size_t(route::ReadFormat::int8s)], 11u);
+  EXPECT_EQ(report.pages[size_t(route::ReadFormat::exact)], 2u);
+  auto views = [&](size_t first, size_t n) {
+    std::vector<kv::Int8sPageView> v;
+    for (size_t p = first; p < first + n; ++p) v.push_back(*c.int8s_view(0, p));
+    return v;
+  };
+  const int64_t n_tok = h.seq.n_tokens();
+  attention::Workspace ws;
+  std::vector<attention::Partial> parts;
+  parts.push_back(attention::attend_int8s_tile(std::span<const kv::Int8sPageView>(views(0, 4)), 0, n_tok, rows, {}));
+  parts.push_back(attention::attend_tile(h.layer(), 4, 1, rows, {}, ws));
+  parts.push_back(
+      attention::attend_int8s_tile(std::span<const kv::Int8sPageView>(views(5, 7)), 5 * 64, n_tok, rows, {}));
+  parts.push_back(attention::attend_tile(h.layer(), 12, 1, rows, {}, ws));
+  EXPECT_TRUE(bitwise_equal(got, attention::merge(parts)));
+}
+
+TEST(CompressedHistory, CorruptLossless13PageStaysExactAndTheRouteStaysBitwiseExact) {
+  History h(10 * 64, 64, 15);
+  convert::ConversionPool pool(1, [](const std::string&) {});
+  convert::CompressedHistory c(h.seq, {kv::CodecFormat::lossless13}, 16, &pool, FaultyEncoder(h, {2, 7}));
+  c.schedule();
+  c.wait();
+  EXPECT_EQ(pool.failed(), 2u);
+  EXPECT_EQ(c.lossless13_view(0, 2), nullptr);
+  EXPECT_NE(c.lossless13_view(0, 3), nullptr);
+  auto q = queries(1, 16);
+  std::vector<int64_t> pos{10 * 64 - 1};
+  const attention::QueryRows rows{q.data(), 1, 4, pos.data()};
+  route::RouteReport report;
+  const attention::Partial got = run(h, RouteKind::lossless13, &c, rows, 4, &report);
+  EXPECT_EQ(report.pages[size_t(route::ReadFormat::lossless13)], 8u);
+  EXPECT_TRUE(bitwise_equal(got, run(h, RouteKind::exact, nullptr, rows)));
+}
+
+TEST(CompressedHistory, ValidPageOfTheWrongShapeIsRejected) {
+  // A valid blob that holds fewer tokens than the page: the kernels would
+  // read codes past its end if it were published.
+  History h(2 * 64, 64, 19);
+  convert::CompressedHistory c(h.seq, {kv::CodecFormat::int8s}, 4, nullptr,
+                               [](kv::CodecFormat f, const kv::KvShape& s, std::span<const bf16> page, int n) {
+                                 return kv::encode_page(f, s, page, n - 1);
+                               });
+  try {
+    c.schedule();
+    ADD_FAILURE() << "a 63-token blob for a 64-token page was published";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tokens 63; the history needs page 64, heads 2, dim 64, tokens 64"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(c.int8s_view(0, 0), nullptr);
+}
+
+TEST(CompressedHistory, WithoutAPoolAFailedPageThrowsOnceAndIsNotRetried) {
+  History h(6 * 64, 64, 17);
+  FaultyEncoder enc(h, {1});
+  convert::CompressedHistory c(h.seq, {kv::CodecFormat::int8s}, 8, nullptr, enc);
+  EXPECT_THROW(c.schedule(), Error);
+  EXPECT_NE(c.int8s_view(0, 0), nullptr);
+  EXPECT_EQ(c.int8s_view(0, 1), nullptr);
+  EXPECT_EQ(c.int8s_view(0, 2), nullptr);  // after the failure in the same call: stays exact
+  c.schedule();                            // nothing new: no page is converted twice
+  EXPECT_EQ(enc.calls->load(), 2);
 }
 
 }  // namespace

@@ -15,8 +15,15 @@
 // Errors: InvalidArgument for no pages, a null page, pages whose dimensions
 // differ, query heads not a multiple of KV heads, a position outside
 // [0, history_tokens), or a page holding fewer tokens than the tile needs;
-// activekv::Error (from the codec) for a page that does not validate. Every
-// page read is validated (header, checksum, metadata) before any value is used.
+// activekv::Error (from the codec) for a page that does not validate.
+//
+// Two entry points per format. Over blobs (kv::EncodedPage): every page the
+// tile reads is validated (header, checksum, metadata) before any value is
+// used -- for pages of unknown provenance. Over views (kv::Int8sPageView,
+// kv::Lossless13PageView): the pages were validated once when they were
+// parsed (convert::CompressedHistory does it when it publishes a page), and
+// the kernel checks only the tile geometry from their headers -- the path
+// decode takes every step. Both give bitwise identical results.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +32,8 @@
 #include "activekv/attention/paged_attention.h"
 #include "activekv/attention/partial.h"
 #include "activekv/kv/codec.h"
+#include "activekv/kv/codec_int8s.h"
+#include "activekv/kv/codec_lossless13.h"
 
 namespace activekv::attention {
 
@@ -46,8 +55,12 @@ namespace activekv::attention {
 /// Deterministic: each (row, head) is computed serially in token order.
 Partial attend_int8s_tile(std::span<const kv::EncodedPage* const> pages, int64_t first_token,
                           int64_t history_tokens, const QueryRows& q, const AttentionOptions& opt);
+/// Same over validated views (no validation; see the file comment).
+Partial attend_int8s_tile(std::span<const kv::Int8sPageView> pages, int64_t first_token, int64_t history_tokens,
+                          const QueryRows& q, const AttentionOptions& opt);
 
-/// lossless13 attention: unpacks each page to bf16 and runs exactly the bf16
+/// lossless13 attention: unpacks each page's planes (exact fp32 widening of
+/// the stored bf16, straight into the workspace) and runs exactly the bf16
 /// arithmetic of attend_tile, so the result is bitwise identical to
 /// attend_tile over the original bf16 pages of the same tile (same
 /// first_page = first_token / page_size and n_pages). first_token must be a
@@ -55,7 +68,17 @@ Partial attend_int8s_tile(std::span<const kv::EncodedPage* const> pages, int64_t
 Partial attend_lossless13_tile(std::span<const kv::EncodedPage* const> pages, int64_t first_token,
                                int64_t history_tokens, const QueryRows& q, const AttentionOptions& opt,
                                Workspace& ws);
-/// Same, with a call-local workspace.
+/// Same over validated views (no validation; see the file comment).
+Partial attend_lossless13_tile(std::span<const kv::Lossless13PageView> pages, int64_t first_token,
+                               int64_t history_tokens, const QueryRows& q, const AttentionOptions& opt,
+                               Workspace& ws);
+/// Unpacks K and V of `kv_head` (first n_keys tokens) of a validated
+/// lossless13 page to fp32 (exact): the LayerHistory::read_planes body for a
+/// lossless13 page, shared by attend_lossless13_tile and the routed reader.
+/// The two planes unpack on two OpenMP threads when there is enough work.
+void read_lossless13_planes(const kv::Lossless13PageView& page, int kv_head, int n_keys, float* k, float* v);
+
+/// Same over blobs, with a call-local workspace.
 Partial attend_lossless13_tile(std::span<const kv::EncodedPage* const> pages, int64_t first_token,
                                int64_t history_tokens, const QueryRows& q, const AttentionOptions& opt);
 

@@ -75,6 +75,13 @@ CodecFormat parse_codec_format(const std::string& name);
 /// bytes not zero, checksum mismatch.
 PageHeader read_header(std::span<const std::byte> blob);
 
+/// Validates a blob completely, whatever its format: header, checksum and
+/// the format metadata (what parse_int8s_page / parse_lossless13_page
+/// check). This is the one validation a page gets when it is published;
+/// readers of the published page's view check nothing. Returns the header;
+/// throws Error naming the problem.
+PageHeader validate_page(std::span<const std::byte> blob);
+
 /// Encodes the first `n_tokens` tokens of a bf16 page. `page` holds
 /// shape.page_elements() bf16 values in the PageStore layout
 /// (K planes [n_kv_heads][page_size][head_dim], then V planes). int8s uses the

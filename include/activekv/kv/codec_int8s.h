@@ -22,6 +22,7 @@
 // so codes and dequantisation agree exactly.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -44,29 +45,46 @@ enum class Int8sKeyScaling {
 EncodedPage encode_int8s_page(const KvShape& shape, std::span<const bf16> page, int n_tokens,
                               Int8sKeyScaling scaling = Int8sKeyScaling::separable);
 
-/// One KV head of a validated int8s page, scales widened to fp32 (exact).
-/// Pointers alias the blob: valid while the EncodedPage lives unchanged.
+/// One KV head of a validated int8s page: pointers to its sections inside
+/// the blob (no copy). Scales are fp16, little-endian, at any alignment: read
+/// them with c(), s(), v() (exact widening) or in bulk with fp16_to_f32.
+/// Valid while the blob lives unchanged.
 struct Int8sHeadView {
-  std::vector<float> c;     ///< [head_dim] key channel scales
-  std::vector<float> s;     ///< [n_tokens] key token scales
-  std::vector<float> v;     ///< [head_dim] value channel scales
-  const int8_t* kq = nullptr;  ///< [n_tokens][head_dim] key codes
-  const int8_t* vq = nullptr;  ///< [n_tokens][head_dim] value codes
+  const std::byte* c_fp16 = nullptr;  ///< [head_dim] key channel scales
+  const std::byte* s_fp16 = nullptr;  ///< [n_tokens] key token scales
+  const int8_t* kq = nullptr;         ///< [n_tokens][head_dim] key codes
+  const std::byte* v_fp16 = nullptr;  ///< [head_dim] value channel scales
+  const int8_t* vq = nullptr;         ///< [n_tokens][head_dim] value codes
+
+  float c(size_t j) const;  ///< key channel scale j, widened exactly
+  float s(size_t t) const;  ///< key token scale t
+  float v(size_t j) const;  ///< value channel scale j
 };
 
-/// A validated int8s page.
+/// A validated int8s page: its header and the blob it describes. Built only
+/// by parse_int8s_page, which validates everything once (header, checksum,
+/// scales, codes); readers of a view (the attention kernels) validate
+/// nothing. The view does not own the bytes: the blob (an EncodedPage's
+/// vector, or an arena slot) must outlive it unchanged.
 struct Int8sPageView {
   PageHeader header;
-  std::vector<Int8sHeadView> heads;  ///< [n_kv_heads]
+  std::span<const std::byte> blob;  ///< header + payload
+  /// Sections of KV head h in [0, n_kv_heads) (computed from the header; no check).
+  Int8sHeadView head(int h) const;
 };
 
 /// Validates header, checksum and metadata, then returns the view. Throws
 /// Error naming the problem: wrong format, payload size not as the shape
 /// implies, a scale NaN/inf/negative, a channel scale outside
 /// [2^-14, 2^14], a code of -128.
+Int8sPageView parse_int8s_page(std::span<const std::byte> blob);
+/// Same, over an EncodedPage's bytes.
 Int8sPageView parse_int8s_page(const EncodedPage& page);
 /// The view aliases the blob: parsing a temporary would dangle.
 Int8sPageView parse_int8s_page(EncodedPage&& page) = delete;
+
+/// Widens `count` fp16 values (little-endian, any alignment) to fp32; exact.
+void fp16_to_f32(const std::byte* src, size_t count, float* dst);
 
 /// Payload bytes of an int8s page with these dimensions.
 size_t int8s_payload_bytes(int n_kv_heads, int head_dim, int n_tokens);
