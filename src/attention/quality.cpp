@@ -52,8 +52,8 @@ void append_planes(DenseHistoryF64& h, int n, Fill fill) {
 
 }  // namespace
 
-void DenseHistoryF64::append(const kv::EncodedPage& page, int n) {
-  const kv::PageHeader hdr = kv::read_header(page.bytes);
+void DenseHistoryF64::append(std::span<const std::byte> page, int n) {
+  const kv::PageHeader hdr = kv::read_header(page);
   check_dims(*this, hdr.n_kv_heads, hdr.head_dim);
   if (n < 0 || n > hdr.n_tokens) {
     throw InvalidArgument(fmt::format("DenseHistoryF64: {} tokens requested from a page holding {}", n, hdr.n_tokens));
@@ -72,7 +72,7 @@ void DenseHistoryF64::append(const kv::EncodedPage& page, int n) {
     });
     return;
   }
-  const kv::Lossless13PageView view = kv::parse_lossless13_page(page.bytes);
+  const kv::Lossless13PageView view = kv::parse_lossless13_page(page);
   std::vector<float> kf(m), vf(m);
   append_planes(*this, n, [&](int g, double* k_out, double* v_out) {
     view.decode_plane(g, m, kf.data());

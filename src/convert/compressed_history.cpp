@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 
 namespace activekv::convert {
 
@@ -10,6 +11,7 @@ CompressedHistory::CompressedHistory(const kv::SequenceKv& seq, std::vector<kv::
                                      size_t max_pages, ConversionPool* pool, EncodeFn encode)
     : seq_(&seq),
       shape_(seq.shape()),
+      arena_(&seq.store().blobs()),
       formats_(std::move(formats)),
       max_pages_(max_pages),
       pool_(pool),
@@ -41,9 +43,15 @@ size_t CompressedHistory::slot(size_t f, int layer, size_t page) const {
 // immutable fields and its own slot.
 void CompressedHistory::convert(size_t f, int layer, size_t page, const bf16* src) {
   auto pub = std::make_unique<Published>();
-  pub->page = encode_(formats_[f], shape_, std::span<const bf16>(src, shape_.page_elements()), shape_.page_size);
+  {
+    const kv::EncodedPage enc =
+        encode_(formats_[f], shape_, std::span<const bf16>(src, shape_.page_elements()), shape_.page_size);
+    pub->blob = arena_->allocate(enc.bytes.size());  // throws with the sizes when the arena is full
+    pub->arena = arena_;
+    std::memcpy(pub->blob.data, enc.bytes.data(), enc.bytes.size());
+  }
   // The one validation this page gets: the kernels read its view unchecked.
-  const std::span<const std::byte> blob(pub->page.bytes);
+  const std::span<const std::byte> blob(pub->blob.data, pub->blob.bytes);
   try {
     if (formats_[f] == kv::CodecFormat::int8s) {
       pub->int8s = kv::parse_int8s_page(blob);
@@ -116,9 +124,9 @@ const CompressedHistory::Published* CompressedHistory::find(int layer, size_t pa
   return nullptr;
 }
 
-const kv::EncodedPage* CompressedHistory::published(int layer, size_t page, kv::CodecFormat format) const {
+std::span<const std::byte> CompressedHistory::published(int layer, size_t page, kv::CodecFormat format) const {
   const Published* p = find(layer, page, format);
-  return p ? &p->page : nullptr;
+  return p ? std::span<const std::byte>(p->blob.data, p->blob.bytes) : std::span<const std::byte>();
 }
 
 const kv::Int8sPageView* CompressedHistory::int8s_view(int layer, size_t page) const {

@@ -24,12 +24,23 @@ attention::Partial Int8sTileRunner::operator()(std::span<const kv::EncodedPage* 
   // validated (header, checksum, scales, codes) before anything is uploaded.
   const int64_t ps0 = kv::read_header(pages.front()->bytes).page_size;
   const size_t n_read = std::min(pages.size(), size_t(std::max<int64_t>(1, (history_tokens - first_token + ps0 - 1) / ps0)));
-  pages = pages.first(n_read);
-  std::vector<kv::PageHeader> headers;
-  for (size_t i = 0; i < pages.size(); ++i) {
+  std::vector<kv::Int8sPageView> views;
+  for (size_t i = 0; i < n_read; ++i) {
     if (!pages[i]) throw InvalidArgument("Int8sTileRunner: page " + std::to_string(i) + " is null");
-    headers.push_back(kv::parse_int8s_page(*pages[i]).header);
+    views.push_back(kv::parse_int8s_page(*pages[i]));
   }
+  return (*this)(std::span<const kv::Int8sPageView>(views), first_token, history_tokens, q, opt);
+}
+
+attention::Partial Int8sTileRunner::operator()(std::span<const kv::Int8sPageView> pages, int64_t first_token,
+                                               int64_t history_tokens, const attention::QueryRows& q,
+                                               const attention::AttentionOptions& opt) const {
+  if (pages.empty()) throw InvalidArgument("Int8sTileRunner: no pages");
+  if (first_token < 0) throw InvalidArgument("Int8sTileRunner: first_token is " + std::to_string(first_token));
+  const int64_t ps0 = pages.front().header.page_size;
+  pages = pages.first(std::min(pages.size(), size_t(std::max<int64_t>(1, (history_tokens - first_token + ps0 - 1) / ps0))));
+  std::vector<kv::PageHeader> headers;
+  for (const kv::Int8sPageView& v : pages) headers.push_back(v.header);
   const kv::PageHeader& h0 = headers.front();
   for (size_t i = 0; i < headers.size(); ++i) {
     const kv::PageHeader& h = headers[i];
@@ -57,13 +68,13 @@ attention::Partial Int8sTileRunner::operator()(std::span<const kv::EncodedPage* 
   // Upload (the kernel addresses a page's sections by page_size, so pages are full; checked below).
   std::vector<size_t> offs;
   size_t total = 0;
-  for (const kv::EncodedPage* p : pages) {
+  for (const kv::Int8sPageView& p : pages) {
     offs.push_back(total);
-    total += (p->bytes.size() + 255) / 256 * 256;
+    total += (p.blob.size() + 255) / 256 * 256;
   }
   DevBuf dpages(total);
   for (size_t i = 0; i < pages.size(); ++i)
-    AKV_CUDA(cudaMemcpy(dpages.as<std::byte>() + offs[i], pages[i]->bytes.data(), pages[i]->bytes.size(),
+    AKV_CUDA(cudaMemcpy(dpages.as<std::byte>() + offs[i], pages[i].blob.data(), pages[i].blob.size(),
                         cudaMemcpyHostToDevice));
 
   std::vector<SplitWork> work;

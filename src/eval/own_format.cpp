@@ -29,7 +29,7 @@ double route_own_format_error(const attention::LayerHistory& h, int layer, conve
   const attention::Partial kernel = route::attend_routed(h, layer, view, q, opt, ws);
 
   const route::PublishedFn published = [&](size_t p, route::ReadFormat f) {
-    return c.published(layer, p, codec_of(f)) != nullptr;
+    return !c.published(layer, p, codec_of(f)).empty();
   };
   const route::RoutePlan plan = route::plan_route(cfg, h.n_tokens, s.page_size, published);
   attention::DenseHistoryF64 ref;
@@ -38,7 +38,7 @@ double route_own_format_error(const attention::LayerHistory& h, int layer, conve
     if (plan.page_format[p] == route::ReadFormat::exact) {
       ref.append(*h.store, h.page_table[p], n);
     } else {
-      ref.append(*c.published(layer, p, codec_of(plan.page_format[p])), n);
+      ref.append(c.published(layer, p, codec_of(plan.page_format[p])), n);
     }
   }
   return attention::own_format_error(kernel, attention::reference_attention(ref, q, {}));
@@ -102,7 +102,11 @@ SyntheticErrors synthetic_outlier_errors(int n_tokens, int page_size, int n_kv_h
     plain.push_back(kv::encode_int8s_page(store.shape(), {page, store.shape().page_elements()}, page_size,
                                           kv::Int8sKeyScaling::per_token_only));
   }
-  for (const auto& e : plain) ptrs.push_back(&e);
+  std::vector<kv::Int8sPageView> views;
+  for (const auto& e : plain) {
+    ptrs.push_back(&e);
+    views.push_back(kv::parse_int8s_page(e));
+  }
   const attention::DenseHistoryF64 ref = attention::dequantize_history(ptrs, page_size, n_tokens);
   const attention::ReferencePartial ref_o = attention::reference_attention(ref, qr, {});
   for (int terms : {1, 2}) {
@@ -111,7 +115,7 @@ SyntheticErrors synthetic_outlier_errors(int n_tokens, int page_size, int n_kv_h
     std::vector<attention::Partial> parts;
     for (size_t i = 0; i < ptrs.size(); i += size_t(tile_pages)) {
       const size_t n = std::min(size_t(tile_pages), ptrs.size() - i);
-      const std::span<const kv::EncodedPage* const> tile{ptrs.data() + i, n};
+      const std::span<const kv::Int8sPageView> tile{views.data() + i, n};
       const int64_t first = int64_t(i + 1) * page_size;
       parts.push_back(int8s_tile ? int8s_tile(tile, first, n_tokens, qr, opt)
                                  : attention::attend_int8s_tile(tile, first, n_tokens, qr, opt));

@@ -37,23 +37,16 @@ attention::Partial attend_int8s_segment(const attention::LayerHistory& history, 
                                         const RoutedView& view, const Segment& seg,
                                         const attention::QueryRows& q, const attention::AttentionOptions& opt) {
   const int64_t first_token = int64_t(seg.first_page) * history.store->shape().page_size;
-  if (view.int8s_tile) {  // e.g. the GPU: takes the blobs
-    std::vector<const kv::EncodedPage*> pages;
-    for (size_t p = seg.first_page; p < seg.first_page + seg.n_pages; ++p) {
-      pages.push_back(view.compressed->published(layer, p, kv::CodecFormat::int8s));
-      if (view.report) view.report->bytes += double(pages.back()->bytes.size());
-    }
-    return view.int8s_tile(pages, first_token, history.n_tokens, q, opt);
-  }
-  // The CPU kernel reads the views validated at publication.
+  // The kernels read the views validated at publication.
   std::vector<kv::Int8sPageView> pages;
   pages.reserve(seg.n_pages);
   for (size_t p = seg.first_page; p < seg.first_page + seg.n_pages; ++p) {
     pages.push_back(*view.compressed->int8s_view(layer, p));
     if (view.report) view.report->bytes += double(pages.back().blob.size());
   }
-  return attention::attend_int8s_tile(std::span<const kv::Int8sPageView>(pages), first_token, history.n_tokens, q,
-                                      opt);
+  const std::span<const kv::Int8sPageView> views(pages);
+  if (view.int8s_tile) return view.int8s_tile(views, first_token, history.n_tokens, q, opt);  // e.g. the GPU
+  return attention::attend_int8s_tile(views, first_token, history.n_tokens, q, opt);
 }
 
 // Bytes the bf16 kernel reads for pages [first, first + n): stored bytes for
@@ -64,7 +57,7 @@ double bf16_segment_bytes(const attention::LayerHistory& h, int layer, const Rou
   double bytes = 0;
   for (size_t p = seg.first_page; p < seg.first_page + seg.n_pages; ++p) {
     if (plan.page_format[p] == ReadFormat::lossless13) {
-      bytes += double(view.compressed->published(layer, p, kv::CodecFormat::lossless13)->bytes.size());
+      bytes += double(view.compressed->published(layer, p, kv::CodecFormat::lossless13).size());
     } else {
       const int64_t first = int64_t(p) * s.page_size;
       bytes += double(std::min<int64_t>(s.page_size, h.n_tokens - first)) * double(s.bytes_per_token_per_layer());
@@ -82,7 +75,7 @@ attention::Partial attend_routed(const attention::LayerHistory& history, int lay
   PublishedFn published;
   if (view.compressed) {
     published = [&](size_t page, ReadFormat f) {
-      return view.compressed->published(layer, page, codec_of(f)) != nullptr;
+      return !view.compressed->published(layer, page, codec_of(f)).empty();
     };
   }
   const RoutePlan plan = plan_route(view.config, history.n_tokens, shape.page_size, published);

@@ -166,7 +166,7 @@ std::vector<cuda::SeqPages> HistoryView::engine_tables(int64_t n_tokens, cudaStr
   for (int l = 0; l < shape.n_layers; ++l) {
     route::PublishedFn published;
     if (compressed_)
-      published = [&](size_t page, route::ReadFormat f) { return compressed_->published(l, page, codec_of(f)) != nullptr; };
+      published = [&](size_t page, route::ReadFormat f) { return !compressed_->published(l, page, codec_of(f)).empty(); };
     const route::RoutePlan plan = route::plan_route(opt_.route, n_tokens, shape.page_size, published);
     stats_.pages.add(plan);
     std::vector<cuda::PageRef>& table = out[0].tables[size_t(l)];
@@ -179,16 +179,16 @@ std::vector<cuda::SeqPages> HistoryView::engine_tables(int64_t n_tokens, cudaStr
                               double(shape.bytes_per_token_per_layer());
         continue;
       }
-      const kv::EncodedPage* e = compressed_->published(l, p, codec_of(f));
+      const std::span<const std::byte> e = compressed_->published(l, p, codec_of(f));
       DevPage& d = dev_encoded_[size_t(l)][p];
       if (encoded_ && !d.ptr) {  // gpu placement: the encoded page is read on the GPU too
         d.ptr = encoded_->acquire();
         d.pool = encoded_.get();
-        cuda::check_cuda(cudaMemcpyAsync(d.ptr, e->bytes.data(), e->bytes.size(), cudaMemcpyHostToDevice, s),
+        cuda::check_cuda(cudaMemcpyAsync(d.ptr, e.data(), e.size(), cudaMemcpyHostToDevice, s),
                          "upload an encoded page");
       }
-      table[p] = cuda::PageRef{e->bytes.data(), d.ptr, e->bytes.size(), kind_of(f)};
-      stats_.pages.bytes += double(e->bytes.size());
+      table[p] = cuda::PageRef{e.data(), d.ptr, e.size(), kind_of(f)};
+      stats_.pages.bytes += double(e.size());
     }
   }
   return out;

@@ -53,9 +53,9 @@ TEST(ConversionRace, TokensWrittenWhileConversionRuns) {
   // values rounded to bf16.
   std::vector<bf16> decoded(shape.page_elements());
   for (size_t page = 0; page < max_pages; ++page) {
-    const kv::EncodedPage* blob = history.published(0, page, kv::CodecFormat::lossless13);
-    ASSERT_NE(blob, nullptr);
-    kv::decode_lossless13_page(*blob, decoded);
+    const std::span<const std::byte> blob = history.published(0, page, kv::CodecFormat::lossless13);
+    ASSERT_FALSE(blob.empty());
+    kv::decode_lossless13_page(kv::parse_lossless13_page(blob), decoded);
     for (int h = 0; h < shape.n_kv_heads; ++h) {
       for (int t = 0; t < shape.page_size; ++t) {
         for (int j = 0; j < shape.head_dim; ++j) {

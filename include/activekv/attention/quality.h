@@ -32,7 +32,8 @@ struct DenseHistoryF64 {
   /// Appends the first `n_tokens` tokens of an encoded page (validated; throws
   /// Error if it does not; InvalidArgument if its dimensions differ from the
   /// history's or it holds fewer tokens).
-  void append(const kv::EncodedPage& page, int n_tokens);
+  void append(std::span<const std::byte> blob, int n_tokens);
+  void append(const kv::EncodedPage& page, int n_tokens) { append(std::span<const std::byte>(page.bytes), n_tokens); }
   /// Appends the first `n_tokens` tokens of page `id` of a store (bf16 or f32).
   void append(const kv::PageStore& store, kv::PageId id, int n_tokens);
   /// Appends the first `n_tokens` tokens of a bf16 page in the PageStore

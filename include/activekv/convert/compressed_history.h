@@ -19,6 +19,9 @@
 // writes any more), never the page tables or the store's directory, which
 // SequenceKv::reserve grows concurrently.
 //
+// Published blobs live in the page store's arena (kv::PageStore::blobs()),
+// the same memory as the bf16 pages: pinned in the GPU runtime.
+//
 // Lifetime: a CompressedHistory must be destroyed (or clear()ed) before the
 // SequenceKv it reads from releases or rewrites its pages (clear, truncate);
 // the destructor cancels queued jobs and waits for running ones.
@@ -71,9 +74,11 @@ class CompressedHistory {
   /// sequence is cleared).
   void clear();
 
-  /// The published blob, or nullptr if not (yet) converted into `format`
-  /// (validated at publication). Valid until clear() or destruction.
-  const kv::EncodedPage* published(int layer, size_t page, kv::CodecFormat format) const;
+  /// The published blob (header + payload, in the page store's arena: pinned
+  /// when the store is, so the GPU streams it by DMA), or an empty span if
+  /// not (yet) converted into `format`. Validated at publication. Valid until
+  /// clear() or destruction.
+  std::span<const std::byte> published(int layer, size_t page, kv::CodecFormat format) const;
   /// The published page's view, validated once at publication (what the CPU
   /// kernels read), or nullptr if not (yet) published in that format (or
   /// that format is not produced). Valid until clear() or destruction.
@@ -83,11 +88,16 @@ class CompressedHistory {
   size_t published_count(kv::CodecFormat format) const;
 
  private:
-  /// A published page: the blob and its view (the one matching its format).
+  /// A published page: the blob in the store's arena and its view (the one
+  /// matching its format). Returns the blob to the arena when destroyed.
   struct Published {
-    kv::EncodedPage page;
+    kv::BlobArena* arena = nullptr;
+    kv::Blob blob;
     kv::Int8sPageView int8s;
     kv::Lossless13PageView lossless13;
+    ~Published() {
+      if (arena && blob.data) arena->release(blob);
+    }
   };
   size_t slot(size_t format_index, int layer, size_t page) const;
   const Published* find(int layer, size_t page, kv::CodecFormat format) const;
@@ -95,6 +105,7 @@ class CompressedHistory {
 
   const kv::SequenceKv* seq_;  // read by schedule() only (the writer's thread)
   kv::KvShape shape_;          // copy: jobs read no SequenceKv or PageStore state
+  kv::BlobArena* arena_;       // the store's encoded-page arena (thread-safe)
   std::vector<kv::CodecFormat> formats_;
   size_t max_pages_;
   ConversionPool* pool_;

@@ -5,8 +5,9 @@
 // measure the GPU kernel's own-format error on the real-model samples, and by
 // the GPU tests to compare it with the CPU kernel.
 //
-// Every page is validated on the host first (kv::parse_int8s_page: header,
-// checksum, scales, codes), then uploaded. Each query row is one sequence of
+// Blobs are validated on the host first (kv::parse_int8s_page: header,
+// checksum, scales, codes), or come as views validated at publication, then
+// are uploaded. Each query row is one sequence of
 // the kernel's work list, limited to the keys its position may see, so a row
 // re-reads the tile (fine for samples; the decode engine is the fast path).
 // Synchronous: returns when the Partial is on the host.
@@ -19,6 +20,7 @@
 #include "activekv/attention/partial.h"
 #include "activekv/cuda/format_kernels.h"
 #include "activekv/kv/codec.h"
+#include "activekv/kv/codec_int8s.h"
 
 namespace activekv::cuda {
 
@@ -34,6 +36,11 @@ class Int8sTileRunner {
   /// (the CPU kernel also reads a partly written last page; the engine keeps
   /// such a page exact). CudaError from the GPU.
   attention::Partial operator()(std::span<const kv::EncodedPage* const> pages, int64_t first_token,
+                                int64_t history_tokens, const attention::QueryRows& q,
+                                const attention::AttentionOptions& opt) const;
+  /// Same over pages validated at publication (route::Int8sTileFn): no
+  /// validation again, the blobs are uploaded as they are.
+  attention::Partial operator()(std::span<const kv::Int8sPageView> pages, int64_t first_token,
                                 int64_t history_tokens, const attention::QueryRows& q,
                                 const attention::AttentionOptions& opt) const;
 

@@ -16,9 +16,9 @@
 namespace activekv::route {
 
 /// Computes one int8s tile with the contract of attention::attend_int8s_tile
-/// (pages, first_token, history_tokens, q, opt) -- e.g. the GPU kernel
-/// (cuda::Int8sTileRunner) in place of the CPU one.
-using Int8sTileFn = std::function<attention::Partial(std::span<const kv::EncodedPage* const>, int64_t, int64_t,
+/// over pages validated at publication (views, first_token, history_tokens,
+/// q, opt) -- e.g. the GPU kernel (cuda::Int8sTileRunner) in place of the CPU one.
+using Int8sTileFn = std::function<attention::Partial(std::span<const kv::Int8sPageView>, int64_t, int64_t,
                                                      const attention::QueryRows&, const attention::AttentionOptions&)>;
 
 /// What a forward pass needs to read the history along a route.
