@@ -7,6 +7,7 @@
 #include <cstring>
 #include <span>
 
+#include "activekv/cuda/pinned_memory.h"
 #include "activekv/kv/codec.h"
 #include "activekv/kv/codec_lossless13.h"
 #include "activekv/route/route.h"
@@ -16,8 +17,8 @@ namespace activekv::gpu_bench {
 namespace {
 
 // Encodes the full pages of every (sequence, layer) of `bf16` to `f` into
-// the arena, in page order; returns the refs and fills the timing.
-PageGrid encode_all(PinnedPagePool& pool, const PageGrid& bf16, const AttnShape& sh, int64_t full_pages,
+// the store's arena, in page order; returns the refs and fills the timing.
+PageGrid encode_all(kv::PageStore& store, const PageGrid& bf16, const AttnShape& sh, int64_t full_pages,
                     kv::CodecFormat f, PageKind kind, int threads, HistorySet::Conversion& conv) {
   const kv::KvShape ks{1, sh.n_kv_heads, sh.head_dim, sh.page_size};
   PageGrid out(bf16.size());
@@ -27,13 +28,13 @@ PageGrid encode_all(PinnedPagePool& pool, const PageGrid& bf16, const AttnShape&
     out[s].resize(bf16[s].size());
     for (size_t l = 0; l < bf16[s].size(); ++l) {
       parallel_for(size_t(full_pages), threads, [&](size_t p) {
-        const auto* page = reinterpret_cast<const activekv::bf16*>(pool.at(bf16[s][l][p]));
+        const auto* page = reinterpret_cast<const activekv::bf16*>(bf16[s][l][p].host);
         enc[p] = kv::encode_page(f, ks, std::span<const activekv::bf16>(page, ks.page_elements()), sh.page_size);
       });
       for (const kv::EncodedPage& e : enc) {
-        const PageRef r = pool.allocate(e.bytes.size(), kind);
-        std::memcpy(pool.at(r), e.bytes.data(), e.bytes.size());
-        out[s][l].push_back(r);
+        const kv::Blob b = store.blobs().allocate(e.bytes.size());  // 256-byte aligned, after the previous one
+        std::memcpy(b.data, e.bytes.data(), e.bytes.size());
+        out[s][l].push_back(PageRef{b.data, nullptr, b.bytes, kind});
       }
       conv.pages += size_t(full_pages);
     }
@@ -62,17 +63,25 @@ HistorySet build_history(const AttnShape& sh, int n_layers, int max_batch, int64
               double(n_pages * sh.page_bytes()) / double(1ull << 30), double(extra) / double(1ull << 30));
   std::fflush(stdout);
   HistorySet h;
-  h.pool = std::make_unique<PinnedPagePool>(sh.page_bytes(), n_pages, extra);
-  fill_random_bf16(h.pool->data(), n_pages * sh.page_bytes(), 42, threads);
+  // Bounded: one pinned slab, a region per layer. Allocated sequence by
+  // sequence, layer by layer, page by page, so each (sequence, layer)'s pages
+  // are adjacent (one copy per tile, as the runtime's history would be).
+  h.store = std::make_unique<kv::PageStore>(kv::KvShape{n_layers, sh.n_kv_heads, sh.head_dim, sh.page_size}, n_pages,
+                                            &cuda::pinned_host_memory());
   h.bf16.assign(size_t(max_batch), std::vector<std::vector<PageRef>>(size_t(n_layers)));
+  std::vector<std::byte*> pages;
+  pages.reserve(n_pages);
   for (int s = 0; s < max_batch; ++s)
     for (int l = 0; l < n_layers; ++l)
-      for (int64_t p = 0; p < np; ++p)
-        h.bf16[s][l].push_back(h.pool->page_ref(uint32_t((int64_t(s) * n_layers + l) * np + p)));
+      for (int64_t p = 0; p < np; ++p) {
+        pages.push_back(h.store->page_data(h.store->allocate(l)));
+        h.bf16[s][l].push_back(PageRef{pages.back(), nullptr, sh.page_bytes(), PageKind::bf16});
+      }
+  parallel_for(n_pages, threads, [&](size_t i) { fill_random_bf16(pages[i], sh.page_bytes(), 42 + i, 1); });
   if (want_int8s)
-    h.int8s = encode_all(*h.pool, h.bf16, sh, full, kv::CodecFormat::int8s, PageKind::int8s, threads, h.int8s_conv);
+    h.int8s = encode_all(*h.store, h.bf16, sh, full, kv::CodecFormat::int8s, PageKind::int8s, threads, h.int8s_conv);
   if (want_lossless13)
-    h.lossless13 = encode_all(*h.pool, h.bf16, sh, full, kv::CodecFormat::lossless13, PageKind::lossless13, threads,
+    h.lossless13 = encode_all(*h.store, h.bf16, sh, full, kv::CodecFormat::lossless13, PageKind::lossless13, threads,
                               h.lossless13_conv);
   return h;
 }
@@ -90,7 +99,7 @@ std::vector<SeqPages> route_tables(const HistorySet& h, const std::string& route
   if (enc && enc->empty()) throw InvalidArgument("bench decode: " + route + " pages were not built");
   // The CPU route planner decides which page is read how (every full page is
   // published here, as after conversion has caught up); the bench only maps
-  // its formats to the pool's pages.
+  // its formats to the store's pages.
   const route::RouteConfig cfg{route == "bf16" ? route::RouteKind::exact : route::parse_kind(route), recent_pages, 32};
   const int64_t full = ctx / page_size;
   const route::RoutePlan plan =

@@ -1,7 +1,8 @@
 // Internal to the GPU bench: the synthetic host history in every page format
-// (random bf16 pages, then their int8s and lossless13 encodings made with the
-// CPU codecs on host threads, as background conversion would publish them),
-// and the page tables of each route over it.
+// (random bf16 pages in the one page store, pinned, then their int8s and
+// lossless13 encodings made with the CPU codecs on host threads and put in
+// the store's arena, as background conversion would publish them), and the
+// page tables of each route over it.
 #pragma once
 
 #include <cstdint>
@@ -10,20 +11,20 @@
 #include <vector>
 
 #include "activekv/cuda/decode_engine.h"
+#include "activekv/kv/page_store.h"
 
 namespace activekv::gpu_bench {
 
 using cuda::AttnShape;
 using cuda::PageKind;
 using cuda::PageRef;
-using cuda::PinnedPagePool;
 using cuda::SeqPages;
 
 /// Page refs [seq][layer][page] of one stored format.
 using PageGrid = std::vector<std::vector<std::vector<PageRef>>>;
 
 struct HistorySet {
-  std::unique_ptr<PinnedPagePool> pool;
+  std::unique_ptr<kv::PageStore> store;  ///< pinned; bf16 pages in slots, encoded pages in blobs()
   PageGrid bf16, int8s, lossless13;  ///< int8s / lossless13 empty when not built
   /// Conversion measured while building: pages, seconds and host threads used.
   struct Conversion { size_t pages = 0; double seconds = 0; int threads = 0; };
@@ -31,9 +32,13 @@ struct HistorySet {
 };
 
 /// Pins and fills `max_batch` sequences x `n_layers` x ceil(max_ctx / page)
-/// bf16 pages (random, fixed seed), then encodes every full page to int8s
-/// and/or lossless13 into the pool's arena, page-ordered per (sequence,
-/// layer) so a tile's pages are back to back. Prints progress.
+/// bf16 pages (random, fixed seed) in a bounded pinned page store, allocated
+/// sequence by sequence, layer by layer (each layer has its region), so a
+/// (sequence, layer)'s pages are adjacent and stream as one copy; then
+/// encodes every full page to int8s and/or lossless13 into the store's arena,
+/// page-ordered per (sequence, layer) so a tile's pages are back to back
+/// (within a chunk of the arena). Prints progress. Throws Error naming the
+/// bytes when the history cannot be pinned.
 HistorySet build_history(const AttnShape& sh, int n_layers, int max_batch, int64_t max_ctx, bool want_int8s,
                          bool want_lossless13, int threads);
 

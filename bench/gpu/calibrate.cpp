@@ -7,8 +7,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "activekv/cuda/decode_engine.h"
 #include "activekv/cuda/format_kernels.h"
+#include "activekv/cuda/pinned_memory.h"
 #include "activekv/kv/codec.h"
 #include "bench_util.h"
 #include "gpu_bench.h"
@@ -98,6 +98,16 @@ struct Timing {
   Timing& operator=(const Timing&) = delete;
 };
 
+// Pinned host bytes (the memory the page store streams from), freed on scope exit.
+struct PinnedBuffer {
+  std::byte* p;
+  size_t bytes;
+  explicit PinnedBuffer(size_t n) : p(cuda::pinned_host_memory().allocate(n)), bytes(n) {}
+  ~PinnedBuffer() { cuda::pinned_host_memory().free(p, bytes); }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+};
+
 // Byte and token counts are whole numbers: JSON gets them as integers.
 std::vector<int64_t> as_integers(const std::vector<double>& v) { return {v.begin(), v.end()}; }
 
@@ -161,10 +171,10 @@ Profile calibrate(const CalibrateOptions& opt) {
 
   // --- H2D bandwidth vs copy size -----------------------------------------
   const size_t kMax = size_t(512) << 20;
-  cuda::PinnedPagePool host(kMax, 1);
-  fill_random_bf16(host.data(), kMax, 1, host_threads());
+  const PinnedBuffer host(kMax);
+  fill_random_bf16(host.p, kMax, 1, host_threads());
   DevBuf dst(kMax, "calibrate: copy target");
-  pr.latency_ms = time_ms([&] { AKV_CUDA(cudaMemcpyAsync(dst.p, host.data(), 4096, cudaMemcpyHostToDevice, st)); },
+  pr.latency_ms = time_ms([&] { AKV_CUDA(cudaMemcpyAsync(dst.p, host.p, 4096, cudaMemcpyHostToDevice, st)); },
                           opt.reps * 5);
   std::printf("calibrate: %s\n  H2D pinned, back-to-back copies (latency of one 4 KiB copy: %.4f ms)\n",
               pr.device.c_str(), pr.latency_ms);
@@ -173,7 +183,7 @@ Profile calibrate(const CalibrateOptions& opt) {
     const int n = int(std::max<size_t>(1, std::min<size_t>(64, kMax / sz)));
     const double ms = time_ms([&] {
       for (int i = 0; i < n; ++i)
-        AKV_CUDA(cudaMemcpyAsync(dst.as<std::byte>() + size_t(i) * sz % kMax, host.data() + size_t(i) * sz % kMax, sz,
+        AKV_CUDA(cudaMemcpyAsync(dst.as<std::byte>() + size_t(i) * sz % kMax, host.p + size_t(i) * sz % kMax, sz,
                                  cudaMemcpyHostToDevice, st));
     }, std::max(3, opt.reps / 4));
     pr.copy_bytes.push_back(double(sz));
@@ -188,7 +198,7 @@ Profile calibrate(const CalibrateOptions& opt) {
   DevBuf pages(size_t(n_pages) * sh.page_bytes(), "calibrate: resident pages");
   for (int64_t p = 0; p < n_pages; ++p)  // fill from the random pinned buffer (cycled)
     AKV_CUDA(cudaMemcpy(pages.as<std::byte>() + size_t(p) * sh.page_bytes(),
-                        host.data() + (size_t(p) * sh.page_bytes()) % (kMax - sh.page_bytes() + 1),
+                        host.p + (size_t(p) * sh.page_bytes()) % (kMax - sh.page_bytes() + 1),
                         sh.page_bytes(), cudaMemcpyHostToDevice));
   DevBuf q(size_t(sh.n_q_heads()) * sh.head_dim * sizeof(float), "calibrate: query");
   fill_device_random(q.as<float>(), size_t(sh.n_q_heads()) * sh.head_dim, 3);
@@ -228,7 +238,7 @@ Profile calibrate(const CalibrateOptions& opt) {
     std::printf("  %10lld %12.4f %12.4f %10.1f\n", static_cast<long long>(n), kms, mms,
                 double(n) * 2 * sh.n_kv_heads * sh.head_dim * 2 / (kms * 1e6));
   }
-  calibrate_formats(pr, host.data(), pages.as<std::byte>(), q.as<float>(), parts, work.as<SplitWork>(), time_ms,
+  calibrate_formats(pr, host.p, pages.as<std::byte>(), q.as<float>(), parts, work.as<SplitWork>(), time_ms,
                     opt.reps, st);
   if (file.is_open()) {
     nlohmann::json j = {{"commit", opt.provenance.commit}, {"command", opt.provenance.command}};

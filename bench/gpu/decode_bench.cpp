@@ -15,6 +15,7 @@
 #include <optional>
 
 #include "activekv/cuda/decode_engine.h"
+#include "activekv/cuda/device_pages.h"
 #include "bench_pages.h"
 #include "bench_util.h"
 #include "gpu_bench.h"
@@ -23,7 +24,6 @@ namespace activekv::gpu_bench {
 
 using cuda::DecodeEngine;
 using cuda::EngineConfig;
-using cuda::Mode;
 
 namespace {
 
@@ -46,17 +46,16 @@ struct Record {
 
 double predict_ms(const Profile& pr, const DecodeEngine& eng, int n_layers, int64_t splits_per_seq) {
   const int R = eng.config().ring_slots;
-  const bool streamed = eng.config().mode == Mode::streamed;
-  std::vector<double> comp_end;
+  std::vector<double> ring_end;  // attention end of each streamed job: streamed job k uses ring slot k % R
   double copy_free = 0, comp_free = 0;
   for (int l = 0; l < n_layers; ++l) {
     const auto jobs = eng.job_info(l);
     for (size_t j = 0; j < jobs.size(); ++j) {
-      const size_t k = comp_end.size();
       double copy_end = 0;
-      if (streamed) {
+      if (!jobs[j].resident) {
+        const size_t k = ring_end.size();
         double start = copy_free;
-        if (k >= size_t(R)) start = std::max(start, comp_end[k - R]);
+        if (k >= size_t(R)) start = std::max(start, ring_end[k - R]);
         double t = 0;
         for (size_t b : jobs[j].copy_bytes) t += pr.copy_time_ms(double(b));
         copy_end = start + t;
@@ -69,7 +68,7 @@ double predict_ms(const Profile& pr, const DecodeEngine& eng, int n_layers, int6
                             pr.unpack_ms_per_page * double((tk[2] + pr.attn.page_size - 1) / pr.attn.page_size);
       double end = start + kernel;
       if (j + 1 == jobs.size()) end += pr.merge_time_ms(double(splits_per_seq));
-      comp_end.push_back(end);
+      if (!jobs[j].resident) ring_end.push_back(end);
       comp_free = end;
     }
   }
@@ -173,22 +172,24 @@ void check_options(const BenchDecodeOptions& opt) {
     if (b < 1) throw InvalidArgument("bench decode: batch sizes must be >= 1, got " + std::to_string(b));
 }
 
-// One engine per mode, reused across configurations (resident copies the
-// pool to the GPU once). A mode whose engine does not fit is skipped.
+// One engine per mode, reused across configurations (update() per
+// configuration). The modes differ by placement and tiles: "resident" reads
+// every page from a device copy (ResidentPages, per configuration),
+// "streamed" streams every page in tiles of opt.tile_pages, "streamed-whole"
+// a layer's pages in one job (tile_pages 0). A mode whose engine cannot be
+// made is skipped.
 std::map<std::string, std::unique_ptr<DecodeEngine>> make_engines(const BenchDecodeOptions& opt,
-                                                                  const std::vector<std::string>& modes,
-                                                                  const cuda::PinnedPagePool& pool) {
+                                                                  const std::vector<std::string>& modes) {
   std::map<std::string, std::unique_ptr<DecodeEngine>> engines;
   for (const auto& mode : modes) {
     EngineConfig c;
     c.n_layers = opt.n_layers;
     c.attn = opt.attn;
-    c.mode = mode == "resident" ? Mode::resident : Mode::streamed;
     c.tile_pages = mode == "streamed-whole" ? 0 : opt.tile_pages;
     c.ring_slots = mode == "streamed-whole" ? 2 : opt.ring_slots;
     c.int8s = opt.int8s;
     try {
-      engines[mode] = std::make_unique<DecodeEngine>(c, pool);
+      engines[mode] = std::make_unique<DecodeEngine>(c);
     } catch (const CudaError& e) {
       std::printf("  skip mode %s: %s\n", mode.c_str(), e.what());
     }
@@ -239,20 +240,36 @@ Timed time_steps(DecodeEngine& eng, const BenchDecodeOptions& opt, const DevBuf&
   return t;
 }
 
-// Bytes the step's pages take across the bus: what a streamed engine copies,
-// and for resident mode what streaming the same tables would move.
-uint64_t history_bytes(const DecodeEngine& eng, const std::vector<SeqPages>& seqs, int n_layers) {
+// Bytes the step's pages take across the bus: what the streamed jobs copy,
+// and for the resident pages of `tables` (the batch the engine was given)
+// what streaming them would move (each page 256-byte aligned, as staged).
+uint64_t history_bytes(const DecodeEngine& eng, const std::vector<SeqPages>& tables, int n_layers) {
   uint64_t bytes = 0;
-  if (eng.config().mode == Mode::streamed) {
-    for (int l = 0; l < n_layers; ++l)
-      for (const auto& ji : eng.job_info(l))
-        for (size_t b : ji.copy_bytes) bytes += b;
-  } else {
-    for (const auto& s : seqs)
+  bool any_resident = false;
+  for (int l = 0; l < n_layers; ++l)
+    for (const auto& ji : eng.job_info(l)) {
+      any_resident = any_resident || ji.resident;
+      for (size_t b : ji.copy_bytes) bytes += b;  // none for the resident job
+    }
+  if (any_resident)
+    for (const auto& s : tables)
       for (const auto& t : s.tables)
-        for (const auto& p : t) bytes += (p.bytes + 255) / 256 * 256;
-  }
+        for (const auto& p : t)
+          if (p.device) bytes += (p.bytes + 255) / 256 * 256;
   return bytes;
+}
+
+// Device copies of every page of `seqs` (one slot per entry, slots of the
+// largest page). Throws CudaError naming the bytes when they do not fit.
+std::unique_ptr<cuda::ResidentPages> device_copies(const std::vector<SeqPages>& seqs) {
+  size_t slot = 0, n = 0;
+  for (const auto& s : seqs)
+    for (const auto& t : s.tables)
+      for (const auto& p : t) {
+        slot = std::max<size_t>(slot, p.bytes);
+        ++n;
+      }
+  return std::make_unique<cuda::ResidentPages>(slot, n);
 }
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
@@ -292,7 +309,7 @@ int run_bench_decode(const BenchDecodeOptions& opt) {
   for (const auto& m : opt.modes)
     if (m != "resident") modes.push_back(m);
   const bool want_resident = std::find(opt.modes.begin(), opt.modes.end(), "resident") != opt.modes.end();
-  auto engines = make_engines(opt, modes, *hist.pool);
+  auto engines = make_engines(opt, modes);
 
   std::vector<Record> records;
   bool all_ok = true;
@@ -309,15 +326,19 @@ int run_bench_decode(const BenchDecodeOptions& opt) {
         for (const auto& mode : modes) {
           if (!engines.count(mode)) continue;
           DecodeEngine& eng = *engines[mode];
+          const bool streamed = mode != "resident";
+          std::unique_ptr<cuda::ResidentPages> copies;  // resident: this configuration's pages on the GPU
+          std::vector<SeqPages> tables;                 // the batch as the engine reads it
           try {
-            eng.set_batch(seqs);
+            if (!streamed) copies = device_copies(seqs);
+            tables = streamed ? seqs : copies->place(seqs);
+            eng.update(tables);
           } catch (const CudaError& e) {
             std::printf("  skip %s %s depth %lld batch %d: %s\n", format.c_str(), mode.c_str(),
                         static_cast<long long>(ctx), batch, e.what());
             continue;
           }
           const Timed t = time_steps(eng, opt, q, out, qn);
-          const bool streamed = mode != "resident";
           if (!streamed) ref = t.first;
           if (!streamed && !want_resident) continue;  // measured only as the reference
           Record r{};
@@ -329,11 +350,11 @@ int run_bench_decode(const BenchDecodeOptions& opt) {
           r.device_ms = median(t.device_ms);
           r.step_ms_min = *std::min_element(t.ms.begin(), t.ms.end());
           r.step_ms_max = *std::max_element(t.ms.begin(), t.ms.end());
-          r.history_bytes = history_bytes(eng, seqs, opt.n_layers);
+          r.history_bytes = history_bytes(eng, tables, opt.n_layers);
           r.bytes_per_step = streamed ? eng.bytes_per_step() : 0;
           r.copies_per_step = eng.copies_per_step();
           r.largest_copy = eng.largest_copy();
-          r.jobs_per_layer = eng.jobs_per_layer();
+          r.jobs_per_layer = eng.jobs_in_layer(0);
           r.gbps = double(r.history_bytes) / (r.step_ms * 1e6);
           const double chunk = streamed ? double(eng.largest_copy()) : double(opt.tile_pages) * sh.page_bytes();
           r.chunk_gbps = pr.bandwidth_gbps(chunk);

@@ -1,6 +1,7 @@
-// GPU tests: paged BF16 decode attention vs an fp64 CPU reference, streamed vs
-// resident bitwise equality, run-to-run repeatability, the merge's handling of
-// empty partials, and argument errors. Labelled `gpu` (see CMakeLists.txt).
+// GPU tests: paged BF16 decode attention vs an fp64 CPU reference; resident,
+// streamed and mixed placements bitwise equal; incremental updates bitwise
+// equal to a fresh engine; run-to-run repeatability; the merge's handling of
+// empty partials; argument errors. Labelled `gpu` (see CMakeLists.txt).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -8,7 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <numeric>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -16,6 +17,9 @@
 
 #include "activekv/cuda/decode_attention.h"
 #include "activekv/cuda/decode_engine.h"
+#include "activekv/cuda/device_pages.h"
+#include "activekv/cuda/pinned_memory.h"
+#include "activekv/kv/page_store.h"
 #include "gpu_test_util.h"
 
 namespace activekv::cuda {
@@ -28,11 +32,86 @@ struct Case {
   bool shuffle_pages;
 };
 
+/// Where the pages of a batch lie for a run.
+enum class Placement {
+  resident,       ///< every page read in place from a device copy
+  streamed,       ///< every page streamed from pinned host memory
+  mixed,          ///< a checkerboard over (sequence, layer, page): jobs, tiles and copy runs all mix
+  tail_resident,  ///< streamed but each table's last page (the runtime's page being written)
+};
+
+const char* placement_name(Placement p) {
+  switch (p) {
+    case Placement::resident: return "resident";
+    case Placement::streamed: return "streamed";
+    case Placement::mixed: return "mixed";
+    case Placement::tail_resident: return "tail-resident";
+  }
+  return "?";
+}
+
+bool keeps_device_copy(Placement p, size_t seq, size_t layer, size_t page, size_t n_pages) {
+  switch (p) {
+    case Placement::resident: return true;
+    case Placement::streamed: return false;
+    case Placement::mixed: return (seq + layer + page) % 2 == 0;
+    case Placement::tail_resident: return page + 1 == n_pages;
+  }
+  return false;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return !a.empty() && a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Device q, out and lse of one batch (q uploaded once). step() poisons out
+// and lse (NaN: an element a step does not write shows), runs one decode step
+// on `eng` and downloads them. Throws CudaError.
+class DeviceBatch {
+ public:
+  DeviceBatch(const std::vector<float>& q, size_t n_rows) : nq_(q.size()), nl_(n_rows) {
+    check_cuda(cudaMalloc(&q_, nq_ * 4), "cudaMalloc q");
+    check_cuda(cudaMalloc(&out_, nq_ * 4), "cudaMalloc out");
+    check_cuda(cudaMalloc(&lse_, nl_ * 4), "cudaMalloc lse");
+    check_cuda(cudaMemcpy(q_, q.data(), nq_ * 4, cudaMemcpyHostToDevice), "upload q");
+  }
+  ~DeviceBatch() {
+    cudaFree(q_);
+    cudaFree(out_);
+    cudaFree(lse_);
+  }
+  DeviceBatch(const DeviceBatch&) = delete;
+  DeviceBatch& operator=(const DeviceBatch&) = delete;
+
+  void step(DecodeEngine& eng, std::vector<float>& out, std::vector<float>& lse) {
+    eng.synchronize();
+    check_cuda(cudaMemset(out_, 0xff, nq_ * 4), "poison out");
+    check_cuda(cudaMemset(lse_, 0xff, nl_ * 4), "poison lse");
+    check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize after the poison");  // the engine's streams do not wait for it
+    eng.enqueue_step(q_, out_, lse_);
+    eng.synchronize();
+    out.resize(nq_);
+    lse.resize(nl_);
+    check_cuda(cudaMemcpy(out.data(), out_, nq_ * 4, cudaMemcpyDeviceToHost), "download out");
+    check_cuda(cudaMemcpy(lse.data(), lse_, nl_ * 4, cudaMemcpyDeviceToHost), "download lse");
+  }
+
+ private:
+  size_t nq_, nl_;
+  float *q_ = nullptr, *out_ = nullptr, *lse_ = nullptr;
+};
+
+// What a run's engine reported for its batch.
+struct RunStats {
+  size_t streamed_bytes = 0;  // bytes_per_step()
+  size_t resident_bytes = 0;  // resident_bytes_per_step()
+};
+
 struct Fixture {
   Case c;
-  std::unique_ptr<PinnedPagePool> pool;
-  std::vector<SeqPages> seqs;
-  std::vector<float> q;  // [L][S][nq][hd]
+  std::unique_ptr<kv::PageStore> store;  // pinned: the pages the engine streams
+  std::vector<SeqPages> seqs;            // the batch at the case's lengths, every page streamed
+  std::vector<float> q;                  // [L][S][nq][hd]
 
   explicit Fixture(const Case& cs, uint64_t seed) : c(cs) {
     const AttnShape& sh = c.sh;
@@ -40,40 +119,84 @@ struct Fixture {
     size_t total = 0;
     for (int64_t n : c.lengths) total += size_t((n + sh.page_size - 1) / sh.page_size) * c.n_layers;
     total += 3;  // a few unused pages
-    pool = std::make_unique<PinnedPagePool>(sh.page_bytes(), total);
-    testing::fill_random_bf16(pool->data(), total * sh.page_bytes(), seed);
-    std::vector<uint32_t> ids(total);
-    std::iota(ids.begin(), ids.end(), 0u);
+    const kv::KvShape ks{1, sh.n_kv_heads, sh.head_dim, sh.page_size};
+    store = std::make_unique<kv::PageStore>(ks, total, &pinned_host_memory());
+    std::vector<kv::PageId> ids(total);
+    for (kv::PageId& id : ids) {
+      id = store->allocate();
+      testing::fill_random_bf16(store->page_data(id), sh.page_bytes(), seed * 1000003 + id);
+    }
     std::mt19937_64 rng(seed);
     if (c.shuffle_pages) std::shuffle(ids.begin(), ids.end(), rng);
     size_t next = 0;
-    seqs.resize(S);
+    seqs.resize(size_t(S));
     for (int s = 0; s < S; ++s) {
       seqs[s].n_tokens = c.lengths[s];
-      seqs[s].tables.resize(c.n_layers);
+      seqs[s].tables.resize(size_t(c.n_layers));
       const int64_t np = (c.lengths[s] + sh.page_size - 1) / sh.page_size;
       for (int l = 0; l < c.n_layers; ++l)
-        for (int64_t p = 0; p < np; ++p) seqs[s].tables[l].push_back(pool->page_ref(ids[next++]));
+        for (int64_t p = 0; p < np; ++p)
+          seqs[s].tables[l].push_back(PageRef{store->page_data(ids[next++]), nullptr, sh.page_bytes(), PageKind::bf16});
     }
     q.resize(size_t(c.n_layers) * S * sh.n_q_heads() * sh.head_dim);
     std::normal_distribution<float> nd(0.f, 1.5f);
     for (auto& v : q) v = nd(rng);
   }
 
-  // fp64 reference (attention::reference_attention over the pages):
-  // O [L][S][nq][hd], LSE [L][S][nq].
-  void reference(std::vector<double>& o, std::vector<double>& lse) const {
+  size_t n_rows() const { return size_t(c.n_layers) * seqs.size() * size_t(c.sh.n_q_heads()); }
+
+  EngineConfig config(int tile_pages, int ring) const {
+    EngineConfig ec;
+    ec.n_layers = c.n_layers;
+    ec.attn = c.sh;
+    ec.tile_pages = tile_pages;
+    ec.ring_slots = ring;
+    return ec;
+  }
+
+  // The batch with sequence s at n[s] tokens (within its case length's
+  // pages): each table cut to the pages n[s] needs.
+  std::vector<SeqPages> at(const std::vector<int64_t>& n) const {
+    std::vector<SeqPages> out = seqs;
+    for (size_t s = 0; s < out.size(); ++s) {
+      out[s].n_tokens = n.at(s);
+      for (auto& t : out[s].tables) t.resize(size_t((n[s] + c.sh.page_size - 1) / c.sh.page_size));
+    }
+    return out;
+  }
+
+  // Device copies for every page of the store (placements other than streamed).
+  std::unique_ptr<ResidentPages> device_copies() const {
+    return std::make_unique<ResidentPages>(c.sh.page_bytes(), store->pages_in_use());
+  }
+
+  // `tables` with the pages `p` keeps on the GPU given their copies in `rp`.
+  static std::vector<SeqPages> place(const std::vector<SeqPages>& tables, Placement p, ResidentPages* rp) {
+    if (p == Placement::streamed) return tables;
+    std::vector<SeqPages> out = rp->place(tables);
+    for (size_t s = 0; s < out.size(); ++s)
+      for (size_t l = 0; l < out[s].tables.size(); ++l) {
+        auto& t = out[s].tables[l];
+        for (size_t pg = 0; pg < t.size(); ++pg)
+          if (!keeps_device_copy(p, s, l, pg, t.size())) t[pg].device = nullptr;
+      }
+    return out;
+  }
+
+  // fp64 reference (attention::reference_attention over the pages) of the
+  // batch `tables`: O [L][S][nq][hd], LSE [L][S][nq].
+  void reference(const std::vector<SeqPages>& tables, std::vector<double>& o, std::vector<double>& lse) const {
     const AttnShape& sh = c.sh;
-    const int S = int(seqs.size()), nq = sh.n_q_heads(), hd = sh.head_dim;
+    const int S = int(tables.size()), nq = sh.n_q_heads(), hd = sh.head_dim;
     const kv::KvShape ks{1, sh.n_kv_heads, hd, sh.page_size};
     o.clear();
     lse.clear();
     for (int l = 0; l < c.n_layers; ++l)
       for (int s = 0; s < S; ++s) {
         std::vector<const std::byte*> pages;
-        for (const PageRef& r : seqs[s].tables[l]) pages.push_back(pool->at(r));
-        const attention::DenseHistoryF64 h = testing::dense_history(ks, pages, seqs[s].n_tokens);
-        const int64_t pos = seqs[s].n_tokens - 1;
+        for (const PageRef& r : tables[s].tables[l]) pages.push_back(r.host);
+        const attention::DenseHistoryF64 h = testing::dense_history(ks, pages, tables[s].n_tokens);
+        const int64_t pos = tables[s].n_tokens - 1;
         const attention::ReferencePartial ref =
             attention::reference_attention(h, {&q[(size_t(l) * S + s) * nq * hd], 1, nq, &pos}, {});
         o.insert(o.end(), ref.o.begin(), ref.o.end());
@@ -81,36 +204,25 @@ struct Fixture {
       }
   }
 
-  // Runs `steps` decode steps with the given engine config; returns out and lse of the last.
-  void run(Mode mode, int tile_pages, int ring, int steps, std::vector<float>& out, std::vector<float>& lse) {
-    EngineConfig ec;
-    ec.n_layers = c.n_layers;
-    ec.attn = c.sh;
-    ec.mode = mode;
-    ec.tile_pages = tile_pages;
-    ec.ring_slots = ring;
-    DecodeEngine eng(ec, *pool);
-    eng.set_batch(seqs);
-    const size_t nl = size_t(c.n_layers) * seqs.size() * c.sh.n_q_heads();
-    float *dq, *dout, *dlse;
-    CUDA_OK(cudaMalloc(&dq, q.size() * 4));
-    CUDA_OK(cudaMalloc(&dout, q.size() * 4));
-    CUDA_OK(cudaMalloc(&dlse, nl * 4));
-    CUDA_OK(cudaMemcpy(dq, q.data(), q.size() * 4, cudaMemcpyHostToDevice));
-    for (int i = 0; i < steps; ++i) {
-      CUDA_OK(cudaMemset(dout, 0xff, q.size() * 4));  // poison (NaN)
-      CUDA_OK(cudaMemset(dlse, 0xff, nl * 4));
-      CUDA_OK(cudaDeviceSynchronize());
-      eng.enqueue_step(dq, dout, dlse);
-      eng.synchronize();
-    }
-    out.resize(q.size());
-    lse.resize(nl);
-    CUDA_OK(cudaMemcpy(out.data(), dout, q.size() * 4, cudaMemcpyDeviceToHost));
-    CUDA_OK(cudaMemcpy(lse.data(), dlse, nl * 4, cudaMemcpyDeviceToHost));
-    cudaFree(dq);
-    cudaFree(dout);
-    cudaFree(dlse);
+  // Runs `steps` decode steps of the case's batch placed as `p` on a new
+  // engine; returns out and lse of the last. Throws on a CUDA error.
+  RunStats run(Placement p, int tile_pages, int ring, int steps, std::vector<float>& out,
+               std::vector<float>& lse) const {
+    std::unique_ptr<ResidentPages> rp;  // outlives the engine (destroyed after it)
+    if (p != Placement::streamed) rp = device_copies();
+    DecodeEngine eng(config(tile_pages, ring));
+    eng.update(place(seqs, p, rp.get()));
+    DeviceBatch dev(q, n_rows());
+    for (int i = 0; i < steps; ++i) dev.step(eng, out, lse);
+    return RunStats{eng.bytes_per_step(), eng.resident_bytes_per_step()};
+  }
+
+  // Bytes of every page the batch reads (each bf16 page once per layer).
+  size_t history_bytes() const {
+    size_t b = 0;
+    for (const SeqPages& s : seqs)
+      for (const auto& t : s.tables) b += t.size() * c.sh.page_bytes();
+    return b;
   }
 };
 
@@ -127,34 +239,43 @@ std::vector<Case> cases() {
   };
 }
 
+// Largest relative error on O rows (by the row's max |O|) and absolute error on LSE vs fp64.
+struct Fp64Errors { double o = 0, lse = 0; };
+
+Fp64Errors errors_vs_fp64(const std::vector<float>& o, const std::vector<float>& l, const std::vector<double>& ro,
+                          const std::vector<double>& rl, int hd) {
+  Fp64Errors e;
+  for (size_t row = 0; row < rl.size(); ++row) {
+    double mx = 0, err = 0;
+    for (int i = 0; i < hd; ++i) {
+      if (!std::isfinite(o[row * hd + i])) return Fp64Errors{INFINITY, INFINITY};  // not written
+      mx = std::max(mx, std::abs(ro[row * hd + i]));
+      err = std::max(err, std::abs(double(o[row * hd + i]) - ro[row * hd + i]));
+    }
+    e.o = std::max(e.o, err / std::max(mx, 1e-30));
+    e.lse = std::max(e.lse, std::abs(double(l[row]) - rl[row]));
+  }
+  return e;
+}
+
+// fp32 kernel (3-term bf16 query on the tensor cores) against fp64. Measured on the H200 at
+// d68a9cb (bench/results/h200_device_tests_run.log, all three cases): at most 1.21e-6 relative
+// on O, 7.97e-7 on LSE. Bounds: ~3x that (the old 2e-5 / 2e-4 were 17x / 250x).
+constexpr double kMaxRelOErr = 3.7e-6, kMaxLseErr = 2.4e-6;
+
 TEST(CudaDecode, ResidentMatchesFp64CpuReference) {
   NEED_GPU();
   for (const Case& c : cases()) {
     Fixture f(c, 11);
     std::vector<double> ro, rl;
-    f.reference(ro, rl);
+    f.reference(f.seqs, ro, rl);
     std::vector<float> o, l;
-    f.run(Mode::resident, 0, 2, 1, o, l);
-    const int hd = c.sh.head_dim;
-    double worst = 0, worst_lse = 0;
-    for (size_t row = 0; row < rl.size(); ++row) {
-      double mx = 0, err = 0;
-      for (int i = 0; i < hd; ++i) {
-        ASSERT_TRUE(std::isfinite(o[row * hd + i])) << "row " << row << " not written";
-        mx = std::max(mx, std::abs(ro[row * hd + i]));
-        err = std::max(err, std::abs(double(o[row * hd + i]) - ro[row * hd + i]));
-      }
-      worst = std::max(worst, err / std::max(mx, 1e-30));
-      worst_lse = std::max(worst_lse, std::abs(double(l[row]) - rl[row]));
-    }
-    std::printf("  head_dim %d group %d page %d: max rel O err %.3e, max |LSE err| %.3e vs fp64\n", hd, c.sh.group,
-                c.sh.page_size, worst, worst_lse);
-    // fp32 kernel (3-term bf16 query on the tensor cores) against fp64. Measured on the H200 at
-    // d68a9cb (bench/results/h200_device_tests_run.log, all three cases): at most 1.21e-6 relative
-    // on O, 7.97e-7 on LSE. Bounds: ~3x that (the old 2e-5 / 2e-4 were 17x / 250x).
-    constexpr double kMaxRelOErr = 3.7e-6, kMaxLseErr = 2.4e-6;
-    EXPECT_LT(worst, kMaxRelOErr) << "head_dim " << hd << " group " << c.sh.group;
-    EXPECT_LT(worst_lse, kMaxLseErr) << "head_dim " << hd;
+    f.run(Placement::resident, 0, 2, 1, o, l);
+    const Fp64Errors e = errors_vs_fp64(o, l, ro, rl, c.sh.head_dim);
+    std::printf("  head_dim %d group %d page %d: max rel O err %.3e, max |LSE err| %.3e vs fp64\n", c.sh.head_dim,
+                c.sh.group, c.sh.page_size, e.o, e.lse);
+    EXPECT_LT(e.o, kMaxRelOErr) << "head_dim " << c.sh.head_dim << " group " << c.sh.group << " (inf: not written)";
+    EXPECT_LT(e.lse, kMaxLseErr) << "head_dim " << c.sh.head_dim;
   }
 }
 
@@ -163,15 +284,112 @@ TEST(CudaDecode, StreamedIsBitwiseEqualToResident) {
   for (const Case& c : cases()) {
     Fixture f(c, 12);
     std::vector<float> ro, rl;
-    f.run(Mode::resident, 0, 2, 1, ro, rl);
+    const RunStats rs = f.run(Placement::resident, 0, 2, 1, ro, rl);
+    EXPECT_EQ(rs.streamed_bytes, 0u) << "a resident batch copies nothing";
+    EXPECT_EQ(rs.resident_bytes, f.history_bytes());
     struct V { int tile, ring; };
-    for (V v : {V{0, 2}, V{1, 2}, V{3, 3}, V{7, 4}}) {  // 0 = whole-layer staging
+    for (V v : {V{0, 2}, V{1, 2}, V{3, 3}, V{7, 4}}) {  // 0 = a layer's pages in one job
       std::vector<float> so, sl;
-      f.run(Mode::streamed, v.tile, v.ring, 3, so, sl);
-      EXPECT_EQ(0, std::memcmp(ro.data(), so.data(), ro.size() * 4))
-          << "tile_pages " << v.tile << " ring " << v.ring << " head_dim " << c.sh.head_dim;
-      EXPECT_EQ(0, std::memcmp(rl.data(), sl.data(), rl.size() * 4)) << "LSE, tile_pages " << v.tile;
+      const RunStats ss = f.run(Placement::streamed, v.tile, v.ring, 3, so, sl);
+      EXPECT_TRUE(same_bits(ro, so)) << "tile_pages " << v.tile << " ring " << v.ring << " head_dim " << c.sh.head_dim;
+      EXPECT_TRUE(same_bits(rl, sl)) << "LSE, tile_pages " << v.tile;
+      // Page sizes here are multiples of 256 bytes: copy runs move exactly the pages' bytes.
+      EXPECT_EQ(ss.streamed_bytes, f.history_bytes()) << "tile_pages " << v.tile;
+      EXPECT_EQ(ss.resident_bytes, 0u);
     }
+  }
+}
+
+// Issue 9: the engine places page by page. Some pages read in place on the
+// GPU, the others streamed -- jobs, tiles and copy runs mixed -- give the bits
+// of the all-resident and the all-streamed runs.
+TEST(CudaDecode, MixedPlacementIsBitwiseEqualToResidentAndStreamed) {
+  NEED_GPU();
+  for (const Case& c : cases()) {
+    Fixture f(c, 16);
+    std::vector<float> ro, rl, so, sl;
+    f.run(Placement::resident, 0, 2, 1, ro, rl);
+    f.run(Placement::streamed, 3, 3, 1, so, sl);
+    ASSERT_TRUE(same_bits(ro, so) && same_bits(rl, sl)) << "streamed != resident (see StreamedIsBitwiseEqualToResident)";
+    struct V { int tile, ring; };
+    for (Placement p : {Placement::mixed, Placement::tail_resident})
+      for (V v : {V{0, 2}, V{1, 2}, V{3, 3}}) {
+        std::vector<float> mo, ml;
+        const RunStats ms = f.run(p, v.tile, v.ring, 2, mo, ml);
+        const std::string what = std::string(placement_name(p)) + ", tile_pages " + std::to_string(v.tile) +
+                                 " ring " + std::to_string(v.ring) + " head_dim " + std::to_string(c.sh.head_dim);
+        EXPECT_TRUE(same_bits(ro, mo)) << what << ": O differs from the resident and streamed runs";
+        EXPECT_TRUE(same_bits(rl, ml)) << what << ": LSE differs";
+        EXPECT_GT(ms.streamed_bytes, 0u) << what << ": some pages must be streamed";
+        EXPECT_GT(ms.resident_bytes, 0u) << what << ": some pages must be resident";
+        EXPECT_EQ(ms.streamed_bytes + ms.resident_bytes, f.history_bytes()) << what << ": every page read once";
+      }
+  }
+}
+
+// Issue 9: update() is incremental. One engine follows a batch as it grows --
+// one token, across a split and a page boundary, pages moving between host and
+// GPU, nothing changed -- and after every update gives the bits of a fresh
+// engine given the same tables; a one-token growth rewrites only the work
+// entries of the tails' splits.
+TEST(CudaDecode, IncrementalUpdatesMatchAFreshEngine) {
+  NEED_GPU();
+  // d=128, GQA 4, 128-token pages of 4 splits; the lengths give each sequence pages to grow into.
+  const Case c{AttnShape{2, 4, 128, 128, 32, 0.f}, 2, {1100, 700, 260}, true};
+  Fixture f(c, 15);
+  const size_t S = c.lengths.size(), L = size_t(c.n_layers);
+  enum class Patches { any, one_token, none };
+  struct State { std::vector<int64_t> n; Placement place; Patches patches; const char* what; };
+  const std::vector<State> states = {
+      {{1000, 650, 200}, Placement::streamed, Patches::any, "the first batch"},
+      {{1001, 651, 201}, Placement::streamed, Patches::one_token, "every sequence one token longer"},
+      {{1001, 651, 201}, Placement::streamed, Patches::none, "the same batch again"},
+      {{1030, 651, 201}, Placement::streamed, Patches::any, "sequence 0 across a split and onto a new page"},
+      {{1030, 700, 256}, Placement::streamed, Patches::any, "sequences 1 and 2 grow, 2 fills its tail page"},
+      {{1030, 700, 257}, Placement::streamed, Patches::any, "sequence 2 starts a new page"},
+      {{1030, 700, 257}, Placement::mixed, Patches::any, "half the pages move to the GPU"},
+      {{1031, 701, 258}, Placement::mixed, Patches::one_token, "one token longer, mixed"},
+      {{1031, 701, 258}, Placement::tail_resident, Patches::any, "only the tail pages on the GPU"},
+      {{1100, 700, 260}, Placement::streamed, Patches::any, "all on the host, sequence 1 shorter again"},
+  };
+  std::unique_ptr<ResidentPages> rp = f.device_copies();
+  DeviceBatch dev(f.q, f.n_rows());
+  struct V { int tile, ring; };
+  for (V v : {V{3, 3}, V{0, 2}, V{1, 2}}) {
+    DecodeEngine eng(f.config(v.tile, v.ring));
+    std::vector<float> o, l;
+    for (const State& st : states) {
+      const std::string what =
+          std::string(st.what) + " (tile_pages " + std::to_string(v.tile) + " ring " + std::to_string(v.ring) + ")";
+      const std::vector<SeqPages> tables = Fixture::place(f.at(st.n), st.place, rp.get());
+      eng.update(tables);
+      const size_t patches = eng.last_patch_entries();
+      size_t work = 0;
+      for (int layer = 0; layer < c.n_layers; ++layer)
+        for (const auto& j : eng.job_info(layer)) work += size_t(j.n_work);
+      dev.step(eng, o, l);
+      dev.step(eng, o, l);  // the second step reuses the ring
+      DecodeEngine fresh(f.config(v.tile, v.ring));
+      fresh.update(tables);
+      std::vector<float> fo, fl;
+      dev.step(fresh, fo, fl);
+      EXPECT_TRUE(same_bits(o, fo)) << what << ": O differs from a fresh engine's";
+      EXPECT_TRUE(same_bits(l, fl)) << what << ": LSE differs from a fresh engine's";
+      if (st.patches == Patches::none) EXPECT_EQ(patches, 0u) << what << ": nothing changed";
+      if (st.patches == Patches::one_token) {
+        // Each (sequence, layer) changes one entry: its tail split's token count. Asserted: at most
+        // twice that, and a small part of the lists (here S*L = 6 of ~120 entries).
+        EXPECT_GT(patches, 0u) << what;
+        EXPECT_LE(patches, 2 * S * L) << what << " (" << work << " work entries)";
+        EXPECT_LT(patches * 10, work) << what;
+      }
+    }
+    // The last state against fp64, so that "equal to a fresh engine" is also right.
+    std::vector<double> ro, rl;
+    f.reference(f.at(states.back().n), ro, rl);
+    const Fp64Errors e = errors_vs_fp64(o, l, ro, rl, c.sh.head_dim);
+    EXPECT_LT(e.o, kMaxRelOErr) << "tile_pages " << v.tile << " (inf: not written)";
+    EXPECT_LT(e.lse, kMaxLseErr) << "tile_pages " << v.tile;
   }
 }
 
@@ -180,13 +398,13 @@ TEST(CudaDecode, BitwiseRepeatable) {
   const Case c = cases()[0];
   Fixture f(c, 13);
   std::vector<float> a, al, b, bl, s1, s1l, s2, s2l;
-  f.run(Mode::resident, 0, 2, 1, a, al);
-  f.run(Mode::resident, 0, 2, 4, b, bl);
-  f.run(Mode::streamed, 2, 3, 2, s1, s1l);
-  f.run(Mode::streamed, 2, 3, 5, s2, s2l);
-  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4));
-  EXPECT_EQ(0, std::memcmp(s1.data(), s2.data(), a.size() * 4));
-  EXPECT_EQ(0, std::memcmp(al.data(), bl.data(), al.size() * 4));
+  f.run(Placement::resident, 0, 2, 1, a, al);
+  f.run(Placement::resident, 0, 2, 4, b, bl);
+  f.run(Placement::streamed, 2, 3, 2, s1, s1l);
+  f.run(Placement::streamed, 2, 3, 5, s2, s2l);
+  EXPECT_TRUE(same_bits(a, b));
+  EXPECT_TRUE(same_bits(s1, s2));
+  EXPECT_TRUE(same_bits(al, bl));
 }
 
 // Kernel attributes (the dynamic shared memory limit) are set per device
@@ -201,7 +419,7 @@ TEST(CudaDecode, EveryDeviceAndThreadGetsTheSameBits) {
   Fixture f(c, 14);
   std::vector<float> ref, ref_lse;
   CUDA_OK(cudaSetDevice(0));
-  f.run(Mode::resident, 0, 2, 1, ref, ref_lse);
+  f.run(Placement::resident, 0, 2, 1, ref, ref_lse);
   constexpr int kThreads = 4;
   std::vector<std::vector<float>> outs(kThreads), lses(kThreads);
   std::vector<std::string> errors(kThreads);
@@ -210,7 +428,7 @@ TEST(CudaDecode, EveryDeviceAndThreadGetsTheSameBits) {
     threads.emplace_back([&, t] {
       try {
         check_cuda(cudaSetDevice((t + 1) % n_dev), "cudaSetDevice");  // GPU 1 first where there is one
-        f.run(t % 2 ? Mode::resident : Mode::streamed, 2, 3, 2, outs[size_t(t)], lses[size_t(t)]);
+        f.run(t % 2 ? Placement::resident : Placement::streamed, 2, 3, 2, outs[size_t(t)], lses[size_t(t)]);
       } catch (const std::exception& e) {
         errors[size_t(t)] = e.what();
       }
@@ -220,8 +438,7 @@ TEST(CudaDecode, EveryDeviceAndThreadGetsTheSameBits) {
   for (int t = 0; t < kThreads; ++t) {
     const int dev = (t + 1) % n_dev;
     EXPECT_EQ(errors[size_t(t)], "") << "thread " << t << " on GPU " << dev;
-    EXPECT_TRUE(outs[size_t(t)].size() == ref.size() &&
-                std::memcmp(outs[size_t(t)].data(), ref.data(), ref.size() * 4) == 0)
+    EXPECT_TRUE(same_bits(outs[size_t(t)], ref))
         << "thread " << t << " on GPU " << dev << ": output differs from GPU 0's resident run";
   }
   if (n_dev < 2) std::printf("  one GPU: threads checked, a second GPU's configuration is not exercised\n");
@@ -277,25 +494,65 @@ TEST(CudaDecode, RejectsBadArguments) {
   EXPECT_THROW((AttnShape{4, 6, 256, 1024, 300, 0.f}.validate()), InvalidArgument);
   NEED_GPU();
   AttnShape sh{1, 2, 64, 16, 16, 0.f};
-  PinnedPagePool pool(sh.page_bytes(), 4);
+  kv::PageStore store(kv::KvShape{1, sh.n_kv_heads, sh.head_dim, sh.page_size}, 4, &pinned_host_memory());
+  std::vector<PageRef> pages;
+  for (int i = 0; i < 4; ++i) {
+    const kv::PageId id = store.allocate();
+    testing::fill_random_bf16(store.page_data(id), sh.page_bytes(), 20 + uint64_t(i));
+    pages.push_back(PageRef{store.page_data(id), nullptr, sh.page_bytes(), PageKind::bf16});
+  }
   EngineConfig ec;
   ec.n_layers = 1;
   ec.attn = sh;
-  DecodeEngine eng(ec, pool);
-  SeqPages sp;
-  sp.n_tokens = 40;  // needs 3 pages
-  sp.tables = {{pool.page_ref(0), pool.page_ref(1)}};
-  EXPECT_THROW(eng.set_batch({sp}), InvalidArgument);
-  sp.tables = {{pool.page_ref(0), pool.page_ref(1), PageRef{9 * sh.page_bytes(), sh.page_bytes(), PageKind::bf16}}};
-  EXPECT_THROW(eng.set_batch({sp}), InvalidArgument);  // page outside the pool
-  sp.tables = {{pool.page_ref(0), pool.page_ref(1), PageRef{0, 100, PageKind::bf16}}};
-  EXPECT_THROW(eng.set_batch({sp}), InvalidArgument);  // wrong size for a bf16 page
-  sp.tables = {{pool.page_ref(0), pool.page_ref(1), PageRef{0, sh.page_bytes(), PageKind::int8s}}};
-  EXPECT_THROW(eng.set_batch({sp}), InvalidArgument);  // not an int8s blob
-  EXPECT_THROW(pool.page_ref(4), InvalidArgument);
-  EXPECT_THROW(eng.set_batch({}), InvalidArgument);
+  DecodeEngine eng(ec);
+  EXPECT_THROW(eng.begin_step(), InvalidArgument) << "no batch before the first update";
+  SeqPages good;
+  good.n_tokens = 40;  // needs 3 pages
+  good.tables = {{pages[0], pages[1], pages[2]}};
+  // Each bad batch follows a good one: update() throws InvalidArgument whose
+  // message names the problem, and leaves no batch (a step throws).
+  auto rejected = [&](const std::vector<SeqPages>& bad, const std::string& says) {
+    eng.update({good});
+    EXPECT_NO_THROW(eng.begin_step()) << says;
+    try {
+      eng.update(bad);
+      ADD_FAILURE() << "accepted a batch that should fail with \"" << says << "\"";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << "message: " << e.what();
+    }
+    EXPECT_THROW(eng.begin_step(), InvalidArgument) << says << ": a failed update leaves no batch";
+  };
+  auto with_tail = [&](PageRef tail) {
+    SeqPages sp = good;
+    sp.tables[0][2] = tail;
+    return std::vector<SeqPages>{sp};
+  };
+  SeqPages short_table = good;
+  short_table.tables[0].pop_back();
+  rejected({short_table}, "page table has 2 pages, 3 needed");
+  rejected(with_tail(PageRef{nullptr, nullptr, sh.page_bytes(), PageKind::bf16}), "no host bytes");
+  rejected(with_tail(PageRef{pages[2].host + 8, nullptr, sh.page_bytes(), PageKind::bf16}), "not 16-byte aligned");
+  // A device address is only checked, never read, when the update fails.
+  rejected(with_tail(PageRef{pages[2].host, reinterpret_cast<const void*>(uintptr_t(4104)), sh.page_bytes(),
+                             PageKind::bf16}),
+           "not 16-byte aligned");
+  rejected(with_tail(PageRef{pages[2].host, nullptr, 100, PageKind::bf16}), "bf16 page of 100 bytes");
+  rejected(with_tail(PageRef{pages[2].host, nullptr, sh.page_bytes(), PageKind::int8s}), "not a codec blob");
+  rejected({}, "empty batch");
+  SeqPages two_layers = good;
+  two_layers.tables.push_back(good.tables[0]);
+  rejected({two_layers}, "has 2 page tables, the model has 1 layers");
+  SeqPages negative = good;
+  negative.n_tokens = -1;
+  rejected({negative}, "n_tokens < 0");
+  // A good batch after a failure runs again.
+  eng.update({good});
+  EXPECT_NO_THROW(eng.begin_step());
   ec.ring_slots = 1;
-  EXPECT_THROW(DecodeEngine(ec, pool), InvalidArgument);
+  EXPECT_THROW(DecodeEngine{ec}, InvalidArgument);
+  ec.ring_slots = 2;
+  ec.tile_pages = -1;
+  EXPECT_THROW(DecodeEngine{ec}, InvalidArgument);
 }
 
 }  // namespace

@@ -1,9 +1,11 @@
 // GPU tests of the compressed formats (issue 5): the int8s kernel against the
 // CPU int8s kernel and against the fp64 reference over the dequantised
 // history, its SPEC §4 switches, the lossless13 unpack (bitwise the bf16
-// route), the hybrid route through the engine (streamed == resident bitwise,
-// repeatable, own-format error within the contract), and a corrupt lossless13
-// directory that must come out as NaN rather than an out-of-bounds read.
+// route), the hybrid route through the engine (streamed == resident == mixed
+// placements bitwise, repeatable, own-format error within the contract;
+// route and placement switches between steps == a fresh engine), and a
+// corrupt lossless13 directory that must come out as NaN rather than an
+// out-of-bounds read.
 // Labelled `gpu` (see CMakeLists.txt).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -16,8 +18,10 @@
 #include "activekv/attention/attention_codecs.h"
 #include "activekv/attention/quality.h"
 #include "activekv/cuda/decode_engine.h"
+#include "activekv/cuda/device_pages.h"
 #include "activekv/cuda/format_kernels.h"
 #include "activekv/cuda/int8s_tile.h"
+#include "activekv/cuda/pinned_memory.h"
 #include "activekv/eval/quality_eval.h"
 #include "activekv/kv/codec.h"
 #include "activekv/route/route.h"
@@ -145,29 +149,40 @@ TEST(Int8sTile, SyntheticOutlierCaseWithinBound) {
 // ---------------------------------------------------------------------------
 // The engine over every route.
 
+// Where the pages of a batch lie for a run (the engine places page by page).
+enum class Placement { resident, streamed, mixed };
+
+const char* placement_name(Placement p) {
+  return p == Placement::resident ? "resident" : p == Placement::streamed ? "streamed" : "mixed";
+}
+
+// Pages of a bounded store that holds every page of `lengths` tokens in `n_layers` layers.
+size_t pages_for(const std::vector<int64_t>& lengths, int page_size, int n_layers) {
+  size_t n = 0;
+  for (int64_t len : lengths) n += size_t((len + page_size - 1) / page_size) * size_t(n_layers);
+  return n;
+}
+
 struct RouteFixture {
   AttnShape sh{2, 3, 64, 64, 32, 0.f};
   int L = 2;
   std::vector<int64_t> lengths{64 * 9 + 17, 64 * 6};
   kv::KvShape ks{2, 2, 64, 64};
-  kv::PageStore store{ks};
+  // The one page store, pinned: the bf16 pages the history is written to are
+  // the pages the engine streams, and encoded pages go to its arena. Bounded,
+  // so each layer has a region and a (sequence, layer)'s pages are adjacent.
+  kv::PageStore store{ks, pages_for(lengths, ks.page_size, L), &pinned_host_memory()};
   std::vector<std::unique_ptr<kv::SequenceKv>> seq;
-  std::unique_ptr<PinnedPagePool> pool;
   // [seq][layer][page]
   std::vector<std::vector<std::vector<PageRef>>> bf16, int8s, l13;
   std::vector<std::vector<std::vector<kv::EncodedPage>>> enc8, enc13;
   std::vector<float> q;
 
   RouteFixture() {
-    size_t n_pages = 0;
     for (size_t s = 0; s < lengths.size(); ++s) {
       seq.push_back(std::make_unique<kv::SequenceKv>(store));
       fill_history(*seq.back(), ks, lengths[s], 100 + s);
-      n_pages += size_t((lengths[s] + 63) / 64) * L;
     }
-    // Arena: an int8s and a lossless13 blob per page, each at most a bf16 page + header.
-    pool = std::make_unique<PinnedPagePool>(sh.page_bytes(), n_pages, 2 * n_pages * (sh.page_bytes() + 512));
-    uint32_t next = 0;
     const size_t S = lengths.size();
     bf16.resize(S); int8s.resize(S); l13.resize(S); enc8.resize(S); enc13.resize(S);
     for (size_t s = 0; s < S; ++s) {
@@ -175,9 +190,7 @@ struct RouteFixture {
       for (int l = 0; l < L; ++l) {
         const auto table = seq[s]->page_table(l);
         for (size_t p = 0; p < table.size(); ++p) {
-          const PageRef r = pool->page_ref(next++);
-          std::memcpy(pool->at(r), store.k_plane(table[p], 0), sh.page_bytes());
-          bf16[s][l].push_back(r);
+          bf16[s][l].push_back(PageRef{store.page_data(table[p]), nullptr, sh.page_bytes(), PageKind::bf16});
           const int n = int(std::min<int64_t>(64, lengths[s] - int64_t(p) * 64));
           if (n < 64) continue;  // the tail stays exact
           enc8[s][l].push_back(kv::encode_page(kv::CodecFormat::int8s, store, table[p], n));
@@ -185,14 +198,15 @@ struct RouteFixture {
         }
       }
     }
-    // Encoded pages in page order per (sequence, layer), as conversion would publish them.
+    // Encoded pages in the store's arena, page-ordered per (sequence, layer), as conversion would publish them.
     for (size_t s = 0; s < S; ++s)
       for (int l = 0; l < L; ++l)
         for (const auto& pair : {std::make_pair(&enc8, &int8s), std::make_pair(&enc13, &l13)})
           for (const auto& e : (*pair.first)[s][l]) {
-            const PageRef r = pool->allocate(e.bytes.size(), pair.first == &enc8 ? PageKind::int8s : PageKind::lossless13);
-            std::memcpy(pool->at(r), e.bytes.data(), e.bytes.size());
-            (*pair.second)[s][l].push_back(r);
+            const kv::Blob b = store.blobs().allocate(e.bytes.size());
+            std::memcpy(b.data, e.bytes.data(), e.bytes.size());
+            (*pair.second)[s][l].push_back(
+                PageRef{b.data, nullptr, b.bytes, pair.first == &enc8 ? PageKind::int8s : PageKind::lossless13});
           }
     q = random_queries(size_t(L) * S * sh.n_q_heads() * sh.head_dim, 5);
   }
@@ -222,16 +236,18 @@ struct RouteFixture {
     return out;
   }
 
-  // Runs one step; returns O [L][S][nq][hd] then LSE [L][S][nq] appended.
-  std::vector<float> run(const std::string& route, Mode mode, int tile_pages, Int8sKernelOptions k = {}) const {
+  EngineConfig config(int tile_pages, Int8sKernelOptions k = {}) const {
     EngineConfig ec;
     ec.n_layers = L;
     ec.attn = sh;
-    ec.mode = mode;
     ec.tile_pages = tile_pages;
     ec.int8s = k;
-    DecodeEngine eng(ec, *pool);
-    eng.set_batch(tables(route));
+    return ec;
+  }
+
+  // Runs two steps of `eng` (updated) on the fixture's queries; returns O
+  // [L][S][nq][hd] then LSE [L][S][nq] appended, of the second.
+  std::vector<float> steps(DecodeEngine& eng) const {
     const size_t n = q.size(), nl = n / sh.head_dim;
     float *dq, *dout, *dlse;
     EXPECT_EQ(cudaSuccess, cudaMalloc(&dq, n * 4));
@@ -251,6 +267,41 @@ struct RouteFixture {
     EXPECT_EQ(cudaSuccess, cudaMemcpy(out.data() + n, dlse, nl * 4, cudaMemcpyDeviceToHost));
     cudaFree(dq); cudaFree(dout); cudaFree(dlse);
     return out;
+  }
+
+  // Device copies for every page of every format (placements other than streamed).
+  std::unique_ptr<ResidentPages> device_copies() const {
+    size_t slot = 0, n = 0;
+    for (const auto* grid : {&bf16, &int8s, &l13})
+      for (const auto& per_seq : *grid)
+        for (const auto& table : per_seq)
+          for (const PageRef& r : table) {
+            slot = std::max<size_t>(slot, r.bytes);
+            ++n;
+          }
+    return std::make_unique<ResidentPages>(slot, n);
+  }
+
+  // The route's batch placed as `p`, with device copies from `rp` (unused for streamed).
+  std::vector<SeqPages> placed(const std::string& route, Placement p, ResidentPages* rp) const {
+    std::vector<SeqPages> t = tables(route);
+    if (p == Placement::streamed) return t;
+    t = rp->place(t);
+    if (p == Placement::mixed)  // a checkerboard over (sequence, layer, page)
+      for (size_t s = 0; s < t.size(); ++s)
+        for (size_t l = 0; l < t[s].tables.size(); ++l)
+          for (size_t pg = 0; pg < t[s].tables[l].size(); ++pg)
+            if ((s + l + pg) % 2) t[s].tables[l][pg].device = nullptr;
+    return t;
+  }
+
+  // Runs two steps of the route's batch, placed as `p`, on a new engine; returns as steps().
+  std::vector<float> run(const std::string& route, Placement p, int tile_pages, Int8sKernelOptions k = {}) const {
+    std::unique_ptr<ResidentPages> rp;  // outlives the engine (destroyed after it)
+    if (p != Placement::streamed) rp = device_copies();
+    DecodeEngine eng(config(tile_pages, k));
+    eng.update(placed(route, p, rp.get()));
+    return steps(eng);
   }
 
   // Own-format error of `out` (from run) against fp64 over the route's dequantised history.
@@ -286,16 +337,18 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 TEST(FormatRoutes, StreamedEqualsResidentAndErrorsWithinContract) {
   NEED_GPU();
   RouteFixture f;
-  const std::vector<float> exact = f.run("bf16", Mode::resident, 0);
+  const std::vector<float> exact = f.run("bf16", Placement::resident, 0);
   for (const std::string route : {"bf16", "lossless13", "int8s", "hybrid"}) {
-    const std::vector<float> res = f.run(route, Mode::resident, 0);
-    const std::vector<float> st3 = f.run(route, Mode::streamed, 3);
-    const std::vector<float> st1 = f.run(route, Mode::streamed, 1);
-    const std::vector<float> whole = f.run(route, Mode::streamed, 0);
+    const std::vector<float> res = f.run(route, Placement::resident, 0);
+    const std::vector<float> st3 = f.run(route, Placement::streamed, 3);
+    const std::vector<float> st1 = f.run(route, Placement::streamed, 1);
+    const std::vector<float> whole = f.run(route, Placement::streamed, 0);
     EXPECT_TRUE(same_bits(res, st3)) << route << ": streamed (3-page tiles) == resident";
     EXPECT_TRUE(same_bits(res, st1)) << route << ": streamed (1-page tiles) == resident";
     EXPECT_TRUE(same_bits(res, whole)) << route << ": whole-layer staging == resident";
-    EXPECT_TRUE(same_bits(res, f.run(route, Mode::resident, 0))) << route << ": repeatable";
+    EXPECT_TRUE(same_bits(res, f.run(route, Placement::mixed, 3)))
+        << route << ": half the pages resident, half streamed (3-page tiles) == resident";
+    EXPECT_TRUE(same_bits(res, f.run(route, Placement::resident, 0))) << route << ": repeatable";
     const double err = f.own_format_error(route, res);
     std::printf("  route %-10s own-format error vs fp64 over its dequantised history: %.3e\n", route.c_str(), err);
     // Measured on the H200 at d68a9cb (bench/results/h200_device_tests_run.log): bf16 and lossless13
@@ -312,11 +365,11 @@ TEST(FormatRoutes, Int8sSwitches) {
   for (const std::string route : {"int8s", "hybrid"}) {
     Int8sKernelOptions on, off;
     off.skip_unit_rescale = false;
-    const std::vector<float> a = f.run(route, Mode::resident, 0, on), b = f.run(route, Mode::resident, 0, off);
+    const std::vector<float> a = f.run(route, Placement::resident, 0, on), b = f.run(route, Placement::resident, 0, off);
     EXPECT_TRUE(same_bits(a, b)) << route << ": skipping unit rescales (SPEC §4 trick 1) must change no bit";
     Int8sKernelOptions p2;
     p2.pow2_reference = true;
-    const std::vector<float> c = f.run(route, Mode::resident, 0, p2), d = f.run(route, Mode::streamed, 2, p2);
+    const std::vector<float> c = f.run(route, Placement::resident, 0, p2), d = f.run(route, Placement::streamed, 2, p2);
     EXPECT_TRUE(same_bits(c, d)) << route << ": pow2 reference, streamed == resident";
     double worst = 0;
     for (size_t i = 0; i < f.q.size(); ++i) worst = std::max(worst, double(std::fabs(c[i] - a[i])));
@@ -326,14 +379,14 @@ TEST(FormatRoutes, Int8sSwitches) {
     EXPECT_LE(f.own_format_error(route, c), 4.5e-4) << "as without trick 2 (StreamedEqualsResident...)";
     Int8sKernelOptions dp4a;
     dp4a.tensor_cores = false;
-    EXPECT_TRUE(same_bits(a, f.run(route, Mode::resident, 0, dp4a)))
+    EXPECT_TRUE(same_bits(a, f.run(route, Placement::resident, 0, dp4a)))
         << route << ": int8 tensor cores and dp4a compute the same integer dot products";
     dp4a.query_terms = 1;
     Int8sKernelOptions one;
     one.query_terms = 1;
-    EXPECT_TRUE(same_bits(f.run(route, Mode::resident, 0, one), f.run(route, Mode::resident, 0, dp4a)))
+    EXPECT_TRUE(same_bits(f.run(route, Placement::resident, 0, one), f.run(route, Placement::resident, 0, dp4a)))
         << route << ": same with a one-term query";
-    const double e1 = f.own_format_error(route, f.run(route, Mode::resident, 0, one));
+    const double e1 = f.own_format_error(route, f.run(route, Placement::resident, 0, one));
     const double e2 = f.own_format_error(route, a);
     std::printf("  %s: own-format error one-term query %.3e, two-term %.3e\n", route.c_str(), e1, e2);
     // Measured at d68a9cb (h200_device_tests_run.log): the second term cuts the error 162x (int8s)
@@ -350,12 +403,12 @@ TEST(FormatRoutes, EveryDeviceGetsTheSameBits) {
   const int n_dev = testing::gpu_count();
   if (n_dev < 2) GTEST_SKIP() << "one GPU: nothing to compare across devices";
   RouteFixture f;
-  const std::vector<float> ref = f.run("hybrid", Mode::resident, 0);
+  const std::vector<float> ref = f.run("hybrid", Placement::resident, 0);
   for (int d = 1; d < n_dev; ++d) {
     CUDA_OK(cudaSetDevice(d));
     std::vector<float> got;
     try {
-      got = f.run("hybrid", Mode::streamed, 3);
+      got = f.run("hybrid", Placement::streamed, 3);
     } catch (const std::exception& e) {
       ADD_FAILURE() << "GPU " << d << ": " << e.what();
     }
@@ -367,23 +420,19 @@ TEST(FormatRoutes, EveryDeviceGetsTheSameBits) {
 TEST(FormatRoutes, BadTablesAreRejectedAndLeaveNoBatch) {
   NEED_GPU();
   RouteFixture f;
-  EngineConfig ec;
-  ec.n_layers = f.L;
-  ec.attn = f.sh;
-  ec.mode = Mode::streamed;
-  ec.tile_pages = 2;
-  DecodeEngine eng(ec, *f.pool);
-  eng.set_batch(f.tables("hybrid"));
+  DecodeEngine eng(f.config(2));
+  eng.update(f.tables("hybrid"));
   std::vector<SeqPages> bad = f.tables("hybrid");
   PageRef& r = bad[0].tables[1][1];  // an int8s page
   ASSERT_EQ(r.kind, PageKind::int8s);
   r.bytes -= 256;  // a short blob whose header still matches it would be read past its end
-  EXPECT_THROW(eng.set_batch(bad), InvalidArgument);
-  EXPECT_THROW(eng.begin_step(), InvalidArgument) << "a failed set_batch leaves no batch to run";
+  EXPECT_THROW(eng.update(bad), InvalidArgument);
+  EXPECT_THROW(eng.begin_step(), InvalidArgument) << "a failed update leaves no batch to run";
   r = f.tables("hybrid")[0].tables[1][1];
   r.kind = PageKind::lossless13;  // an int8s blob named lossless13
-  EXPECT_THROW(eng.set_batch(bad), InvalidArgument);
-  eng.set_batch(f.tables("hybrid"));
+  EXPECT_THROW(eng.update(bad), InvalidArgument);
+  EXPECT_THROW(eng.begin_step(), InvalidArgument);
+  eng.update(f.tables("hybrid"));
   eng.begin_step();
   float* dq = nullptr;
   CUDA_OK(cudaMalloc(&dq, f.q.size() * 4 * 2));
@@ -393,6 +442,34 @@ TEST(FormatRoutes, BadTablesAreRejectedAndLeaveNoBatch) {
   EXPECT_THROW(eng.enqueue_layer(2, dq, dq + f.q.size(), nullptr), InvalidArgument) << "past the last layer";
   eng.synchronize();
   cudaFree(dq);
+}
+
+// Issue 9: between steps the route switches to published encoded pages and
+// pages move between host and GPU. One engine updated through such switches
+// (only the changed work entries rewritten, buffers grown as needed) gives
+// the bits of a fresh engine given the same tables.
+TEST(FormatRoutes, SwitchesBetweenStepsMatchAFreshEngine) {
+  NEED_GPU();
+  RouteFixture f;
+  const std::unique_ptr<ResidentPages> rp = f.device_copies();
+  struct Switch { const char* route; Placement place; };
+  const std::vector<Switch> switches = {
+      {"bf16", Placement::streamed},      {"hybrid", Placement::streamed}, {"int8s", Placement::streamed},
+      {"int8s", Placement::mixed},        {"lossless13", Placement::mixed}, {"hybrid", Placement::resident},
+      {"lossless13", Placement::streamed}, {"bf16", Placement::streamed},
+  };
+  for (int tile : {3, 0}) {
+    DecodeEngine eng(f.config(tile));
+    for (const Switch& sw : switches) {
+      const std::vector<SeqPages> t = f.placed(sw.route, sw.place, rp.get());
+      eng.update(t);
+      const std::vector<float> got = f.steps(eng);
+      DecodeEngine fresh(f.config(tile));
+      fresh.update(t);
+      EXPECT_TRUE(same_bits(got, f.steps(fresh)))
+          << "switched to " << sw.route << " " << placement_name(sw.place) << ", tile_pages " << tile;
+    }
+  }
 }
 
 TEST(Lossless13Unpack, CorruptDirectoryGivesNaNNotAnOutOfBoundsRead) {

@@ -6,7 +6,7 @@
 // (activekv/kv/codec.h: 64-byte header + payload; layouts in
 // activekv/kv/codec_int8s.h and codec_lossless13.h). The GPU does not
 // validate blobs: the host validates a page before it is published or handed
-// to the engine (DecodeEngine::set_batch checks every header). Every launch
+// to the engine (DecodeEngine::update checks every header). Every launch
 // here is asynchronous on `stream`; argument errors throw InvalidArgument,
 // CUDA errors CudaError.
 #pragma once
