@@ -274,26 +274,33 @@ void DecodeEngine::update(const std::vector<SeqPages>& seqs) {
               false);
   }
 
-  // Capacities (a growth reallocates: wait for the streams, rewrite every entry).
+  // Capacities (a growth reallocates: wait for the streams, rewrite every
+  // entry). Sizes are recorded only once their buffer exists, and every
+  // entry is rewritten after any reallocation, so a failed allocation (the
+  // update throws) leaves nothing that claims room it does not have.
   Device& D = *dev_;
-  bool grown = false;
-  if (P.stage_slot_bytes > D.slot_bytes || size_t(P.max_unpack) * sh.page_bytes() > D.unpack_scratch.cap ||
-      P.max_splits > D.cap_splits || int(seqs.size()) > D.cap_seqs) {
+  const size_t slot_cap = cfg_.tile_pages > 0 ? size_t(cfg_.tile_pages) * align_up(sh.page_bytes()) : SIZE_MAX;
+  const bool grow_slot = P.stage_slot_bytes > D.slot_bytes;
+  const bool grow_parts = P.max_splits > D.cap_splits || int(seqs.size()) > D.cap_seqs;
+  if (grow_slot || size_t(P.max_unpack) * sh.page_bytes() > D.unpack_scratch.cap || grow_parts) {
     synchronize();
-    grown = true;
-    if (P.stage_slot_bytes > D.slot_bytes) {  // doubling: a history growing page by page reallocates rarely
-      // Never beyond a full tile of bf16 pages (the largest job a tile can be).
-      const size_t cap = cfg_.tile_pages > 0 ? size_t(cfg_.tile_pages) * align_up(sh.page_bytes()) : SIZE_MAX;
-      D.slot_bytes = std::max(align_up(P.stage_slot_bytes), std::min(2 * D.slot_bytes, cap));
-      D.staging.reserve(size_t(cfg_.ring_slots) * D.slot_bytes, "the staging ring");
+    D.rewrite_all = true;
+    if (grow_slot) {  // doubling (never beyond a full tile of bf16 pages): a growing history reallocates rarely
+      const size_t slot = std::max(align_up(P.stage_slot_bytes), std::min(2 * D.slot_bytes, slot_cap));
+      D.slot_bytes = 0;
+      D.staging.reserve(size_t(cfg_.ring_slots) * slot, "the staging ring");
+      D.slot_bytes = slot;
     }
     D.unpack_scratch.reserve(size_t(P.max_unpack) * sh.page_bytes(), "the lossless13 unpack scratch");
-    if (P.max_splits > D.cap_splits || int(seqs.size()) > D.cap_seqs) {
-      D.cap_splits = std::min(std::max(P.max_splits, D.cap_splits * 2), kMaxMergeSplits);
-      D.cap_seqs = std::max(int(seqs.size()), D.cap_seqs);
-      const size_t rows = size_t(D.cap_seqs) * size_t(D.cap_splits) * size_t(sh.n_q_heads());
+    if (grow_parts) {
+      const int splits = std::min(std::max(P.max_splits, D.cap_splits * 2), kMaxMergeSplits);
+      const int n_seqs = std::max(int(seqs.size()), D.cap_seqs);
+      const size_t rows = size_t(n_seqs) * size_t(splits) * size_t(sh.n_q_heads());
+      D.cap_splits = D.cap_seqs = 0;
       D.part_o.reserve(rows * size_t(sh.head_dim), "partial outputs");
       D.part_lse.reserve(rows, "partial LSE");
+      D.cap_splits = splits;
+      D.cap_seqs = n_seqs;
     }
   }
 
@@ -341,7 +348,6 @@ void DecodeEngine::update(const std::vector<SeqPages>& seqs) {
       j.info.n_work = j.bf16.n + j.int8s.n;
     }
   }
-  if (grown) D.rewrite_all = true;
   apply(std::move(plan));
 }
 
@@ -352,10 +358,10 @@ void DecodeEngine::apply(std::unique_ptr<Plan> plan) {
   const Plan& P = *plan;
   if (P.work.size() > D.work.cap || P.unpack.size() > D.unpack.cap || P.n_splits.size() > D.n_splits.cap) {
     synchronize();  // the old lists may still be read by queued kernels
+    D.rewrite_all = true;
     D.work.reserve(P.work.size(), "work lists");
     D.unpack.reserve(P.unpack.size(), "unpack lists");
     D.n_splits.reserve(P.n_splits.size(), "split counts");
-    D.rewrite_all = true;
   }
   const Plan* old = D.rewrite_all || !plan_ ? nullptr : plan_.get();
   std::vector<Patch>& out = D.pending;

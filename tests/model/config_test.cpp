@@ -202,11 +202,11 @@ TEST(ModelConfig, VocabularyMatchesTokenEmbd) {
 }
 
 TEST(ModelConfig, Architecture) {
-  expect_rejected(tiny_llama().set("general.architecture", val_str("qwen2")),
-                  "model config: general.architecture = \"qwen2\" is not supported (supported: llama)");
+  expect_rejected(tiny_llama().set("general.architecture", val_str("gemma3")),
+                  "model config: general.architecture = \"gemma3\" is not supported (supported: llama, qwen2)");
   // Untrusted bytes are escaped in the message.
   expect_rejected(tiny_llama().set("general.architecture", val_str("a\nb")),
-                  "model config: general.architecture = \"a\\nb\" is not supported (supported: llama)");
+                  "model config: general.architecture = \"a\\nb\" is not supported (supported: llama, qwen2)");
 }
 
 }  // namespace
