@@ -107,7 +107,8 @@ TEST(Qwen2, Bf16HistoryStaysCloseToTransformers) {
 }
 
 // One pass over all positions equals a prefill in chunks across page
-// boundaries (the bias is added per row, RoPE per position).
+// boundaries (the bias is added per row, RoPE per position): measured
+// 6.7e-6, the fp32 summation order of the differently sized GEMMs.
 TEST(Qwen2, ChunkedForwardEqualsOnePass) {
   model::LlamaModel& m = testing::qwen2_model();
   const std::vector<int32_t> ids = golden_ids();
@@ -124,7 +125,7 @@ TEST(Qwen2, ChunkedForwardEqualsOnePass) {
       delta = std::max(delta, double(std::abs(last[v] - whole[(i + n - 1) * vocab + v])));
   }
   std::printf("[measured] qwen2 chunks of 7 vs one pass: max |dlogit| %.2e\n", delta);
-  EXPECT_LE(delta, 1e-4);
+  EXPECT_LE(delta, 2e-5);
 }
 
 class Qwen2Greedy : public ::testing::TestWithParam<PageFormat> {};
