@@ -22,21 +22,23 @@ using gguf::testing::val_str;
 using gguf::testing::val_str_array;
 using gguf::testing::val_u32;
 
-/// A complete tiny llama: d_model 8, 2 heads of dim 4 (1 KV head), FFN 16,
-/// vocab 16, 2 blocks, F32 tensors.
-Parts tiny_llama() {
+/// A complete tiny model of architecture `arch` ("llama", or "qwen2" whose
+/// layers also carry attn_{q,k,v}.bias): d_model 8, 2 heads of dim 4 (1 KV
+/// head), FFN 16, vocab 16, 2 blocks, F32 tensors.
+Parts tiny_model(const std::string& arch) {
+  const std::string k = arch + ".";
   Parts p;
-  p.set("general.architecture", val_str("llama"))
-      .set("llama.block_count", val_u32(2))
-      .set("llama.context_length", val_u32(64))
-      .set("llama.embedding_length", val_u32(8))
-      .set("llama.feed_forward_length", val_u32(16))
-      .set("llama.attention.head_count", val_u32(2))
-      .set("llama.attention.head_count_kv", val_u32(1))
-      .set("llama.rope.dimension_count", val_u32(4))
-      .set("llama.rope.freq_base", val_f32(10000.0f))
-      .set("llama.attention.layer_norm_rms_epsilon", val_f32(1e-5f))
-      .set("llama.vocab_size", val_u32(16))
+  p.set("general.architecture", val_str(arch))
+      .set(k + "block_count", val_u32(2))
+      .set(k + "context_length", val_u32(64))
+      .set(k + "embedding_length", val_u32(8))
+      .set(k + "feed_forward_length", val_u32(16))
+      .set(k + "attention.head_count", val_u32(2))
+      .set(k + "attention.head_count_kv", val_u32(1))
+      .set(k + "rope.dimension_count", val_u32(4))
+      .set(k + "rope.freq_base", val_f32(10000.0f))
+      .set(k + "attention.layer_norm_rms_epsilon", val_f32(1e-5f))
+      .set(k + "vocab_size", val_u32(16))
       .set("tokenizer.ggml.tokens", val_str_array(16));
   p.tensors = {{"token_embd.weight", {8, 16}}, {"output_norm.weight", {8}}};
   for (int l = 0; l < 2; ++l) {
@@ -45,6 +47,11 @@ Parts tiny_llama() {
     p.tensors.push_back({b + "attn_q.weight", {8, 8}});
     p.tensors.push_back({b + "attn_k.weight", {8, 4}});
     p.tensors.push_back({b + "attn_v.weight", {8, 4}});
+    if (arch == "qwen2") {
+      p.tensors.push_back({b + "attn_q.bias", {8}});
+      p.tensors.push_back({b + "attn_k.bias", {4}});
+      p.tensors.push_back({b + "attn_v.bias", {4}});
+    }
     p.tensors.push_back({b + "attn_output.weight", {8, 8}});
     p.tensors.push_back({b + "ffn_norm.weight", {8}});
     p.tensors.push_back({b + "ffn_gate.weight", {8, 16}});
@@ -53,6 +60,8 @@ Parts tiny_llama() {
   }
   return p;
 }
+
+Parts tiny_llama() { return tiny_model("llama"); }
 
 /// The from_gguf error message for `p` ("" if it reads).
 std::string config_error(const Parts& p) {
@@ -202,11 +211,65 @@ TEST(ModelConfig, VocabularyMatchesTokenEmbd) {
 }
 
 TEST(ModelConfig, Architecture) {
-  expect_rejected(tiny_llama().set("general.architecture", val_str("gemma3")),
-                  "model config: general.architecture = \"gemma3\" is not supported (supported: llama, qwen2)");
+  expect_rejected(tiny_llama().set("general.architecture", val_str("qwen3")),
+                  "model config: general.architecture = \"qwen3\" is not supported (supported: llama, qwen2)");
   // Untrusted bytes are escaped in the message.
   expect_rejected(tiny_llama().set("general.architecture", val_str("a\nb")),
                   "model config: general.architecture = \"a\\nb\" is not supported (supported: llama, qwen2)");
+  // The keys are read under the architecture's own name.
+  expect_rejected(tiny_llama().set("general.architecture", val_str("qwen2")),
+                  "model config: qwen2.block_count is missing (required)");
+}
+
+TEST(ModelConfig, ArchitectureChoosesRopeLayoutAndBiases) {
+  const std::vector<uint8_t> llama = tiny_model("llama").bytes();
+  const ModelConfig l = ModelConfig::from_gguf(gguf::File::from_memory(llama));
+  EXPECT_EQ(l.rope_layout, RopeLayout::Interleaved);
+  EXPECT_FALSE(l.qkv_bias);
+  const std::vector<uint8_t> qwen2 = tiny_model("qwen2").bytes();
+  const gguf::File f = gguf::File::from_memory(qwen2);
+  const ModelConfig q = ModelConfig::from_gguf(f);
+  EXPECT_EQ(q.arch, "qwen2");
+  EXPECT_EQ(q.rope_layout, RopeLayout::HalfSplit);
+  EXPECT_TRUE(q.qkv_bias);
+  const Weights w = Weights::load(f, q);
+  for (const LayerWeights& L : w.layers) {
+    EXPECT_EQ(L.bq.size(), 8u);
+    EXPECT_EQ(L.bk.size(), 4u);
+    EXPECT_EQ(L.bv.size(), 4u);
+  }
+}
+
+/// The Weights::load error message for `p` ("" if it loads).
+std::string load_error(const Parts& p) {
+  const std::vector<uint8_t> bytes = p.bytes();
+  const gguf::File f = gguf::File::from_memory(bytes);
+  try {
+    Weights::load(f, ModelConfig::from_gguf(f));
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ModelConfig, Qwen2BiasMissingOrMisshapenIsNamed) {
+  for (const char* name : {"blk.1.attn_q.bias", "blk.0.attn_k.bias", "blk.1.attn_v.bias"}) {
+    Parts p = tiny_model("qwen2");
+    std::erase_if(p.tensors, [&](const Parts::Tensor& t) { return t.name == name; });
+    const std::string what = load_error(p);
+    EXPECT_EQ(what, std::string("GGUF: tensor '") + name + "' not found");
+    EXPECT_EQ(what.find('\n'), std::string::npos) << "one line";
+  }
+  Parts wide = tiny_model("qwen2");
+  wide.tensor("blk.0.attn_k.bias")->dims = {8};  // the query width: a bias of the wrong projection
+  EXPECT_EQ(load_error(wide), "model: tensor 'blk.0.attn_k.bias' has dims [8], expected [4]");
+  // A llama file ignores bias tensors it does not use.
+  Parts llama = tiny_model("qwen2");
+  for (auto& kv : llama.kvs) {
+    if (kv.key.starts_with("qwen2.")) kv.key.replace(0, 5, "llama");
+  }
+  llama.set("general.architecture", val_str("llama"));
+  EXPECT_EQ(load_error(llama), "");
 }
 
 }  // namespace

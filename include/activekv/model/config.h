@@ -36,9 +36,10 @@ struct ModelConfig {
   bool qkv_bias = false;       ///< Q/K/V projections carry biases (qwen2)
 
   /// Reads and validates the config. Throws Error, one line naming the key
-  /// and value, for: an unsupported architecture (only "llama"); a missing
-  /// required key (block_count, embedding_length, feed_forward_length,
-  /// context_length, attention.head_count, attention.layer_norm_rms_epsilon);
+  /// and value, for: an unsupported architecture (supported: "llama",
+  /// "qwen2"); a missing required key (block_count, embedding_length,
+  /// feed_forward_length, context_length, attention.head_count,
+  /// attention.layer_norm_rms_epsilon);
   /// a count that is not an integer in [1, INT_MAX]; head_count not a
   /// multiple of head_count_kv; an odd head dim, or n_heads * head_dim over
   /// INT_MAX; value_length != key_length; rope.dimension_count odd or > head
