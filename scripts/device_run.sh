@@ -36,10 +36,11 @@ exec > >(tee -a "$OUT/run.log") 2>&1
 echo "== device_run.sh $PHASE, commit $COMMIT, $(date -u +%FT%TZ)"
 t0=$(date +%s)
 
-if [ "$PHASE" = part ]; then
+# Model parts carried in this call are kept in /tmp/akv-model (any phase).
+if ls .mp/part_* > /dev/null 2>&1; then
   mkdir -p /tmp/akv-model && cp .mp/part_* /tmp/akv-model/ && ls -la /tmp/akv-model
-  exit $?
 fi
+[ "$PHASE" = part ] && exit 0
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv
 [ -d "$PFX/usr" ] || for f in .debs/*.deb; do dpkg -x "$f" "$PFX" || exit 1; done
@@ -51,13 +52,15 @@ echo "== whole-project build ok in $(( $(date +%s) - t0 )) s"
 [ "$PHASE" = setup ] && exit 0
 AKV=build-device/bin/activekv
 
-if [ ! -f "$MODEL" ] && ls /tmp/akv-model/part_* > /dev/null 2>&1; then
-  cat /tmp/akv-model/part_* > "$MODEL"
+if ! { [ -f "$MODEL" ] && echo "$MODEL_SHA  $MODEL" | sha256sum -c --quiet 2>/dev/null; }; then
+  cat /tmp/akv-model/part_* > "$MODEL" 2>/dev/null
 fi
-if [ -f "$MODEL" ] && echo "$MODEL_SHA  $MODEL" | sha256sum -c --quiet; then
+if [ -f "$MODEL" ] && echo "$MODEL_SHA  $MODEL" | sha256sum -c --quiet 2>/dev/null; then
   echo "== model ok: $MODEL"
 else
-  echo "== the default model is missing or does not match $MODEL_SHA: model tests and benches will fail"
+  rm -f "$MODEL"
+  echo "== the default model is missing or does not match $MODEL_SHA (parts: $(ls /tmp/akv-model 2>/dev/null | tr '\n' ' ')):" \
+       "model tests and benches will fail"
 fi
 
 run_tests() {
@@ -67,10 +70,17 @@ run_tests() {
     [ -x build-device/bin/test_cuda_$T ] || { echo "-- test_cuda_$T not built"; continue; }
     echo "-- test_cuda_$T"
     # [measured] lines and failures reach the log; the rest is in the JSON.
-    build-device/bin/test_cuda_$T --gtest_output=json:/tmp/gtest_$T.json 2>&1 \
-      | grep -E "^\[measured\]|Failure|FAILED|PASSED|SKIPPED|error|Expected|Which is|actual|  [A-Za-z_]+:" | head -120
-    [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+    # The whole output goes to a file first: a pipe that closes early would kill the test.
+    build-device/bin/test_cuda_$T --gtest_output=json:/tmp/gtest_$T.json > /tmp/test_$T.log 2>&1 || rc=1
+    grep -vE "^\[ RUN|^\[       OK|^\[----------\]|^$" /tmp/test_$T.log | head -${AKV_LOG_LINES:-80}
   done
+  if [ -n "${AKV_SANITIZE:-}" ]; then  # e.g. AKV_SANITIZE="weights:WeightKernelsFixture.*"
+    echo "-- compute-sanitizer memcheck: test_cuda_${AKV_SANITIZE%%:*} --gtest_filter=${AKV_SANITIZE#*:}"
+    timeout 120 compute-sanitizer --tool memcheck --print-limit 10 build-device/bin/test_cuda_${AKV_SANITIZE%%:*} \
+      --gtest_filter="${AKV_SANITIZE#*:}" 2>&1 | grep -vE "^\[ RUN|^\[       OK" | head -60
+  fi
+  # Any failure's full log comes back too (one file).
+  cat /tmp/test_*.log > "$OUT/gtest_full.log" 2>/dev/null
   python3 - "$OUT/gtest.json" "$COMMIT" <<'EOF'
 import glob, json, sys
 out, commit = sys.argv[1:3]
