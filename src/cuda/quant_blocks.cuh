@@ -53,7 +53,7 @@ AKV_QHD uint32_t f32_bits(float f) {
 
 AKV_QHD float bits_f32(uint32_t u) {
 #ifdef __CUDA_ARCH__
-  return bits_f32(u);
+  return __uint_as_float(u);
 #else
   float f;
   std::memcpy(&f, &u, 4);
@@ -64,14 +64,14 @@ AKV_QHD float bits_f32(uint32_t u) {
 /// a * b and a + b, each rounded once (never contracted into an FMA).
 AKV_QHD float mul_rn(float a, float b) {
 #ifdef __CUDA_ARCH__
-  return mul_rn(a, b);
+  return __fmul_rn(a, b);
 #else
   return a * b;  // host: ISO C++ mode, no contraction
 #endif
 }
 AKV_QHD float add_rn(float a, float b) {
 #ifdef __CUDA_ARCH__
-  return add_rn(a, b);
+  return __fadd_rn(a, b);
 #else
   return a + b;
 #endif
@@ -80,7 +80,7 @@ AKV_QHD float add_rn(float a, float b) {
 /// Byte-wise a - b (mod 256 per byte).
 AKV_QHD uint32_t vsub4(uint32_t a, uint32_t b) {
 #ifdef __CUDA_ARCH__
-  return vsub4(a, b);
+  return __vsub4(a, b);
 #else
   uint32_t r = 0;
   for (int k = 0; k < 4; ++k) r |= (((a >> (8 * k)) - (b >> (8 * k))) & 0xffu) << (8 * k);
