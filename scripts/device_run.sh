@@ -4,7 +4,7 @@
 # files come back). The machine keeps /tmp and build-device/ while it stays
 # warm (30 s between calls), so one session sends its inputs in several calls:
 #
-#   AKV_COMMIT=$(git rev-parse HEAD) scripts/device_run.sh setup   # carry .debs: unpack, build
+#   AKV_COMMIT=$(git rev-parse HEAD) scripts/device_run.sh setup  # the full hash: results record it   # carry .debs: unpack, build
 #   scripts/device_run.sh part                                     # carry .mp/part_aa: keep it in /tmp
 #   AKV_COMMIT=... scripts/device_run.sh all                       # carry .mp/part_ab: tests + benchmarks
 #

@@ -20,6 +20,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -197,7 +198,9 @@ int main(int argc, char** argv) {
       }
     }
     if (!json_path.empty()) {
+      const char* commit = std::getenv("AKV_COMMIT");  // the device run names the commit it built
       nlohmann::json out = {{"command", command},
+                            {"commit", commit ? commit : "unknown"},
                             {"device", prop.name},
                             {"sms", prop.multiProcessorCount},
                             {"l2_bytes", l2},
