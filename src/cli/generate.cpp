@@ -222,7 +222,7 @@ int run_cpu(const GenerateArgs& a) {
   const model::ModelConfig& c = lm.config();
   r.load_ms = ms_since(t0);
   r.model_name = c.name.empty() ? c.arch : c.name;
-  r.device = fmt::format("cpu ({} threads)", a.threads);
+  r.device = fmt::format("cpu ({} threads, OpenBLAS {} kernels)", a.threads, blas_core_name());
   r.threads = a.threads;
   r.kv_format = a.kv_format;
 

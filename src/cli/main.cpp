@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "activekv/core/blas.h"
 #include "activekv/core/error.h"
 #include "commands.h"
 #include "memory.h"
@@ -46,10 +47,16 @@ int main(int argc, char** argv) {
   // 3x on a quiet machine (187 vs 62 ms/token at 4K context), a short spin
   // costs nothing there. libgomp reads the setting before main runs, so set
   // it and re-execute once; explicit OMP_WAIT_POLICY/GOMP_SPINCOUNT win.
-  if (!std::getenv("OMP_WAIT_POLICY") && !std::getenv("GOMP_SPINCOUNT") &&
-      setenv("GOMP_SPINCOUNT", "10000", 1) == 0) {
-    execv("/proc/self/exe", argv);  // returns only on failure: carry on as we are
+  bool reexec = !std::getenv("OMP_WAIT_POLICY") && !std::getenv("GOMP_SPINCOUNT") &&
+                setenv("GOMP_SPINCOUNT", "10000", 1) == 0;
+  // OpenBLAS picks its kernels when it loads: where its CPU detection fell
+  // back to a pre-AVX family on an AVX-512/AVX2 CPU (blas.h), name the right
+  // one. An explicit OPENBLAS_CORETYPE wins.
+  if (!std::getenv("OPENBLAS_CORETYPE")) {
+    const std::string core = activekv::blas_coretype_fix();
+    if (!core.empty() && setenv("OPENBLAS_CORETYPE", core.c_str(), 1) == 0) reexec = true;
   }
+  if (reexec) execv("/proc/self/exe", argv);  // returns only on failure: carry on as we are
   // `activekv -n 64 ...` means `activekv generate -n 64 ...`: generate is the default.
   std::vector<char*> args(argv, argv + argc);
   const std::string first = argc > 1 ? argv[1] : "";

@@ -2,6 +2,10 @@
 
 #include <cblas.h>
 
+#include <algorithm>
+#include <cctype>
+#include <iterator>
+
 namespace activekv {
 namespace {
 // Below this many rows of A, sgemm spends its time packing the large operand
@@ -36,5 +40,25 @@ void gemm_nn(int M, int N, int K, float alpha, const float* A, int lda, const fl
 }
 
 void set_blas_threads(int n) { openblas_set_num_threads(n < 1 ? 1 : n); }
+
+std::string blas_core_name() {
+  const char* name = openblas_get_corename();
+  return name ? name : "";
+}
+
+std::string blas_coretype_fix() {
+  std::string core = blas_core_name();
+  for (char& c : core) c = char(std::tolower(static_cast<unsigned char>(c)));
+  static const char* const kPreAvx[] = {"prescott", "core2", "penryn", "dunnington", "nehalem", "atom",
+                                         "banias", "katmai", "coppermine", "northwood"};
+  const bool generic = std::find(std::begin(kPreAvx), std::end(kPreAvx), core) != std::end(kPreAvx);
+  if (!generic) return "";
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512dq"))
+    return "SkylakeX";
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
+  return "";
+}
 
 }  // namespace activekv
