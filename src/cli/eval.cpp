@@ -59,7 +59,7 @@ std::string cell(double error) { return error < 0 ? "-" : fmt::format("{:.5f}", 
 
 // Per-route aggregate over texts: equal-weight scored tokens per text.
 nlohmann::json aggregate(const std::vector<eval::RouteQuality>& rows, const std::string& route) {
-  double nll = 0, nll_exact = 0, top1 = 0, kl = 0, bytes = 0;
+  double nll = 0, nll_exact = 0, top1 = 0, kl = 0, bytes = 0, compressed = 0;
   int n = 0;
   bool bitwise = true;
   for (const auto& r : rows) {
@@ -69,12 +69,14 @@ nlohmann::json aggregate(const std::vector<eval::RouteQuality>& rows, const std:
     top1 += r.top1_agreement;
     kl += r.mean_kl;
     bytes += r.bytes_per_step;
+    compressed += r.compressed_page_fraction;
     bitwise = bitwise && r.bitwise_equal_to_exact;
     ++n;
   }
   const double ppl = std::exp(nll / n), ppl_exact = std::exp(nll_exact / n);
   return {{"ppl", ppl}, {"ppl_increase_pct", 100.0 * (ppl / ppl_exact - 1.0)}, {"top1_agreement", top1 / n},
-          {"mean_kl", kl / n}, {"bitwise_equal_to_exact", bitwise}, {"history_bytes_per_step", bytes / n}};
+          {"mean_kl", kl / n}, {"bitwise_equal_to_exact", bitwise}, {"history_bytes_per_step", bytes / n},
+          {"compressed_page_fraction", compressed / n}};
 }
 
 int run(EvalArgs& a) {
@@ -143,7 +145,8 @@ int run(EvalArgs& a) {
     j.update({{"n_samples", n}, {"own_format_error", optional(worst)},
               {"own_format_error_one_term_query", optional(worst1)}, {"ppl", q.ppl}, {"ppl_increase_pct", q.ppl_increase_pct},
               {"top1_agreement", q.top1_agreement}, {"mean_kl", q.mean_kl},
-              {"bitwise_equal_to_exact", q.bitwise_equal_to_exact}, {"history_bytes_per_step", q.bytes_per_step}});
+              {"bitwise_equal_to_exact", q.bitwise_equal_to_exact}, {"history_bytes_per_step", q.bytes_per_step},
+              {"compressed_page_fraction", q.compressed_page_fraction}});
     records.push_back(j);
   }
   for (const auto& route : routes) {

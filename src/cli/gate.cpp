@@ -39,6 +39,17 @@ void print_rows(const std::vector<cost::GateRow>& rows) {
   }
 }
 
+nlohmann::json evidence_json(const cost::Quality& q) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& r : q.evidence.empty() ? q.own_format_only : q.evidence)
+    out.push_back({{"model", r.model}, {"text", r.text}, {"context", r.context},
+                   {"own_format_error", r.own_format_error ? nlohmann::json(*r.own_format_error) : nullptr},
+                   {"ppl_increase_pct", r.ppl_increase_pct ? nlohmann::json(*r.ppl_increase_pct) : nullptr},
+                   {"top1_agreement", r.top1_agreement ? nlohmann::json(*r.top1_agreement) : nullptr},
+                   {"pass", r.pass()}});
+  return out;
+}
+
 nlohmann::json to_json(const std::vector<cost::GateRow>& rows, const GateArgs& a) {
   nlohmann::json out = {{"commit", git_commit()}, {"command", command_line()}, {"bench", a.bench},
                         {"eval", a.eval}, {"batch", a.batch}};
@@ -47,7 +58,8 @@ nlohmann::json to_json(const std::vector<cost::GateRow>& rows, const GateArgs& a
                            {"bytes_exact", r.bytes_exact}, {"saved_ms", r.saved_ms}, {"added_ms", r.added_ms},
                            {"net_ms", r.net_ms}, {"kernel_ms", r.kernel_ms}, {"kernel_exact_ms", r.kernel_exact_ms},
                            {"bus_accept", r.bus_accept}, {"quality", r.quality.describe()},
-                           {"quality_pass", r.quality.pass()}, {"accept", r.accept},
+                           {"quality_pass", r.quality.pass()}, {"quality_evidence", evidence_json(r.quality)},
+                           {"quality_beyond_measured", r.quality.beyond_measured()}, {"accept", r.accept},
                            {"withdrawn_rule_accept", r.withdrawn_rule_accept},
                            {"measured_net_ms", r.measured_net_ms}, {"sign_matches", r.sign_matches}});
   return out;
@@ -59,16 +71,16 @@ void add_gate(CLI::App& app, std::function<int()>& run) {
   auto a = std::make_shared<GateArgs>();
   app.add_option("--bench", a->bench, "`bench decode --json` output with bf16 and candidate formats, "
                                       "streamed and resident")->capture_default_str();
-  app.add_option("--eval", a->eval, "`eval --json` outputs (quality contract per format; a later file's verdict "
-                                    "for a format replaces an earlier one's)")->capture_default_str();
+  app.add_option("--eval", a->eval, "`eval --json` outputs (the quality contract per model, format and "
+                                    "context; a later file's record of the same model, format and context "
+                                    "replaces an earlier one's)")->capture_default_str();
   app.add_option("--batch", a->batch, "Batch size of the records to judge")->capture_default_str();
   app.add_option("--json", a->json_out, "Also write the rows as JSON");
   run = [a] {
     if (!a->json_out.empty()) check_writable(a->json_out, "gate --json output");  // before the work
     const auto points = cost::read_bench_json(a->bench);
-    std::map<std::string, cost::Quality> quality;
-    for (const auto& path : a->eval)
-      for (const auto& [format, q] : cost::read_eval_json(path)) quality[format] = q;
+    cost::QualityEvidence quality;
+    for (const auto& path : a->eval) quality.merge(cost::read_eval_json(path));
     const auto rows = cost::run_gate(points, quality, a->batch);
     if (rows.empty()) {
       std::set<int> batches;
@@ -78,7 +90,7 @@ void add_gate(CLI::App& app, std::function<int()>& run) {
           "at batch {} (batches in the file: {})", a->bench, a->batch, fmt::join(batches, ", ")));
     }
     fmt::print("economic gate (SPEC 6), batch {}: net = transfer saved - kernel time added; accept iff net > 0 and "
-               "the quality contract holds.\n  bench: {}\n  eval:  {}\n\n", a->batch, a->bench, fmt::join(a->eval, ", "));
+               "the quality contract holds at that context (evidence: model @ context measured).\n  bench: {}\n  eval:  {}\n\n", a->batch, a->bench, fmt::join(a->eval, ", "));
     print_rows(rows);
     int wrong = 0, false_rejects = 0;
     for (const auto& r : rows) {

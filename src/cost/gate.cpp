@@ -2,9 +2,11 @@
 #include "activekv/cost/gate.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -45,22 +47,93 @@ T field(const nlohmann::json& j, const char* name, const std::string& path) {
   }
 }
 
-}  // namespace
-
-std::string Quality::describe() const {
-  if (!measured) return "no eval";
-  const std::string figures = fmt::format("err {:.5f}, ppl {:+.2f} %, top-1 {:.1f} %", own_format_error,
-                                          ppl_increase_pct, 100 * top1_agreement);
-  if (pass()) return "pass (" + figures + ")";
-  std::string why;
-  if (own_format_error > 0.005) why = "own-format error > 0.005";
-  else if (ppl_increase_pct > 1.0) why = "ppl increase > 1 %";
-  else why = "top-1 < 99 %";
-  return "fail: " + why + " (" + figures + ")";
+std::string context_label(int64_t n) {
+  return n % 1024 == 0 ? fmt::format("{}K", n / 1024) : fmt::format("{}", n);
 }
 
-std::vector<GateRow> run_gate(const std::vector<BenchPoint>& points, const std::map<std::string, Quality>& quality,
-                              int batch) {
+std::optional<double> optional_number(const nlohmann::json& r, const char* name, const std::string& path) {
+  if (!r.contains(name) || r[name].is_null()) return std::nullopt;
+  if (!r[name].is_number()) throw Error(fmt::format("gate: {}: field \"{}\" has the wrong type", path, name));
+  return r[name].get<double>();
+}
+
+}  // namespace
+
+bool QualityRecord::pass() const { return failure().empty(); }
+
+std::string QualityRecord::failure() const {
+  if (!own_format_error) return "no own-format error measured";
+  if (*own_format_error > 0.005) return "own-format error > 0.005";
+  if (synthetic()) return "";  // a synthetic case measures the own-format error only
+  if (!ppl_increase_pct) return "no perplexity measured";
+  if (*ppl_increase_pct > 1.0) return "ppl increase > 1 %";
+  if (!top1_agreement) return "no top-1 agreement measured";
+  if (*top1_agreement < 0.99) return "top-1 < 99 %";
+  return "";
+}
+
+std::string QualityRecord::describe() const {
+  auto num = [](const std::optional<double>& v, const char* f) { return v ? fmt::format(fmt::runtime(f), *v) : "-"; };
+  std::string s = fmt::format("{} @ {}{}: err {}", model, context_label(context), synthetic() ? " " + text : "",
+                              num(own_format_error, "{:.5f}"));
+  if (!synthetic())
+    s += fmt::format(", ppl {} %, top-1 {} %", num(ppl_increase_pct, "{:+.2f}"),
+                     top1_agreement ? fmt::format("{:.1f}", 100 * *top1_agreement) : "-");
+  return s;
+}
+
+void QualityEvidence::merge(const QualityEvidence& other) {
+  for (const QualityRecord& r : other.records) {
+    auto same = [&](const QualityRecord& x) {
+      return x.model == r.model && x.format == r.format && x.text == r.text && x.context == r.context;
+    };
+    std::erase_if(records, same);
+    records.push_back(r);
+  }
+}
+
+bool Quality::pass() const {
+  if (evidence.empty()) return false;
+  return std::all_of(evidence.begin(), evidence.end(), [](const QualityRecord& r) { return r.pass(); });
+}
+
+std::string Quality::describe() const {
+  std::vector<std::string> parts;
+  if (beyond_measured()) {
+    for (const QualityRecord& r : own_format_only) parts.push_back(r.describe());
+    return fmt::format("not measured beyond {} (own-format evidence only: {})", context_label(largest_measured),
+                       parts.empty() ? "none" : fmt::format("{}", fmt::join(parts, "; ")));
+  }
+  if (evidence.empty()) return "no eval";
+  std::string why;
+  for (const QualityRecord& r : evidence) {
+    parts.push_back(r.describe());
+    if (why.empty()) why = r.failure();
+  }
+  return fmt::format("{} ({})", why.empty() ? "pass" : "fail: " + why, fmt::join(parts, "; "));
+}
+
+Quality judge_quality(const QualityEvidence& evidence, const std::string& format, int64_t context) {
+  Quality q;
+  q.context = context;
+  std::map<std::string, const QualityRecord*> per_model;  // smallest measured context >= the judged one
+  for (const QualityRecord& r : evidence.records) {
+    if (r.format != format) continue;
+    if (r.synthetic()) {
+      if (r.context >= context) q.own_format_only.push_back(r);
+      continue;
+    }
+    q.largest_measured = std::max(q.largest_measured, r.context);
+    if (r.context < context) continue;
+    const QualityRecord*& best = per_model[r.model];
+    if (!best || r.context < best->context) best = &r;
+  }
+  for (const auto& [model, r] : per_model) q.evidence.push_back(*r);
+  if (!q.evidence.empty()) q.own_format_only.clear();
+  return q;
+}
+
+std::vector<GateRow> run_gate(const std::vector<BenchPoint>& points, const QualityEvidence& quality, int batch) {
   std::vector<std::string> formats;
   std::vector<int64_t> contexts;
   for (const BenchPoint& p : points) {
@@ -89,8 +162,7 @@ std::vector<GateRow> run_gate(const std::vector<BenchPoint>& points, const std::
       r.added_ms = fr->device_ms - er->device_ms;
       r.net_ms = r.saved_ms - r.added_ms;
       r.bus_accept = r.net_ms > 0;
-      const auto q = quality.find(f);
-      if (q != quality.end()) r.quality = q->second;
+      r.quality = judge_quality(quality, f, n);
       r.accept = r.bus_accept && r.quality.pass();
       r.withdrawn_rule_accept = fr->device_ms > 0 && er->device_ms / fr->device_ms >= 0.7;
       r.measured_net_ms = es->step_ms - fs->step_ms;
@@ -123,22 +195,24 @@ std::vector<BenchPoint> read_bench_json(const std::string& path) {
   return out;
 }
 
-std::map<std::string, Quality> read_eval_json(const std::string& path) {
+QualityEvidence read_eval_json(const std::string& path) {
   const nlohmann::json j = load(path);
   if (!j.is_array()) throw Error("gate: " + path + " is not `activekv eval --json` output (expected an array)");
-  std::map<std::string, Quality> out;
+  QualityEvidence out;
   for (const auto& r : j) {
-    if (field<std::string>(r, "text", path) != "all") continue;
-    std::string f = field<std::string>(r, "format", path);
-    if (f == "exact") f = "bf16";
-    Quality q;
-    q.measured = true;
-    q.own_format_error = r.contains("own_format_error") && !r["own_format_error"].is_null()
-                             ? r["own_format_error"].get<double>()
-                             : 0.0;
-    q.ppl_increase_pct = field<double>(r, "ppl_increase_pct", path);
-    q.top1_agreement = field<double>(r, "top1_agreement", path);
-    out[f] = q;
+    QualityRecord q;
+    q.text = field<std::string>(r, "text", path);
+    q.format = field<std::string>(r, "format", path);
+    if (q.format == "exact") continue;  // the reference
+    q.own_format_error = optional_number(r, "own_format_error", path);
+    q.ppl_increase_pct = optional_number(r, "ppl_increase_pct", path);
+    q.top1_agreement = optional_number(r, "top1_agreement", path);
+    const bool synthetic_case = q.own_format_error && !q.ppl_increase_pct;
+    if (q.text != "all" && !synthetic_case) continue;  // one text's row: "all" holds the aggregate
+    q.model = field<std::string>(r, "model", path);
+    q.context = field<int64_t>(r, "context", path);
+    if (q.context <= 0) throw Error(fmt::format("gate: {}: a record has context {}", path, q.context));
+    out.records.push_back(q);
   }
   return out;
 }

@@ -67,8 +67,11 @@ struct Baseline {
 
 RouteQuality compare(const std::string& route, const std::string& text, const std::vector<float>& logits,
                      const Baseline& exact, const std::vector<int32_t>& ids, int64_t prefix, size_t vocab,
-                     double bytes_per_step) {
+                     const route::RouteReport& read, double steps) {
   RouteQuality q{route, text};
+  q.bytes_per_step = read.bytes / steps;
+  const size_t pages = read.pages[0] + read.pages[1] + read.pages[2];
+  q.compressed_page_fraction = pages ? double(pages - read.pages[size_t(route::ReadFormat::exact)]) / double(pages) : 0;
   const size_t n = logits.size() / vocab;
   double nll = 0, kl = 0;
   size_t agree = 0;
@@ -89,7 +92,6 @@ RouteQuality compare(const std::string& route, const std::string& text, const st
   q.top1_agreement = double(agree) / double(n);
   q.mean_kl = kl / double(n);
   q.bitwise_equal_to_exact = std::memcmp(logits.data(), exact.logits.data(), logits.size() * sizeof(float)) == 0;
-  q.bytes_per_step = bytes_per_step;
   return q;
 }
 
@@ -158,8 +160,7 @@ EvalResult run_quality_eval(model::LlamaModel& m,
     Baseline exact{score_window(m, seq, ids, prefix, cfg, exact_view), 0};
     m.set_options(saved);
     exact.nll = nll_of(exact.logits, ids, prefix, vocab);
-    result.routes.push_back(compare("exact", text, exact.logits, exact, ids, prefix, vocab,
-                                    exact_report.bytes / n_steps(cfg)));
+    result.routes.push_back(compare("exact", text, exact.logits, exact, ids, prefix, vocab, exact_report, n_steps(cfg)));
 
     // (a) own-format samples: history = the prefix + the rows' own tokens.
     std::vector<int64_t> pos(size_t(cfg.query_rows));
@@ -184,8 +185,8 @@ EvalResult run_quality_eval(model::LlamaModel& m,
       route::RouteReport report;
       route::RoutedView view{&compressed, {kind, cfg.recent_pages, cfg.tile_pages}, &report};
       const std::vector<float> logits = score_window(m, seq, ids, prefix, cfg, view);
-      result.routes.push_back(compare(route::kind_name(kind), text, logits, exact, ids, prefix, vocab,
-                                      report.bytes / n_steps(cfg)));
+      result.routes.push_back(
+          compare(route::kind_name(kind), text, logits, exact, ids, prefix, vocab, report, n_steps(cfg)));
     }
   }
   if (cfg.synthetic_tokens > 0) {

@@ -25,15 +25,31 @@ BenchPoint pt(const std::string& f, const std::string& mode, int64_t ctx, double
   return p;
 }
 
+QualityRecord rec(const std::string& format, int64_t ctx, double top1 = 1.0, std::optional<double> err = 0.001,
+                  const std::string& model = "m") {
+  QualityRecord r;
+  r.model = model;
+  r.format = format;
+  r.text = "all";
+  r.context = ctx;
+  r.own_format_error = err;
+  r.ppl_increase_pct = 0.1;
+  r.top1_agreement = top1;
+  return r;
+}
+
+QualityEvidence evidence(std::vector<QualityRecord> records) {
+  QualityEvidence e;
+  e.records = std::move(records);
+  return e;
+}
+
 TEST(Gate, NetIsSavedTransferMinusAddedKernelTime) {
   // Exact: 1e9 bytes at 50 GB/s = 20 ms; F: 0.5e9 bytes = 10 ms saved; kernel 1 ms vs 4 ms -> added 3.
   const std::vector<BenchPoint> pts{pt("bf16", "streamed", 8192, 20.1, 1.0, 1e9), pt("bf16", "resident", 8192, 1.1, 1.0, 1e9),
                                     pt("int8s", "streamed", 8192, 10.5, 4.0, 0.5e9),
                                     pt("int8s", "resident", 8192, 4.1, 4.0, 0.5e9)};
-  Quality good;
-  good.measured = true;
-  good.own_format_error = 0.001;
-  const auto rows = run_gate(pts, {{"int8s", good}});
+  const auto rows = run_gate(pts, evidence({rec("int8s", 8192)}));
   ASSERT_EQ(rows.size(), 1u);
   const GateRow& r = rows[0];
   EXPECT_DOUBLE_EQ(r.saved_ms, 10.0);
@@ -52,12 +68,7 @@ TEST(Gate, RejectsWhenKernelCostsMoreThanTransferSavesOrQualityFails) {
                                     pt("slow", "resident", 1024, 3.1, 3.0, 0.9e8),
                                     pt("lossy", "streamed", 1024, 1.1, 0.1, 0.5e8),
                                     pt("lossy", "resident", 1024, 0.2, 0.1, 0.5e8)};
-  Quality bad;
-  bad.measured = true;
-  bad.top1_agreement = 0.98;
-  Quality ok;
-  ok.measured = true;
-  const auto rows = run_gate(pts, {{"lossy", bad}, {"slow", ok}});
+  const auto rows = run_gate(pts, evidence({rec("lossy", 1024, 0.98), rec("slow", 1024)}));
   ASSERT_EQ(rows.size(), 2u);
   for (const GateRow& r : rows) {
     EXPECT_FALSE(r.accept) << r.format;
@@ -76,7 +87,7 @@ TEST(Gate, SkipsContextsWithoutBothRecordsAndSignMismatchShows) {
   const std::vector<BenchPoint> pts{pt("bf16", "streamed", 4096, 10, 1, 5e8), pt("bf16", "resident", 4096, 1, 1, 5e8),
                                     pt("f", "streamed", 4096, 11, 1, 4e8), pt("f", "resident", 4096, 1, 1, 4e8),
                                     pt("f", "streamed", 8192, 5, 1, 4e8)};
-  const auto rows = run_gate(pts, {});
+  const auto rows = run_gate(pts, QualityEvidence{});
   ASSERT_EQ(rows.size(), 1u);  // 8192 lacks the bf16 and resident records
   EXPECT_GT(rows[0].net_ms, 0);
   EXPECT_LT(rows[0].measured_net_ms, 0);
@@ -101,17 +112,84 @@ TEST(Gate, ReadersNameTheProblem) {
   EXPECT_THROW(read_bench_json(path + ".missing"), Error);
   {
     std::ofstream(path) << R"([{"text": "all", "format": "exact", "own_format_error": null, "ppl_increase_pct": 0,
-                                "top1_agreement": 1},
-                               {"text": "all", "format": "hybrid", "own_format_error": 0.0002,
-                                "ppl_increase_pct": -0.02, "top1_agreement": 0.996},
-                               {"text": "x", "format": "int8s", "own_format_error": 0.001,
-                                "ppl_increase_pct": 0.1, "top1_agreement": 0.98}])";
+                                "top1_agreement": 1, "model": "m", "context": 8192},
+                               {"text": "all", "format": "hybrid", "own_format_error": 0.0002, "model": "m",
+                                "context": 8192, "ppl_increase_pct": -0.02, "top1_agreement": 0.996},
+                               {"text": "x", "format": "int8s", "own_format_error": 0.001, "model": "m",
+                                "context": 8192, "ppl_increase_pct": 0.1, "top1_agreement": 0.98},
+                               {"text": "synthetic-outliers", "format": "int8s", "own_format_error": 1e-6,
+                                "model": "m", "context": 65536}])";
   }
   const auto q = read_eval_json(path);
-  EXPECT_EQ(q.size(), 2u);
-  EXPECT_TRUE(q.at("hybrid").pass());
-  EXPECT_TRUE(q.at("bf16").pass());
+  ASSERT_EQ(q.records.size(), 2u) << "exact and one text's row are not evidence";
+  EXPECT_TRUE(judge_quality(q, "hybrid", 8192).pass());
+  EXPECT_TRUE(q.records[1].synthetic());
+  {
+    std::ofstream(path) << R"([{"text": "all", "format": "int8s", "own_format_error": 0.001,
+                                "ppl_increase_pct": 0.1, "top1_agreement": 0.999, "context": 8192}])";
+  }
+  try {
+    read_eval_json(path);
+    FAIL() << "a record without its model is not evidence";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("\"model\""), std::string::npos) << e.what();
+  }
   std::remove(path.c_str());
+}
+
+// SPEC §5 per context (issue "Gemma 3 ... quality contract measured at long
+// context"): a verdict rests on evidence measured at the judged context or
+// longer, names it, and a missing field fails.
+TEST(GateQuality, UsesTheShortestMeasuredContextAtOrAboveTheJudgedOne) {
+  const auto e = evidence({rec("int8s", 8192, 0.995), rec("int8s", 32768, 0.98)});
+  const Quality at8k = judge_quality(e, "int8s", 8192);
+  ASSERT_EQ(at8k.evidence.size(), 1u);
+  EXPECT_EQ(at8k.evidence[0].context, 8192);
+  EXPECT_TRUE(at8k.pass());
+  EXPECT_NE(at8k.describe().find("m @ 8K"), std::string::npos) << at8k.describe();
+  const Quality at16k = judge_quality(e, "int8s", 16384);
+  ASSERT_EQ(at16k.evidence.size(), 1u);
+  EXPECT_EQ(at16k.evidence[0].context, 32768) << "16K is judged by the 32K measurement, not the 8K one";
+  EXPECT_FALSE(at16k.pass());
+  EXPECT_NE(at16k.describe().find("top-1 < 99 %"), std::string::npos) << at16k.describe();
+  EXPECT_NE(at16k.describe().find("@ 32K"), std::string::npos) << at16k.describe();
+}
+
+TEST(GateQuality, BeyondTheLargestMeasuredContextIsNeverAccepted) {
+  QualityRecord synthetic;
+  synthetic.model = "m";
+  synthetic.format = "int8s";
+  synthetic.text = "synthetic-outliers";
+  synthetic.context = 65536;
+  synthetic.own_format_error = 1e-6;
+  const auto e = evidence({rec("int8s", 8192), synthetic});
+  const Quality q = judge_quality(e, "int8s", 32768);
+  EXPECT_FALSE(q.pass());
+  EXPECT_TRUE(q.beyond_measured());
+  EXPECT_EQ(q.largest_measured, 8192);
+  ASSERT_EQ(q.own_format_only.size(), 1u);
+  EXPECT_NE(q.describe().find("not measured beyond 8K"), std::string::npos) << q.describe();
+  EXPECT_NE(q.describe().find("synthetic-outliers"), std::string::npos) << q.describe();
+  EXPECT_EQ(judge_quality(e, "hybrid", 8192).describe(), "no eval");
+  EXPECT_FALSE(judge_quality(e, "hybrid", 8192).pass());
+}
+
+TEST(GateQuality, AMissingFieldFailsAndEveryModelMustPass) {
+  const Quality missing = judge_quality(evidence({rec("int8s", 8192, 1.0, std::nullopt)}), "int8s", 8192);
+  EXPECT_FALSE(missing.pass()) << "a missing own-format error used to count as a pass";
+  EXPECT_NE(missing.describe().find("no own-format error"), std::string::npos) << missing.describe();
+  const auto two = evidence({rec("hybrid", 8192, 0.999, 0.001, "a"), rec("hybrid", 32768, 0.97, 0.001, "b")});
+  const Quality q = judge_quality(two, "hybrid", 8192);
+  ASSERT_EQ(q.evidence.size(), 2u);
+  EXPECT_FALSE(q.pass()) << "model b fails at 32K";
+  EXPECT_TRUE(judge_quality(two, "hybrid", 16384).evidence.size() == 1u);
+}
+
+TEST(GateQuality, MergeReplacesTheSameMeasurement) {
+  QualityEvidence e = evidence({rec("int8s", 8192, 0.98)});
+  e.merge(evidence({rec("int8s", 8192, 0.995), rec("int8s", 16384)}));
+  ASSERT_EQ(e.records.size(), 2u);
+  EXPECT_TRUE(judge_quality(e, "int8s", 8192).pass());
 }
 
 }  // namespace

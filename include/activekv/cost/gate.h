@@ -15,11 +15,14 @@
 // net, exact streamed step minus F's streamed step, is printed beside the
 // prediction so a wrong verdict shows. The withdrawn per-tile rule (F's
 // kernel must reach >= 0.7x the exact kernel's speed) is evaluated beside it.
+// Quality is judged per context from evidence measured at that context or
+// longer (judge_quality): nothing beyond the measured contexts is accepted.
 // Units: bytes, milliseconds, GB/s = 1e9 bytes/s.
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,15 +40,56 @@ struct BenchPoint {
   double chunk_gbps = 0;     ///< calibrated B at the step's copy size
 };
 
-/// The quality contract's verdict for one format (from `activekv eval` JSON).
-struct Quality {
-  bool measured = false;
-  double own_format_error = 0;  ///< worst over the samples
-  double ppl_increase_pct = 0;
-  double top1_agreement = 1;
-  bool pass() const { return measured && own_format_error <= 0.005 && ppl_increase_pct <= 1.0 && top1_agreement >= 0.99; }
-  std::string describe() const;  ///< "pass (err 0.00018, ppl -0.02 %, top-1 99.6 %)" / "fail: top-1 98.6 % < 99 %"
+/// One quality measurement: an `activekv eval --json` record over all texts
+/// ("text": "all") -- or one synthetic own-format case -- for one model,
+/// format and context (tokens). A field the eval did not record is empty, and
+/// an empty field fails the contract (SPEC §5): nothing passes unmeasured.
+struct QualityRecord {
+  std::string model;       ///< the eval's "model" (file stem)
+  std::string format;      ///< lossless13 | int8s | hybrid | ... ("exact" rows are not kept)
+  std::string text;        ///< "all", or the synthetic case's name
+  int64_t context = 0;     ///< tokens per window the eval measured at
+  std::optional<double> own_format_error;  ///< worst over the samples
+  std::optional<double> ppl_increase_pct;
+  std::optional<double> top1_agreement;    ///< fraction, 0..1
+  bool synthetic() const { return text != "all"; }
+  /// SPEC §5: own-format error <= 0.005, perplexity increase <= 1 %, top-1 >= 99 %, every one measured.
+  bool pass() const;
+  /// "" when it passes, else the first failed or missing bound, e.g. "top-1 < 99 %".
+  std::string failure() const;
+  /// "SmolLM2-135M-Instruct.Q4_1 @ 8K: err 0.00018, ppl -0.02 %, top-1 99.6 %"
+  std::string describe() const;
 };
+
+/// Every quality record read from one or more `eval --json` files.
+struct QualityEvidence {
+  std::vector<QualityRecord> records;
+  /// Adds `other`; a record of the same (model, format, text, context) replaces the earlier one.
+  void merge(const QualityEvidence& other);
+};
+
+/// The quality verdict for one format at one judged context, naming its evidence.
+///
+/// For each model that measured the format at a context >= the judged one,
+/// the evidence is its record at the smallest such context (quality is
+/// measured no shorter than it is claimed); the format passes iff every such
+/// record passes. A judged context beyond every model's largest measured
+/// context is never accepted: the verdict says so and cites the synthetic
+/// own-format cases that reach that far, if any (own-format evidence only).
+struct Quality {
+  std::vector<QualityRecord> evidence;  ///< the real-text records the verdict rests on (empty: none)
+  std::vector<QualityRecord> own_format_only;  ///< synthetic cases at >= the judged context, when beyond
+  int64_t context = 0;                  ///< the judged context
+  int64_t largest_measured = 0;         ///< largest real-text context measured for the format (any model)
+  bool pass() const;
+  bool beyond_measured() const { return evidence.empty() && largest_measured > 0; }
+  /// "pass: <evidence>; ..." / "fail: top-1 < 99 % (<evidence>)" / "not measured beyond 8K (own-format
+  /// evidence only: ...)" / "no eval"
+  std::string describe() const;
+};
+
+/// The verdict for `format` at `context` from `evidence` (see Quality).
+Quality judge_quality(const QualityEvidence& evidence, const std::string& format, int64_t context);
 
 struct GateRow {
   std::string format;
@@ -64,17 +108,20 @@ struct GateRow {
 
 /// Gate rows for every non-bf16 format and context present in `points` at
 /// `batch`. A (format, context) lacking a streamed or resident record for
-/// itself or for bf16 is skipped. Formats without an entry in `quality` get
-/// an unmeasured Quality (never accepted).
-std::vector<GateRow> run_gate(const std::vector<BenchPoint>& points, const std::map<std::string, Quality>& quality,
-                              int batch = 1);
+/// itself or for bf16 is skipped. Each row's quality is judge_quality() at
+/// the row's context: a format or context without passing evidence is never
+/// accepted.
+std::vector<GateRow> run_gate(const std::vector<BenchPoint>& points, const QualityEvidence& quality, int batch = 1);
 
 /// Reads `bench decode --json` output. Throws activekv::Error naming the file
 /// and the missing field when it is not one.
 std::vector<BenchPoint> read_bench_json(const std::string& path);
 
-/// Reads `activekv eval --json` output (the rows whose "text" is "all").
-/// bf16 is named "exact" there. Throws activekv::Error as above.
-std::map<std::string, Quality> read_eval_json(const std::string& path);
+/// Reads `activekv eval --json` output: the rows whose "text" is "all" and
+/// the synthetic own-format cases (rows with an own_format_error but no
+/// perplexity), of every format but "exact" (the reference, never judged).
+/// Throws activekv::Error naming the file and field when a row lacks its
+/// format, text, model or context, or is not eval output.
+QualityEvidence read_eval_json(const std::string& path);
 
 }  // namespace activekv::cost

@@ -72,6 +72,7 @@ struct RouteQuality {
   double mean_kl = 0;          ///< nats
   bool bitwise_equal_to_exact = false;
   double bytes_per_step = 0;   ///< history bytes one forward step reads (all layers), mean over the scored steps
+  double compressed_page_fraction = 0;  ///< of the history pages the scored steps read, the share read compressed
 };
 
 struct EvalResult {
