@@ -34,6 +34,7 @@ struct GenerateArgs {
   std::string device = "auto";        // auto | cpu | cuda
   std::string kv_placement = "auto";  // host | gpu | auto (GPU only)
   double gpu_kv_mem_gib = 0;          // GPU budget for the history; 0 = free memory less a margin
+  std::string matvec_activations = "int8";  // int8 | f32 (GPU only)
   std::string json_out;               // --json: the report as JSON
 };
 

@@ -35,6 +35,7 @@ runtime::RuntimeOptions runtime_options(const GenerateArgs& a, int64_t n_ctx) {
   o.gpu_kv_mem = size_t(a.gpu_kv_mem_gib * double(1ull << 30));
   o.convert_threads = a.convert_threads;
   o.prefill_chunk = a.prefill_chunk;
+  o.f32_activations = a.matvec_activations == "f32";
   o.sampling = sampler_params(a);
   return o;
 }

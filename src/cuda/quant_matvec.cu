@@ -174,6 +174,39 @@ __global__ void __launch_bounds__(kWarps * 32)
   write_row<NV>(acc, y, rows, row, accumulate);
 }
 
+// ---- block-type matvec with fp32 activations --------------------------------------
+
+// The CPU path's arithmetic (dequantised weights times fp32 x, fp32 FMA): no
+// activation rounding, for comparisons with the CPU reference. One warp per
+// row, each lane 4 elements at a time straight from global (weights decoded by
+// dequant4, bit-identical to gguf::dequantize); not tuned for bandwidth.
+template <class T, int NV>
+__global__ void __launch_bounds__(kWarps * 32)
+    matvec_blocks_f32x_kernel(const uint8_t* __restrict__ w, int64_t rows, int64_t row_bytes, int64_t cols,
+                              const float* __restrict__ x, float* __restrict__ y, bool accumulate) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t row = int64_t(blockIdx.x) * kWarps + warp;
+  if (row >= rows) return;
+  const uint8_t* wr = w + row * row_bytes;
+  float acc[NV];
+#pragma unroll
+  for (int v = 0; v < NV; ++v) acc[v] = 0.f;
+  for (int64_t e = 4 * lane; e < cols; e += 128) {
+    float wv[4];
+    const int in_block = int(e % T::kElems);
+    qblk::dequant4<T>(wr + (e / T::kElems) * T::kBytes, in_block / 32, (in_block % 32) / 4, wv);
+#pragma unroll
+    for (int v = 0; v < NV; ++v) {
+      const float4 xv = __ldg(reinterpret_cast<const float4*>(x + v * cols + e));
+      acc[v] = fmaf(wv[0], xv.x, acc[v]);
+      acc[v] = fmaf(wv[1], xv.y, acc[v]);
+      acc[v] = fmaf(wv[2], xv.z, acc[v]);
+      acc[v] = fmaf(wv[3], xv.w, acc[v]);
+    }
+  }
+  write_row<NV>(acc, y, rows, row, accumulate);
+}
+
 // ---- host side -----------------------------------------------------------------
 
 /// Calls f(std::integral_constant<int, n>) for n in 1..kMaxMatvecVectors.
@@ -205,8 +238,9 @@ bool is_float_type(gguf::TensorType t) {
 }
 
 /// `need_x`: x is read (float types, or block types that quantise it here).
+/// `quantises_x`: block types read x's int8 blocks from `ws` (false: fp32 x).
 void check_matvec_args(const DeviceMatrix& w, const float* x, bool need_x, int n_vec, const float* y,
-                       const void* ws) {
+                       const void* ws, bool quantises_x = true) {
   validate_matrix(w);
   check_nvec(n_vec);
   if ((need_x && x == nullptr) || y == nullptr) {
@@ -216,7 +250,7 @@ void check_matvec_args(const DeviceMatrix& w, const float* x, bool need_x, int n
     if (reinterpret_cast<uintptr_t>(x) % 16 != 0) {
       throw InvalidArgument("matvec on " + shape_str(w) + ": x must be 16-byte aligned");
     }
-  } else if (ws == nullptr || reinterpret_cast<uintptr_t>(ws) % 256 != 0) {
+  } else if (quantises_x && (ws == nullptr || reinterpret_cast<uintptr_t>(ws) % 256 != 0)) {
     throw InvalidArgument("matvec on " + shape_str(w) + ": the workspace must be non-null and 256-byte aligned");
   }
 }
@@ -308,6 +342,28 @@ void launch_matvec(const DeviceMatrix& w, const float* x, int n_vec, float* y, b
   check_matvec_args(w, x, true, n_vec, y, workspace);
   if (!is_float_type(w.type) && w.rows > 0) launch_quantize_activations(x, w.cols, n_vec, workspace, stream);
   run_matvec(w, x, n_vec, y, accumulate, workspace, stream);
+}
+
+void launch_matvec_f32_activations(const DeviceMatrix& w, const float* x, int n_vec, float* y, bool accumulate,
+                                   cudaStream_t stream) {
+  check_matvec_args(w, x, true, n_vec, y, nullptr, /*quantises_x=*/false);
+  if (w.rows == 0) return;
+  if (reinterpret_cast<uintptr_t>(x) % 16 != 0)
+    throw InvalidArgument("matvec on " + shape_str(w) + ": x must be 16-byte aligned");
+  const auto* wp = static_cast<const uint8_t*>(w.data);
+  const dim3 grid(unsigned((w.rows + kWarps - 1) / kWarps)), block(kWarps * 32);
+  const bool is_block = qblk::dispatch_block_type(w.type, [&](auto t) {
+    using T = decltype(t);
+    with_nv(n_vec, [&](auto nv) {
+      matvec_blocks_f32x_kernel<T, decltype(nv)::value>
+          <<<grid, block, 0, stream>>>(wp, w.rows, int64_t(w.row_bytes), w.cols, x, y, accumulate);
+    });
+  });
+  if (!is_block) {
+    run_matvec(w, x, n_vec, y, accumulate, nullptr, stream);  // float weights: already fp32 activations
+    return;
+  }
+  check_cuda(cudaGetLastError(), "matvec (fp32 activations) kernel launch");
 }
 
 void launch_matvec_prequantized(const DeviceMatrix& w, const float* x, int n_vec, float* y, bool accumulate,

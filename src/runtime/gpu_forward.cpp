@@ -15,8 +15,8 @@ float* device_floats(size_t n, const char* what) { return cuda::device_alloc<flo
 
 }  // namespace
 
-GpuForward::GpuForward(const model::ModelConfig& c, const GpuWeights& w, int max_rows)
-    : c_(c), w_(w), max_rows_(max_rows) {
+GpuForward::GpuForward(const model::ModelConfig& c, const GpuWeights& w, int max_rows, bool f32_activations)
+    : c_(c), w_(w), max_rows_(max_rows), f32_activations_(f32_activations) {
   if (max_rows <= 0) throw InvalidArgument("GpuForward: max_rows must be positive");
   const size_t R = size_t(max_rows), d = size_t(c.d_model), qd = size_t(c.n_heads) * c.head_dim,
                kvd = size_t(c.n_kv_heads) * c.head_dim, ff = size_t(c.ffn_dim);
@@ -46,7 +46,11 @@ GpuForward::~GpuForward() {
 
 void GpuForward::project(const cuda::DeviceMatrix& w, const float* in, int T, float* out, bool accumulate,
                          cudaStream_t s) {
-  if (T <= kMatvecRows) {
+  if (f32_activations_) {  // the CPU path's arithmetic for every row count: prefill too, 8 rows per launch
+    for (int r0 = 0; r0 < T; r0 += kMatvecRows)
+      cuda::launch_matvec_f32_activations(w, in + size_t(r0) * size_t(w.cols), std::min(kMatvecRows, T - r0),
+                                          out + size_t(r0) * size_t(w.rows), accumulate, s);
+  } else if (T <= kMatvecRows) {
     cuda::launch_matvec(w, in, T, out, accumulate, matvec_ws_, s);
   } else {
     gemm_->run(w, in, T, out, accumulate, s);
@@ -57,8 +61,8 @@ void GpuForward::project(const cuda::DeviceMatrix& w, const float* in, int T, fl
 // for all of them.
 void GpuForward::project_same_input(std::initializer_list<std::pair<const cuda::DeviceMatrix*, float*>> outs,
                                     const float* in, int T, cudaStream_t s) {
-  if (T > kMatvecRows) {
-    for (const auto& [w, out] : outs) gemm_->run(*w, in, T, out, false, s);
+  if (T > kMatvecRows || f32_activations_) {
+    for (const auto& [w, out] : outs) project(*w, in, T, out, false, s);
     return;
   }
   cuda::launch_quantize_activations(in, outs.begin()->first->cols, T, matvec_ws_, s);

@@ -86,7 +86,7 @@ GpuRuntime::Impl::Impl(const gguf::File& f, const model::ModelConfig& cfg, const
 
   weights = std::make_unique<GpuWeights>(f, c);  // checks types and free memory first
   stats.weight_bytes = weights->bytes();
-  forward = std::make_unique<GpuForward>(c, *weights, opt.prefill_chunk);
+  forward = std::make_unique<GpuForward>(c, *weights, opt.prefill_chunk, opt.f32_activations);
   cuda::EngineConfig ec;
   ec.n_layers = c.n_layers;
   ec.attn = attn;

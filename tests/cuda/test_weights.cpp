@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 
@@ -124,6 +125,47 @@ TEST_P(WeightKernels, EveryBatchSizeAccumulateAndPrequantized) {
       ASSERT_EQ(0, std::memcmp(y.data(), y3.data(), ny * 4)) << "prequantized differs from launch_matvec";
     }
   }
+}
+
+// fp32 activations (the CPU path's arithmetic): y against the fp64 dot of the
+// dequantised weights with the same x, relative to sum |w x|. The bound is the
+// kernel's worst case, not a fit: each lane sums cols/128 groups of 4 FMAs, then
+// a 5-level butterfly: (cols/32 + 5) roundings of 2^-24.
+TEST_P(WeightKernels, MatvecF32ActivationsMatchesFp64) {
+  NEED_GPU();
+  const TensorType t = GetParam();
+  double worst = 0;
+  uint64_t seed = 3000 + uint64_t(t);
+  for (const Shape& s : shapes_for(t)) {
+    const HostMatrix h = random_matrix(t, s.rows, s.cols, seed++);
+    const std::vector<float> wd = h.dequant();
+    DeviceCopy dw(h);
+    const double bound = double(s.cols / 32 + 5) * std::ldexp(1.0, -24);
+    for (int n_vec : {1, 3}) {
+      const std::vector<float> x = random_x(n_vec, s.cols, seed++);
+      DevMem dx(x.size() * 4), dy(size_t(n_vec * s.rows) * 4);
+      upload(dx, x);
+      dy.poison();
+      launch_matvec_f32_activations(dw.m, dx.as<float>(), n_vec, dy.as<float>(), false, nullptr);
+      ck(cudaDeviceSynchronize(), "matvec f32 activations");
+      const auto y = download<float>(dy, size_t(n_vec * s.rows));
+      SCOPED_TRACE(gguf::type_name(t) + " " + std::to_string(s.rows) + "x" + std::to_string(s.cols));
+      for (int v = 0; v < n_vec; ++v)
+        for (int64_t r = 0; r < s.rows; ++r) {
+          double dot = 0, mag = 0;
+          for (int64_t c = 0; c < s.cols; ++c) {
+            const double p = double(wd[size_t(r * s.cols + c)]) * double(x[size_t(v * s.cols + c)]);
+            dot += p;
+            mag += std::fabs(p);
+          }
+          const double rel = mag > 0 ? std::fabs(double(y[size_t(v * s.rows + r)]) - dot) / mag : 0;
+          worst = std::max(worst, rel);
+          ASSERT_LE(rel, bound) << "row " << r << " vector " << v;
+        }
+    }
+  }
+  std::printf("[measured] %-5s matvec, fp32 activations: max |y - fp64| / sum|w x| = %.3g\n",
+              gguf::type_name(t).c_str(), worst);
 }
 
 TEST_P(WeightKernels, GatherAndDequantizeBf16Bitwise) {

@@ -89,6 +89,15 @@ void launch_quantize_activations(const float* x, int64_t cols, int n_vec, void* 
 void launch_matvec_prequantized(const DeviceMatrix& w, const float* x, int n_vec, float* y,
                                 bool accumulate, const void* workspace, cudaStream_t stream);
 
+/// The same y as launch_matvec, with the CPU reference's arithmetic for block
+/// types too: each weight dequantised (bit-identical to gguf::dequantize) and
+/// multiplied by the fp32 x, fp32 FMA -- no int8 rounding of x, no workspace.
+/// For comparisons with the CPU path (RuntimeOptions::f32_activations); it is
+/// not tuned for bandwidth. Same requirements and errors as launch_matvec, and
+/// x 16-byte aligned.
+void launch_matvec_f32_activations(const DeviceMatrix& w, const float* x, int n_vec, float* y, bool accumulate,
+                                   cudaStream_t stream);
+
 /// Embedding lookup: out[i][c] = dequantised W[ids[i]][c], fp32 [n][w.cols],
 /// bit-identical to gguf::dequantize of that row (NaN payloads included).
 /// ids: device int32 [n]. An id outside [0, w.rows) cannot be reported from

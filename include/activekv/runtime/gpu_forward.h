@@ -9,7 +9,9 @@
 // Then the head: logits = W_out RMSNorm(x) for the last row (or every row).
 // Projections read the weights in their GGUF types: a quantised matvec with
 // int8 activations for up to kMatvecRows rows, a bf16 cuBLAS GEMM above
-// (activekv/cuda/quant_matvec.h, weight_gemm.h). Everything is enqueued on
+// (activekv/cuda/quant_matvec.h, weight_gemm.h). With f32_activations every
+// projection, prefill included, is a matvec of dequantised weights and fp32
+// activations, 8 rows per launch: the CPU path's arithmetic, for comparisons. Everything is enqueued on
 // one stream; nothing synchronises the host.
 #pragma once
 
@@ -39,8 +41,11 @@ class GpuForward {
   /// Rows a projection runs as a matvec (batched decode); more rows use the GEMM.
   static constexpr int kMatvecRows = 8;
 
-  /// Buffers for up to `max_rows` rows. Throws CudaError when they do not fit.
-  GpuForward(const model::ModelConfig& c, const GpuWeights& w, int max_rows);
+  /// Buffers for up to `max_rows` rows. `f32_activations`: every projection
+  /// multiplies dequantised weights by fp32 activations
+  /// (launch_matvec_f32_activations), no int8 or bf16 rounding of them.
+  /// Throws CudaError when the buffers do not fit.
+  GpuForward(const model::ModelConfig& c, const GpuWeights& w, int max_rows, bool f32_activations = false);
   ~GpuForward();
   GpuForward(const GpuForward&) = delete;
   GpuForward& operator=(const GpuForward&) = delete;
@@ -66,6 +71,7 @@ class GpuForward {
   model::ModelConfig c_;
   const GpuWeights& w_;
   int max_rows_;
+  bool f32_activations_;
   float *x_ = nullptr, *xn_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *att_ = nullptr;
   float *gate_ = nullptr, *up_ = nullptr, *logits_ = nullptr;
   void* matvec_ws_ = nullptr;

@@ -54,6 +54,8 @@ struct RuntimeOptions {
                               ///< inside the step that fills a page (deterministic routes, for tests)
   int prefill_chunk = 512;    ///< tokens per prefill forward pass
   int split_tokens = 0;       ///< tokens per attention CTA; 0 = the largest divisor of page_size <= 512
+  bool f32_activations = false;  ///< projections with fp32 activations, prefill included (the CPU path's
+                                 ///< arithmetic, slower) instead of int8 (decode) / bf16 (prefill GEMM) ones
   model::SamplerParams sampling;
   int device = 0;
 };
