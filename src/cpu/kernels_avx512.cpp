@@ -98,7 +98,16 @@ inline float softmax_row(float* s, int n, float& m_out) {
   return _mm512_reduce_add_ps(lv);
 }
 
-// Widens 16 values of a V row at channel j to fp32.
+// Asks for every cache line of `bytes` bytes at p.
+inline void prefetch_bytes(const void* p, int bytes) {
+  for (int b = 0; b < bytes; b += 64) _mm_prefetch(static_cast<const char*>(p) + b, _MM_HINT_T0);
+}
+
+// Key rows this far ahead of the one being dotted are prefetched.
+constexpr int kKeyAhead = 16;
+
+// Widens 16 values of a V row at channel j to fp32; prefetch() asks for all
+// cache lines of row t.
 struct Bf16Rows {
   const uint16_t* v;
   int d;
@@ -106,6 +115,7 @@ struct Bf16Rows {
     const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + size_t(t) * d + j));
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));  // exact
   }
+  void prefetch(int t) const { prefetch_bytes(v + size_t(t) * d, 2 * d); }
 };
 struct CodeRows {
   const int8_t* v;
@@ -114,30 +124,43 @@ struct CodeRows {
     const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(v + size_t(t) * d + j));
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(raw));  // exact
   }
+  void prefetch(int t) const { prefetch_bytes(v + size_t(t) * d, d); }
 };
 
-// o[h] = (vscale *) sum_t p[h][t] row(t) / l[h], blocks of 16*NV channels.
+// o[h] = (vscale *) sum_t p[h][t] row(t) / l[h]. Tokens in blocks of kBlock
+// (a contiguous stretch of V, kept in L1 while every channel block of
+// 16 * NV channels sweeps it with G x NV register accumulators, which carry
+// over between token blocks in `o`); the next token block is prefetched
+// during the first sweep, so V streams from memory once, in order.
+constexpr int kBlock = 32;
 template <int G, int NV, class Rows>
 inline void pv(const Rows& rows, int n, int d, const float* p, const float* inv_l, const float* vscale, float* o) {
-  for (int j0 = 0; j0 < d; j0 += 16 * NV) {
-    __m512 acc[G][NV];
-    for (int h = 0; h < G; ++h)
-      for (int i = 0; i < NV; ++i) acc[h][i] = _mm512_setzero_ps();
-    for (int t = 0; t < n; ++t) {
-      __m512 v[NV];
-      for (int i = 0; i < NV; ++i) v[i] = rows.load(t, j0 + 16 * i);
-      for (int h = 0; h < G; ++h) {
-        const __m512 pt = _mm512_set1_ps(p[size_t(h) * n + t]);
-        for (int i = 0; i < NV; ++i) acc[h][i] = _mm512_fmadd_ps(pt, v[i], acc[h][i]);
+  for (int t0 = 0; t0 < n; t0 += kBlock) {
+    const int t1 = t0 + kBlock < n ? t0 + kBlock : n;
+    for (int j0 = 0; j0 < d; j0 += 16 * NV) {
+      __m512 acc[G][NV];
+      for (int h = 0; h < G; ++h)
+        for (int i = 0; i < NV; ++i)
+          acc[h][i] = t0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(o + size_t(h) * d + j0 + 16 * i);
+      for (int t = t0; t < t1; ++t) {
+        if (j0 == 0 && t + kBlock < n) rows.prefetch(t + kBlock);
+        __m512 v[NV];
+        for (int i = 0; i < NV; ++i) v[i] = rows.load(t, j0 + 16 * i);
+        for (int h = 0; h < G; ++h) {
+          const __m512 pt = _mm512_set1_ps(p[size_t(h) * n + t]);
+          for (int i = 0; i < NV; ++i) acc[h][i] = _mm512_fmadd_ps(pt, v[i], acc[h][i]);
+        }
       }
+      for (int h = 0; h < G; ++h)
+        for (int i = 0; i < NV; ++i) _mm512_storeu_ps(o + size_t(h) * d + j0 + 16 * i, acc[h][i]);
     }
-    for (int h = 0; h < G; ++h) {
-      const __m512 inv = _mm512_set1_ps(inv_l[h]);
-      for (int i = 0; i < NV; ++i) {
-        __m512 x = acc[h][i];
-        if (vscale) x = _mm512_mul_ps(_mm512_loadu_ps(vscale + j0 + 16 * i), x);
-        _mm512_storeu_ps(o + size_t(h) * d + j0 + 16 * i, _mm512_mul_ps(x, inv));
-      }
+  }
+  for (int h = 0; h < G; ++h) {
+    const __m512 inv = _mm512_set1_ps(inv_l[h]);
+    for (int j = 0; j < d; j += 16) {
+      __m512 x = _mm512_loadu_ps(o + size_t(h) * d + j);
+      if (vscale) x = _mm512_mul_ps(_mm512_loadu_ps(vscale + j), x);
+      _mm512_storeu_ps(o + size_t(h) * d + j, _mm512_mul_ps(x, inv));
     }
   }
 }
@@ -171,6 +194,8 @@ void bf16_scores(const Bf16Item& it, int d, float scale, float* scores) {
   alignas(64) float sums[16];
   for (int t0 = 0; t0 < it.n; t0 += TB) {
     const int nt = it.n - t0 < TB ? it.n - t0 : TB;
+    for (int tb = 0; tb < nt; ++tb)
+      if (t0 + tb + kKeyAhead < it.n) prefetch_bytes(it.k + size_t(t0 + tb + kKeyAhead) * d, 2 * d);
     __m512 acc[16];
     for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
     for (int c = 0; c < nc; ++c) {
@@ -218,6 +243,8 @@ void int8s_scores(const Int8sItem& it, int d, float* scores) {
   alignas(64) int32_t sums[16];
   for (int t0 = 0; t0 < it.n; t0 += TB) {
     const int nt = it.n - t0 < TB ? it.n - t0 : TB;
+    for (int tb = 0; tb < nt; ++tb)
+      if (t0 + tb + kKeyAhead < it.n) prefetch_bytes(it.kq + size_t(t0 + tb + kKeyAhead) * d, d);
     __m512i acc[16];
     for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_si512();
     for (int c = 0; c < nc; ++c) {
