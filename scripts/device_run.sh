@@ -16,6 +16,9 @@
 #           decode t/s per --kv-placement, --kv-format and depth), matvec vs
 #           the HBM floor, prefill attention, bench decode (engine level)
 #   all     tests then bench
+#   cpu     (build) + CPU decode attention on this host: its tests, then
+#           bench_cpu_attention (27B shape, 8K/32K x 16 layers, threads 1..all)
+#           against the host's read bandwidth -> cpu_attention.json
 #
 # The image lacks our Debian libraries: fetch them here (ignored via .git/info/exclude):
 #   (mkdir -p .debs && cd .debs && apt-get download libopenblas0-openmp libopenblas-openmp-dev \
@@ -123,8 +126,16 @@ run_bench() {
     --steps 10 --warmup 2 --json "$OUT/bench_decode.json" --profile /tmp/profile.json | tail -12
 }
 
+run_cpu() {
+  echo "== CPU decode attention: tests, then GB/s of history vs the host's read bandwidth"
+  build-device/bin/test_cpu_attention --gtest_brief=1 || return 1
+  OMP_PROC_BIND=close OMP_PLACES=cores build-device/bin/bench_cpu_attention --threads 1,2,4,8,12,14,16 \
+    --contexts 8192,32768 --layers 16 --reps 5 --read-mib 8192 --json "$OUT/cpu_attention.json"
+}
+
 RC=0
 case "$PHASE" in
+  cpu) run_cpu || RC=1 ;;
   tests) run_tests || RC=1 ;;
   bench) run_bench ;;
   all) run_tests || RC=1; run_bench ;;

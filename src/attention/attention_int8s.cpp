@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "activekv/attention/attention_codecs.h"
+#include "activekv/attention/int8s_query.h"
 #include "activekv/kv/codec_int8s.h"
 #include "codec_tile.h"
 
@@ -13,11 +14,6 @@ namespace activekv::attention {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-// Quantises x[d] to int8 codes with step `a` (round half even, clipped).
-[[gnu::always_inline]] inline void quantise_row(const float* x, int d, float a, int8_t* out) {
-  for (int j = 0; j < d; ++j) out[j] = a == 0.0f ? 0 : int8_t(std::clamp(std::nearbyint(x[j] / a), -127.0f, 127.0f));
-}
 
 [[gnu::always_inline]] inline int32_t dot_i8(const int8_t* a, const int8_t* b, int d) {
   int32_t dot = 0;
@@ -103,21 +99,10 @@ class TileScales {
     const int64_t tok0 = first_token + int64_t(p) * pages.page_size(p);
     const int64_t visible = std::min<int64_t>(std::min<int64_t>(end, pos + 1) - tok0, pages.page_size(p));
     if (visible <= 0) break;
-    // Fold the channel scales into the query and quantise it to int8 (one scale per row and page).
-    float qmax = 0.0f;
-    for (int j = 0; j < d; ++j) {
-      qp[size_t(j)] = q[j] * hv.c[j];
-      qmax = std::max(qmax, std::fabs(qp[size_t(j)]));
-    }
-    const float a = qmax / 127.0f;
-    quantise_row(qp.data(), d, a, qq.data());
-    // Second term: the rounding residual, quantised on a grid 127x finer, so
-    // q' = a*qq + (a/127)*qq_lo up to a/254/127 per channel (two int8 dots).
-    const float a_lo = a / 127.0f;
-    if (query_terms == 2) {
-      for (int j = 0; j < d; ++j) residual[size_t(j)] = qp[size_t(j)] - a * float(qq[size_t(j)]);
-      quantise_row(residual.data(), d, a_lo, qq_lo.data());
-    }
+    // Fold the channel scales into the query and quantise it to int8 (one
+    // scale per row and page); with two terms the rounding residual becomes a
+    // second int8 code on a 127x finer grid (int8s_query.h).
+    const float a = quantise_int8s_query(q, hv.c, d, query_terms, qp.data(), residual.data(), qq.data(), qq_lo.data());
     const float row_scale = a * scale;
     scores.resize(size_t(visible));
     float page_max = kNegInf;

@@ -1,6 +1,7 @@
 // Helpers for the compressed-page attention tests.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -18,16 +19,21 @@ struct RawHistory {
   std::vector<float> k, v;
 };
 
-/// Splits a raw history into bf16 pages of the PageStore layout and encodes
-/// them (the last page holds the remainder).
-inline std::vector<kv::EncodedPage> encode_history(const RawHistory& h, int page_size, kv::CodecFormat f,
-                                                   kv::Int8sKeyScaling scaling = kv::Int8sKeyScaling::separable) {
+/// The one-layer KvShape of a raw history with this page size.
+inline kv::KvShape layer_shape(const RawHistory& h, int page_size) {
   kv::KvShape s;
   s.n_layers = 1;
   s.n_kv_heads = h.n_kv_heads;
   s.head_dim = h.head_dim;
   s.page_size = page_size;
-  std::vector<kv::EncodedPage> pages;
+  return s;
+}
+
+/// Splits a raw history into bf16 pages of the PageStore layout (the last
+/// page holds the remainder; its unwritten tokens are zero).
+inline std::vector<std::vector<bf16>> bf16_pages(const RawHistory& h, int page_size) {
+  const kv::KvShape s = layer_shape(h, page_size);
+  std::vector<std::vector<bf16>> pages;
   for (int t0 = 0; t0 < h.n_tokens; t0 += page_size) {
     const int n = std::min(page_size, h.n_tokens - t0);
     std::vector<bf16> page(s.page_elements());
@@ -40,8 +46,21 @@ inline std::vector<kv::EncodedPage> encode_history(const RawHistory& h, int page
         }
       }
     }
-    pages.push_back(f == kv::CodecFormat::int8s ? kv::encode_int8s_page(s, page, n, scaling)
-                                                : kv::encode_page(f, s, page, n));
+    pages.push_back(std::move(page));
+  }
+  return pages;
+}
+
+/// bf16_pages, encoded in format f.
+inline std::vector<kv::EncodedPage> encode_history(const RawHistory& h, int page_size, kv::CodecFormat f,
+                                                   kv::Int8sKeyScaling scaling = kv::Int8sKeyScaling::separable) {
+  const kv::KvShape s = layer_shape(h, page_size);
+  std::vector<kv::EncodedPage> pages;
+  const std::vector<std::vector<bf16>> raw = bf16_pages(h, page_size);
+  for (size_t p = 0; p < raw.size(); ++p) {
+    const int n = std::min(page_size, h.n_tokens - int(p) * page_size);
+    pages.push_back(f == kv::CodecFormat::int8s ? kv::encode_int8s_page(s, raw[p], n, scaling)
+                                                : kv::encode_page(f, s, raw[p], n));
   }
   return pages;
 }

@@ -1,0 +1,299 @@
+// CPU decode attention (decode_attention.h): argument checks, the work list
+// (page splits x KV heads), the OpenMP loop and the ordered merge. The
+// kernels are in kernels_avx512.cpp and kernels_portable.cpp.
+#include "activekv/cpu/decode_attention.h"
+
+#include <fmt/format.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "activekv/attention/int8s_query.h"
+#include "activekv/core/error.h"
+#include "kernels.h"
+
+namespace activekv::cpu {
+namespace {
+
+// One work item: split `split` (global, token order) = tokens [tok0, tok0 + n)
+// of page `page`, for every KV head.
+struct Split {
+  size_t page;
+  int tok0, n;
+};
+
+void check(const DecodeShape& shape, std::span<const PageRef> pages, const CpuAttentionOptions& opt) {
+  shape.validate();
+  if (opt.split_tokens <= 0) throw InvalidArgument(fmt::format("cpu attention: split_tokens {} is not positive", opt.split_tokens));
+  if (opt.int8s_query_terms != 1 && opt.int8s_query_terms != 2) {
+    throw InvalidArgument(fmt::format("cpu attention: int8s_query_terms {} is not 1 or 2", opt.int8s_query_terms));
+  }
+  if (opt.threads < 0) throw InvalidArgument(fmt::format("cpu attention: threads {} is negative", opt.threads));
+  for (size_t i = 0; i < pages.size(); ++i) {
+    const PageRef& p = pages[i];
+    if ((p.bf16_page == nullptr) == (p.int8s == nullptr)) {
+      throw InvalidArgument(fmt::format("cpu attention: page {} must name exactly one of a bf16 page and an int8s view", i));
+    }
+    if (p.n_tokens < 0 || p.n_tokens > shape.page_size) {
+      throw InvalidArgument(fmt::format("cpu attention: page {} asks for {} tokens, outside [0, {}]", i, p.n_tokens,
+                                        shape.page_size));
+    }
+    if (p.int8s) {
+      const kv::PageHeader& h = p.int8s->header;
+      if (h.n_kv_heads != shape.n_kv_heads || h.head_dim != shape.head_dim || h.page_size != shape.page_size) {
+        throw InvalidArgument(fmt::format(
+            "cpu attention: int8s page {} is ({} KV heads, head_dim {}, page_size {}), the shape is ({}, {}, {})", i,
+            h.n_kv_heads, h.head_dim, h.page_size, shape.n_kv_heads, shape.head_dim, shape.page_size));
+      }
+      if (h.n_tokens < p.n_tokens) {
+        throw InvalidArgument(fmt::format("cpu attention: int8s page {} holds {} tokens, {} asked", i, h.n_tokens,
+                                          p.n_tokens));
+      }
+    }
+  }
+}
+
+bool use_avx512(const DecodeShape& shape, Isa isa) {
+  const bool shape_ok = shape.head_dim % 64 == 0 && shape.group <= 8;
+  if (isa == Isa::portable) return false;
+  if (isa == Isa::avx512) {
+    if (!cpu_has_avx512_kernels()) throw InvalidArgument("cpu attention: this CPU lacks AVX-512 BF16/VNNI");
+    if (!shape_ok) {
+      throw InvalidArgument(fmt::format("cpu attention: the AVX-512 kernels need head_dim % 64 == 0 and group <= 8 "
+                                        "(head_dim {}, group {})", shape.head_dim, shape.group));
+    }
+    return true;
+  }
+  return shape_ok && cpu_has_avx512_kernels();
+}
+
+std::vector<Split> make_splits(std::span<const PageRef> pages, int split_tokens) {
+  std::vector<Split> splits;
+  for (size_t p = 0; p < pages.size(); ++p) {
+    for (int t0 = 0; t0 < pages[p].n_tokens; t0 += split_tokens) {
+      splits.push_back({p, t0, std::min(split_tokens, pages[p].n_tokens - t0)});
+    }
+  }
+  return splits;
+}
+
+// The bf16 query terms for the AVX-512 kernel: hi = bf16(q), lo = bf16(q - hi).
+void split_query_bf16(const float* q, size_t n, std::vector<uint16_t>& out) {
+  out.resize(2 * n);
+  for (size_t i = 0; i < n; ++i) {
+    const bf16 hi = f32_to_bf16(q[i]);
+    out[i] = hi.bits;
+    out[n + i] = f32_to_bf16(q[i] - bf16_to_f32(hi)).bits;
+  }
+}
+
+// Everything one thread needs for one item.
+struct ItemContext {
+  const DecodeShape& shape;
+  const float* q;
+  const uint16_t* q_hi;
+  const uint16_t* q_lo;
+  float scale;
+  int terms;
+  detail::Bf16Kernel bf16_kernel;
+  detail::Int8sKernel int8s_kernel;
+};
+
+void run_bf16_item(const ItemContext& c, const PageRef& page, const Split& s, int g, float* scores, float* o,
+                   float* lse) {
+  const int d = c.shape.head_dim, G = c.shape.group;
+  const size_t plane = size_t(c.shape.page_size) * d;
+  const auto* base = reinterpret_cast<const uint16_t*>(page.bf16_page);
+  detail::Bf16Item it;
+  it.k = base + size_t(g) * plane + size_t(s.tok0) * d;
+  it.v = base + size_t(c.shape.n_kv_heads + g) * plane + size_t(s.tok0) * d;
+  it.n = s.n;
+  it.q = c.q + size_t(g) * G * d;
+  it.q_hi = c.q_hi + size_t(g) * G * d;
+  it.q_lo = c.q_lo + size_t(g) * G * d;
+  c.bf16_kernel(it, G, d, c.scale, scores, o, lse);
+}
+
+// The int8s query of one (page, KV head), shared by the page's splits
+// (int8s_query.h): i8 [2][G][d] codes (qq, then qq_lo); f32 [G] row scales
+// (a_h * softmax_scale), then [d] value scales. `scratch`: 3d floats.
+struct PageQuery {
+  int8_t* i8;
+  float* f32;
+};
+
+void prepare_int8s_query(const ItemContext& c, const kv::Int8sPageView& page, int g, PageQuery out, float* scratch) {
+  const int d = c.shape.head_dim, G = c.shape.group;
+  const kv::Int8sHeadView hv = page.head(g);
+  float* cs = scratch;
+  float* qp = scratch + d;
+  float* residual = scratch + 2 * d;
+  kv::fp16_to_f32(hv.c_fp16, size_t(d), cs);
+  for (int h = 0; h < G; ++h) {
+    const float a = attention::quantise_int8s_query(c.q + (size_t(g) * G + h) * d, cs, d, c.terms, qp, residual,
+                                                    out.i8 + size_t(h) * d, out.i8 + (size_t(G) + h) * d);
+    out.f32[h] = a * c.scale;
+  }
+  kv::fp16_to_f32(hv.v_fp16, size_t(d), out.f32 + G);
+}
+
+// f32 scratch: [G * split] scores, then [split] token scales.
+void run_int8s_item(const ItemContext& c, const PageRef& page, const Split& s, int g, PageQuery pq, float* f32,
+                    float* o, float* lse) {
+  const int d = c.shape.head_dim, G = c.shape.group;
+  const kv::Int8sHeadView hv = page.int8s->head(g);
+  float* scores = f32;
+  float* ts = scores + size_t(G) * s.n;
+  kv::fp16_to_f32(hv.s_fp16 + 2 * size_t(s.tok0), size_t(s.n), ts);
+  detail::Int8sItem it;
+  it.kq = hv.kq + size_t(s.tok0) * d;
+  it.vq = hv.vq + size_t(s.tok0) * d;
+  it.n = s.n;
+  it.s = ts;
+  it.vscale = pq.f32 + G;
+  it.qq = pq.i8;
+  it.qq_lo = pq.i8 + size_t(G) * d;
+  it.row_scale = pq.f32;
+  it.terms = c.terms;
+  c.int8s_kernel(it, G, d, scores, o, lse);
+}
+
+}  // namespace
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::avx512: return "avx512";
+    case Isa::portable: return "portable";
+    default: return "automatic";
+  }
+}
+
+bool cpu_has_avx512_kernels() {
+#if defined(__x86_64__)
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                          __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vnni");
+  return has;
+#else
+  return false;
+#endif
+}
+
+void DecodeShape::validate() const {
+  const auto positive = [](int v, const char* name) {
+    if (v <= 0) throw InvalidArgument(fmt::format("cpu attention: {} {} is not positive", name, v));
+  };
+  positive(n_kv_heads, "n_kv_heads");
+  positive(group, "group");
+  positive(head_dim, "head_dim");
+  positive(page_size, "page_size");
+}
+
+size_t history_bytes(const DecodeShape& shape, std::span<const PageRef> pages) {
+  size_t bytes = 0;
+  for (const PageRef& p : pages) {
+    const size_t per_token = p.int8s ? 2 * size_t(shape.head_dim) + 2 : 4 * size_t(shape.head_dim);
+    bytes += per_token * size_t(shape.n_kv_heads) * size_t(p.n_tokens);
+  }
+  return bytes;
+}
+
+void attend_pages(const DecodeShape& shape, std::span<const PageRef> pages, const float* q,
+                  const CpuAttentionOptions& opt, CpuAttentionWorkspace& ws, float* o, float* lse) {
+  check(shape, pages, opt);
+  const int d = shape.head_dim, G = shape.group, H = shape.n_kv_heads, nq = shape.n_q_heads();
+  const bool avx512 = use_avx512(shape, opt.isa);
+  const std::vector<Split> splits = make_splits(pages, opt.split_tokens);
+  if (splits.empty()) {
+    std::fill(o, o + size_t(nq) * d, 0.0f);
+    std::fill(lse, lse + nq, -std::numeric_limits<float>::infinity());
+    return;
+  }
+  if (avx512) split_query_bf16(q, size_t(nq) * d, ws.q_bf16);
+  static const detail::Bf16Kernel bf16_portable = detail::pick_bf16_portable();
+  static const detail::Int8sKernel int8s_portable = detail::pick_int8s_portable();
+  const ItemContext ctx{shape,
+                        q,
+                        avx512 ? ws.q_bf16.data() : nullptr,
+                        avx512 ? ws.q_bf16.data() + size_t(nq) * d : nullptr,
+                        shape.softmax_scale != 0.0f ? shape.softmax_scale : 1.0f / std::sqrt(float(d)),
+                        opt.int8s_query_terms,
+                        avx512 ? detail::bf16_item_avx512 : bf16_portable,
+                        avx512 ? detail::int8s_item_avx512 : int8s_portable};
+
+  ws.split_o.resize(splits.size() * nq * d);
+  ws.split_lse.resize(splits.size() * nq);
+  // Per-page int8s query slots: page p's (page, KV head) g at query_slot[p] * H + g.
+  std::vector<int>& query_slot = ws.query_slot;
+  query_slot.assign(pages.size(), -1);
+  int n_int8s = 0;
+  for (size_t p = 0; p < pages.size(); ++p) {
+    if (pages[p].int8s && pages[p].n_tokens > 0) query_slot[p] = n_int8s++;
+  }
+  const size_t q_i8 = 2 * size_t(G) * d, q_f32 = size_t(G) + d;
+  ws.query_i8.resize(size_t(n_int8s) * H * q_i8);
+  ws.query_f32.resize(size_t(n_int8s) * H * q_f32);
+  const auto page_query = [&](size_t p, int g) {
+    const size_t slot = size_t(query_slot[p]) * H + size_t(g);
+    return PageQuery{ws.query_i8.data() + slot * q_i8, ws.query_f32.data() + slot * q_f32};
+  };
+  const int threads = opt.threads > 0 ? opt.threads : omp_get_max_threads();
+  ws.thread_f32.resize(size_t(threads));
+  const int split_cap = std::min(opt.split_tokens, shape.page_size);
+  const int n_items = int(splits.size()) * H;
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<float>& f32 = ws.thread_f32[size_t(omp_get_thread_num())];
+    f32.resize(std::max(size_t(G + 1) * split_cap, 3 * size_t(d)));
+    // The int8s query of each (page, KV head) once, before its splits.
+#pragma omp for schedule(static)
+    for (int i = 0; i < int(pages.size()) * H; ++i) {
+      const size_t p = size_t(i / H);
+      if (query_slot[p] >= 0) prepare_int8s_query(ctx, *pages[p].int8s, i % H, page_query(p, i % H), f32.data());
+    }
+    // Items are independent and each is computed serially, so the schedule
+    // does not change a bit of the result.
+#pragma omp for schedule(dynamic, 1)
+    for (int item = 0; item < n_items; ++item) {
+      const Split& s = splits[size_t(item / H)];
+      const int g = item % H;
+      const PageRef& page = pages[s.page];
+      float* so = ws.split_o.data() + (size_t(item / H) * nq + size_t(g) * G) * d;
+      float* sl = ws.split_lse.data() + size_t(item / H) * nq + size_t(g) * G;
+      if (page.int8s) {
+        run_int8s_item(ctx, page, s, g, page_query(s.page, g), f32.data(), so, sl);
+      } else {
+        run_bf16_item(ctx, page, s, g, f32.data(), so, sl);
+      }
+    }
+    // Merge each query head's split partials in token order (SPEC §4).
+    std::vector<const float*> so(splits.size());
+    std::vector<float> sl(splits.size());
+#pragma omp for schedule(static)
+    for (int h = 0; h < nq; ++h) {
+      for (size_t i = 0; i < splits.size(); ++i) {
+        so[i] = ws.split_o.data() + (i * nq + size_t(h)) * d;
+        sl[i] = ws.split_lse[i * nq + size_t(h)];
+      }
+      if (splits.size() == 1) {  // one split: its partial unchanged
+        std::copy(so[0], so[0] + d, o + size_t(h) * d);
+        lse[h] = sl[0];
+      } else {
+        lse[h] = attention::merge_states(so, sl, d, o + size_t(h) * d);
+      }
+    }
+  }
+}
+
+attention::Partial attend_pages(const DecodeShape& shape, std::span<const PageRef> pages, const float* q,
+                                const CpuAttentionOptions& opt) {
+  shape.validate();
+  CpuAttentionWorkspace ws;
+  attention::Partial out(1, shape.n_q_heads(), shape.head_dim);
+  attend_pages(shape, pages, q, opt, ws, out.o.data(), out.lse.data());
+  return out;
+}
+
+}  // namespace activekv::cpu

@@ -1,0 +1,52 @@
+// Internal: one work item of the CPU decode kernels (decode_attention.h) --
+// one split of one page, one KV head, all `group` query heads of that head.
+// Each kernel writes the item's exact partial: o [group][d] normalised, fp32,
+// and lse [group] (natural log). n >= 1.
+#pragma once
+
+#include <cstdint>
+
+namespace activekv::cpu::detail {
+
+/// bf16 item. k, v: [n][d] rows of the K and V planes (raw bf16 bits).
+/// q: [group][d] fp32; q_hi, q_lo: [group][d] its two bf16 terms (q_hi =
+/// bf16(q), q_lo = bf16(q - q_hi)), read by the AVX-512 kernel only.
+struct Bf16Item {
+  const uint16_t* k = nullptr;
+  const uint16_t* v = nullptr;
+  int n = 0;
+  const float* q = nullptr;
+  const uint16_t* q_hi = nullptr;
+  const uint16_t* q_lo = nullptr;
+};
+
+/// int8s item. kq, vq: [n][d] codes; s: [n] key token scales; vscale: [d]
+/// value channel scales (fp32, widened exactly); qq, qq_lo: [group][d] the
+/// int8 query terms of this page (qq_lo unread when terms == 1);
+/// row_scale: [group] a_h * softmax_scale (int8s_query.h).
+struct Int8sItem {
+  const int8_t* kq = nullptr;
+  const int8_t* vq = nullptr;
+  int n = 0;
+  const float* s = nullptr;
+  const float* vscale = nullptr;
+  const int8_t* qq = nullptr;
+  const int8_t* qq_lo = nullptr;
+  const float* row_scale = nullptr;
+  int terms = 2;
+};
+
+/// scores: scratch of group * n floats.
+using Bf16Kernel = void (*)(const Bf16Item&, int group, int d, float scale, float* scores, float* o, float* lse);
+using Int8sKernel = void (*)(const Int8sItem&, int group, int d, float* scores, float* o, float* lse);
+
+// AVX-512 BF16/VNNI (kernels_avx512.cpp): call only where cpu_has_avx512_kernels()
+// and d % 64 == 0, group in 1..8.
+void bf16_item_avx512(const Bf16Item&, int group, int d, float scale, float* scores, float* o, float* lse);
+void int8s_item_avx512(const Int8sItem&, int group, int d, float* scores, float* o, float* lse);
+
+// Portable (kernels_portable.cpp), AVX2 code generation where the CPU has it.
+Bf16Kernel pick_bf16_portable();
+Int8sKernel pick_int8s_portable();
+
+}  // namespace activekv::cpu::detail
