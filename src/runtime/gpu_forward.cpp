@@ -15,6 +15,13 @@ float* device_floats(size_t n, const char* what) { return cuda::device_alloc<flo
 
 }  // namespace
 
+size_t GpuForward::row_bytes(const model::ModelConfig& c) {
+  const size_t d = size_t(c.d_model), qd = size_t(c.n_heads) * c.head_dim, kvd = size_t(c.n_kv_heads) * c.head_dim,
+               ff = size_t(c.ffn_dim);
+  const size_t widest = std::max({d, qd, ff});
+  return sizeof(float) * (2 * d + 2 * qd + 2 * kvd + 2 * ff + size_t(c.vocab_size)) + 2 * widest;
+}
+
 GpuForward::GpuForward(const model::ModelConfig& c, const GpuWeights& w, int max_rows, bool f32_activations)
     : c_(c), w_(w), max_rows_(max_rows), f32_activations_(f32_activations) {
   if (max_rows <= 0) throw InvalidArgument("GpuForward: max_rows must be positive");

@@ -41,6 +41,10 @@ class GpuForward {
   /// Rows a projection runs as a matvec (batched decode); more rows use the GEMM.
   static constexpr int kMatvecRows = 8;
 
+  /// Device bytes the buffers take per row of max_rows (activations, FFN,
+  /// logits, the GEMM's bf16 input).
+  static size_t row_bytes(const model::ModelConfig& c);
+
   /// Buffers for up to `max_rows` rows. `f32_activations`: every projection
   /// multiplies dequantised weights by fp32 activations
   /// (launch_matvec_f32_activations), no int8 or bf16 rounding of them.
