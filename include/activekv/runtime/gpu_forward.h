@@ -48,7 +48,7 @@ class GpuForward {
   /// Buffers for up to `max_rows` rows. `f32_activations`: every projection
   /// multiplies dequantised weights by fp32 activations
   /// (launch_matvec_f32_activations), no int8 or bf16 rounding of them.
-  /// Throws CudaError when the buffers do not fit.
+  /// Throws CudaError when the buffers do not fit (having freed what it took).
   GpuForward(const model::ModelConfig& c, const GpuWeights& w, int max_rows, bool f32_activations = false);
   ~GpuForward();
   GpuForward(const GpuForward&) = delete;
@@ -71,6 +71,8 @@ class GpuForward {
   void project_same_input(std::initializer_list<std::pair<const cuda::DeviceMatrix*, float*>> outs, const float* in,
                           int T, cudaStream_t s);
   void layer(int l, int T, const int64_t* pos, const LayerAttention& attend, cudaStream_t s);
+  void allocate();
+  void release();
 
   model::ModelConfig c_;
   const GpuWeights& w_;
