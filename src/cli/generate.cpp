@@ -108,6 +108,7 @@ void print_summary(const GenerationReport& r) {
   fmt::print(stderr, "history read/token   {:10.2f} MiB ({}; per step {:.0f} exact + {:.0f} lossless13 + {:.0f} int8s pages)\n",
              d.bytes / steps / MiB, r.kv_format, double(d.pages[0]) / steps, double(d.pages[1]) / steps,
              double(d.pages[2]) / steps);
+  if (!r.prefill_history.empty()) fmt::print(stderr, "prefill history      {}\n", r.prefill_history);
   if (r.streamed_bytes >= 0)
     fmt::print(stderr, "streamed/token       {:10.2f} MiB host -> GPU ({:.2f} MiB read in place on the GPU)\n",
                r.streamed_bytes / steps / MiB, r.resident_bytes / steps / MiB);
@@ -142,6 +143,8 @@ nlohmann::json report_json(const GenerationReport& r) {
           {"streamed_bytes_per_token", or_null(r.streamed_bytes < 0 ? -1 : r.streamed_bytes / steps)},
           {"resident_bytes_per_token", or_null(r.resident_bytes < 0 ? -1 : r.resident_bytes / steps)},
           {"weight_bytes_gpu", or_null(r.weight_bytes)},
+          {"prefill_history", r.prefill_history},
+          {"prefill_moved_bytes", or_null(r.prefill_moved_bytes)},
           {"pages_per_step", {{"exact", double(r.decode_route.pages[0]) / steps},
                               {"lossless13", double(r.decode_route.pages[1]) / steps},
                               {"int8s", double(r.decode_route.pages[2]) / steps}}},

@@ -51,6 +51,8 @@ struct GenerationReport {
   double streamed_bytes = -1;   ///< GPU: history bytes copied host -> device, all steps (-1: n/a)
   double resident_bytes = -1;   ///< GPU: history bytes read in place on the GPU, all steps
   double weight_bytes = -1;     ///< GPU: weights on the GPU, in their GGUF types
+  std::string prefill_history;  ///< GPU: where the prompt's history lived during prefill (one line)
+  double prefill_moved_bytes = -1;  ///< GPU: history bytes a streamed prefill copied host -> device
 };
 
 /// The prompt as text (-p, -f or the default prompt file), in the chat template with --chat.

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <string>
 
 #include "activekv/runtime/gpu_runtime.h"
 #include "commands.h"
@@ -40,6 +41,15 @@ runtime::RuntimeOptions runtime_options(const GenerateArgs& a, int64_t n_ctx) {
   return o;
 }
 
+// "resident on the GPU (chunks of 512)", or "streamed from host memory
+// (chunks of 2048, staging 2 x 12 pages): 1234.5 MiB moved".
+std::string prefill_history(const runtime::RuntimeStats& st) {
+  if (!st.prefill_streamed) return fmt::format("resident on the GPU (chunks of {} tokens)", st.prefill_chunk);
+  return fmt::format("streamed from host memory, over the GPU budget (chunks of {} tokens, staging 2 x {} pages): "
+                     "{:.1f} MiB moved",
+                     st.prefill_chunk, st.prefill_staging_pages, double(st.prefill_moved_bytes) / double(1 << 20));
+}
+
 }  // namespace
 
 int run_generate_gpu(const GenerateArgs& a) {
@@ -70,6 +80,8 @@ int run_generate_gpu(const GenerateArgs& a) {
   t0 = std::chrono::steady_clock::now();
   int32_t next = rt.prefill(prompt, prefill_progress(t0));
   r.prefill_ms = ms_since(t0);
+  r.prefill_history = prefill_history(st);
+  r.prefill_moved_bytes = double(st.prefill_moved_bytes);
   if (!a.chat) fmt::print("{}", !a.prompt && a.prompt_file.empty() ? "[...] " : "");
   for (int i = 0; i < a.n_predict; ++i) {
     if (!emit_token(tok, next, r)) break;

@@ -83,6 +83,11 @@ PrefillLaunch PrefillAttention::plan(int64_t pos0, int n_rows) const {
   const int64_t kv = pos0 + n_rows;  // keys of the last row
   if (kv >= int64_t(std::numeric_limits<int32_t>::max()))
     throw InvalidArgument("PrefillAttention: pos0 + n_rows = " + std::to_string(kv) + " must be below 2^31");
+  return plan_keys(kv, n_rows);
+}
+
+// The geometry for n_rows rows whose longest key range is kv keys.
+PrefillLaunch PrefillAttention::plan_keys(int64_t kv, int n_rows) const {
   PrefillLaunch L;
   L.block_rows = prefill_detail::block_rows(sh_.head_dim, cfg_.terms, sh_.group);
   L.row_tiles = int(ceil_div(n_rows, L.block_rows));
@@ -124,15 +129,40 @@ PrefillLaunch PrefillAttention::plan(int64_t pos0, int n_rows) const {
 
 void PrefillAttention::run(const void* const* pages, int64_t n_pages, int64_t pos0, int n_rows, const float* q,
                            float* out, float* out_lse, cudaStream_t stream) {
+  check_pointers(pages, q, out);
+  const PrefillLaunch L = plan(pos0, n_rows);
+  check_coverage(n_pages, pos0 + n_rows, "pos0 " + std::to_string(pos0) + " + " + std::to_string(n_rows) + " rows");
+  launch(L, pages, pos0, n_rows, std::numeric_limits<int32_t>::max(), q, out, out_lse, stream);
+}
+
+void PrefillAttention::run_keys(const void* const* pages, int64_t n_pages, int64_t n_keys, int n_rows,
+                                const float* q, float* out, float* out_lse, cudaStream_t stream) {
+  check_pointers(pages, q, out);
+  if (n_keys <= 0 || n_rows <= 0 || n_keys + n_rows >= int64_t(std::numeric_limits<int32_t>::max()))
+    throw InvalidArgument("PrefillAttention::run_keys: need n_keys > 0, n_rows > 0 and n_keys + n_rows < 2^31, got " +
+                          std::to_string(n_keys) + " keys, " + std::to_string(n_rows) + " rows");
+  const PrefillLaunch L = plan_keys(n_keys, n_rows);
+  check_coverage(n_pages, n_keys, std::to_string(n_keys) + " keys");
+  // Rows sit at positions n_keys + r: past every key, so none is masked causally.
+  launch(L, pages, n_keys, n_rows, int(n_keys), q, out, out_lse, stream);
+}
+
+void PrefillAttention::check_pointers(const void* const* pages, const float* q, const float* out) const {
   if (!pages || !q || !out)
     throw InvalidArgument(std::string("PrefillAttention::run: null ") + (!pages ? "page table" : !q ? "q" : "out"));
   if (reinterpret_cast<uintptr_t>(q) % 8 != 0 || reinterpret_cast<uintptr_t>(out) % 8 != 0)
     throw InvalidArgument("PrefillAttention::run: q and out must be 8-byte aligned");
-  const PrefillLaunch L = plan(pos0, n_rows);
-  if (n_pages <= 0 || n_pages * sh_.page_size < pos0 + n_rows)
+}
+
+void PrefillAttention::check_coverage(int64_t n_pages, int64_t tokens, const std::string& what) const {
+  if (n_pages <= 0 || n_pages * sh_.page_size < tokens)
     throw InvalidArgument("PrefillAttention::run: " + std::to_string(n_pages) + " pages of " +
-                          std::to_string(sh_.page_size) + " tokens cannot hold " + std::to_string(pos0 + n_rows) +
-                          " tokens (pos0 " + std::to_string(pos0) + " + " + std::to_string(n_rows) + " rows)");
+                          std::to_string(sh_.page_size) + " tokens cannot hold " + std::to_string(tokens) +
+                          " tokens (" + what + ")");
+}
+
+void PrefillAttention::launch(const PrefillLaunch& L, const void* const* pages, int64_t pos0, int n_rows,
+                              int key_end, const float* q, float* out, float* out_lse, cudaStream_t stream) {
   if (L.n_splits > 1 && size_t(n_rows) * size_t(L.n_splits) > cap_row_splits_)
     throw InvalidArgument("PrefillAttention::run: " + std::to_string(n_rows) + " rows x " +
                           std::to_string(L.n_splits) + " key splits exceed the workspace of " +
@@ -144,6 +174,7 @@ void PrefillAttention::run(const void* const* pages, int64_t n_pages, int64_t po
   a.group = sh_.group;
   a.pos0 = int(pos0);
   a.n_rows = n_rows;
+  a.key_end = key_end;
   a.q = q;
   a.scale_log2 = scale_log2_;
   a.out = out;

@@ -25,6 +25,10 @@
 // are built once per CTA into shared memory (each warp its own 16 rows, in
 // fragment order: one 16-byte load per lane per k-step and term).
 //
+// Key segments: with key_end set, no key at or past it is read (zero-filled)
+// or attended -- a segment of history before the chunk, every key visible to
+// every row (PrefillAttention::run_keys).
+//
 // Split-K: with n_splits > 1, CTA z handles keys [z * split_keys, (z+1) *
 // split_keys) (multiples of the block) and writes a partial (O, LSE) that
 // launch_merge combines; rows with no visible key in a split write LSE -inf.
@@ -74,7 +78,8 @@ __global__ void __launch_bounds__(warps(HD, NT) * 32, 1) prefill_attention_kerne
   const int m_valid = rows * group;  // (row, head) pairs in use
   const int p_first = a.pos0 + r0, p_last = p_first + rows - 1;
   const int k_begin = split * a.split_keys;
-  const int k_end = a.n_splits == 1 ? p_last + 1 : min(p_last + 1, k_begin + a.split_keys);
+  const int k_end =
+      min(a.key_end, a.n_splits == 1 ? p_last + 1 : min(p_last + 1, k_begin + a.split_keys));
   const int n_blk = k_end > k_begin ? (k_end - k_begin + KB - 1) / KB : 0;
 
   // This lane's two mma rows: pairs 16w + g and 16w + g + 8. Pairs past the
@@ -194,12 +199,18 @@ __global__ void __launch_bounds__(warps(HD, NT) * 32, 1) prefill_attention_kerne
         }
       }
     }
-    if (t0 + KB - 1 > warp_pmin) {  // causal diagonal (and history end) inside this block
+    // Causal diagonal, or the end of the keys (history end, or a segment's
+    // key_end that does not fall on a block boundary), inside this block.
+    // Without key_end, a key >= k_end is also past every row's position, so
+    // the second test changes nothing for causal runs.
+    if (t0 + KB - 1 > warp_pmin || t0 + KB > k_end) {
 #pragma unroll
       for (int nt = 0; nt < NTS; ++nt)
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
-          if (t0 + 8 * nt + 2 * q4 + (i & 1) > pos[i >> 1]) s[nt][i] = -INFINITY;
+        for (int i = 0; i < 4; ++i) {
+          const int t = t0 + 8 * nt + 2 * q4 + (i & 1);
+          if (t > pos[i >> 1] || t >= k_end) s[nt][i] = -INFINITY;
+        }
     }
     float alpha[2];
 #pragma unroll

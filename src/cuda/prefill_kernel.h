@@ -48,6 +48,9 @@ struct KernelArgs {
   const void* const* pages = nullptr;  ///< device array of device page pointers, token order
   int page_size = 0, n_kv = 0, group = 0;
   int pos0 = 0, n_rows = 0;
+  /// Keys at or past key_end are never read nor attended (a segment of the
+  /// history: PrefillAttention::run_keys); the default leaves only the causal limit.
+  int key_end = 0x7fffffff;
   const float* q = nullptr;  ///< [n_rows][n_kv * group][head_dim]
   float scale_log2 = 0.f;    ///< softmax_scale * log2(e)
   // n_splits == 1: the result goes to out / out_lse (may be null).

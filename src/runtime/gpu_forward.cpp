@@ -15,9 +15,27 @@ float* device_floats(size_t n, const char* what) { return cuda::device_alloc<flo
 
 }  // namespace
 
+size_t GpuForward::row_bytes(const model::ModelConfig& c) {
+  const size_t d = size_t(c.d_model), qd = size_t(c.n_heads) * c.head_dim, kvd = size_t(c.n_kv_heads) * c.head_dim,
+               ff = size_t(c.ffn_dim);
+  const size_t widest = std::max({d, qd, ff});
+  return sizeof(float) * (2 * d + 2 * qd + 2 * kvd + 2 * ff + size_t(c.vocab_size)) + 2 * widest;
+}
+
 GpuForward::GpuForward(const model::ModelConfig& c, const GpuWeights& w, int max_rows, bool f32_activations)
     : c_(c), w_(w), max_rows_(max_rows), f32_activations_(f32_activations) {
   if (max_rows <= 0) throw InvalidArgument("GpuForward: max_rows must be positive");
+  try {
+    allocate();
+  } catch (...) {
+    release();  // the buffers had so far: a caller may retry with fewer rows
+    throw;
+  }
+}
+
+void GpuForward::allocate() {
+  const model::ModelConfig& c = c_;
+  const int max_rows = max_rows_;
   const size_t R = size_t(max_rows), d = size_t(c.d_model), qd = size_t(c.n_heads) * c.head_dim,
                kvd = size_t(c.n_kv_heads) * c.head_dim, ff = size_t(c.ffn_dim);
   x_ = device_floats(R * d, "the residual stream");
@@ -39,9 +57,13 @@ GpuForward::GpuForward(const model::ModelConfig& c, const GpuWeights& w, int max
   rope_ = std::make_unique<cuda::RopeFreqs>(c);
 }
 
-GpuForward::~GpuForward() {
+GpuForward::~GpuForward() { release(); }
+
+void GpuForward::release() {
   for (float* p : {x_, xn_, q_, k_, v_, att_, gate_, up_, logits_}) cudaFree(p);
   cudaFree(matvec_ws_);
+  x_ = xn_ = q_ = k_ = v_ = att_ = gate_ = up_ = logits_ = nullptr;
+  matvec_ws_ = nullptr;
 }
 
 void GpuForward::project(const cuda::DeviceMatrix& w, const float* in, int T, float* out, bool accumulate,

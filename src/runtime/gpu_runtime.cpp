@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <functional>
 
 #include "activekv/cuda/decode_engine.h"
 #include "activekv/cuda/device_pages.h"
@@ -13,6 +14,8 @@
 #include "activekv/cuda/prefill.h"
 #include "activekv/cuda/sampling.h"
 #include "activekv/kv/page_store.h"
+#include "activekv/route/placement.h"
+#include "activekv/route/prefill_plan.h"
 #include "activekv/runtime/gpu_forward.h"
 #include "device_buffer.h"
 #include "history_view.h"
@@ -55,10 +58,11 @@ struct GpuRuntime::Impl {
   std::unique_ptr<cuda::PrefillAttention> prefill_attn;
   std::unique_ptr<cuda::GpuSampler> sampler;
 
-  int32_t* ids = nullptr;     // device [prefill_chunk]: the rows' token ids
+  int rows_cap = 0;           // rows of the largest chunk (resident or streamed)
+  int32_t* ids = nullptr;     // device [rows_cap]: the rows' token ids
   int64_t* pos = nullptr;     // device [n_ctx]: 0, 1, 2, ... (a row at p reads pos + p)
   int32_t* sampled = nullptr; // device: the last sampled token
-  int32_t* host_ids = nullptr;  // pinned [prefill_chunk + 1]: uploads, and the sampled token back
+  int32_t* host_ids = nullptr;  // pinned [rows_cap + 1]: uploads, and the sampled token back
   cudaEvent_t token_ready = nullptr;
   bool sampled_valid = false;   // *sampled holds the token the last step sampled
   int32_t last_sampled = -1;
@@ -69,6 +73,10 @@ struct GpuRuntime::Impl {
   cudaStream_t stream() const { return engine->compute_stream(); }
   void check_tokens(std::span<const int32_t> tokens) const;
   int32_t run_chunk(std::span<const int32_t> tokens, bool prefill, bool all_logits);
+  route::PrefillPlan begin_prefill(int64_t n);
+  bool fit_rows(int rows);
+  using ChunkFn = std::function<void(size_t done, size_t n)>;
+  int32_t prefill_all(std::span<const int32_t> tokens, bool all_logits, const ChunkFn& after_chunk);
   int32_t sample_and_fetch();
 };
 
@@ -94,7 +102,8 @@ GpuRuntime::Impl::Impl(const gguf::File& f, const model::ModelConfig& cfg, const
   engine = std::make_unique<cuda::DecodeEngine>(ec);
   prefill_attn = std::make_unique<cuda::PrefillAttention>(attn);
   sampler = std::make_unique<cuda::GpuSampler>(c.vocab_size, opt.sampling);
-  ids = cuda::device_alloc<int32_t>(size_t(opt.prefill_chunk), "GpuRuntime: token ids");
+  rows_cap = std::max(opt.prefill_chunk, opt.stream_chunk > 0 ? opt.stream_chunk : route::kMaxStreamChunk);
+  ids = cuda::device_alloc<int32_t>(size_t(rows_cap), "GpuRuntime: token ids");
   pos = cuda::device_alloc<int64_t>(size_t(opt.n_ctx), "GpuRuntime: positions");
   sampled = cuda::device_alloc<int32_t>(1, "GpuRuntime: the sampled token");
   {
@@ -103,7 +112,7 @@ GpuRuntime::Impl::Impl(const gguf::File& f, const model::ModelConfig& cfg, const
     cuda::check_cuda(cudaMemcpy(pos, p.data(), p.size() * sizeof(int64_t), cudaMemcpyHostToDevice), "upload positions");
   }
   void* h = nullptr;
-  cuda::check_cuda(cudaHostAlloc(&h, size_t(opt.prefill_chunk + 1) * sizeof(int32_t), cudaHostAllocPortable),
+  cuda::check_cuda(cudaHostAlloc(&h, size_t(rows_cap + 1) * sizeof(int32_t), cudaHostAllocPortable),
                    "cudaHostAlloc (token ids)");
   host_ids = static_cast<int32_t*>(h);
   cuda::check_cuda(cudaEventCreateWithFlags(&token_ready, cudaEventDisableTiming), "cudaEventCreate");
@@ -141,11 +150,11 @@ int32_t GpuRuntime::Impl::sample_and_fetch() {
   const cudaStream_t s = stream();
   const float* last = forward->logits() + size_t(last_rows - 1) * size_t(c.vocab_size);
   sampler->sample(last, sampled, s);
-  cuda::check_cuda(cudaMemcpyAsync(host_ids + opt.prefill_chunk, sampled, sizeof(int32_t), cudaMemcpyDeviceToHost, s),
+  cuda::check_cuda(cudaMemcpyAsync(host_ids + rows_cap, sampled, sizeof(int32_t), cudaMemcpyDeviceToHost, s),
                    "download the sampled token");
   cuda::check_cuda(cudaEventRecord(token_ready, s), "cudaEventRecord");
   cuda::check_cuda(cudaEventSynchronize(token_ready), "waiting for the step");
-  last_sampled = host_ids[opt.prefill_chunk];
+  last_sampled = host_ids[rows_cap];
   sampled_valid = true;
   return last_sampled;
 }
@@ -176,8 +185,7 @@ int32_t GpuRuntime::Impl::run_chunk(std::span<const int32_t> tokens, bool prefil
     if (decode) {
       engine->enqueue_layer(l, q, out, nullptr);
     } else {
-      const int64_t n_pages = (pos0 + rows + opt.page_size - 1) / opt.page_size;
-      prefill_attn->run(history->device_pages(l, pos0 + rows), n_pages, pos0, rows, q, out, nullptr, s);
+      history->prefill_attention(l, pos0, rows, q, out, *prefill_attn, s);
     }
   };
   forward->run(ids, pos + pos0, T, attend, all_logits, s);
@@ -194,25 +202,88 @@ int32_t GpuRuntime::Impl::run_chunk(std::span<const int32_t> tokens, bool prefil
   return next;
 }
 
+// Where the prompt's history lives while it prefills, and the chunk: resident
+// when it fits the budget; else streamed, with the chunk grown (bytes moved
+// fall as 1 / chunk) as far as free memory lets the forward's buffers grow.
+route::PrefillPlan GpuRuntime::Impl::begin_prefill(int64_t n) {
+  route::PrefillPlan plan = history->plan_prefill(n, opt.prefill_chunk, opt.prefill_chunk);
+  if (plan.streamed) {
+    int chunk = opt.stream_chunk;
+    if (chunk <= 0) {
+      // Keep the margin, and room for the history's pages at a larger chunk.
+      const cuda::GpuMemory mem = cuda::gpu_memory();
+      const size_t keep = route::gpu_margin_bytes(mem.total) + 2 * plan.device_bytes;
+      chunk = route::choose_stream_chunk(opt.prefill_chunk, n, GpuForward::row_bytes(c),
+                                         mem.free > keep ? mem.free - keep : 0);
+    }
+    plan = history->plan_prefill(n, opt.prefill_chunk, chunk);
+    if (!fit_rows(plan.chunk)) plan = history->plan_prefill(n, opt.prefill_chunk, opt.prefill_chunk);
+  }
+  try {
+    history->begin_prefill(plan, stream());
+  } catch (const cuda::CudaError&) {
+    if (plan.streamed) throw;
+    // The budget said the prompt fits, the device memory is not there now: stream it.
+    plan = history->plan_prefill(n, opt.prefill_chunk, opt.prefill_chunk, /*allow_resident=*/false);
+    history->begin_prefill(plan, stream());
+  }
+  stats.prefill_streamed = plan.streamed;
+  stats.prefill_chunk = plan.chunk;
+  stats.prefill_staging_pages = plan.staging_pages;
+  stats.prefill_moved_bytes = 0;
+  return plan;
+}
+
+// Grows the forward's buffers to `rows` rows; false (buffers of
+// opt.prefill_chunk rows again) when the GPU has not the memory.
+bool GpuRuntime::Impl::fit_rows(int rows) {
+  if (forward->max_rows() >= rows) return true;
+  forward.reset();
+  try {
+    forward = std::make_unique<GpuForward>(c, *weights, rows, opt.f32_activations);
+    return true;
+  } catch (const cuda::CudaError&) {
+    forward = std::make_unique<GpuForward>(c, *weights, opt.prefill_chunk, opt.f32_activations);
+    return false;
+  }
+}
+
+// Appends `tokens` through the prefill path in the plan's chunks. On an error
+// the chunks already run stay in the history; the prompt's device pages are
+// given back (best effort: a failed GPU may fail that too).
+int32_t GpuRuntime::Impl::prefill_all(std::span<const int32_t> tokens, bool all_logits, const ChunkFn& after_chunk) {
+  check_tokens(tokens);
+  const route::PrefillPlan plan = begin_prefill(int64_t(tokens.size()));
+  int32_t next = -1;
+  try {
+    for (size_t done = 0; done < tokens.size();) {
+      const size_t n = std::min(tokens.size() - done, size_t(plan.chunk));
+      next = run_chunk(tokens.subspan(done, n), true, all_logits);
+      if (after_chunk) after_chunk(done, n);
+      done += n;
+    }
+  } catch (...) {
+    try {
+      history->prefill_done(stream());
+    } catch (const Error&) {
+    }
+    throw;
+  }
+  stats.prefill_moved_bytes = history->prefill_done(stream());
+  return next;
+}
+
 GpuRuntime::GpuRuntime(const gguf::File& f, const model::ModelConfig& c, const RuntimeOptions& opt)
     : impl_(std::make_unique<Impl>(f, c, opt)) {}
 
 GpuRuntime::~GpuRuntime() = default;
 
 int32_t GpuRuntime::prefill(std::span<const int32_t> prompt, const ProgressFn& progress) {
-  Impl& I = *impl_;
   if (prompt.empty()) throw InvalidArgument("prefill: the prompt is empty");
-  I.check_tokens(prompt);
-  I.history->begin_prefill(I.seq->n_tokens() + int64_t(prompt.size()));
-  int32_t next = -1;
-  for (size_t done = 0; done < prompt.size();) {
-    const size_t n = std::min(prompt.size() - done, size_t(I.opt.prefill_chunk));
-    next = I.run_chunk(prompt.subspan(done, n), true, false);
-    done += n;
-    if (progress) progress(int64_t(done), int64_t(prompt.size()));
-  }
-  I.history->prefill_done(I.stream());
-  return next;
+  const int64_t total = int64_t(prompt.size());
+  return impl_->prefill_all(prompt, false, [&](size_t done, size_t n) {
+    if (progress) progress(int64_t(done + n), total);
+  });
 }
 
 int32_t GpuRuntime::decode(int32_t token) {
@@ -225,18 +296,13 @@ int32_t GpuRuntime::decode(int32_t token) {
 std::vector<float> GpuRuntime::prefill_logits(std::span<const int32_t> tokens) {
   Impl& I = *impl_;
   if (tokens.empty()) throw InvalidArgument("prefill_logits: no tokens");
-  I.check_tokens(tokens);
-  I.history->begin_prefill(I.seq->n_tokens() + int64_t(tokens.size()));
-  std::vector<float> out(tokens.size() * size_t(I.c.vocab_size));
-  for (size_t done = 0; done < tokens.size();) {
-    const size_t n = std::min(tokens.size() - done, size_t(I.opt.prefill_chunk));
-    I.run_chunk(tokens.subspan(done, n), true, true);
-    cuda::check_cuda(cudaMemcpy(out.data() + done * size_t(I.c.vocab_size), I.forward->logits(),
-                                n * size_t(I.c.vocab_size) * sizeof(float), cudaMemcpyDeviceToHost),
+  const size_t vocab = size_t(I.c.vocab_size);
+  std::vector<float> out(tokens.size() * vocab);
+  I.prefill_all(tokens, true, [&](size_t done, size_t n) {
+    cuda::check_cuda(cudaMemcpy(out.data() + done * vocab, I.forward->logits(), n * vocab * sizeof(float),
+                                cudaMemcpyDeviceToHost),
                      "download logits");
-    done += n;
-  }
-  I.history->prefill_done(I.stream());
+  });
   return out;
 }
 

@@ -14,8 +14,6 @@
 namespace activekv::runtime {
 namespace {
 
-double gib(size_t b) { return double(b) / double(1ull << 30); }
-
 kv::CodecFormat codec_of(route::ReadFormat f) {
   return f == route::ReadFormat::lossless13 ? kv::CodecFormat::lossless13 : kv::CodecFormat::int8s;
 }
@@ -48,6 +46,7 @@ HistoryView::HistoryView(kv::SequenceKv& seq, const cuda::AttnShape& attn, const
   const size_t history = n_pages * shape.page_bytes() + n_pages * enc_slot;
   const cuda::GpuMemory mem = cuda::gpu_memory();
   const size_t budget = opt.gpu_kv_mem > 0 ? opt.gpu_kv_mem : route::default_gpu_kv_budget(mem.free, mem.total);
+  budget_ = budget;
   stats.placement = route::choose_placement(opt.placement, history, budget);
   placement_ = stats.placement.placement;
   if (host_placement()) {
@@ -82,10 +81,26 @@ const std::byte* HistoryView::host_page(int layer, size_t page) const {
 // the device page table.
 void HistoryView::set_copy(int layer, size_t page, DevPage d) {
   dev_[size_t(layer)][page] = d;
+  set_table(layer, page, d.ptr);
+}
+
+void HistoryView::set_table(int layer, size_t page, const void* ptr) {
   const size_t i = size_t(layer) * size_t(pages_per_layer_) + page;
-  if (tables_host_[i] == d.ptr) return;
-  tables_host_[i] = d.ptr;
-  pending_.push_back(cuda::make_patch(&tables_dev_[i], &tables_host_[i], sizeof(void*)));
+  if (tables_host_[i] == ptr) return;
+  tables_host_[i] = ptr;
+  dirty_.push_back(i);
+}
+
+// The changed entries go to the device, each once with its final value (the
+// scatter writes its patches in parallel: two patches of one entry would race).
+void HistoryView::submit_tables(cudaStream_t s) {
+  std::sort(dirty_.begin(), dirty_.end());
+  dirty_.erase(std::unique(dirty_.begin(), dirty_.end()), dirty_.end());
+  std::vector<cuda::Patch> patches;
+  patches.reserve(dirty_.size());
+  for (size_t i : dirty_) patches.push_back(cuda::make_patch(&tables_dev_[i], &tables_host_[i], sizeof(void*)));
+  patches_.submit(patches, s);  // before the step's kernels read them
+  dirty_.clear();
 }
 
 void HistoryView::give_copy(int layer, size_t page, cuda::DevicePagePool& pool, bool upload, cudaStream_t s) {
@@ -103,18 +118,46 @@ void HistoryView::drop_copy(int layer, size_t page) {
   set_copy(layer, page, DevPage{});
 }
 
-void HistoryView::begin_prefill(int64_t n_tokens) {
-  if (!host_placement() || prompt_) return;
-  const kv::KvShape& shape = seq_.shape();
-  const size_t pages = size_t((n_tokens + shape.page_size - 1) / shape.page_size) * size_t(shape.n_layers);
-  const size_t bytes = pages * shape.page_bytes();
-  try {
-    prompt_ = std::make_unique<cuda::DevicePagePool>(shape.page_bytes(), pages, "the prompt's history");
-  } catch (const Error& e) {
-    throw Error(fmt::format("prefill keeps the prompt's history on the GPU ({:.2f} GiB for {} tokens) and it does not "
-                            "fit; a prefill that streams the history is not written yet ({})",
-                            gib(bytes), n_tokens, e.what()));
+route::PrefillPlan HistoryView::plan_prefill(int64_t n_new, int chunk, int stream_chunk, bool allow_resident) const {
+  if (!host_placement()) {  // every page has a device copy already
+    route::PrefillPlan p;
+    p.chunk = chunk;
+    return p;
   }
+  const kv::KvShape& shape = seq_.shape();
+  route::PrefillPlanInput in;
+  in.budget_bytes = budget_;
+  in.page_bytes = shape.page_bytes();
+  in.page_size = shape.page_size;
+  in.n_layers = shape.n_layers;
+  in.tail_bytes = pages_->n_slots() * pages_->slot_bytes();
+  in.pos0 = seq_.n_tokens();
+  in.n_tokens = n_new;
+  in.chunk = chunk;
+  in.stream_chunk = stream_chunk;
+  in.allow_resident = allow_resident;
+  return route::plan_prefill(in);
+}
+
+void HistoryView::begin_prefill(const route::PrefillPlan& plan, cudaStream_t s) {
+  if (!host_placement()) return;
+  if (prompt_) prefill_done(s);  // an earlier prefill stopped by an error: keep its tails, free the rest
+  const kv::KvShape& shape = seq_.shape();
+  if (!plan.streamed) {
+    prompt_ = std::make_unique<cuda::DevicePagePool>(shape.page_bytes(), plan.device_bytes / shape.page_bytes(),
+                                                     "the prompt's history");
+    return;
+  }
+  prompt_ = std::make_unique<cuda::DevicePagePool>(
+      shape.page_bytes(), size_t(plan.chunk_pages) * size_t(shape.n_layers), "the prefill chunk's pages");
+  try {
+    if (plan.staging_pages > 0)
+      stream_ = std::make_unique<PrefillStream>(attn_, shape.n_layers, plan.staging_pages, plan.chunk);
+  } catch (...) {
+    prompt_.reset();
+    throw;
+  }
+  streamed_ = true;
 }
 
 void HistoryView::prepare(int64_t pos0, int T, bool prefill, cudaStream_t s) {
@@ -129,6 +172,10 @@ void HistoryView::prepare(int64_t pos0, int T, bool prefill, cudaStream_t s) {
     }
     if (prefill) {
       if (!prompt_) throw InvalidArgument("HistoryView: prefill without begin_prefill");
+      if (streamed_) {
+        prepare_streamed(l, pos0, last, s);
+        continue;
+      }
       for (size_t p = 0; p <= last; ++p)
         if (!d[p].ptr) give_copy(l, p, *prompt_, int64_t(p) * ps < pos0, s);
       continue;
@@ -137,8 +184,27 @@ void HistoryView::prepare(int64_t pos0, int T, bool prefill, cudaStream_t s) {
     for (size_t p = 0; p < last; ++p) drop_copy(l, p);
     if (!d[last].ptr) give_copy(l, last, *pages_, int64_t(last) * ps < pos0, s);
   }
-  patches_.submit(pending_, s);  // the page tables, before the step's kernels read them
-  pending_.clear();
+  submit_tables(s);
+  // Streamed prefill: the layers' full pages before the chunk's first page
+  // come from the host store through the staging.
+  if (prefill && stream_)
+    stream_->begin_chunk(pos0 / ps, [this](int l, size_t p) { return host_page(l, p); }, s);
+}
+
+// A streamed chunk keeps device copies of only the pages it writes (the first
+// may hold earlier tokens: it stays from the chunk before, or is uploaded);
+// the full pages before it are dropped -- they are in the host store -- and,
+// when a staging buffer holds the layer's whole history, the page table
+// points at their staged copies instead.
+void HistoryView::prepare_streamed(int l, int64_t pos0, size_t last, cudaStream_t s) {
+  const int ps = seq_.shape().page_size;
+  const size_t first = size_t(pos0 / ps);
+  std::vector<DevPage>& d = dev_[size_t(l)];
+  for (size_t p = 0; p < first; ++p) drop_copy(l, p);
+  for (size_t p = first; p <= last; ++p)
+    if (!d[p].ptr) give_copy(l, p, *prompt_, int64_t(p) * ps < pos0, s);
+  if (stream_ && stream_->whole_layer(int64_t(first)))
+    for (size_t p = 0; p < first; ++p) set_table(l, p, stream_->slot(PrefillStream::layer_buffer(l), int64_t(p)));
 }
 
 void HistoryView::write_kv(int layer, int64_t pos0, int T, const float* k, const float* v, cudaStream_t s) {
@@ -203,12 +269,24 @@ const void* const* HistoryView::device_pages(int layer, int64_t n_tokens) const 
   return tables_dev_ + first;
 }
 
+void HistoryView::prefill_attention(int layer, int64_t pos0, int rows, const float* q, float* out,
+                                    cuda::PrefillAttention& pa, cudaStream_t s) {
+  const int ps = seq_.shape().page_size;
+  const int64_t n_pages = (pos0 + rows + ps - 1) / ps;
+  if (stream_) {
+    stream_->attend(layer, tables_dev_ + size_t(layer) * size_t(pages_per_layer_), n_pages, pos0, rows, q, out, pa,
+                    s);
+    return;
+  }
+  pa.run(device_pages(layer, pos0 + rows), n_pages, pos0, rows, q, out, nullptr, s);
+}
+
 void HistoryView::committed() {
   if (compressed_) compressed_->schedule();
 }
 
-void HistoryView::prefill_done(cudaStream_t s) {
-  if (!prompt_) return;
+size_t HistoryView::prefill_done(cudaStream_t s) {
+  if (!prompt_) return 0;
   const int ps = seq_.shape().page_size;
   const int64_t n = seq_.n_tokens();
   for (int l = 0; l < seq_.shape().n_layers; ++l) {
@@ -227,10 +305,20 @@ void HistoryView::prefill_done(cudaStream_t s) {
       }
     }
   }
-  patches_.submit(pending_, s);
-  pending_.clear();
-  cuda::check_cuda(cudaStreamSynchronize(s), "prefill_done");  // nothing reads the prompt pool any more
+  // Entries that pointed at staged copies: back to the device copies (none, for full pages).
+  for (int l = 0; l < seq_.shape().n_layers; ++l)
+    for (size_t p = 0; p < dev_[size_t(l)].size(); ++p) set_table(l, p, dev_[size_t(l)][p].ptr);
+  submit_tables(s);
+  cuda::check_cuda(cudaStreamSynchronize(s), "prefill_done");  // nothing reads the prompt pool or the staging any more
+  size_t moved = 0;
+  if (stream_) {
+    stream_->synchronize();
+    moved = stream_->bytes_moved();
+    stream_.reset();
+  }
   prompt_.reset();
+  streamed_ = false;
+  return moved;
 }
 
 }  // namespace activekv::runtime

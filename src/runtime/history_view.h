@@ -1,7 +1,9 @@
 // Internal to the GPU runtime: the KV history of one sequence as the GPU
 // sees it -- which pages have device copies (placement), which published
 // encoded pages the route reads, the page tables handed to the decode engine
-// and to prefill attention, and the writes of new tokens' K/V.
+// and to prefill attention, the writes of new tokens' K/V, and where a
+// prefill keeps the prompt's history (resident, or streamed per chunk through
+// a staging area when it does not fit the GPU budget: prefill_stream.h).
 #pragma once
 
 #include <memory>
@@ -11,8 +13,11 @@
 #include "activekv/cuda/decode_engine.h"
 #include "activekv/cuda/device_pages.h"
 #include "activekv/cuda/patch.h"
+#include "activekv/cuda/prefill.h"
 #include "activekv/kv/page_store.h"
+#include "activekv/route/prefill_plan.h"
 #include "activekv/runtime/gpu_runtime.h"
+#include "prefill_stream.h"
 
 namespace activekv::runtime {
 
@@ -26,10 +31,18 @@ class HistoryView {
   HistoryView(const HistoryView&) = delete;
   HistoryView& operator=(const HistoryView&) = delete;
 
-  /// A prefill will bring the history to `n_tokens`: with host placement,
-  /// takes device pages for the prompt's history (Error with the sizes when
-  /// they do not fit the GPU).
-  void begin_prefill(int64_t n_tokens);
+  /// Where a prefill of `n_new` tokens would keep the prompt's history
+  /// (activekv/route/prefill_plan.h) under the GPU budget: resident with
+  /// chunks of `chunk` tokens when it fits (always, with gpu placement),
+  /// else streamed with chunks of `stream_chunk` (or fewer). allow_resident
+  /// false: streamed even if it fits (after the resident pages could not be
+  /// had). Throws Error with the sizes when not even streaming fits.
+  route::PrefillPlan plan_prefill(int64_t n_new, int chunk, int stream_chunk, bool allow_resident = true) const;
+  /// Takes the device pages `plan` needs (host placement): every prompt page
+  /// (resident), or the chunk pages and the staging (streamed). Throws
+  /// CudaError naming the pool when they cannot be had.
+  /// Ends an earlier prefill that an error stopped first (prefill_done).
+  void begin_prefill(const route::PrefillPlan& plan, cudaStream_t s);
   /// Before rows [pos0, pos0 + T) are written (pages reserved in the
   /// sequence): gives every page the step reads or writes a device copy
   /// where the placement wants one (uploading tokens already written).
@@ -44,11 +57,17 @@ class HistoryView {
   /// Device array of the device addresses of `layer`'s pages covering
   /// `n_tokens` (prefill attention's page table; kept up to date by prepare()).
   const void* const* device_pages(int layer, int64_t n_tokens) const;
+  /// Prefill attention of `layer`'s rows [pos0, pos0 + rows) (their K/V
+  /// written) over the history: in place when resident, through the
+  /// staging when streamed. Enqueued on `s`.
+  void prefill_attention(int layer, int64_t pos0, int rows, const float* q, float* out, cuda::PrefillAttention& pa,
+                         cudaStream_t s);
   /// After a commit: queues conversion of pages that became full.
   void committed();
   /// After the prompt: with host placement, frees the prompt's device pages
-  /// but each layer's tail.
-  void prefill_done(cudaStream_t s);
+  /// but each layer's tail, and the staging; returns the host -> device
+  /// bytes a streamed prefill moved (0 when resident).
+  size_t prefill_done(cudaStream_t s);
 
  private:
   struct DevPage {
@@ -58,6 +77,9 @@ class HistoryView {
   void give_copy(int layer, size_t page, cuda::DevicePagePool& pool, bool upload, cudaStream_t s);
   void drop_copy(int layer, size_t page);
   void set_copy(int layer, size_t page, DevPage d);
+  void set_table(int layer, size_t page, const void* ptr);
+  void submit_tables(cudaStream_t s);
+  void prepare_streamed(int l, int64_t pos0, size_t last, cudaStream_t s);
   const std::byte* host_page(int layer, size_t page) const;
   bool host_placement() const { return placement_ == route::KvPlacement::host; }
 
@@ -68,7 +90,10 @@ class HistoryView {
   route::KvPlacement placement_ = route::KvPlacement::host;
   int64_t pages_per_layer_ = 0;
   std::unique_ptr<cuda::DevicePagePool> pages_;    // gpu: every page; host: each layer's tail page
-  std::unique_ptr<cuda::DevicePagePool> prompt_;   // host: the prompt's pages while prefill runs
+  size_t budget_ = 0;                              // GPU budget for the history's device pages
+  std::unique_ptr<cuda::DevicePagePool> prompt_;   // host: the prompt's pages (streamed: the chunk's) while prefill runs
+  std::unique_ptr<PrefillStream> stream_;          // host, streamed prefill: the staging
+  bool streamed_ = false;                          // the prefill in progress streams its history
   std::unique_ptr<cuda::DevicePagePool> encoded_;  // gpu: encoded pages the route reads
   std::vector<std::vector<DevPage>> dev_;          // [layer][page] device copy of the bf16 page
   std::vector<std::vector<DevPage>> dev_encoded_;  // [layer][page] device copy of the encoded page
@@ -79,7 +104,7 @@ class HistoryView {
   // host; changes go to the device as patches on the step's stream.
   const void** tables_dev_ = nullptr;
   std::vector<const void*> tables_host_;
-  std::vector<cuda::Patch> pending_;
+  std::vector<size_t> dirty_;  // entries of tables_host_ changed since the last submit
   cuda::PatchBuffer patches_;
 };
 

@@ -5,7 +5,8 @@
 // 1..8, pos0 at 0 / inside / at the edge of pages, chunks across pages, page
 // sizes 64 and 1024, pages shuffled in memory, NaN in every slot the kernel
 // must not read, guard rows past n_rows; for 1, 2 and 3 bf16 terms; with and
-// without key splits. Also: one row vs the decode split kernel, bitwise
+// without key splits; key segments without a causal mask (run_keys). Also:
+// one row vs the decode split kernel, bitwise
 // repeatability, the launch plan, argument errors. Labelled `gpu`.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -130,11 +131,16 @@ struct DevRun {
 
 // Poisons out/lse (NaN) and the guard rows, runs, and returns the rows as a
 // Partial; the guard rows must still be poison (nothing written past n_rows).
-attention::Partial run_prefill(PrefillAttention& pf, const DevHistory& h, DevRun& d, int64_t pos0, int n_rows) {
+// n_keys >= 0: run_keys over keys [0, n_keys) instead (pos0 unused).
+attention::Partial run_prefill(PrefillAttention& pf, const DevHistory& h, DevRun& d, int64_t pos0, int n_rows,
+                               int64_t n_keys = -1) {
   check_cuda(cudaMemset(d.out, 0xff, (d.o_elems + d.row_o) * 4), "cudaMemset(out)");
   check_cuda(cudaMemset(d.lse, 0xff, (d.l_elems + d.row_l) * 4), "cudaMemset(lse)");
   check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-  pf.run(h.table, h.n_pages, pos0, n_rows, d.q, d.out, d.lse, d.stream);
+  if (n_keys >= 0)
+    pf.run_keys(h.table, h.n_pages, n_keys, n_rows, d.q, d.out, d.lse, d.stream);
+  else
+    pf.run(h.table, h.n_pages, pos0, n_rows, d.q, d.out, d.lse, d.stream);
   check_cuda(cudaStreamSynchronize(d.stream), "prefill run");
   attention::Partial p(n_rows, pf.shape().n_q_heads(), pf.shape().head_dim);
   std::vector<float> o(d.o_elems + d.row_o), l(d.l_elems + d.row_l);
@@ -268,6 +274,33 @@ TEST(CudaPrefill, KeySplitsMatchReferenceAndUnsplit) {
   }
 }
 
+// run_keys: every row attends to all of keys [0, n_keys) -- a segment of
+// history before the chunk (streamed prefill) -- the reference being rows
+// that all sit at position n_keys - 1. n_keys = the case's pos0 + rows: it
+// ends inside a page and, for 33 + 5 and 100 + 37, inside a 32-key block
+// (the masked tail); slots past n_keys hold NaN. Same bounds as the causal
+// kernel (the same arithmetic on the same blocks).
+TEST(CudaPrefill, KeySegmentsMatchReference) {
+  NEED_GPU();
+  uint64_t seed = 300;
+  for (const Case& c : cases()) {
+    const AttnShape& sh = c.sh;
+    const int64_t n_keys = c.pos0 + c.rows;
+    DevHistory hist(sh, n_keys, c.k_sigma, ++seed);
+    const std::vector<float> q = random_q(size_t(c.rows) * sh.n_q_heads() * sh.head_dim, ++seed);
+    const std::vector<int64_t> pos(static_cast<size_t>(c.rows), n_keys - 1);
+    const attention::QueryRows rows{q.data(), c.rows, sh.n_q_heads(), pos.data()};
+    const attention::ReferencePartial ref = attention::reference_attention(hist.dense(), rows, {});
+    DevRun d(q, c.rows, sh);
+    PrefillAttention pf(sh);
+    const attention::Partial got = run_prefill(pf, hist, d, 0, c.rows, n_keys);
+    const double e = attention::own_format_error(got, ref), el = lse_error(got, ref);
+    std::printf("%-60s keys [0, %lld): max rel O err %.3g, max |LSE err| %.3g\n", c.what, (long long)n_keys, e, el);
+    EXPECT_LT(e, kOErr[kDefaultPrefillTerms]) << c.what;
+    EXPECT_LT(el, kLseErr[kDefaultPrefillTerms]) << c.what;
+  }
+}
+
 // One row is a decode step: it must agree with the decode split kernel + merge
 // (decode_attention.h) over the same pages to fp32 rounding (different kernels
 // and summation orders, so not bitwise). Both at full precision (3 terms).
@@ -398,6 +431,10 @@ TEST(CudaPrefill, RejectsBadArguments) {
   EXPECT_THROW(pf.run(hist.table, 3, 0, 3, nullptr, d.out, d.lse, d.stream), InvalidArgument);
   EXPECT_THROW(pf.run(hist.table, 3, 0, 3, d.q + 1, d.out, d.lse, d.stream), InvalidArgument);  // misaligned
   EXPECT_THROW(pf.plan(int64_t(1) << 31, 1), InvalidArgument);
+  EXPECT_THROW(pf.run_keys(hist.table, 2, 33, 3, d.q, d.out, d.lse, d.stream), InvalidArgument);  // 33 > 32 keys
+  EXPECT_THROW(pf.run_keys(hist.table, 3, 0, 3, d.q, d.out, d.lse, d.stream), InvalidArgument);
+  EXPECT_THROW(pf.run_keys(hist.table, 3, 40, 0, d.q, d.out, d.lse, d.stream), InvalidArgument);
+  EXPECT_THROW(pf.run_keys(nullptr, 3, 40, 3, d.q, d.out, d.lse, d.stream), InvalidArgument);
   PrefillConfig tiny;
   tiny.split_keys = 32;
   tiny.max_row_splits = 4;

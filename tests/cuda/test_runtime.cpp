@@ -9,10 +9,15 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <iterator>
+#include <string>
 
 #include "../model/model_fixture.h"
 #include "activekv/model/sampler.h"
+#include "activekv/route/prefill_plan.h"
 #include "activekv/runtime/gpu_runtime.h"
+#include "activekv/tokenizer/tokenizer.h"
 #include "device_array.h"
 
 namespace activekv {
@@ -244,6 +249,157 @@ TEST(GpuRuntime, ContextOverflowAndBadTokensKeepTheHistory) {
   EXPECT_EQ(rt.n_tokens(), 4);
   EXPECT_NO_THROW(rt.decode(t));
   EXPECT_EQ(rt.n_tokens(), 5);
+}
+
+// ---- Streamed prefill (issue 9, item 6) ----
+// A prompt of 3000 tokens of real prose prefilled with its history resident
+// (default budget) and streamed per chunk (--gpu-kv-mem below what resident
+// needs, computed from the page size). SmolLM2-135M: 30 layers, 3 KV heads x
+// 64; pages of 256 tokens. Both runs use chunks of 512 tokens (stream_chunk
+// = prefill_chunk): the same forward passes, so any difference is the
+// attention's.
+constexpr int kStreamPage = 256;
+constexpr int kStreamChunk = 512;
+constexpr int kStreamPrompt = 3000;
+constexpr int kStreamDecode = 16;
+
+std::vector<int32_t> prose_ids(size_t n) {
+  std::ifstream in(std::string(ACTIVEKV_SOURCE_DIR) + "/data/texts/pride-and-prejudice.txt", std::ios::binary);
+  if (!in) throw std::runtime_error("data/texts/pride-and-prejudice.txt missing");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  text.resize(std::min(text.size(), 10 * n));  // ~4 bytes a token: room to spare
+  std::vector<int32_t> ids = Tokenizer::from_gguf(testing::model_file()).encode(text, true);
+  if (ids.size() < n) throw std::runtime_error("the text gave too few tokens");
+  ids.resize(n);
+  return ids;
+}
+
+size_t stream_page_bytes() {
+  const model::ModelConfig& c = testing::shared_model().config();
+  return size_t(2) * c.n_kv_heads * kStreamPage * c.head_dim * 2;  // K and V, bf16
+}
+
+// Device pages of the budgets: each layer's decode tail page and the pages a
+// 512-token chunk can touch (3), plus two staging buffers of `staging` pages.
+size_t stream_budget_pages(int64_t staging) {
+  const int L = testing::shared_model().config().n_layers;
+  return size_t(L) * size_t(1 + route::pages_spanned(kStreamChunk, kStreamPage)) + 2 * size_t(staging);
+}
+// Pages of one layer the last chunk (at 2560) reads from the host: 10.
+constexpr int64_t kStreamHistoryPages = (kStreamPrompt - 1) / kStreamChunk * kStreamChunk / kStreamPage;
+
+struct PrefillRun {
+  std::vector<float> logits;  // [prompt][vocab]
+  std::vector<int32_t> tokens;  // greedy: argmax of the last prompt row, then kStreamDecode decode steps
+  std::vector<std::vector<float>> decode_logits;
+  runtime::RuntimeStats stats;  // after the prefill
+};
+
+// gpu_kv_pages = 0: the default budget (the prompt's 390 pages fit it).
+PrefillRun prefill_run(size_t gpu_kv_pages) {
+  const std::vector<int32_t> ids = prose_ids(kStreamPrompt);
+  runtime::RuntimeOptions o = options(kStreamPrompt + kStreamDecode + 1, "exact", route::KvPlacement::host);
+  o.page_size = kStreamPage;
+  o.prefill_chunk = kStreamChunk;
+  o.stream_chunk = kStreamChunk;
+  o.gpu_kv_mem = gpu_kv_pages * stream_page_bytes();
+  runtime::GpuRuntime rt(testing::model_file(), testing::shared_model().config(), o);
+  PrefillRun r;
+  r.logits = rt.prefill_logits(ids);
+  r.stats = rt.stats();
+  const size_t vocab = size_t(testing::shared_model().config().vocab_size);
+  r.tokens.push_back(model::argmax(std::span<const float>(r.logits.data() + (ids.size() - 1) * vocab, vocab)));
+  for (int i = 0; i < kStreamDecode; ++i) {
+    r.tokens.push_back(rt.decode(r.tokens.back()));
+    r.decode_logits.push_back(rt.last_logits());
+  }
+  return r;
+}
+
+// The bytes a streamed prefill must move, counted by hand: chunks start at
+// 0, 512, ..., 2560, reading 0, 2, 4, 6, 8, 10 full pages of every layer.
+size_t expected_moved_bytes() {
+  return size_t(0 + 2 + 4 + 6 + 8 + 10) * size_t(testing::shared_model().config().n_layers) * stream_page_bytes();
+}
+
+TEST(GpuRuntimeStreamedPrefill, WholeLayerStagingIsBitwiseTheResidentPrefill) {
+  NEED_GPU();
+  const PrefillRun resident = prefill_run(0);
+  const PrefillRun streamed = prefill_run(stream_budget_pages(kStreamHistoryPages));
+  EXPECT_FALSE(resident.stats.prefill_streamed);
+  EXPECT_EQ(resident.stats.prefill_moved_bytes, 0u);
+  ASSERT_TRUE(streamed.stats.prefill_streamed);
+  EXPECT_EQ(streamed.stats.prefill_chunk, kStreamChunk);
+  EXPECT_EQ(streamed.stats.prefill_staging_pages, kStreamHistoryPages);  // a buffer holds a layer's history
+  EXPECT_EQ(streamed.stats.prefill_moved_bytes, expected_moved_bytes());
+  ASSERT_EQ(resident.logits.size(), streamed.logits.size());
+  EXPECT_EQ(0, std::memcmp(resident.logits.data(), streamed.logits.data(), resident.logits.size() * sizeof(float)))
+      << "prefill logits differ between resident and whole-layer streamed prefill";
+  EXPECT_EQ(resident.tokens, streamed.tokens);
+  for (size_t i = 0; i < resident.decode_logits.size(); ++i)
+    ASSERT_EQ(0, std::memcmp(resident.decode_logits[i].data(), streamed.decode_logits[i].data(),
+                             resident.decode_logits[i].size() * sizeof(float)))
+        << "decode step " << i << " after the prefill differs";
+  std::printf("[measured] streamed prefill (whole layer, 2 x %lld pages): %.1f MiB moved, logits bitwise equal\n",
+              (long long)streamed.stats.prefill_staging_pages,
+              double(streamed.stats.prefill_moved_bytes) / (1 << 20));
+}
+
+// Staging of 2 pages per buffer: chunks from 1024 on attend their history in
+// 2..5 segments plus their own pages, merged pairwise. Bound on |dlogit|
+// against the resident run, derived (not yet measured -- the lead runs it):
+// the segments and the resident run's own key splits are the same kernel
+// cutting the keys at different places; test_prefill.cpp measured split vs
+// unsplit O within 1.5e-5 relative on the H200 (asserted 5e-5 there), and
+// the fp32 merges add ~1e-6 (5 merges of a few 2^-24, LSE ~10). The GPU-vs-CPU
+// test above measured 0.62 logits for the bf16 GEMM rounding of ~2^-9 = 2e-3
+// relative everywhere: ~300 logits per unit of relative error, so 1.6e-5 ->
+// ~0.005 logits. Asserted 0.02 (~4x: the estimate is crude); the greedy
+// continuation must not move (no near tie is expected at that size).
+constexpr double kSegmentedBound = 0.02;
+
+TEST(GpuRuntimeStreamedPrefill, SegmentedStagingFollowsTheResidentPrefillWithinTheMergeBound) {
+  NEED_GPU();
+  const PrefillRun resident = prefill_run(0);
+  const PrefillRun segmented = prefill_run(stream_budget_pages(2));
+  ASSERT_TRUE(segmented.stats.prefill_streamed);
+  EXPECT_EQ(segmented.stats.prefill_staging_pages, 2);  // the last chunk: 5 segments of history
+  EXPECT_EQ(segmented.stats.prefill_moved_bytes, expected_moved_bytes());
+  ASSERT_EQ(resident.logits.size(), segmented.logits.size());
+  double max_delta = 0;
+  for (size_t i = 0; i < resident.logits.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(segmented.logits[i])) << "logit " << i;
+    max_delta = std::max(max_delta, double(std::abs(resident.logits[i] - segmented.logits[i])));
+  }
+  std::printf("[measured] streamed prefill (segments of 2 pages) vs resident: max |dlogit| %.3g over %d positions\n",
+              max_delta, kStreamPrompt);
+  EXPECT_LE(max_delta, kSegmentedBound);
+  EXPECT_EQ(resident.tokens, segmented.tokens);
+  // Segmented twice: the same bits (fixed merge order, no atomics).
+  const PrefillRun again = prefill_run(stream_budget_pages(2));
+  EXPECT_EQ(0, std::memcmp(again.logits.data(), segmented.logits.data(), again.logits.size() * sizeof(float)));
+}
+
+TEST(GpuRuntimeStreamedPrefill, ABudgetBelowStreamingsMinimumNamesTheSizesAndKeepsTheHistory) {
+  NEED_GPU();
+  runtime::RuntimeOptions o = options(kStreamPrompt + 1, "exact", route::KvPlacement::host);
+  o.page_size = kStreamPage;
+  o.prefill_chunk = kStreamChunk;
+  o.stream_chunk = kStreamChunk;
+  o.gpu_kv_mem = (stream_budget_pages(1) - 1) * stream_page_bytes();  // one page short of 2 staging pages
+  runtime::GpuRuntime rt(testing::model_file(), testing::shared_model().config(), o);
+  const int32_t four[4] = {1, 2, 3, 4};
+  rt.prefill(four);  // 4 tokens fit resident
+  EXPECT_FALSE(rt.stats().prefill_streamed);
+  try {
+    rt.prefill(prose_ids(kStreamPrompt - 4));
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("MiB"), std::string::npos) << m;
+    EXPECT_NE(m.find("--gpu-kv-mem"), std::string::npos) << m;
+  }
+  EXPECT_EQ(rt.n_tokens(), 4);
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 
 #include "../model/qwen2_fixture.h"
 #include "activekv/model/sampler.h"
+#include "activekv/route/prefill_plan.h"
 #include "activekv/runtime/gpu_runtime.h"
 #include "device_array.h"
 
@@ -38,15 +39,18 @@ constexpr double kGpuCpuBound = 0.3;
 // tests/model/qwen2_test.cpp, bound 0.13 there).
 constexpr double kCpuTransformersBound = 0.13;
 
+constexpr int kPage = 16;   // the 40-token window spans 3 pages, the greedy run 3
+constexpr int kChunk = 12;  // chunks that end mid-page
+
 runtime::RuntimeOptions options(int64_t n_ctx, route::KvPlacement placement) {
   runtime::RuntimeOptions o;
   o.n_ctx = n_ctx;
-  o.page_size = 16;       // the 40-token window spans 3 pages, the greedy run 3
+  o.page_size = kPage;
   o.route.kind = route::RouteKind::exact;
   o.route.tile_pages = 2; // several streamed jobs per layer
   o.placement = placement;
   o.convert_threads = 0;
-  o.prefill_chunk = 12;   // chunks that end mid-page
+  o.prefill_chunk = kChunk;
   o.sampling.temperature = 0.f;
   return o;
 }
@@ -111,6 +115,49 @@ TEST(GpuRuntimeQwen2, PrefillLogitsFollowTheCpuAndTransformers) {
               tf.positions, tf.max, tf.argmax_agree, tf.positions);
   EXPECT_LE(tf.max, bound);
   EXPECT_EQ(tf.clear_disagree, 0u) << "argmax differs where transformers' top1-top2 gap exceeds 2 x the bound";
+}
+
+// A streamed prefill (issue 9, item 6) on qwen2 (biases, group 2): the
+// golden's 40 tokens three times over (120 tokens, 8 pages of 16) prefilled
+// with the history resident and streamed through staging buffers of 1 and 3
+// pages (the history of a chunk: up to 6 pages, so 1..6 segments merged by
+// LSE). With 2 layers, two whole-layer buffers cost as much as keeping the
+// prompt resident, so the bitwise whole-layer case is SmolLM2's
+// (test_runtime.cpp). Bound, derived (the lead measures it): two cuttings of
+// the keys differ by ~1.5e-5 relative in O (split vs unsplit,
+// test_prefill.cpp, H200); this model's logits moved 0.13 for bf16 GEMM
+// rounding of ~2e-3 relative (kGpuCpuBound's note): ~65 per unit, so ~0.001;
+// asserted 0.01, loosely.
+TEST(GpuRuntimeQwen2, StreamedPrefillFollowsTheResidentOne) {
+  NEED_GPU();
+  const std::vector<int32_t> golden = testing::qwen2_golden()["token_ids"].get<std::vector<int32_t>>();
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 3; ++i) ids.insert(ids.end(), golden.begin(), golden.end());
+  const model::ModelConfig& c = testing::qwen2_model().config();
+  const size_t page_bytes = size_t(2) * c.n_kv_heads * kPage * c.head_dim * 2;
+  // Each layer's decode tail page and the pages a chunk can touch.
+  const size_t fixed = size_t(c.n_layers) * size_t(1 + route::pages_spanned(kChunk, kPage));
+  auto run = [&](size_t budget_pages, int64_t staging) {
+    runtime::RuntimeOptions o = options(int64_t(ids.size()), route::KvPlacement::host);
+    o.stream_chunk = o.prefill_chunk;
+    o.gpu_kv_mem = budget_pages * page_bytes;
+    runtime::GpuRuntime rt(testing::qwen2_file(), c, o);
+    std::vector<float> logits = rt.prefill_logits(ids);
+    EXPECT_EQ(rt.stats().prefill_streamed, staging > 0);
+    EXPECT_EQ(rt.stats().prefill_staging_pages, staging);
+    return logits;
+  };
+  const std::vector<float> resident = run(0, 0);
+  for (int64_t staging : {1, 3}) {
+    const std::vector<float> streamed = run(fixed + 2 * size_t(staging), staging);
+    ASSERT_EQ(resident.size(), streamed.size());
+    double max_delta = 0;
+    for (size_t i = 0; i < resident.size(); ++i)
+      max_delta = std::max(max_delta, double(std::abs(resident[i] - streamed[i])));
+    std::printf("[measured] qwen2 streamed prefill, staging 2 x %lld pages, vs resident: max |dlogit| %.3g\n",
+                (long long)staging, max_delta);
+    EXPECT_LE(max_delta, 0.01);
+  }
 }
 
 /// The CPU's greedy tokens and each decode step's logits (bf16 pages).

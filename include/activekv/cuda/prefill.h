@@ -29,6 +29,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "activekv/cuda/decode_attention.h"
 
@@ -104,12 +105,30 @@ class PrefillAttention {
   void run(const void* const* pages, int64_t n_pages, int64_t pos0, int n_rows, const float* q, float* out,
            float* out_lse, cudaStream_t stream);
 
+  /// Enqueues the attention of rows [0, n_rows) to every key of [0, n_keys),
+  /// with no causal mask: a segment of history that lies wholly before the
+  /// rows (a prefill whose history streams through a staging area attends it
+  /// segment by segment and merges the (O, LSE) partials with launch_merge).
+  /// pages: as run(), covering n_keys tokens; no slot at or past n_keys is
+  /// read. q, out, out_lse: as run() (out_lse is what a merge needs). Keys
+  /// split across CTAs as run() splits a last row's n_keys keys. Throws InvalidArgument (bad pointer, n_keys <= 0, n_rows <=
+  /// 0, n_keys + n_rows >= 2^31, pages not covering n_keys); CudaError if a
+  /// launch fails.
+  void run_keys(const void* const* pages, int64_t n_pages, int64_t n_keys, int n_rows, const float* q, float* out,
+                float* out_lse, cudaStream_t stream);
+
   const AttnShape& shape() const { return sh_; }
   const PrefillConfig& config() const { return cfg_; }
   /// Bytes of device workspace owned (split partials and their counts).
   size_t workspace_bytes() const { return ws_bytes_; }
 
  private:
+  PrefillLaunch plan_keys(int64_t kv, int n_rows) const;
+  void check_pointers(const void* const* pages, const float* q, const float* out) const;
+  void check_coverage(int64_t n_pages, int64_t tokens, const std::string& what) const;
+  void launch(const PrefillLaunch& L, const void* const* pages, int64_t pos0, int n_rows, int key_end,
+              const float* q, float* out, float* out_lse, cudaStream_t stream);
+
   AttnShape sh_;
   PrefillConfig cfg_;
   int wave_ctas_ = 0;  // CTAs that fill the GPU once (SMs x CTAs per SM)

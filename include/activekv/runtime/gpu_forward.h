@@ -41,10 +41,14 @@ class GpuForward {
   /// Rows a projection runs as a matvec (batched decode); more rows use the GEMM.
   static constexpr int kMatvecRows = 8;
 
+  /// Device bytes the buffers take per row of max_rows (activations, FFN,
+  /// logits, the GEMM's bf16 input).
+  static size_t row_bytes(const model::ModelConfig& c);
+
   /// Buffers for up to `max_rows` rows. `f32_activations`: every projection
   /// multiplies dequantised weights by fp32 activations
   /// (launch_matvec_f32_activations), no int8 or bf16 rounding of them.
-  /// Throws CudaError when the buffers do not fit.
+  /// Throws CudaError when the buffers do not fit (having freed what it took).
   GpuForward(const model::ModelConfig& c, const GpuWeights& w, int max_rows, bool f32_activations = false);
   ~GpuForward();
   GpuForward(const GpuForward&) = delete;
@@ -67,6 +71,8 @@ class GpuForward {
   void project_same_input(std::initializer_list<std::pair<const cuda::DeviceMatrix*, float*>> outs, const float* in,
                           int T, cudaStream_t s);
   void layer(int l, int T, const int64_t* pos, const LayerAttention& attend, cudaStream_t s);
+  void allocate();
+  void release();
 
   model::ModelConfig c_;
   const GpuWeights& w_;

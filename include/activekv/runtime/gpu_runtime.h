@@ -19,8 +19,16 @@
 // only each layer's tail page on the GPU and streams every full page every
 // step. Prefill runs on the GPU in chunks of full-model GEMMs, the chunk's
 // attention over device copies of the history (with `host`, those copies are
-// freed once the prompt is done; a prompt whose history does not fit the
-// GPU budget is refused for now, with the sizes).
+// freed once the prompt is done). With `host`, a prompt whose history does
+// not fit the GPU budget streams instead (activekv/route/prefill_plan.h):
+// only the pages a chunk writes live on the GPU, and each chunk's attention
+// reads every layer's earlier pages from the host store through two staging
+// buffers, copied on a copy stream while the other buffer is attended. When
+// a buffer holds a layer's whole history the result is bitwise the resident
+// one; otherwise the history is attended in segments whose (O, LSE) partials
+// merge exactly (SPEC §4), equal within fp32 rounding of the merge and the
+// kernel's split-dependent rounding (tests/cuda/test_runtime.cpp). Streamed
+// chunks are larger (opt.stream_chunk): every chunk re-reads the history.
 //
 // Exactness: the decode engine reads the same bytes with the same kernels
 // and split boundaries whatever the placement, so `host` and `gpu` decode
@@ -53,6 +61,8 @@ struct RuntimeOptions {
   int convert_threads = 1;    ///< background conversion threads (compressed routes); 0 = convert
                               ///< inside the step that fills a page (deterministic routes, for tests)
   int prefill_chunk = 512;    ///< tokens per prefill forward pass
+  int stream_chunk = 0;       ///< tokens per prefill forward pass when the prompt's history streams
+                              ///< (does not fit the GPU budget); 0 = automatic (route::choose_stream_chunk)
   int split_tokens = 0;       ///< tokens per attention CTA; 0 = the largest divisor of page_size <= 512
   bool f32_activations = false;  ///< projections with fp32 activations, prefill included (the CPU path's
                                  ///< arithmetic, slower) instead of int8 (decode) / bf16 (prefill GEMM) ones
@@ -70,6 +80,11 @@ struct RuntimeStats {
   size_t copies = 0;               ///< host -> device copies, all decode steps
   size_t decode_steps = 0;
   route::RouteReport pages;        ///< pages per format and segments read, all decode steps
+  // The last prefill (activekv/route/prefill_plan.h).
+  bool prefill_streamed = false;   ///< its history streamed from host memory (did not fit the GPU budget)
+  int prefill_chunk = 0;           ///< tokens per chunk
+  int64_t prefill_staging_pages = 0;  ///< streamed: pages per staging buffer (two buffers)
+  size_t prefill_moved_bytes = 0;  ///< streamed: history bytes copied host -> device, all its chunks
 };
 
 using ProgressFn = std::function<void(int64_t done, int64_t total)>;
@@ -86,10 +101,12 @@ class GpuRuntime {
   GpuRuntime(const GpuRuntime&) = delete;
   GpuRuntime& operator=(const GpuRuntime&) = delete;
 
-  /// Appends the prompt (chunks of opt.prefill_chunk, `progress` after each)
-  /// and returns the token sampled from its last position. Throws
+  /// Appends the prompt (chunks of opt.prefill_chunk, or of the streamed
+  /// chunk when its history does not fit the GPU budget; `progress` after
+  /// each) and returns the token sampled from its last position. Throws
   /// InvalidArgument for an empty prompt, a bad token id or a history past
-  /// n_ctx; what was already appended stays.
+  /// n_ctx, Error with the sizes when not even a streamed prefill fits the
+  /// budget; what was already appended stays.
   int32_t prefill(std::span<const int32_t> prompt, const ProgressFn& progress = {});
   /// Appends `token` and returns the token sampled after it (one decode step).
   int32_t decode(int32_t token);
