@@ -22,8 +22,6 @@ bool gpu_present() {
   return ok;
 }
 
-namespace {
-
 runtime::RuntimeOptions runtime_options(const GenerateArgs& a, int64_t n_ctx) {
   runtime::RuntimeOptions o;
   o.n_ctx = n_ctx;
@@ -38,8 +36,6 @@ runtime::RuntimeOptions runtime_options(const GenerateArgs& a, int64_t n_ctx) {
   o.sampling = sampler_params(a);
   return o;
 }
-
-}  // namespace
 
 int run_generate_gpu(const GenerateArgs& a) {
   GenerationReport r;

@@ -207,6 +207,10 @@ void HistoryView::committed() {
   if (compressed_) compressed_->schedule();
 }
 
+void HistoryView::wait_conversions() {
+  if (compressed_) compressed_->wait();
+}
+
 void HistoryView::prefill_done(cudaStream_t s) {
   if (!prompt_) return;
   const int ps = seq_.shape().page_size;

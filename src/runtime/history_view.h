@@ -46,6 +46,8 @@ class HistoryView {
   const void* const* device_pages(int layer, int64_t n_tokens) const;
   /// After a commit: queues conversion of pages that became full.
   void committed();
+  /// Waits until every queued conversion has published its page.
+  void wait_conversions();
   /// After the prompt: with host placement, frees the prompt's device pages
   /// but each layer's tail.
   void prefill_done(cudaStream_t s);
