@@ -20,25 +20,31 @@
 namespace activekv::cli {
 namespace {
 
-/// Host-memory read bandwidth (GB/s) with `threads` OpenMP threads: a sum of
-/// 64-bit words over `bytes` (far past the caches), each thread reading the
-/// part it first touched, median of `reps` after one warm-up.
+/// Host-memory read bandwidth (GB/s) with `threads` OpenMP threads over a
+/// working set of `bytes`: a sum of 64-bit words, each thread reading the
+/// part it first touched, repeated until a timing lasts >= ~20 ms, median of
+/// `reps` after one warm-up. The working set is what a decode step reads (its
+/// weights): a model whose weights fit the CPU caches is floored by the
+/// caches' bandwidth, one of gigabytes by DRAM's.
 double measure_host_read_gbps(size_t bytes, int threads, int reps) {
-  const size_t n = bytes / sizeof(uint64_t);
+  const size_t n = std::max<size_t>(bytes / sizeof(uint64_t), 1 << 17);
   std::vector<uint64_t> buf(n);
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (size_t i = 0; i < n; ++i) buf[i] = i * 0x9e3779b97f4a7c15ull;
+  const int loops = int(std::max<size_t>(1, (size_t(1) << 30) / (n * sizeof(uint64_t))));  // ~1 GiB per timing
   std::vector<double> ms;
   volatile uint64_t sink = 0;
   for (int r = 0; r <= reps; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
     uint64_t acc = 0;
+    for (int l = 0; l < loops; ++l) {
 #pragma omp parallel for num_threads(threads) schedule(static) reduction(+ : acc)
-    for (size_t i = 0; i < n; ++i) acc += buf[i];
+      for (size_t i = 0; i < n; ++i) acc += buf[i];
+    }
     if (r > 0) ms.push_back(ms_since(t0));
     sink = sink + acc;
   }
-  return double(n * sizeof(uint64_t)) / (quantile(ms, 0.5) * 1e6);
+  return double(n * sizeof(uint64_t)) * loops / (quantile(ms, 0.5) * 1e6);
 }
 
 class CpuSession final : public BenchSession {
@@ -89,8 +95,7 @@ BenchDevice cpu_bench_device(const ModelBenchArgs& a, const gguf::File& f) {
   BenchDevice d;
   d.name = fmt::format("cpu ({} threads, OpenBLAS {} kernels)", a.threads, blas_core_name());
   d.weight_bytes = decode_weight_bytes(f, true);
-  // 512 MiB: far past any L3, small beside the weights the run holds anyway.
-  d.weight_gbps = measure_host_read_gbps(size_t(512) << 20, a.threads, 5);
+  d.weight_gbps = measure_host_read_gbps(size_t(d.weight_bytes), a.threads, 5);
   d.weight_link = "host read";
   const CpuHistoryOptions base{"bf16", a.page_size, a.recent_pages, a.tile_pages, a.convert_threads};
   d.open = [lm, base](const std::string& format, const std::string&, int64_t n_ctx) {

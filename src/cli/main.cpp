@@ -29,7 +29,11 @@ std::string default_prompt_path() { return ACTIVEKV_DEFAULT_PROMPT; }
 void add_missing_cuda(CLI::App& app, std::function<int()>& run) {
   app.description(app.get_description() + " [not in this build: needs the CUDA backend]");
   app.allow_extras();
-  run = [name = app.get_name()]() -> int {
+  // "bench decode", not "decode": the parent's name when it is a subcommand too.
+  const CLI::App* parent = app.get_parent();
+  std::string name = app.get_name();
+  if (parent && parent->get_parent()) name = parent->get_name() + " " + name;
+  run = [name]() -> int {
     throw Error(name + ": this activekv was built without the CUDA backend (ACTIVEKV_CUDA=OFF, or no nvcc at "
                 "configure time)");
   };
