@@ -7,6 +7,7 @@
 
 #include <algorithm>
 
+#include "activekv/core/error.h"
 #include "activekv/runtime/gpu_runtime.h"
 #include "bandwidth.h"
 #include "bench_model.h"
