@@ -74,27 +74,30 @@ double measure_hbm_read_gbps(size_t bytes, int reps) {
 
 void enqueue_h2d_copies(std::byte* dst, const std::byte* src, size_t copy_bytes, int n, size_t span, cudaStream_t s) {
   for (int i = 0; i < n; ++i) {
-    const size_t off = size_t(i) * copy_bytes % (span - copy_bytes + 1);
+    const size_t off = size_t(i) % (span / copy_bytes) * copy_bytes;
     AKV_CUDA(cudaMemcpyAsync(dst + off, src + off, copy_bytes, cudaMemcpyHostToDevice, s));
   }
 }
 
 double measure_h2d_gbps(size_t copy_bytes, int n, int reps) {
   const size_t span = copy_bytes * size_t(std::min(n, 4));
-  std::byte* host = cuda::pinned_host_memory().allocate(span);
-  try {
-    fill_random_bf16(host, span, 1, host_threads());
-    DevBuf dst(span, "H2D bandwidth: copy target");
-    cudaStream_t s = nullptr;
-    AKV_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    const double ms = median_ms(s, 1, reps, [&] { enqueue_h2d_copies(dst.as<std::byte>(), host, copy_bytes, n, span, s); });
-    cudaStreamDestroy(s);
-    cuda::pinned_host_memory().free(host, span);
-    return double(copy_bytes) * n / (ms * 1e6);
-  } catch (...) {
-    cuda::pinned_host_memory().free(host, span);
-    throw;
-  }
+  // The pinned source and the stream, released however the measurement ends.
+  struct Resources {
+    size_t span;
+    std::byte* host = nullptr;
+    cudaStream_t stream = nullptr;
+    ~Resources() {
+      if (stream) cudaStreamDestroy(stream);
+      if (host) cuda::pinned_host_memory().free(host, span);
+    }
+  } r{span};
+  r.host = cuda::pinned_host_memory().allocate(span);
+  fill_random_bf16(r.host, span, 1, host_threads());
+  DevBuf dst(span, "H2D bandwidth: copy target");
+  AKV_CUDA(cudaStreamCreateWithFlags(&r.stream, cudaStreamNonBlocking));
+  const double ms =
+      median_ms(r.stream, 1, reps, [&] { enqueue_h2d_copies(dst.as<std::byte>(), r.host, copy_bytes, n, span, r.stream); });
+  return double(copy_bytes) * n / (ms * 1e6);
 }
 
 }  // namespace activekv::gpu_bench

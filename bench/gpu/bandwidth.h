@@ -20,8 +20,8 @@ namespace activekv::gpu_bench {
 double measure_hbm_read_gbps(size_t bytes = size_t(4) << 30, int reps = 10);
 
 /// Enqueues `n` back-to-back host -> device copies of `copy_bytes` each on
-/// `s`, copy i from src + (i * copy_bytes) % span to dst + the same offset
-/// (`span`: bytes both buffers hold, >= copy_bytes). `src` must be pinned for
+/// `s`, copy i from src + (i mod k) * copy_bytes to dst + the same offset
+/// (`span`: bytes both buffers hold, >= copy_bytes; k = span / copy_bytes). `src` must be pinned for
 /// the copies to be DMA at full speed. What `calibrate` times per copy size.
 void enqueue_h2d_copies(std::byte* dst, const std::byte* src, size_t copy_bytes, int n, size_t span, cudaStream_t s);
 

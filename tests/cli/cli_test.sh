@@ -71,7 +71,9 @@ for key, r in rows.items():
         # overhead): 2.9-13 with a build running beside it. Bound 0.3: the bandwidth and the steps
         # are timed apart, and a loaded machine can slow the one and not the other.
         assert r["floor_ms"] > 0 and r["floor_ratio"] >= 0.3, (key, r["floor_ratio"])
-        assert r["history_bytes_per_token"] > 0, key
+        # GPU host placement at depth 0: the few tokens sit in the tail page, which has a device copy,
+        # so nothing streams; every other decode row reads history.
+        assert r["history_bytes_per_token"] > 0 or r["depth"] == 0, key
     else:
         assert r["floor_ms"] is None, key
 print("ok: bench JSON,", len(rows), "rows")
