@@ -19,6 +19,11 @@
 #   cpu     (build) + CPU decode attention on this host: its tests, then
 #           bench_cpu_attention (27B shape, 8K/32K x 16 layers, threads 1..all)
 #           against the host's read bandwidth -> cpu_attention.json
+#   modelbench  the llama.cpp comparison (issue 10): writes the 27B-shape GGUF
+#           (tools/make_synthetic_gguf.py, random Q4_0, 3.25 GB) to /tmp once,
+#           runs `activekv bench` on it (pp512, tg32 at depths 0, 32K, 128K;
+#           bf16 and hybrid; host and gpu placement; 3 repetitions) into
+#           $OUT/model_bench.json, and plots it ($OUT/model_bench.png)
 #
 # The image lacks our Debian libraries: fetch them here (ignored via .git/info/exclude):
 #   (mkdir -p .debs && cd .debs && apt-get download libopenblas0-openmp libopenblas-openmp-dev \
@@ -133,12 +138,33 @@ run_cpu() {
     --contexts 8192,32768 --layers 16 --reps 5 --read-mib 8192 --json "$OUT/cpu_attention.json"
 }
 
+run_modelbench() {
+  echo "== activekv bench: the 27B-shape synthetic GGUF (random Q4_0, speed only) beside llama.cpp's SPEC §1 figures"
+  local G=/tmp/akv-27b-q4_0.gguf
+  [ -f "$G" ] || python3 tools/make_synthetic_gguf.py "$G" || return 1
+  $AKV bench -m "$G" -p 512 -n 32 -d 0,32768,131072 -ctk bf16,hybrid --kv-placement host,gpu -r 3 -o json \
+    > "$OUT/model_bench.json" || return 1
+  python3 - "$OUT/model_bench.json" <<'EOF'
+import json, sys
+d = json.load(open(sys.argv[1]))
+print(f"{d['device']} | depth fill: {d['depth_fill']} | bandwidth: {d['bandwidth']}")
+for r in d["rows"]:
+    f = lambda v, p=2: "-" if v is None else f"{v:.{p}f}"
+    print(f"{r['kv_format']:7} {r['kv_placement']:4} {r['test']:16} {r['tokens_per_s_mean']:9.2f} t/s "
+          f"{r['ms_per_token']:9.3f} ms/tok  floor {f(r['floor_ms'], 3)} ms (x{f(r['floor_ratio'])})  "
+          f"llama.cpp {f(r['llama_cpp_ms'])} ({r['llama_cpp_cache'] or '-'}) speed-up {f(r['speedup_vs_llama_cpp'])}")
+EOF
+  python3 bench/plot_model_bench.py "$OUT/model_bench.json" -o "$OUT/model_bench.png" \
+    || echo "-- no plot here (matplotlib?): run bench/plot_model_bench.py on the JSON"
+}
+
 RC=0
 case "$PHASE" in
   cpu) run_cpu || RC=1 ;;
   tests) run_tests || RC=1 ;;
   bench) run_bench ;;
   all) run_tests || RC=1; run_bench ;;
+  modelbench) run_modelbench || RC=1 ;;
 esac
 echo "== done in $(( $(date +%s) - t0 )) s, rc=$RC"
 exit $RC

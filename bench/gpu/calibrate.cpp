@@ -10,6 +10,7 @@
 #include "activekv/cuda/format_kernels.h"
 #include "activekv/cuda/pinned_memory.h"
 #include "activekv/kv/codec.h"
+#include "bandwidth.h"
 #include "bench_util.h"
 #include "gpu_bench.h"
 
@@ -181,11 +182,8 @@ Profile calibrate(const CalibrateOptions& opt) {
   std::printf("  %12s %10s\n", "copy bytes", "GB/s");
   for (size_t sz = size_t(64) << 10; sz <= kMax; sz *= 2) {
     const int n = int(std::max<size_t>(1, std::min<size_t>(64, kMax / sz)));
-    const double ms = time_ms([&] {
-      for (int i = 0; i < n; ++i)
-        AKV_CUDA(cudaMemcpyAsync(dst.as<std::byte>() + size_t(i) * sz % kMax, host.p + size_t(i) * sz % kMax, sz,
-                                 cudaMemcpyHostToDevice, st));
-    }, std::max(3, opt.reps / 4));
+    const double ms = time_ms([&] { enqueue_h2d_copies(dst.as<std::byte>(), host.p, sz, n, kMax, st); },
+                              std::max(3, opt.reps / 4));
     pr.copy_bytes.push_back(double(sz));
     pr.copy_gbps.push_back(double(sz) * n / (ms * 1e6));
     std::printf("  %12zu %10.2f\n", sz, pr.copy_gbps.back());

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "activekv/cuda/quant_matvec.h"
+#include "bandwidth.h"  // measure_hbm_read_gbps (bench/gpu)
 
 namespace {
 
@@ -49,20 +50,6 @@ __global__ void fill_random(uint32_t* p, size_t n, uint32_t seed) {
     h ^= h >> 16; h *= 0x85ebca6bu; h ^= h >> 13; h *= 0xc2b2ae35u; h ^= h >> 16;
     p[i] = h;
   }
-}
-
-/// Streams n 16-byte words once; the sum is written only if it hits a magic
-/// value (never), so the loads cannot be optimised away.
-__global__ void read_only(const uint4* __restrict__ p, size_t n, uint32_t* out) {
-  uint32_t acc = 0;
-  const size_t stride = size_t(gridDim.x) * blockDim.x;
-  size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
-  for (; i + 3 * stride < n; i += 4 * stride) {
-    const uint4 a = p[i], b = p[i + stride], c = p[i + 2 * stride], d = p[i + 3 * stride];
-    acc += a.x ^ b.y ^ c.z ^ d.w ^ a.w ^ b.x ^ c.y ^ d.z;
-  }
-  for (; i < n; i += stride) acc += p[i].x ^ p[i].w;
-  if (acc == 0x9e3779b9u) out[0] = acc;
 }
 
 double median(std::vector<double> v) {
@@ -134,18 +121,15 @@ int main(int argc, char** argv) {
 
     // HBM floors on a 4 GiB buffer (far past L2).
     const size_t big = size_t(4) << 30;
-    DevBuf hbm(big), sink(64);
+    const double read_gbs = activekv::gpu_bench::measure_hbm_read_gbps(big, 10);
+    DevBuf hbm(big);
     fill_random<<<4096, 256>>>(static_cast<uint32_t*>(hbm.p), big / 4, 1);
     check_cuda(cudaGetLastError(), "fill_random");
-    const double t_read = time_median(10, [&] {
-      read_only<<<prop.multiProcessorCount * 8, 512>>>(static_cast<const uint4*>(hbm.p), big / 16,
-                                                       static_cast<uint32_t*>(sink.p));
-    });
     const double t_copy = time_median(10, [&] {
       check_cuda(cudaMemcpyAsync(static_cast<char*>(hbm.p) + big / 2, hbm.p, big / 2, cudaMemcpyDeviceToDevice),
                  "cudaMemcpyAsync");
     });
-    const double read_gbs = double(big) / t_read * 1e-9, copy_gbs = double(big) / t_copy * 1e-9;
+    const double copy_gbs = double(big) / t_copy * 1e-9;
     std::printf("device %s, %d SMs, L2 %.0f MB\nHBM floor: read-only kernel %.0f GB/s; cudaMemcpy D2D %.0f GB/s "
                 "(read + write)\n\n",
                 prop.name, prop.multiProcessorCount, l2 / 1e6, read_gbs, copy_gbs);

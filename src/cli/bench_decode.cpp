@@ -6,10 +6,8 @@
 
 namespace activekv::cli {
 
-void add_bench(CLI::App& app, std::function<int()>& run) {
-  app.require_subcommand(1, 1);
-  auto* dec = app.add_subcommand("decode", "Decode-step latency vs depth per kv-format: streamed from pinned host "
-                                           "memory, resident, transfer-model prediction, bus-limit ratio");
+void add_bench_decode(CLI::App& app, std::function<int()>& run) {
+  CLI::App* dec = &app;
   auto o = std::make_shared<gpu_bench::BenchDecodeOptions>();
   dec->add_option("--contexts,-d", o->contexts, "Depths (context tokens), e.g. 32k,64k,128k (k = 1024)")
       ->delimiter(',')

@@ -20,10 +20,17 @@ void add_eval(CLI::App& app, std::function<int()>& run);
 /// `activekv gate`: the economic gate (SPEC 6) over bench + eval JSON. CPU
 /// only (it reads measurements), so it is in every build.
 void add_gate(CLI::App& app, std::function<int()>& run);
-#ifdef ACTIVEKV_HAVE_CUDA
-/// `bench decode` and `calibrate`: the GPU decode engine (src/cuda/bench.cpp).
+/// `activekv bench -m MODEL ...`: the whole model's speed in llama-bench's
+/// form (bench_model.h); in every build (--device cpu without CUDA).
 void add_bench(CLI::App& app, std::function<int()>& run);
+#ifdef ACTIVEKV_HAVE_CUDA
+/// `bench decode` and `calibrate`: the GPU decode engine alone (bench/gpu).
+void add_bench_decode(CLI::App& app, std::function<int()>& run);
 void add_calibrate(CLI::App& app, std::function<int()>& run);
+#else
+/// A CPU-only build keeps the GPU subcommands' names, so that asking for one
+/// says what is missing instead of "argument not expected".
+void add_missing_cuda(CLI::App& app, std::function<int()>& run);
 #endif
 
 }  // namespace activekv::cli

@@ -22,6 +22,7 @@
 #include "activekv/core/text_file.h"
 #include "activekv/model/llama_model.h"
 #include "commands.h"
+#include "cpu_history.h"
 #include "memory.h"
 #include "provenance.h"
 #include "stats.h"
@@ -151,31 +152,8 @@ nlohmann::json report_json(const GenerationReport& r) {
           {"peak_rss_bytes", peak_rss_bytes()}};
 }
 
-// --kv-format: bf16/f32 are exact routes over pages of that format; the
-// compressed formats read bf16 pages converted in the background.
-struct HistoryPlan {
-  kv::PageFormat page_format = kv::PageFormat::bf16;
-  route::RouteKind route = route::RouteKind::exact;
-  std::vector<kv::CodecFormat> codecs;
-};
-
-HistoryPlan plan_history(const std::string& kv_format) {
-  if (kv_format == "bf16" || kv_format == "f32") return {kv::parse_page_format(kv_format), route::RouteKind::exact, {}};
-  const route::RouteKind kind = route::parse_kind(kv_format);
-  const kv::CodecFormat codec =
-      kind == route::RouteKind::lossless13 ? kv::CodecFormat::lossless13 : kv::CodecFormat::int8s;
-  return {kv::PageFormat::bf16, kind, {codec}};
-}
-
-// --device auto: the GPU when this build has the CUDA backend and a usable GPU is present.
-std::string resolve_device(const std::string& device) {
-#ifdef ACTIVEKV_HAVE_CUDA
-  if (device == "auto") return gpu_present() ? "cuda" : "cpu";
-#else
-  if (device == "auto") return "cpu";
-  if (device == "cuda") throw Error("--device cuda: this activekv was built without the CUDA backend (ACTIVEKV_CUDA=OFF)");
-#endif
-  return device;
+CpuHistoryOptions history_options(const GenerateArgs& a) {
+  return {a.kv_format, a.page_size, a.recent_pages, a.tile_pages, a.convert_threads};
 }
 
 // Argument combinations that cannot work, rejected before the model loads.
@@ -195,17 +173,16 @@ void check_args(const GenerateArgs& a, const std::string& device) {
 }
 
 // Samples, streams and runs one forward step per token; times each step.
-void decode_loop(const GenerateArgs& a, model::LlamaModel& lm, const Tokenizer& tok, kv::SequenceKv& seq,
-                 convert::CompressedHistory* compressed, const route::RoutedView& view, model::Sampler& sampler,
-                 std::vector<float>& logits, GenerationReport& r) {
+void decode_loop(const GenerateArgs& a, model::LlamaModel& lm, const Tokenizer& tok, CpuHistory& h,
+                 model::Sampler& sampler, std::vector<float>& logits, GenerationReport& r) {
   for (int i = 0; i < a.n_predict; ++i) {
     const auto ts = std::chrono::steady_clock::now();
     const int32_t id = sampler.sample(logits);
     if (!emit_token(tok, id, r)) break;
     if (i + 1 == a.n_predict) break;  // the last token needs no forward pass
     const int32_t one[1] = {id};
-    lm.forward(one, seq, logits, false, &view);
-    if (compressed) compressed->schedule();
+    lm.forward(one, h.seq(), logits, false, &h.view());
+    h.schedule();
     r.step_ms.push_back(ms_since(ts));
   }
 }
@@ -234,20 +211,7 @@ int run_cpu(const GenerateArgs& a) {
   if (n_ctx > c.context_length) {
     fmt::print(stderr, "warning: context {} exceeds the model's trained context {}\n", n_ctx, c.context_length);
   }
-  const HistoryPlan plan = plan_history(a.kv_format);
-  const kv::KvShape shape = lm.kv_shape(a.page_size, plan.page_format);
-  const size_t pages_per_layer = size_t((n_ctx + a.page_size - 1) / a.page_size);
-  require_page_store(shape, n_ctx);  // refuse now what could not be held, not hours in
-  kv::PageStore store(shape, pages_per_layer * size_t(c.n_layers));
-  kv::SequenceKv seq(store);
-  std::unique_ptr<convert::ConversionPool> pool;
-  if (!plan.codecs.empty()) pool = std::make_unique<convert::ConversionPool>(a.convert_threads);
-  // Declared after seq: destroyed (its conversions cancelled) before seq frees its pages.
-  std::unique_ptr<convert::CompressedHistory> compressed;
-  if (pool) compressed = std::make_unique<convert::CompressedHistory>(seq, plan.codecs, pages_per_layer, pool.get());
-  route::RoutedView view;
-  view.compressed = compressed.get();
-  view.config = {plan.route, a.recent_pages, a.tile_pages};
+  CpuHistory h(lm, history_options(a), n_ctx);
   model::Sampler sampler(sampler_params(a));
 
   fmt::print(stderr, "activekv: {} | cpu, {} threads | {} layers, {} KV heads x {} | {} history, page {} tokens, tile {} pages | {} prompt tokens\n",
@@ -255,11 +219,11 @@ int run_cpu(const GenerateArgs& a) {
              prompt.size());
   r.prompt_tokens = int64_t(prompt.size());
   t0 = std::chrono::steady_clock::now();
-  std::vector<float> logits = lm.prefill(prompt, seq, prefill_progress(t0), &view);
+  std::vector<float> logits = lm.prefill(prompt, h.seq(), prefill_progress(t0), &h.view());
   r.prefill_ms = ms_since(t0);
   if (!a.chat) fmt::print("{}", !a.prompt && a.prompt_file.empty() ? "[...] " : "");
-  view.report = &r.decode_route;
-  decode_loop(a, lm, tok, seq, compressed.get(), view, sampler, logits, r);
+  h.view().report = &r.decode_route;
+  decode_loop(a, lm, tok, h, sampler, logits, r);
   report(a, r);
   return 0;
 }
@@ -274,6 +238,17 @@ int run(const GenerateArgs& a) {
 }
 
 }  // namespace
+
+// --device auto: the GPU when this build has the CUDA backend and a usable GPU is present.
+std::string resolve_device(const std::string& device) {
+#ifdef ACTIVEKV_HAVE_CUDA
+  if (device == "auto") return gpu_present() ? "cuda" : "cpu";
+#else
+  if (device == "auto") return "cpu";
+  if (device == "cuda") throw Error("--device cuda: this activekv was built without the CUDA backend (ACTIVEKV_CUDA=OFF)");
+#endif
+  return device;
+}
 
 void report(const GenerateArgs& a, const GenerationReport& r) {
   print_summary(r);

@@ -9,6 +9,9 @@
 #include <vector>
 
 #include "activekv/model/sampler.h"
+#ifdef ACTIVEKV_HAVE_CUDA
+#include "activekv/runtime/gpu_runtime.h"
+#endif
 #include "activekv/route/route.h"
 #include "activekv/tokenizer/tokenizer.h"
 #include "options.h"
@@ -71,9 +74,15 @@ bool emit_token(const Tokenizer& tok, int32_t id, GenerationReport& r);
 /// Prints the summary to stderr and, with --json, writes it.
 void report(const GenerateArgs& a, const GenerationReport& r);
 
+/// --device: "auto" becomes "cuda" when this build has the CUDA backend and a
+/// usable GPU is present, else "cpu". Throws Error for "cuda" in a CPU-only build.
+std::string resolve_device(const std::string& device);
+
 #ifdef ACTIVEKV_HAVE_CUDA
 /// The GPU path: the whole model on the GPU, the history in pinned host pages.
 int run_generate_gpu(const GenerateArgs& a);
+/// The runtime's options as `a` asks, for a history of n_ctx tokens.
+runtime::RuntimeOptions runtime_options(const GenerateArgs& a, int64_t n_ctx);
 /// True if a usable CUDA GPU is present (for --device auto).
 bool gpu_present();
 #endif

@@ -23,8 +23,6 @@ bool gpu_present() {
   return ok;
 }
 
-namespace {
-
 runtime::RuntimeOptions runtime_options(const GenerateArgs& a, int64_t n_ctx) {
   runtime::RuntimeOptions o;
   o.n_ctx = n_ctx;
@@ -40,6 +38,8 @@ runtime::RuntimeOptions runtime_options(const GenerateArgs& a, int64_t n_ctx) {
   o.sampling = sampler_params(a);
   return o;
 }
+
+namespace {
 
 // "resident on the GPU (chunks of 512)", or "streamed from host memory
 // (chunks of 2048, staging 2 x 12 pages): 1234.5 MiB moved".

@@ -26,12 +26,14 @@ std::string default_model_path() {
 std::string default_prompt_path() { return ACTIVEKV_DEFAULT_PROMPT; }
 
 #ifndef ACTIVEKV_HAVE_CUDA
-// A CPU-only build keeps the GPU subcommands' names, so that asking for one
-// says what is missing instead of "argument not expected".
 void add_missing_cuda(CLI::App& app, std::function<int()>& run) {
   app.description(app.get_description() + " [not in this build: needs the CUDA backend]");
   app.allow_extras();
-  run = [name = app.get_name()]() -> int {
+  // "bench decode", not "decode": the parent's name when it is a subcommand too.
+  const CLI::App* parent = app.get_parent();
+  std::string name = app.get_name();
+  if (parent && parent->get_parent()) name = parent->get_name() + " " + name;
+  run = [name]() -> int {
     throw Error(name + ": this activekv was built without the CUDA backend (ACTIVEKV_CUDA=OFF, or no nvcc at "
                 "configure time)");
   };
@@ -67,6 +69,16 @@ int main(int argc, char** argv) {
   argc = int(args.size());
   argv = args.data();
   activekv::cli::set_command_line(argc, argv);
+  // llama-bench spells the cache type -ctk, a single-dash long name CLI11
+  // cannot declare: `bench` takes it as its long form --cache-type-k (after
+  // the command line is recorded, so results show what was typed).
+  static char ctk_long[] = "--cache-type-k";
+  bool in_bench = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string s = argv[i];
+    in_bench = in_bench || s == "bench";
+    if (in_bench && s == "-ctk") argv[i] = ctk_long;
+  }
   CLI::App app{"ActiveKV: LLM decoding with the KV history in paged host memory.\n"
                "Run with no arguments to generate from the default model and prompt."};
   app.require_subcommand(0, 1);
@@ -81,14 +93,20 @@ int main(int argc, char** argv) {
   std::function<int()> run_gate;
   auto* gate = app.add_subcommand("gate", "Economic gate (SPEC 6): accept a format per context from bench + eval results");
   activekv::cli::add_gate(*gate, run_gate);
-  std::function<int()> run_bench, run_calibrate;
-  auto* bench = app.add_subcommand("bench", "GPU benchmarks (bench decode)");
+  std::function<int()> run_bench, run_bench_decode, run_calibrate;
+  auto* bench = app.add_subcommand("bench", "A model's prompt and decode speed in llama-bench's form (bench -m MODEL "
+                                            "-p 512 -n 128 -d 0,32k -ctk bf16,hybrid --kv-placement host,gpu); "
+                                            "`bench decode`: the GPU decode engine alone");
+  bench->require_subcommand(0, 1);
+  activekv::cli::add_bench(*bench, run_bench);
+  auto* bench_dec = bench->add_subcommand("decode", "Decode-step latency vs depth per kv-format: streamed from pinned "
+                                                    "host memory, resident, transfer-model prediction, bus-limit ratio");
   auto* cal = app.add_subcommand("calibrate", "Measure H2D bandwidth and kernel time: the transfer model's profile");
 #ifdef ACTIVEKV_HAVE_CUDA
-  activekv::cli::add_bench(*bench, run_bench);
+  activekv::cli::add_bench_decode(*bench_dec, run_bench_decode);
   activekv::cli::add_calibrate(*cal, run_calibrate);
 #else
-  activekv::cli::add_missing_cuda(*bench, run_bench);
+  activekv::cli::add_missing_cuda(*bench_dec, run_bench_decode);
   activekv::cli::add_missing_cuda(*cal, run_calibrate);
 #endif
   CLI11_PARSE(app, argc, argv);
@@ -96,7 +114,7 @@ int main(int argc, char** argv) {
     if (*ins) return run_inspect();
     if (*ev) return run_eval();
     if (*gate) return run_gate();
-    if (*bench) return run_bench();
+    if (*bench) return *bench_dec ? run_bench_decode() : run_bench();
     if (*cal) return run_calibrate();
     return run_generate();  // `generate` or no subcommand
   } catch (const activekv::Error& e) {

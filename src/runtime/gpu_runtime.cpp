@@ -316,6 +316,8 @@ std::vector<float> GpuRuntime::last_logits() const {
   return out;
 }
 
+void GpuRuntime::wait_conversions() { impl_->history->wait_conversions(); }
+
 int64_t GpuRuntime::n_tokens() const { return impl_->seq->n_tokens(); }
 const model::ModelConfig& GpuRuntime::config() const { return impl_->c; }
 const RuntimeStats& GpuRuntime::stats() const { return impl_->stats; }

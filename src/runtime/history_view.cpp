@@ -285,6 +285,10 @@ void HistoryView::committed() {
   if (compressed_) compressed_->schedule();
 }
 
+void HistoryView::wait_conversions() {
+  if (compressed_) compressed_->wait();
+}
+
 size_t HistoryView::prefill_done(cudaStream_t s) {
   if (!prompt_) return 0;
   const int ps = seq_.shape().page_size;

@@ -64,6 +64,8 @@ class HistoryView {
                          cudaStream_t s);
   /// After a commit: queues conversion of pages that became full.
   void committed();
+  /// Waits until every queued conversion has published its page.
+  void wait_conversions();
   /// After the prompt: with host placement, frees the prompt's device pages
   /// but each layer's tail, and the staging; returns the host -> device
   /// bytes a streamed prefill moved (0 when resident).

@@ -29,7 +29,77 @@ expect() {
   fi
 }
 
+# A tiny synthetic llama GGUF (tools/make_synthetic_gguf.py: random Q4_0
+# weights, 2 layers, head dim 64 as the GPU kernels need), made once per case.
+tiny_model() {
+  [ -f "$TMP/tiny.gguf" ] || python3 "$(dirname "$0")/../../tools/make_synthetic_gguf.py" "$TMP/tiny.gguf" \
+    --layers 2 --hidden 256 --heads 4 --kv-heads 2 --head-dim 64 --ffn 512 --vocab 512 > /dev/null \
+    || fail "tools/make_synthetic_gguf.py failed"
+  echo "$TMP/tiny.gguf"
+}
+
+# activekv bench on the tiny model: the JSON parses, every row is there with
+# its label, two repetitions, t/s > 0, and decode rows carry a floor the
+# measurement does not beat by much. $1: device flags, $2: placements.
+check_bench() {
+  local json="$TMP/bench.json" model
+  model=$(tiny_model)
+  if ! "$AKV" bench -m "$model" $1 --kv-placement "$2" -p 16 -n 4 -d 0,64 -r 2 -ctk bf16,hybrid --page-size 16 \
+      -o json > "$json" 2> "$TMP/bench.log"; then
+    fail "bench $1 --kv-placement $2 failed: $(tail -n 3 "$TMP/bench.log")"
+    return
+  fi
+  python3 - "$json" "$2" <<'EOF' || fail "bench $1 --kv-placement $2: JSON checks failed"
+import json, math, sys
+j = json.load(open(sys.argv[1]))
+placements = sys.argv[2].split(",")
+assert j["commit"] and "bench" in j["command"] and j["depth_fill"] == "prefill", j
+assert j["model"]["n_layers"] == 2 and j["model"]["shape_27b"] is False
+rows = {(r["test"], r["kv_format"], r["kv_placement"]): r for r in j["rows"]}
+want = {(t, f, p) for t in ("tg4", "pp16", "tg4 @ d64", "pp16 @ d64") for f in ("bf16", "hybrid") for p in placements}
+assert set(rows) == want, sorted(set(rows) ^ want)
+for key, r in rows.items():
+    assert len(r["reps_ms"]) == 2 and len(r["reps_depth_start"]) == 2, key
+    assert all(x > 0 and math.isfinite(x) for x in r["reps_tokens_per_s"]), key
+    assert r["tokens_per_s_mean"] > 0 and r["ms_per_token"] > 0, key
+    assert r["llama_cpp_ms"] is None, key  # not the 27B shape
+    if r["kind"] == "tg":
+        assert r["reps_depth_start"][0] >= r["depth"], key
+        # A step cannot read its bytes faster than the bandwidth measured beside it (over a working
+        # set of the weights' size): a ratio well below 1 means a floor counting bytes the step does
+        # not read. Measured on the 2-core dev machine (CPU; the tiny model's step is mostly
+        # overhead): 2.9-13 with a build running beside it. Bound 0.3: the bandwidth and the steps
+        # are timed apart, and a loaded machine can slow the one and not the other.
+        assert r["floor_ms"] > 0 and r["floor_ratio"] >= 0.3, (key, r["floor_ratio"])
+        # GPU host placement at depth 0: the few tokens sit in the tail page, which has a device copy,
+        # so nothing streams; every other decode row reads history.
+        assert r["history_bytes_per_token"] > 0 or r["depth"] == 0, key
+    else:
+        assert r["floor_ms"] is None, key
+print("ok: bench JSON,", len(rows), "rows")
+EOF
+  "$AKV" bench -m "$model" $1 --kv-placement "$2" -p 16 -n 4 -d 64 -r 1 -o md > "$TMP/bench.md" 2> "$TMP/bench.log" \
+    && grep -qF "| tg4 @ d64 |" "$TMP/bench.md" && grep -qF "| x floor |" "$TMP/bench.md" \
+    && echo "ok: bench -o md table" || fail "bench -o md: $(cat "$TMP/bench.md" "$TMP/bench.log" | tail -n 5)"
+}
+
 case $CASE in
+  bench)  # activekv bench on the CPU path, and its one-line refusals
+    check_bench "--device cpu -t 2" host
+    m=$(tiny_model)
+    expect 1 "bench: -ctk f16 is llama.cpp's name" -- bench -m "$m" --device cpu -ctk f16
+    expect 1 "bench: -ctk q4: unknown kv format" -- bench -m "$m" --device cpu -ctk bf16,q4
+    expect 1 "bench: -o xml: md or json" -- bench -m "$m" --device cpu -o xml
+    expect 1 "bench: -r 0: at least one repetition" -- bench -m "$m" --device cpu -r 0
+    expect 1 "bench: nothing to run" -- bench -m "$m" --device cpu -n 0 -p 0
+    expect 1 "bench: --kv-placement gpu needs --device cuda" -- bench -m "$m" --device cpu --kv-placement host,gpu
+    expect 1 "bench: --kv-placement disk: host or gpu" -- bench -m "$m" --device cpu --kv-placement disk
+    expect 1 "not enough memory for the KV page store" -- bench -m "$m" --device cpu -d 1000000000 -p 0 -n 1
+    expect 1 "cannot write bench --json output" -- bench -m "$m" --device cpu --json /nonexistent_dir/x.json
+    ;;
+  bench_gpu)  # the same through runtime::GpuRuntime, streamed (host) and resident (gpu)
+    check_bench "--device cuda" host,gpu
+    ;;
   bad_args)  # rejected by the same validators in generate and eval, before any work
     expect 105 "--threads: Value 0 not in range" -- generate -t 0
     expect 105 "--threads: Value 0 not in range" -- eval -t 0
@@ -92,7 +162,8 @@ case $CASE in
   cpu_only)  # what a build without the CUDA backend says when asked for the GPU
     expect 1 "--device cuda: this activekv was built without the CUDA backend" -- generate --device cuda -p hi -n 1
     expect 1 "this build has no CUDA backend" -- eval --device cuda
-    expect 1 "bench: this activekv was built without the CUDA backend" -- bench decode
+    expect 1 "bench decode: this activekv was built without the CUDA backend" -- bench decode
+    expect 1 "--device cuda: this activekv was built without the CUDA backend" -- bench --device cuda -m "$(tiny_model)"
     expect 1 "calibrate: this activekv was built without the CUDA backend" -- calibrate
     ;;
   *)

@@ -116,6 +116,11 @@ class GpuRuntime {
   std::vector<float> prefill_logits(std::span<const int32_t> tokens);
   /// Logits of the last prefill()/decode() position, [vocab] on the host.
   std::vector<float> last_logits() const;
+  /// Blocks until background conversion (compressed routes) has encoded and
+  /// published every page that is full now, so that the next decode steps
+  /// read the route's steady state (a benchmark's wait; decode itself never
+  /// waits). Returns at once for bf16 or when nothing is queued.
+  void wait_conversions();
 
   int64_t n_tokens() const;
   const model::ModelConfig& config() const;

@@ -1,0 +1,240 @@
+// `activekv bench -m MODEL ...` (bench_model.h): flags, checks and the
+// driver. Per kv format, placement and depth: one fresh history (a session)
+// sized for the row's tokens; the depth filled by prefill of random tokens
+// (untimed); then the tg rows (after background conversion has caught up
+// and one untimed warm-up step, n timed decode steps, token out of each) and
+// the pp rows (one timed prefill of p tokens each), every repetition on the
+// same history, which grows by what the previous one appended (recorded per
+// repetition as depth_start).
+#include "bench_model.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <set>
+
+#include "activekv/core/error.h"
+#include "activekv/core/text_file.h"
+#include "commands.h"
+#include "generate.h"
+#include "memory.h"
+#include "stats.h"
+
+namespace activekv::cli {
+
+double decode_weight_bytes(const gguf::File& f, bool fp32) {
+  const bool tied = f.find_tensor("output.weight") == nullptr;
+  double bytes = 0;
+  for (const gguf::TensorInfo& t : f.tensors()) {
+    const double b = fp32 ? 4.0 * double(t.n_elements) : double(t.n_bytes);
+    if (t.name != "token_embd.weight") bytes += b;
+    else bytes += (tied ? b : 0.0) + b / double(t.dims.size() == 2 ? t.dims[1] : 1);  // the head, one row
+  }
+  return bytes;
+}
+
+namespace {
+
+const std::set<std::string> kFormats{"bf16", "lossless13", "int8s", "hybrid"};
+
+// One line per bad value, before the model loads.
+void check_args(const ModelBenchArgs& a, const std::string& device) {
+  if (a.prompts.empty() || a.depths.empty() || a.formats.empty() || a.placements.empty())
+    throw Error("bench: -p, -d, -ctk and --kv-placement need at least one value each");
+  for (int p : a.prompts)
+    if (p < 0) throw Error(fmt::format("bench: -p {}: a prompt size is >= 0", p));
+  if (a.n_gen < 0) throw Error(fmt::format("bench: -n {}: the generated tokens are >= 0", a.n_gen));
+  if (a.n_gen == 0 && std::all_of(a.prompts.begin(), a.prompts.end(), [](int p) { return p == 0; }))
+    throw Error("bench: nothing to run (-n 0 and every -p 0)");
+  for (int64_t d : a.depths)
+    if (d < 0 || d > kMaxTokens) throw Error(fmt::format("bench: -d {}: a depth is in [0, {}]", d, kMaxTokens));
+  for (const std::string& f : a.formats) {
+    if (f == "f16")
+      throw Error("bench: -ctk f16 is llama.cpp's name; ActiveKV's exact 16-bit history is bf16 (-ctk bf16)");
+    if (!kFormats.count(f)) throw Error(fmt::format("bench: -ctk {}: unknown kv format (bf16, lossless13, int8s, hybrid)", f));
+  }
+  for (const std::string& p : a.placements) {
+    if (p != "host" && p != "gpu") throw Error(fmt::format("bench: --kv-placement {}: host or gpu", p));
+    if (p == "gpu" && device == "cpu")
+      throw Error("bench: --kv-placement gpu needs --device cuda (the CPU path reads the history in host memory)");
+  }
+  if (a.reps < 1) throw Error(fmt::format("bench: -r {}: at least one repetition", a.reps));
+  if (a.output != "md" && a.output != "json") throw Error(fmt::format("bench: -o {}: md or json", a.output));
+  if (a.threads < 1 || a.page_size < 1 || a.tile_pages < 1 || a.prefill_chunk < 1 || a.recent_pages < 0 ||
+      a.convert_threads < 0)
+    throw Error("bench: -t, --page-size, --tile-pages and --prefill-chunk must be positive, --recent-pages and "
+                "--convert-threads >= 0");
+  if (!a.json_out.empty()) check_writable(a.json_out, "bench --json output");
+}
+
+class TokenSource {
+ public:
+  explicit TokenSource(int vocab) : dist_(0, vocab - 1) {}
+  std::vector<int32_t> next(int64_t n) {
+    std::vector<int32_t> v(static_cast<size_t>(n));
+    for (int32_t& t : v) t = dist_(rng_);
+    return v;
+  }
+
+ private:
+  std::mt19937_64 rng_{42};
+  std::uniform_int_distribution<int32_t> dist_;
+};
+
+void stage(const std::string& what) {
+  fmt::print(stderr, "bench: {}\n", what);
+  std::fflush(stderr);
+}
+
+// Appends random tokens until the history holds `depth` (untimed), then waits for conversion.
+void fill_depth(BenchSession& s, int64_t depth, TokenSource& tokens, const std::string& where) {
+  if (s.n_tokens() >= depth) return;
+  const int64_t n = depth - s.n_tokens();
+  stage(fmt::format("{}: depth fill by prefill of {} random tokens", where, n));
+  const auto t0 = std::chrono::steady_clock::now();
+  s.prefill(tokens.next(n));
+  const double fill_ms = ms_since(t0);
+  const auto t1 = std::chrono::steady_clock::now();
+  s.wait_conversions();
+  stage(fmt::format("{}: filled in {:.1f} s ({:.0f} tokens/s); conversion caught up {:.1f} s later", where,
+                    fill_ms / 1000, 1000.0 * double(n) / fill_ms, ms_since(t1) / 1000));
+}
+
+// n decode steps per repetition, each after conversion caught up and one warm-up step.
+BenchRow run_tg(BenchSession& s, const ModelBenchArgs& a, const BenchDevice& dev, BenchRow row, TokenSource& tokens) {
+  double bytes = 0;
+  for (int r = 0; r < a.reps; ++r) {
+    s.wait_conversions();
+    // The warm-up step (an empty history's first token goes through prefill,
+    // as generate's prompt does): device uploads of newly published pages
+    // and first-touch costs land here, not in the timed steps.
+    int32_t next = s.n_tokens() == 0 ? s.prefill(tokens.next(1)) : s.decode(tokens.next(1)[0]);
+    row.depth_start.push_back(s.n_tokens());
+    const double b0 = s.history_bytes();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < row.n_tokens; ++i) next = s.decode(next);
+    row.ms.push_back(ms_since(t0));
+    bytes += s.history_bytes() - b0;
+  }
+  row.history_bytes_per_token = bytes / double(a.reps) / row.n_tokens;
+  row.floor_ms = dev.weight_bytes / (dev.weight_gbps * 1e6) +
+                 row.history_bytes_per_token / (dev.history_gbps(row.placement) * 1e6);
+  return row;
+}
+
+// One timed prefill of n_tokens per repetition.
+BenchRow run_pp(BenchSession& s, const ModelBenchArgs& a, BenchRow row, TokenSource& tokens) {
+  for (int r = 0; r < a.reps; ++r) {
+    s.wait_conversions();
+    const std::vector<int32_t> prompt = tokens.next(row.n_tokens);
+    row.depth_start.push_back(s.n_tokens());
+    const auto t0 = std::chrono::steady_clock::now();
+    s.prefill(prompt);
+    row.ms.push_back(ms_since(t0));
+  }
+  return row;
+}
+
+void run_rows(const ModelBenchArgs& a, const BenchDevice& dev, int vocab, std::vector<BenchRow>& rows) {
+  TokenSource tokens(vocab);
+  const int64_t pp_tokens = std::accumulate(a.prompts.begin(), a.prompts.end(), int64_t(0));
+  const int64_t row_tokens = int64_t(a.reps) * (pp_tokens + a.n_gen + 1) + 1;
+  for (const std::string& format : a.formats) {
+    for (const std::string& placement : a.placements) {
+      for (int64_t depth : a.depths) {
+        const std::string where = fmt::format("{} {} d{}", format, placement, depth);
+        std::unique_ptr<BenchSession> s = dev.open(format, placement, depth + row_tokens);
+        fill_depth(*s, depth, tokens, where);
+        BenchRow base;
+        base.depth = depth;
+        base.format = format;
+        base.placement = placement;
+        if (a.n_gen > 0) {
+          BenchRow row = base;
+          row.kind = "tg";
+          row.n_tokens = a.n_gen;
+          rows.push_back(run_tg(*s, a, dev, row, tokens));
+          stage(fmt::format("{}: {} {:.2f} t/s", where, rows.back().label(), rows.back().tps_mean()));
+        }
+        for (int p : a.prompts) {
+          if (p == 0) continue;
+          BenchRow row = base;
+          row.kind = "pp";
+          row.n_tokens = p;
+          rows.push_back(run_pp(*s, a, row, tokens));
+          stage(fmt::format("{}: {} {:.2f} t/s", where, rows.back().label(), rows.back().tps_mean()));
+        }
+      }
+    }
+  }
+}
+
+int run_model_bench(ModelBenchArgs a) {
+  const std::string device = resolve_device(a.device);
+  check_args(a, device);
+  if (a.convert_threads == 0) a.convert_threads = std::max(1, default_threads() / 2);
+  BenchRun run;
+  run.model_path = a.model.empty() ? default_model_path() : a.model;
+  a.model = run.model_path;
+  const gguf::File file = gguf::File::open(run.model_path);
+  run.config = model::ModelConfig::from_gguf(file);
+  for (const gguf::TensorInfo& t : file.tensors()) {
+    run.params += double(t.n_elements);
+    run.file_bytes += double(t.n_bytes);
+  }
+  run.shape_27b = is_27b_shape(file, run.config);
+  stage(fmt::format("measuring bandwidths and loading {} on {}", run.model_path, device));
+#ifdef ACTIVEKV_HAVE_CUDA
+  const BenchDevice dev = device == "cuda" ? gpu_bench_device(a, file, run.config) : cpu_bench_device(a, file);
+#else
+  const BenchDevice dev = cpu_bench_device(a, file);
+#endif
+  run.device = &dev;
+  stage(fmt::format("{}: weights {:.1f} GB/s ({}){}; {:.1f} MiB of weights read per decode step", dev.name,
+                    dev.weight_gbps, dev.weight_link,
+                    dev.h2d_gbps > 0 ? fmt::format(", host->device {:.1f} GB/s", dev.h2d_gbps) : std::string(),
+                    dev.weight_bytes / double(1 << 20)));
+  run_rows(a, dev, run.config.vocab_size, run.rows);
+  const std::string json = json_report(run);
+  if (!a.json_out.empty()) {
+    write_text_file(a.json_out, json, "bench --json output");
+    stage("wrote " + a.json_out);
+  }
+  fmt::print("{}", a.output == "json" ? json : markdown_table(run));
+  std::fflush(stdout);
+  return 0;
+}
+
+}  // namespace
+
+void add_bench(CLI::App& app, std::function<int()>& run) {
+  auto a = std::make_shared<ModelBenchArgs>();
+  app.add_option("-m,--model", a->model, "GGUF model (default: $ACTIVEKV_MODEL, else the installed SmolLM2)");
+  app.add_option("-p,--n-prompt", a->prompts, "Prompt sizes: pp rows (0: none)")->delimiter(',')->capture_default_str();
+  app.add_option("-n,--n-gen", a->n_gen, "Tokens per decode (tg) row (0: none)")->capture_default_str();
+  app.add_option("-d,--n-depth", a->depths, "History depths before each row, e.g. 0,32k,128k (k = 1024)")
+      ->delimiter(',')->transform(CLI::AsSizeValue(false))->capture_default_str();
+  app.add_option("--cache-type-k", a->formats, "KV formats (-ctk): bf16, lossless13, int8s, hybrid")
+      ->delimiter(',')->capture_default_str();
+  app.add_option("--kv-placement", a->placements, "host (streamed from pinned host memory), gpu (resident); CUDA")
+      ->delimiter(',')->capture_default_str();
+  app.add_option("-r,--repetitions", a->reps, "Repetitions per row (t/s mean ± stddev)")->capture_default_str();
+  app.add_option("-o,--output", a->output, "md (markdown table) or json, on stdout")->capture_default_str();
+  app.add_option("--device", a->device, "auto, cuda (runtime::GpuRuntime) or cpu (generate's CPU path)")
+      ->capture_default_str();
+  app.add_option("--json", a->json_out, "Also write the JSON to this file");
+  app.add_option("-t,--threads", a->threads, "CPU threads (--device cpu)")->capture_default_str();
+  app.add_option("--page-size", a->page_size, "Tokens per KV page")->capture_default_str();
+  app.add_option("--recent-pages", a->recent_pages, "hybrid: full pages before the tail kept exact")->capture_default_str();
+  app.add_option("--tile-pages", a->tile_pages, "Pages per attention tile / streamed copy")->capture_default_str();
+  app.add_option("--convert-threads", a->convert_threads, "Background conversion threads (0: half the hardware's)")
+      ->capture_default_str();
+  app.add_option("--prefill-chunk", a->prefill_chunk, "Tokens per prefill forward pass")->capture_default_str();
+  run = [a] { return run_model_bench(*a); };
+}
+
+}  // namespace activekv::cli

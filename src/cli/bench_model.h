@@ -1,0 +1,131 @@
+// `activekv bench -m MODEL ...`: a whole model's prompt and decode speed in
+// llama-bench's form (rows `pp512`, `tg128 @ d32768`; t/s mean ± stddev over
+// repetitions; ms/token), beside the floor (the bytes a step must read over
+// the bandwidth measured in the same run) and, for SPEC §1's 27B shape, the
+// llama.cpp figure. Runs the real runtime: runtime::GpuRuntime on CUDA
+// (bench_model_gpu.cpp), the CPU model path of `generate` on --device cpu
+// (bench_model_cpu.cpp). Driver and flags: bench_model.cpp; the table, JSON
+// and reference figures: bench_model_report.cpp.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "activekv/gguf/gguf.h"
+#include "activekv/model/config.h"
+#include "options.h"
+
+namespace activekv::cli {
+
+struct ModelBenchArgs {
+  std::string model;
+  std::vector<int> prompts{512};            ///< -p: prompt sizes (0: no pp rows)
+  int n_gen = 128;                          ///< -n: tokens per decode row (0: no tg rows)
+  std::vector<int64_t> depths{0};           ///< -d: history tokens before each row
+  std::vector<std::string> formats{"bf16"}; ///< -ctk: bf16, lossless13, int8s, hybrid
+  std::vector<std::string> placements{"host"};  ///< --kv-placement: host, gpu (CUDA only)
+  int reps = 3;                             ///< -r
+  std::string output = "md";                ///< -o: md | json (stdout)
+  std::string device = "auto";              ///< auto | cuda | cpu
+  std::string json_out;                     ///< --json FILE: the JSON, whatever -o says
+  int threads = default_threads();          ///< CPU threads (--device cpu)
+  int page_size = 1024;
+  int recent_pages = 2;
+  int tile_pages = 32;
+  int convert_threads = 0;                  ///< 0: half the hardware threads, at least 1
+  int prefill_chunk = 512;
+};
+
+/// One history on the device under test, sized for a row's tokens.
+class BenchSession {
+ public:
+  virtual ~BenchSession() = default;
+  virtual int64_t n_tokens() const = 0;
+  /// Appends `tokens` through the prefill path; returns the token sampled after them.
+  virtual int32_t prefill(std::span<const int32_t> tokens) = 0;
+  /// One decode step: appends `token`, returns the token sampled after it.
+  virtual int32_t decode(int32_t token) = 0;
+  /// Blocks until background conversion has published every full page (steady state).
+  virtual void wait_conversions() = 0;
+  /// History bytes all decode steps so far moved over the floor's history
+  /// path: GPU host placement, copied host -> device; GPU gpu placement, read
+  /// in HBM; CPU, read from host memory.
+  virtual double history_bytes() const = 0;
+};
+
+/// The device under test: its bandwidths (measured in this run) and how to open a session.
+struct BenchDevice {
+  std::string name;
+  double weight_bytes = 0;     ///< weight bytes one decode step reads (the head, every layer; one embedding row)
+  double weight_gbps = 0;      ///< what they are read at: GPU HBM read; CPU host-memory read (GB/s = 1e9 B/s)
+  std::string weight_link;     ///< "HBM read" | "host read"
+  double h2d_gbps = 0;         ///< GPU: pinned host -> device copies (0 on the CPU)
+  std::string depth_fill = "prefill";
+  /// GB/s of the history path for a placement (host: H2D; gpu: HBM; cpu: host read).
+  double history_gbps(const std::string& placement) const {
+    return placement == "host" && h2d_gbps > 0 ? h2d_gbps : weight_gbps;
+  }
+  std::function<std::unique_ptr<BenchSession>(const std::string& format, const std::string& placement, int64_t n_ctx)>
+      open;
+};
+
+/// Weight bytes one decode step reads: every tensor but the token embedding
+/// (of which it reads one row), plus the embedding again when the head is
+/// tied to it. `fp32`: counted as the CPU path holds them (4 bytes per
+/// parameter), else in their GGUF types.
+double decode_weight_bytes(const gguf::File& f, bool fp32);
+
+/// The CPU device: LlamaModel (generate's CPU path) with `a.threads` threads;
+/// measures the host read bandwidth.
+BenchDevice cpu_bench_device(const ModelBenchArgs& a, const gguf::File& f);
+#ifdef ACTIVEKV_HAVE_CUDA
+/// The GPU device: runtime::GpuRuntime; measures HBM read and H2D bandwidth.
+BenchDevice gpu_bench_device(const ModelBenchArgs& a, const gguf::File& f, const model::ModelConfig& c);
+#endif
+
+/// One row: a test (ppN or tgN) at a depth, format and placement, all repetitions.
+struct BenchRow {
+  std::string kind;            ///< "pp" | "tg"
+  int n_tokens = 0;            ///< tokens timed per repetition
+  int64_t depth = 0;           ///< -d value
+  std::string format, placement;
+  std::vector<double> ms;      ///< per repetition: wall time of the n_tokens
+  std::vector<int64_t> depth_start;  ///< per repetition: history tokens when it began
+  double history_bytes_per_token = 0;  ///< tg: measured over the timed steps
+  double floor_ms = 0;         ///< tg: weight + history bytes over the measured bandwidths (0: none)
+
+  std::string label() const;   ///< "pp512", "tg128 @ d32768"
+  double tps_mean() const;
+  double tps_stddev() const;   ///< sample stddev over repetitions (0 for one)
+  double ms_per_token() const; ///< mean over repetitions of ms / n_tokens
+};
+
+/// llama.cpp's figure from SPEC §1 for a row (ms/token; the cache type it
+/// was measured with), for the 27B shape only; ms < 0 when SPEC has none.
+struct LlamaCppFigure {
+  double ms = -1;
+  std::string cache;
+};
+/// True for SPEC §1's 27B attention shape with Q4_0 matrices (the file llama.cpp was measured with).
+bool is_27b_shape(const gguf::File& f, const model::ModelConfig& c);
+LlamaCppFigure llama_cpp_figure(const BenchRow& r);
+
+/// Everything the report needs about the run.
+struct BenchRun {
+  std::string model_path;
+  model::ModelConfig config;
+  double params = 0, file_bytes = 0;
+  bool shape_27b = false;
+  const BenchDevice* device = nullptr;
+  std::vector<BenchRow> rows;
+};
+/// The llama-bench-like markdown table.
+std::string markdown_table(const BenchRun& run);
+/// The JSON document (command, commit, device, model shape, rows with every repetition).
+std::string json_report(const BenchRun& run);
+
+}  // namespace activekv::cli
