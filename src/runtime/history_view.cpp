@@ -296,8 +296,13 @@ size_t HistoryView::prefill_done(cudaStream_t s) {
   for (int l = 0; l < seq_.shape().n_layers; ++l) {
     for (size_t p = 0; p < dev_[size_t(l)].size(); ++p) {
       DevPage& d = dev_[size_t(l)][p];
-      if (!d.ptr || d.pool != prompt_.get()) continue;
+      if (!d.ptr) continue;
       const bool tail = n % ps != 0 && int64_t(p) == n / ps;  // the partly written page decode continues
+      if (d.pool == pages_.get()) {  // an earlier decode's tail page: full now, unless still the tail
+        if (!tail) drop_copy(l, p);  // (before the new tail takes a slot: one slot per layer)
+        continue;
+      }
+      if (d.pool != prompt_.get()) continue;
       if (tail) {
         std::byte* keep = pages_->acquire();
         cuda::check_cuda(cudaMemcpyAsync(keep, d.ptr, seq_.shape().page_bytes(), cudaMemcpyDeviceToDevice, s),
