@@ -238,7 +238,7 @@ TEST(GpuRuntime, APromptAfterDecodeStepsMovesTheTailPage) {
     runtime::GpuRuntime rt(testing::model_file(), testing::shared_model().config(), options(400, "exact", placement));
     std::vector<int32_t> tokens{rt.prefill(std::span(ids).first(100))};  // tail in page 1 (pages of 64)
     for (int i = 0; i < 40; ++i) tokens.push_back(rt.decode(tokens.back()));  // tail moves to page 2
-    tokens.push_back(rt.prefill(std::span(ids).subspan(100, 100)));            // tail in page 4
+    tokens.push_back(rt.prefill(std::span(ids).subspan(100, 100)));            // tail in page 3
     for (int i = 0; i < 30; ++i) tokens.push_back(rt.decode(tokens.back()));
     std::vector<float> logits = rt.last_logits();
     EXPECT_EQ(rt.n_tokens(), 100 + 40 + 100 + 30);
