@@ -68,6 +68,7 @@ class CpuSession final : public BenchSession {
   // Counts what every forward call read (prefill included); the driver takes
   // differences around the timed decode steps.
   double history_bytes() const override { return report_.bytes; }
+  std::vector<float> last_logits() const override { return logits_; }
 
  private:
   static model::SamplerParams greedy() {
