@@ -200,6 +200,8 @@ int run_model_bench(ModelBenchArgs a) {
     run.file_bytes += double(t.n_bytes);
   }
   run.shape_27b = is_27b_shape(file, run.config);
+  stage(run.shape_27b ? "the model is SPEC §1's 27B attention shape with Q4_0 matrices: llama.cpp's figures shown"
+                      : "not SPEC §1's 27B shape (or not Q4_0): no llama.cpp figures");
   stage(fmt::format("measuring bandwidths and loading {} on {}", run.model_path, device));
 #ifdef ACTIVEKV_HAVE_CUDA
   const BenchDevice dev = device == "cuda" ? gpu_bench_device(a, file, run.config) : cpu_bench_device(a, file);
