@@ -126,6 +126,7 @@ class RandomPool:
 
     def __init__(self, rng: np.random.Generator):
         self.rng, self.pools = rng, {}
+        self.overflowed = []  # tensors whose entries do not fit their type (inf)
 
     def unit(self, ttype: str) -> np.ndarray:
         """Unscaled pool: blocks (quantised types) or unit-normal float32 values."""
@@ -146,13 +147,21 @@ class RandomPool:
         if t.ttype in ("Q4_0", "Q8_0"):
             blk = u.copy()
             code_std = 4.61 if t.ttype == "Q4_0" else 73.9
-            blk[:, 0:2] = np.frombuffer(np.float16(t.std / code_std).tobytes(), dtype=np.uint8)
+            with np.errstate(over="ignore"):
+                d = np.float16(t.std / code_std)
+            if not np.isfinite(d):
+                self.overflowed.append(t.name)
+            blk[:, 0:2] = np.frombuffer(d.tobytes(), dtype=np.uint8)
             return blk.reshape(-1)
         v = u * np.float32(t.std)
         if t.ttype == "F32":
             return v.astype("<f4").view(np.uint8)
         if t.ttype == "F16":
-            return v.astype("<f2").view(np.uint8)
+            with np.errstate(over="ignore"):
+                h = v.astype("<f2")
+            if not np.isfinite(h).all():
+                self.overflowed.append(t.name)
+            return h.view(np.uint8)
         b = v.view(np.uint32)  # BF16: round to nearest even from the float32 bits
         return ((b + 0x7FFF + ((b >> 16) & 1)) >> 16).astype("<u2").view(np.uint8)
 
@@ -247,6 +256,10 @@ def write(a) -> None:
             write_tensor(f, pool, t)
             f.write(b"\0" * pad(t.n_bytes))
         size = f.tell()
+    if pool.overflowed:
+        print(f"warning: --weight-std {a.weight_std:g} overflows {a.type} in {len(pool.overflowed)} tensors (e.g. "
+              f"{pool.overflowed[0]}): their weights are inf, the model is broken (useful only to check that "
+              "activekv bench refuses non-finite logits)", file=sys.stderr)
     params = sum(t.fan_in * t.rows for t in tensors)
     print(f"wrote {a.out}: llama, {a.layers} layers, hidden {a.hidden}, {a.heads} query heads, {a.kv_heads} KV heads x "
           f"{a.head_dim}, FFN {a.ffn}, vocab {a.vocab}; {len(tensors)} tensors, {params / 1e9:.3f}B parameters "
@@ -280,6 +293,8 @@ def main(argv=None) -> None:
         p.error(f"--heads {a.heads} is not a multiple of --kv-heads {a.kv_heads}")
     if a.head_dim % 2:
         p.error(f"--head-dim {a.head_dim} must be even")
+    if not (a.weight_std > 0 and np.isfinite(a.weight_std)):
+        p.error("--weight-std must be a finite number > 0")
     write(a)
 
 

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <numeric>
 #include <random>
@@ -139,6 +140,16 @@ BenchRow run_pp(BenchSession& s, const ModelBenchArgs& a, BenchRow row, TokenSou
   return row;
 }
 
+// After a row (untimed): the last logits must be finite.
+void check_finite(const BenchSession& s, const BenchRow& row, const std::string& where) {
+  const std::vector<float> logits = s.last_logits();
+  const auto bad = std::find_if(logits.begin(), logits.end(), [](float x) { return !std::isfinite(x); });
+  if (bad != logits.end())
+    throw Error(fmt::format("bench: {}: after {} logit {} of {} is {} (not finite): the model's weights or a kernel "
+                            "are broken; nothing was timed on it",
+                            where, row.label(), bad - logits.begin(), logits.size(), *bad));
+}
+
 void run_rows(const ModelBenchArgs& a, const BenchDevice& dev, int vocab, std::vector<BenchRow>& rows) {
   TokenSource tokens(vocab);
   const int64_t pp_tokens = std::accumulate(a.prompts.begin(), a.prompts.end(), int64_t(0));
@@ -158,6 +169,7 @@ void run_rows(const ModelBenchArgs& a, const BenchDevice& dev, int vocab, std::v
           row.kind = "tg";
           row.n_tokens = a.n_gen;
           rows.push_back(run_tg(*s, a, dev, row, tokens));
+          check_finite(*s, rows.back(), where);
           stage(fmt::format("{}: {} {:.2f} t/s", where, rows.back().label(), rows.back().tps_mean()));
         }
         for (int p : a.prompts) {
@@ -166,6 +178,7 @@ void run_rows(const ModelBenchArgs& a, const BenchDevice& dev, int vocab, std::v
           row.kind = "pp";
           row.n_tokens = p;
           rows.push_back(run_pp(*s, a, row, tokens));
+          check_finite(*s, rows.back(), where);
           stage(fmt::format("{}: {} {:.2f} t/s", where, rows.back().label(), rows.back().tps_mean()));
         }
       }
@@ -187,6 +200,8 @@ int run_model_bench(ModelBenchArgs a) {
     run.file_bytes += double(t.n_bytes);
   }
   run.shape_27b = is_27b_shape(file, run.config);
+  stage(run.shape_27b ? "the model is SPEC §1's 27B attention shape with Q4_0 matrices: llama.cpp's figures shown"
+                      : "not SPEC §1's 27B shape (or not Q4_0): no llama.cpp figures");
   stage(fmt::format("measuring bandwidths and loading {} on {}", run.model_path, device));
 #ifdef ACTIVEKV_HAVE_CUDA
   const BenchDevice dev = device == "cuda" ? gpu_bench_device(a, file, run.config) : cpu_bench_device(a, file);

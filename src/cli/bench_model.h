@@ -55,6 +55,9 @@ class BenchSession {
   /// path: GPU host placement, copied host -> device; GPU gpu placement, read
   /// in HBM; CPU, read from host memory.
   virtual double history_bytes() const = 0;
+  /// The last step's logits, [vocab] (checked finite after every row: a
+  /// random model with bad scales, or a kernel gone wrong, is not timed on).
+  virtual std::vector<float> last_logits() const = 0;
 };
 
 /// The device under test: its bandwidths (measured in this run) and how to open a session.

@@ -68,6 +68,7 @@ class CpuSession final : public BenchSession {
   // Counts what every forward call read (prefill included); the driver takes
   // differences around the timed decode steps.
   double history_bytes() const override { return report_.bytes; }
+  std::vector<float> last_logits() const override { return logits_; }
 
  private:
   static model::SamplerParams greedy() {
@@ -95,7 +96,8 @@ BenchDevice cpu_bench_device(const ModelBenchArgs& a, const gguf::File& f) {
   BenchDevice d;
   d.name = fmt::format("cpu ({} threads, OpenBLAS {} kernels)", a.threads, blas_core_name());
   d.weight_bytes = decode_weight_bytes(f, true);
-  d.weight_gbps = measure_host_read_gbps(size_t(d.weight_bytes), a.threads, 5);
+  // The weights' working set, at most 1 GiB (far past any cache: DRAM either way).
+  d.weight_gbps = measure_host_read_gbps(std::min(size_t(d.weight_bytes), size_t(1) << 30), a.threads, 5);
   d.weight_link = "host read";
   const CpuHistoryOptions base{"bf16", a.page_size, a.recent_pages, a.tile_pages, a.convert_threads};
   d.open = [lm, base](const std::string& format, const std::string&, int64_t n_ctx) {

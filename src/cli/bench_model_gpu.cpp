@@ -27,6 +27,7 @@ class GpuSession final : public BenchSession {
   double history_bytes() const override {
     return double(host_ ? rt_.stats().streamed_bytes : rt_.stats().resident_bytes);
   }
+  std::vector<float> last_logits() const override { return rt_.last_logits(); }
 
  private:
   runtime::GpuRuntime rt_;

@@ -96,6 +96,10 @@ case $CASE in
     expect 1 "bench: --kv-placement disk: host or gpu" -- bench -m "$m" --device cpu --kv-placement disk
     expect 1 "not enough memory for the KV page store" -- bench -m "$m" --device cpu -d 1000000000 -p 0 -n 1
     expect 1 "cannot write bench --json output" -- bench -m "$m" --device cpu --json /nonexistent_dir/x.json
+    # Weights of inf (float16 scales overflowed): the first row's logits are NaN, and the bench stops.
+    python3 "$(dirname "$0")/../../tools/make_synthetic_gguf.py" "$TMP/inf.gguf" --layers 2 --hidden 256 --heads 4 \
+      --kv-heads 2 --head-dim 64 --ffn 512 --vocab 512 --weight-std 1e9 > /dev/null 2>&1
+    expect 1 "(not finite): the model's weights or a kernel are broken" -- bench -m "$TMP/inf.gguf" --device cpu -r 1 -n 2 -p 0
     ;;
   bench_gpu)  # the same through runtime::GpuRuntime, streamed (host) and resident (gpu)
     check_bench "--device cuda" host,gpu
