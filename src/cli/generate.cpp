@@ -290,7 +290,7 @@ void add_generate(CLI::App& app, std::function<int()>& run_fn) {
                  "GPU: where the history is read each step: host (streamed from pinned host memory), gpu (a "
                  "copy resident on the GPU), auto (gpu if it fits --gpu-kv-mem)")
       ->capture_default_str()->check(CLI::IsMember({"auto", "host", "gpu"}));
-  app.add_option("--gpu-kv-mem", a->gpu_kv_mem_gib, "GPU: GiB the resident history may use (0: free memory less a margin)")
+  app.add_option("--gpu-kv-mem", a->gpu_kv_mem_gib, "GPU: GiB the history's device pages may use (0: free memory less a margin); a prompt whose history does not fit streams during prefill")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--matvec-activations", a->matvec_activations,
                  "GPU: projections take int8-rounded activations in decode and bf16 in prefill (int8, as "
