@@ -6,7 +6,8 @@ colour), and llama.cpp's figures from SPEC section 1 where the JSON has them
 (black, dotted, per cache type and placement). Log-scaled y: the streamed and
 resident rows differ by two orders of magnitude.
 
-usage: plot_model_bench.py bench.json [-o model_bench.png]
+usage: plot_model_bench.py bench.json [more.json ...] [-o model_bench.png]
+(several files of one model, e.g. depths run in separate calls: their rows are joined)
 """
 import argparse
 import json
@@ -19,13 +20,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("input")
+    ap.add_argument("inputs", nargs="+")
     ap.add_argument("-o", "--out", default="model_bench.png")
     a = ap.parse_args()
-    d = json.load(open(a.input))
-    tg = [r for r in d["rows"] if r["kind"] == "tg"]
+    runs = [json.load(open(p)) for p in a.inputs]
+    d = runs[0]
+    tg = [r for run in runs for r in run["rows"] if r["kind"] == "tg"]
     if not tg:
-        raise SystemExit(f"{a.input}: no decode (tg) rows to plot")
+        raise SystemExit(f"{', '.join(a.inputs)}: no decode (tg) rows to plot")
     fig, ax = plt.subplots(figsize=(10, 6))
     colors = plt.cm.tab10.colors
     series = sorted({(r["kv_format"], r["kv_placement"]) for r in tg})
@@ -48,7 +50,8 @@ def main():
     ax.set_ylabel("ms / token (decode)")
     m = d["model"]
     ax.set_title(f"activekv bench: {m['n_layers']} layers, hidden {m['d_model']}, {m['n_heads']}/{m['n_kv_heads']} heads "
-                 f"x {m['head_dim']}, {m['params'] / 1e9:.2f}B params\n{d['device']} | commit {d['commit'][:12]}",
+                 f"x {m['head_dim']}, {m['params'] / 1e9:.2f}B params\n{d['device']} | commit "
+                 f"{', '.join(sorted({run['commit'][:12] for run in runs}))}",
                  fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="best")
