@@ -129,8 +129,8 @@ TEST(Dequant, HandBuiltBlocks) {
   for (int j = 0; j < 16; ++j) q5[6 + j] = static_cast<uint8_t>((15 - j) << 4 | j);
   dequantize(TensorType::Q5_0, q5.data(), out, 32);
   for (int j = 0; j < 16; ++j) {
-    EXPECT_EQ(out[j], float((j | ((qh >> j) & 1) << 4) - 16)) << j;
-    EXPECT_EQ(out[j + 16], float(((15 - j) | ((qh >> (j + 16)) & 1) << 4) - 16)) << j;
+    EXPECT_EQ(out[j], float(int(j | ((qh >> j) & 1) << 4) - 16)) << j;
+    EXPECT_EQ(out[j + 16], float(int((15 - j) | ((qh >> (j + 16)) & 1) << 4) - 16)) << j;
   }
   // Q8_0: d = 0.5 (0x3800), q = -128..
   std::vector<uint8_t> q8(34, 0);
@@ -147,7 +147,8 @@ TEST(Dequant, RejectsBadRequests) {
   EXPECT_THROW(dequantize(TensorType::Q6_K, src, dst, 32), Error);
   EXPECT_THROW(dequantize(static_cast<TensorType>(7), src, dst, 32), Error);  // Q5_1
   dequantize(TensorType::F32, nullptr, nullptr, 0);  // empty range: a no-op
-  EXPECT_EQ(type_name(static_cast<TensorType>(6)), "type#6");
+  EXPECT_EQ(type_name(static_cast<TensorType>(7)), "type#7");  // Q5_1: not read
+  EXPECT_EQ(type_name(TensorType::Q5_0), "Q5_0");
   EXPECT_EQ(type_name(TensorType::Q5_K), "Q5_K");
   EXPECT_FALSE(is_supported(static_cast<TensorType>(99)));
   EXPECT_EQ(block_bytes(TensorType::Q6_K), 210u);
