@@ -149,15 +149,15 @@ TEST(Gemma3, F32HistoryMatchesTransformersFloat32) {
   EXPECT_LE(c.max_delta, 2e-4);
 }
 
-// Pages of 16 in chunks of 100: the window's first page changes inside the
-// chunks and most pages of every local layer are skipped. Measured max
-// |dlogit| 7.2e-05 (positions >= 512: 6.9e-05), no argmax mismatch.
+// Pages of 32 in chunks of 160: the window's first page changes inside the
+// chunks and the oldest pages of every local layer are skipped. Measured max
+// |dlogit| 6.6e-05 (positions >= 512: 5.7e-05), no argmax mismatch.
 TEST(Gemma3, F32SmallPagesAndChunksMatchTransformers) {
   GEMMA3_OR_SKIP(m);
-  const Comparison c = compare(run(*m, golden_ids(), PageFormat::f32, 16, 100), size_t(m->config().vocab_size),
-                               "f32 pages of 16, chunks of 100");
+  const Comparison c = compare(run(*m, golden_ids(), PageFormat::f32, 32, 160), size_t(m->config().vocab_size),
+                               "f32 pages of 32, chunks of 160");
   EXPECT_EQ(c.argmax_mismatch, 0);
-  EXPECT_LE(c.max_delta, 2.2e-4);
+  EXPECT_LE(c.max_delta, 2e-4);
 }
 
 // bf16 history (the exact tier): bf16 rounding of K/V moves logits.
