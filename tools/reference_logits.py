@@ -34,6 +34,16 @@ accelerate, numpy):
     python3 tools/reference_logits.py \
         --model models/SmolLM2-135M-Instruct.Q4_1.gguf \
         --out tests/golden/smollm2_logits.json --crosscheck
+    python3 tools/reference_logits.py \
+        --model models/gemma-3-270m-q4_k_m.gguf \
+        --out tests/golden/gemma3_logits.json --n 640
+
+Models whose GGUF says tokenizer.ggml.add_bos_token (Gemma 3) get their BOS
+in front of every sequence (the window, the greedy prompt), as they are
+trained; token_ids then start with it. For Gemma 3 the window is longer than
+its 512-token sliding window (--n 640), so the last 128 positions check the
+local layers' window; the chat prompt is Gemma's turn format, built by hand
+(the GGUF carries no chat template). --crosscheck is for llama models only.
 
 Everything is deterministic: fixed text offsets, torch.manual_seed(0),
 torch.use_deterministic_algorithms(True), 2 torch threads, eager attention.
@@ -72,9 +82,10 @@ def r6(x: float) -> float:
     return round(float(x), 6)
 
 
-def window_from_file(path: str, anchor: str, n_tokens: int, tok):
+def window_from_file(path: str, anchor: str, n_tokens: int, tok, bos=None):
     """Find `anchor` in the raw bytes, tokenize a generous slice from there,
-    keep the first n_tokens ids. Returns (byte_offset, ids, exact text)."""
+    keep the first n_tokens ids (counting `bos` in front, if given).
+    Returns (byte_offset, ids, exact text)."""
     raw = open(path, "rb").read()
     off = raw.find(anchor.encode("utf-8"))
     if off < 0:
@@ -83,11 +94,11 @@ def window_from_file(path: str, anchor: str, n_tokens: int, tok):
     ids = tok(text, add_special_tokens=False)["input_ids"]
     if len(ids) < n_tokens + 8:
         sys.exit("text slice too short")
-    ids = ids[:n_tokens]
+    ids = ids[:n_tokens - (bos is not None)]
     covered = tok.decode(ids, clean_up_tokenization_spaces=False)
     if not text.startswith(covered):
         sys.exit("decoded window is not a prefix of the source text")
-    return off, ids, covered
+    return off, ([bos] if bos is not None else []) + ids, covered
 
 
 @torch.no_grad()
@@ -112,9 +123,10 @@ def greedy(model, prompt_ids, n_new, stop_id=None, abort_gap=None):
     return out, gaps
 
 
-def wiki_prompts(path: str, n_tokens: int, tok):
+def wiki_prompts(path: str, n_tokens: int, tok, bos=None):
     """Article paragraphs of wikitext (lines starting with ' ' but not ' ='),
-    in file order, as (byte_offset, first n_tokens ids, their text)."""
+    in file order, as (byte_offset, first n_tokens ids, their text); `bos`
+    (if given) in front, counted in n_tokens."""
     raw = open(path, "rb").read()
     off = 0
     for line in raw.split(b"\n"):
@@ -125,10 +137,10 @@ def wiki_prompts(path: str, n_tokens: int, tok):
         ids = tok(text, add_special_tokens=False)["input_ids"]
         if len(ids) < n_tokens + 8:
             continue
-        ids = ids[:n_tokens]
+        ids = ids[:n_tokens - (bos is not None)]
         covered = tok.decode(ids, clean_up_tokenization_spaces=False)
         assert text.startswith(covered)
-        yield start, ids, covered
+        yield start, ([bos] if bos is not None else []) + ids, covered
 
 
 # ---------------------------------------------------------------------------
@@ -228,9 +240,17 @@ def main():
         mdir, gguf_file=mname, dtype=torch.float32, attn_implementation="eager")
     model.eval()
     t_load = time.time() - t0
+    from gguf import GGUFReader
+    meta = GGUFReader(args.model).fields
+    arch = meta["general.architecture"].contents()
+    add_bos = "tokenizer.ggml.add_bos_token" in meta and bool(
+        meta["tokenizer.ggml.add_bos_token"].contents())
+    bos = tok.bos_token_id if add_bos else None
+    if args.crosscheck and arch != "llama":
+        sys.exit(f"--crosscheck implements the llama forward only, not {arch}")
 
     # ---- window of prose: one causal forward pass over all N tokens ----
-    off, ids, covered = window_from_file(args.prose, PROSE_ANCHOR, args.n, tok)
+    off, ids, covered = window_from_file(args.prose, PROSE_ANCHOR, args.n, tok, bos)
     with torch.no_grad():
         logits = model(torch.tensor([ids])).logits[0].float()      # (N, V)
     lse = torch.logsumexp(logits, -1)
@@ -256,7 +276,7 @@ def main():
     # near-tie (every top1-top2 gap >= --min-gap), so that the golden sequence
     # is a fair exact-match target for an engine with quantised arithmetic.
     skipped = []
-    for woff, wids, wtext in wiki_prompts(args.wiki, args.prompt_len, tok):
+    for woff, wids, wtext in wiki_prompts(args.wiki, args.prompt_len, tok, bos):
         res = greedy(model, wids, args.new_tokens, abort_gap=args.min_gap)
         if res is not None:
             cont, gaps = res
@@ -268,11 +288,17 @@ def main():
 
     # ---- chat greedy ----
     msgs = [{"role": "user", "content": "What is the capital of France?"}]
-    chat_ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
-    if isinstance(chat_ids, dict) or hasattr(chat_ids, "keys"):
-        chat_ids = chat_ids["input_ids"]
+    if arch == "gemma3":  # Gemma's turn format (google/gemma-3-270m-it's template)
+        chat_text = (f"<start_of_turn>user\n{msgs[0]['content']}<end_of_turn>\n"
+                     "<start_of_turn>model\n")
+        chat_ids = [bos] + tok(chat_text, add_special_tokens=False)["input_ids"]
+        eos = tok.convert_tokens_to_ids("<end_of_turn>")
+    else:
+        chat_ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+        if isinstance(chat_ids, dict) or hasattr(chat_ids, "keys"):
+            chat_ids = chat_ids["input_ids"]
+        eos = tok.convert_tokens_to_ids("<|im_end|>")
     chat_ids = [int(i) for i in chat_ids]
-    eos = tok.convert_tokens_to_ids("<|im_end|>")
     chat_cont, chat_gaps = greedy(model, chat_ids, args.new_tokens, stop_id=eos)
     t_run = time.time() - t0
 
@@ -282,6 +308,8 @@ def main():
         "reference": f"transformers {transformers.__version__}, torch {torch.__version__}, "
                      f"float32, CPU",
         "generator": "tools/reference_logits.py",
+        "architecture": arch,
+        "bos_prepended": bos is not None,
         "text_file": os.path.basename(args.prose),
         "text_byte_offset": off,
         "text_byte_length": len(covered.encode("utf-8")),
@@ -306,7 +334,7 @@ def main():
             "continuation_text": tok.decode(cont),
             "top1_top2_gaps": gaps,
             "method": "manual greedy loop, full recomputation each step, float32",
-            "selection": f"first wikitext article paragraph (file order) whose 32 greedy "
+            "selection": f"first wikitext article paragraph (file order) whose {args.new_tokens} greedy "
                          f"steps all have top1-top2 gap >= {args.min_gap}",
             "skipped_prompt_byte_offsets": skipped,
         },

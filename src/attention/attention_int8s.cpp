@@ -83,8 +83,9 @@ class TileScales {
 // exact, every float operation stays per element in the same order (no float
 // reduction is reordered, and no FMA is enabled).
 [[gnu::always_inline]] inline void attend_row(const TileScales& pages, int64_t first_token, int64_t end,
-                                              const float* q, int64_t pos, int kv_head, int d, float scale,
-                                              int query_terms, RowScratch& sc, float* o_out, float& lse_out) {
+                                              const float* q, int64_t pos, int64_t window, int kv_head, int d,
+                                              float scale, int query_terms, RowScratch& sc, float* o_out,
+                                              float& lse_out) {
   std::vector<float>& qp = sc.qp;
   std::vector<float>& residual = sc.residual;
   std::vector<float>& scores = sc.scores;
@@ -99,6 +100,9 @@ class TileScales {
     const int64_t tok0 = first_token + int64_t(p) * pages.page_size(p);
     const int64_t visible = std::min<int64_t>(std::min<int64_t>(end, pos + 1) - tok0, pages.page_size(p));
     if (visible <= 0) break;
+    // With a sliding window the row sees keys t >= lo of this page only.
+    const int64_t lo = window > 0 ? std::max<int64_t>(0, pos - window + 1 - tok0) : 0;
+    if (lo >= visible) continue;
     // Fold the channel scales into the query and quantise it to int8 (one
     // scale per row and page); with two terms the rounding residual becomes a
     // second int8 code on a 127x finer grid (int8s_query.h).
@@ -106,7 +110,7 @@ class TileScales {
     const float row_scale = a * scale;
     scores.resize(size_t(visible));
     float page_max = kNegInf;
-    for (int64_t t = 0; t < visible; ++t) {
+    for (int64_t t = lo; t < visible; ++t) {
       const int8_t* k = hv.kq + size_t(t) * d;
       float dot = float(dot_i8(qq.data(), k, d));
       if (query_terms == 2) dot += float(dot_i8(qq_lo.data(), k, d)) / 127.0f;
@@ -117,7 +121,7 @@ class TileScales {
     const float alpha = m == kNegInf ? 0.0f : std::exp(m - m_new);
     std::fill(u.begin(), u.end(), 0.0f);
     float sum = 0.0f;
-    for (int64_t t = 0; t < visible; ++t) {
+    for (int64_t t = lo; t < visible; ++t) {
       const float pt = std::exp(scores[size_t(t)] - m_new);
       sum += pt;
       const int8_t* v = hv.vq + size_t(t) * d;
@@ -133,20 +137,22 @@ class TileScales {
   lse_out = m + std::log(l);
 }
 
-using AttendRowFn = void (*)(const TileScales&, int64_t, int64_t, const float*, int64_t, int, int, float, int,
-                             RowScratch&, float*, float&);
+using AttendRowFn = void (*)(const TileScales&, int64_t, int64_t, const float*, int64_t, int64_t, int, int, float,
+                             int, RowScratch&, float*, float&);
 
 #if defined(__x86_64__) || defined(__i386__)
 __attribute__((target("avx2"))) void attend_row_avx2(const TileScales& pages, int64_t first_token, int64_t end,
-                                                     const float* q, int64_t pos, int kv_head, int d, float scale,
-                                                     int query_terms, RowScratch& sc, float* o_out, float& lse_out) {
-  attend_row(pages, first_token, end, q, pos, kv_head, d, scale, query_terms, sc, o_out, lse_out);
+                                                     const float* q, int64_t pos, int64_t window, int kv_head, int d,
+                                                     float scale, int query_terms, RowScratch& sc, float* o_out,
+                                                     float& lse_out) {
+  attend_row(pages, first_token, end, q, pos, window, kv_head, d, scale, query_terms, sc, o_out, lse_out);
 }
 #endif
 
 void attend_row_base(const TileScales& pages, int64_t first_token, int64_t end, const float* q, int64_t pos,
-                     int kv_head, int d, float scale, int query_terms, RowScratch& sc, float* o_out, float& lse_out) {
-  attend_row(pages, first_token, end, q, pos, kv_head, d, scale, query_terms, sc, o_out, lse_out);
+                     int64_t window, int kv_head, int d, float scale, int query_terms, RowScratch& sc, float* o_out,
+                     float& lse_out) {
+  attend_row(pages, first_token, end, q, pos, window, kv_head, d, scale, query_terms, sc, o_out, lse_out);
 }
 
 AttendRowFn pick_attend_row() {
@@ -177,7 +183,8 @@ Partial attend_int8s_tile(std::span<const kv::Int8sPageView> pages, int64_t firs
     for (int item = 0; item < n_items; ++item) {
       const int r = item / q.n_heads, head = item % q.n_heads;
       attend_row_fn(scales, first_token, tile.end, q.q + (size_t(r) * q.n_heads + head) * d, q.positions[r],
-                 head / group, d, scale, opt.int8s_query_terms, scratch, out.o_at(r, head), out.lse_at(r, head));
+                    opt.window, head / group, d, scale, opt.int8s_query_terms, scratch, out.o_at(r, head),
+                    out.lse_at(r, head));
     }
   }
   return out;

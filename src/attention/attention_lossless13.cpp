@@ -44,19 +44,17 @@ Partial attend_lossless13_tile(std::span<const kv::Lossless13PageView> pages, in
   shape.format = kv::PageFormat::bf16;
   const kv::PageStore store(shape);
   const size_t first_page = size_t(first_token / h.page_size);
-  const std::vector<kv::PageId> table(first_page + tile.n_read, kv::PageId{0});
-  // Rows past the tile see all of it: clamping their positions to the tile's
-  // last token leaves every visibility limit (and so every operation) unchanged.
-  const int64_t end = std::max<int64_t>(tile.end, first_token + 1);
-  std::vector<int64_t> pos(q.positions, q.positions + q.n_rows);
-  for (int64_t& p : pos) p = std::min(p, end - 1);
+  // The history ends where the caller's does (history_tokens), so that rows
+  // keep their positions -- a sliding window's lower bound depends on them;
+  // only the tile's pages [first_page, first_page + n_read) are ever read.
+  const int64_t end = std::max<int64_t>(history_tokens, first_token + 1);
+  const std::vector<kv::PageId> table(size_t((end + h.page_size - 1) / h.page_size), kv::PageId{0});
   LayerHistory history{&store, table, end};
   history.read_planes = [&](size_t page, int kv_head, int n_keys, float* k, float* v) {
     read_lossless13_planes(pages[page - first_page], kv_head, n_keys, k, v);
     return true;
   };
-  const QueryRows rows{q.q, q.n_rows, q.n_heads, pos.data()};
-  return attend_tile(history, first_page, tile.n_read, rows, opt, ws);
+  return attend_tile(history, first_page, tile.n_read, q, opt, ws);
 }
 
 Partial attend_lossless13_tile(std::span<const kv::EncodedPage* const> pages, int64_t first_token,

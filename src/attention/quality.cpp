@@ -148,19 +148,21 @@ ReferencePartial reference_attention(const DenseHistoryF64& h, const QueryRows& 
     const int r = item / q.n_heads, head = item % q.n_heads, g = head / group;
     const float* qr = q.q + (size_t(r) * q.n_heads + head) * d;
     const int64_t visible = std::min<int64_t>(h.n_tokens, q.positions[r] - h.first_token + 1);
-    if (visible <= 0) continue;
-    std::vector<double> s(static_cast<size_t>(visible));
+    // Sliding window: keys at positions > p - window only.
+    const int64_t lo = opt.window > 0 ? std::max<int64_t>(0, q.positions[r] - opt.window + 1 - h.first_token) : 0;
+    if (visible <= lo) continue;
+    std::vector<double> s(static_cast<size_t>(visible), 0.0);
     double m = -kInf;
-    for (int64_t t = 0; t < visible; ++t) {
+    for (int64_t t = lo; t < visible; ++t) {
       double dot = 0;
       for (int j = 0; j < d; ++j) dot += double(qr[j]) * h.k_at(t, g, j);
       s[size_t(t)] = dot * scale;
       m = std::max(m, s[size_t(t)]);
     }
     double sum = 0;
-    for (double& x : s) sum += (x = std::exp(x - m));
+    for (int64_t t = lo; t < visible; ++t) sum += (s[size_t(t)] = std::exp(s[size_t(t)] - m));
     double* o = out.o.data() + (size_t(r) * q.n_heads + head) * d;
-    for (int64_t t = 0; t < visible; ++t) {
+    for (int64_t t = lo; t < visible; ++t) {
       const double w = s[size_t(t)] / sum;
       for (int j = 0; j < d; ++j) o[j] += w * h.v_at(t, g, j);
     }

@@ -90,6 +90,7 @@ void print_summary(const GenerationReport& r) {
   constexpr double MiB = 1024.0 * 1024.0;
   fmt::print(stderr, "\n\n--- activekv summary ({}) ---\n", r.model_name);
   fmt::print(stderr, "device               {}\n", r.device);
+  if (!r.layers.empty()) fmt::print(stderr, "layers               {}\n", r.layers);
   if (!r.placement.empty()) fmt::print(stderr, "kv placement         {}\n", r.placement);
   if (r.weight_bytes >= 0) fmt::print(stderr, "weights on the GPU   {:10.1f} MiB (GGUF types)\n", r.weight_bytes / MiB);
   fmt::print(stderr, "model load           {:10.1f} ms\n", r.load_ms);
@@ -126,6 +127,7 @@ nlohmann::json report_json(const GenerationReport& r) {
           {"commit", git_commit()},
           {"model", r.model_path},
           {"model_name", r.model_name},
+          {"layers", r.layers},
           {"device", r.device},
           {"threads", r.threads},
           {"kv_format", r.kv_format},
@@ -202,6 +204,7 @@ int run_cpu(const GenerateArgs& a) {
   const model::ModelConfig& c = lm.config();
   r.load_ms = ms_since(t0);
   r.model_name = c.name.empty() ? c.arch : c.name;
+  r.layers = c.layer_split();
   r.device = fmt::format("cpu ({} threads, OpenBLAS {} kernels)", a.threads, blas_core_name());
   r.threads = a.threads;
   r.kv_format = a.kv_format;
@@ -214,9 +217,10 @@ int run_cpu(const GenerateArgs& a) {
   CpuHistory h(lm, history_options(a), n_ctx);
   model::Sampler sampler(sampler_params(a));
 
-  fmt::print(stderr, "activekv: {} | cpu, {} threads | {} layers, {} KV heads x {} | {} history, page {} tokens, tile {} pages | {} prompt tokens\n",
-             r.model_path, a.threads, c.n_layers, c.n_kv_heads, c.head_dim, a.kv_format, a.page_size, a.tile_pages,
-             prompt.size());
+  fmt::print(stderr, "activekv: {} | cpu, {} threads | {} layers ({}), {} KV heads x {} | {} history, page {} tokens, "
+             "tile {} pages | {} prompt tokens\n",
+             r.model_path, a.threads, c.n_layers, r.layers, c.n_kv_heads, c.head_dim, a.kv_format, a.page_size,
+             a.tile_pages, prompt.size());
   r.prompt_tokens = int64_t(prompt.size());
   t0 = std::chrono::steady_clock::now();
   std::vector<float> logits = lm.prefill(prompt, h.seq(), prefill_progress(t0), &h.view());

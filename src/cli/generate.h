@@ -44,6 +44,7 @@ struct GenerateArgs {
 /// What a run reports (the summary, and --json).
 struct GenerationReport {
   std::string model_path, model_name, device, kv_format, placement;
+  std::string layers;           ///< ModelConfig::layer_split(): "15 sliding (window 512) + 3 global"
   int threads = 0;
   int64_t prompt_tokens = 0;
   double load_ms = 0, prefill_ms = 0;

@@ -67,6 +67,7 @@ int run_generate_gpu(const GenerateArgs& a) {
   const runtime::RuntimeStats& st = rt.stats();
   r.load_ms = ms_since(t0);
   r.model_name = c.name.empty() ? c.arch : c.name;
+  r.layers = c.layer_split();
   r.device = st.device;
   r.kv_format = a.kv_format;
   r.placement = st.placement.reason;

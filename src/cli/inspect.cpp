@@ -35,6 +35,9 @@ void put_config(Out& out, const gguf::File& f) {
              c.context_length, c.tied_output ? "tied to token_embd" : "separate");
     put(out, "  RoPE base {}, dims {}, layout {}; RMSNorm eps {}\n", c.rope_base, c.rope_dim,
              c.rope_layout == model::RopeLayout::Interleaved ? "interleaved pairs" : "half split", c.rms_eps);
+    put(out, "  attention layers: {}", c.layer_split());
+    if (c.n_sliding_layers() > 0) put(out, "; sliding layers' RoPE base {}", c.rope_base_local);
+    put(out, "\n");
     const size_t b = c.kv_bytes_per_token();
     put(out, "  KV history (bf16): {} bytes/token; {:.1f} MiB at 4K, {:.1f} MiB at 32K, {:.1f} MiB at 128K\n", b,
              double(b) * 4096 / 1048576.0, double(b) * 32768 / 1048576.0, double(b) * 131072 / 1048576.0);

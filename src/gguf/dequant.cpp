@@ -37,6 +37,23 @@ void dequant_q4_1(const uint8_t* src, float* dst, uint64_t n_blocks) {
   }
 }
 
+// Gemma 3 270M's Q4_K_M file stores attn_q/attn_k/ffn_gate/ffn_up in Q5_0.
+void dequant_q5_0(const uint8_t* src, float* dst, uint64_t n_blocks) {
+  constexpr int kBytes = 22;  // f16 d, 4 bytes of fifth bits (qh), 16 bytes of nibbles
+  for (uint64_t b = 0; b < n_blocks; ++b, src += kBytes, dst += 32) {
+    const float d = load_half(src);
+    uint32_t qh = 0;
+    std::memcpy(&qh, src + 2, 4);  // little-endian, as ggml reads it
+    const uint8_t* qs = src + 6;
+    for (int j = 0; j < 16; ++j) {  // bit j of qh tops element j, bit j+16 element j+16
+      const int x0 = ((qs[j] & 0x0f) | (((qh >> j) << 4) & 0x10)) - 16;
+      const int x1 = ((qs[j] >> 4) | ((qh >> (j + 12)) & 0x10)) - 16;
+      dst[j] = static_cast<float>(x0) * d;
+      dst[j + 16] = static_cast<float>(x1) * d;
+    }
+  }
+}
+
 void dequant_q8_0(const uint8_t* src, float* dst, uint64_t n_blocks) {
   constexpr int kBytes = 34;  // f16 d, 32 int8
   for (uint64_t b = 0; b < n_blocks; ++b, src += kBytes, dst += 32) {
@@ -74,6 +91,7 @@ void dequantize(TensorType t, const uint8_t* src, float* dst, uint64_t n) {
     case TensorType::BF16: convert_bf16(src, dst, n); return;
     case TensorType::Q4_0: detail::dequant_q4_0(src, dst, blocks); return;
     case TensorType::Q4_1: detail::dequant_q4_1(src, dst, blocks); return;
+    case TensorType::Q5_0: detail::dequant_q5_0(src, dst, blocks); return;
     case TensorType::Q8_0: detail::dequant_q8_0(src, dst, blocks); return;
     case TensorType::Q4_K: detail::dequant_q4_k(src, dst, blocks); return;
     case TensorType::Q5_K: detail::dequant_q5_k(src, dst, blocks); return;

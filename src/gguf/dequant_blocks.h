@@ -10,6 +10,7 @@ namespace activekv::gguf::detail {
 
 void dequant_q4_0(const uint8_t* src, float* dst, uint64_t n_blocks);
 void dequant_q4_1(const uint8_t* src, float* dst, uint64_t n_blocks);
+void dequant_q5_0(const uint8_t* src, float* dst, uint64_t n_blocks);
 void dequant_q8_0(const uint8_t* src, float* dst, uint64_t n_blocks);
 void dequant_q4_k(const uint8_t* src, float* dst, uint64_t n_blocks);
 void dequant_q5_k(const uint8_t* src, float* dst, uint64_t n_blocks);

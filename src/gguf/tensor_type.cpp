@@ -16,7 +16,7 @@ struct Layout {
 /// nullptr for ids we do not support.
 const Layout* layout(TensorType t) {
   static constexpr Layout kF32{"F32", 1, 4}, kF16{"F16", 1, 2}, kBF16{"BF16", 1, 2},
-      kQ4_0{"Q4_0", 32, 2 + 16}, kQ4_1{"Q4_1", 32, 2 + 2 + 16}, kQ8_0{"Q8_0", 32, 2 + 32},
+      kQ4_0{"Q4_0", 32, 2 + 16}, kQ4_1{"Q4_1", 32, 2 + 2 + 16}, kQ5_0{"Q5_0", 32, 2 + 4 + 16}, kQ8_0{"Q8_0", 32, 2 + 32},
       kQ4_K{"Q4_K", 256, 2 + 2 + 12 + 128}, kQ5_K{"Q5_K", 256, 2 + 2 + 12 + 32 + 128},
       kQ6_K{"Q6_K", 256, 128 + 64 + 16 + 2};
   switch (t) {
@@ -25,6 +25,7 @@ const Layout* layout(TensorType t) {
     case TensorType::BF16: return &kBF16;
     case TensorType::Q4_0: return &kQ4_0;
     case TensorType::Q4_1: return &kQ4_1;
+    case TensorType::Q5_0: return &kQ5_0;
     case TensorType::Q8_0: return &kQ8_0;
     case TensorType::Q4_K: return &kQ4_K;
     case TensorType::Q5_K: return &kQ5_K;

@@ -19,11 +19,19 @@ struct Architecture {
   std::string_view name;
   RopeLayout rope_layout;
   bool qkv_bias;  ///< Q/K/V projections carry biases
+  bool gemma = false;  ///< QK-norm, post-norms, GeGLU, scaled embeddings, sliding-window layers
 };
 constexpr Architecture kArchitectures[] = {
     {"llama", RopeLayout::Interleaved, false},  // llama.cpp LLAMA_ROPE_TYPE_NORM
     {"qwen2", RopeLayout::HalfSplit, true},     // llama.cpp LLAMA_ROPE_TYPE_NEOX; attn_{q,k,v}.bias
+    {"gemma3", RopeLayout::HalfSplit, false, true},  // LLAMA_ROPE_TYPE_NEOX; Q/K stored unpermuted
 };
+
+// Gemma 3: every 6th layer (l % 6 == 5) is global, the others slide; local
+// layers use RoPE base 10000 (llama.cpp hard-codes both for gemma3; HF's
+// Gemma3TextConfig defaults: sliding_window_pattern 6, rope_local_base_freq 10000).
+constexpr int kGemma3SlidingPattern = 6;
+constexpr double kGemma3LocalRopeBase = 10000.0;
 
 const Architecture& find_architecture(const std::string& name) {
   std::string supported;
@@ -196,6 +204,21 @@ void check_blocks(const gguf::File& f, const ArchKeys& k, const ModelConfig& c) 
   }
 }
 
+/// Gemma 3's differences from llama (see docs/gemma3.md): the query scale is
+/// 1/sqrt(query_pre_attn_scalar), which the GGUF carries as key_length (=
+/// head_dim, already set); sliding-window layers with their own RoPE base.
+void read_gemma(const ArchKeys& k, ModelConfig& c) {
+  c.qk_norm = true;
+  c.post_norms = true;
+  c.ffn_act = FfnActivation::GeluTanh;
+  c.embed_scale = float(std::sqrt(double(c.d_model)));
+  c.sliding_window = k.count("attention.sliding_window");
+  c.rope_base_local = k.real_above("rope.freq_base_swa", 1.0, kGemma3LocalRopeBase);
+  for (int l = 0; l < c.n_layers; ++l) {
+    if ((l + 1) % kGemma3SlidingPattern != 0) c.layer_attention[size_t(l)] = {c.sliding_window, c.rope_base_local};
+  }
+}
+
 }  // namespace
 
 ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
@@ -215,10 +238,33 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
   c.rms_eps = k.real_above("attention.layer_norm_rms_epsilon", 0.0, std::nullopt);
   c.rope_layout = arch.rope_layout;
   c.qkv_bias = arch.qkv_bias;
+  c.query_scale = 1.0f / std::sqrt(float(c.head_dim));  // as attend_tile's default, bit for bit
   read_vocab(f, k, c);
   check_blocks(f, k, c);
   c.tied_output = f.find_tensor("output.weight") == nullptr;
+  c.layer_attention.assign(size_t(c.n_layers), LayerAttention{0, c.rope_base});
+  if (arch.gemma) read_gemma(k, c);
   return c;
+}
+
+std::string ModelConfig::gpu_unsupported_reason() const {
+  if (qk_norm || post_norms || ffn_act != FfnActivation::Silu || embed_scale != 1.0f || n_sliding_layers() > 0) {
+    return fmt::format("architecture {} is supported on the CPU only for now (sliding-window layers, QK-norm, "
+                       "GeGLU): use --device cpu", arch);
+  }
+  return {};
+}
+
+int ModelConfig::n_sliding_layers() const {
+  int n = 0;
+  for (const LayerAttention& a : layer_attention) n += a.sliding();
+  return n;
+}
+
+std::string ModelConfig::layer_split() const {
+  const int sliding = n_sliding_layers();
+  if (sliding == 0) return fmt::format("{} global", n_layers);
+  return fmt::format("{} sliding (window {}) + {} global", sliding, sliding_window, n_layers - sliding);
 }
 
 size_t ModelConfig::kv_bytes_per_token() const {

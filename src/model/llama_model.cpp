@@ -32,6 +32,7 @@ void LlamaModel::layer_forward(int l, int T, const int64_t* pos, kv::SequenceKv&
                                const route::RoutedView& view) {
   const ModelConfig& c = config_;
   const LayerWeights& L = w_.layers[size_t(l)];
+  const LayerAttention& la = c.layer_attention[size_t(l)];
   const int d = c.d_model, q_dim = c.n_heads * c.head_dim, kv_dim = c.n_kv_heads * c.head_dim;
 
   rms_norm(x_.data(), L.attn_norm.data(), T, d, c.rms_eps, norm_.data());
@@ -43,23 +44,36 @@ void LlamaModel::layer_forward(int l, int T, const int64_t* pos, kv::SequenceKv&
     add_bias(k_.data(), L.bk.data(), T, kv_dim);
     add_bias(v_.data(), L.bv.data(), T, kv_dim);
   }
-  rope(q_.data(), T, c.n_heads, c.head_dim, pos, c);
-  rope(k_.data(), T, c.n_kv_heads, c.head_dim, pos, c);
+  if (c.qk_norm) {  // per head: rows of head_dim
+    rms_norm(q_.data(), L.q_norm.data(), T * c.n_heads, c.head_dim, c.rms_eps, q_.data());
+    rms_norm(k_.data(), L.k_norm.data(), T * c.n_kv_heads, c.head_dim, c.rms_eps, k_.data());
+  }
+  rope(q_.data(), T, c.n_heads, c.head_dim, pos, c, la.rope_base);
+  rope(k_.data(), T, c.n_kv_heads, c.head_dim, pos, c, la.rope_base);
   seq.write(l, pos[0], T, k_.data(), v_.data());
   if (opt_.on_queries) opt_.on_queries(l, T, q_.data(), pos);
 
   const attention::LayerHistory history{&seq.store(), seq.page_table(l), pos[T - 1] + 1};
   const attention::QueryRows rows{q_.data(), T, c.n_heads, pos};
-  const attention::Partial out = route::attend_routed(history, l, view, rows, opt_.attention, ws_);
+  attention::AttentionOptions aopt = opt_.attention;
+  aopt.window = la.window;
+  if (aopt.softmax_scale == 0.0f) aopt.softmax_scale = c.query_scale;
+  const attention::Partial out = route::attend_routed(history, l, view, rows, aopt, ws_);
   gemm_nt(T, d, q_dim, 1.0f, out.o.data(), q_dim, L.wo.data(), q_dim, 0.0f, tmp_.data(), d);
+  if (c.post_norms) rms_norm(tmp_.data(), L.post_attn_norm.data(), T, d, c.rms_eps, tmp_.data());
   add_inplace(x_.data(), tmp_.data(), int64_t(T) * d);
 
   rms_norm(x_.data(), L.ffn_norm.data(), T, d, c.rms_eps, norm_.data());
   gemm_nt(T, c.ffn_dim, d, 1.0f, norm_.data(), d, L.w_gate.data(), d, 0.0f, gate_.data(), c.ffn_dim);
   gemm_nt(T, c.ffn_dim, d, 1.0f, norm_.data(), d, L.w_up.data(), d, 0.0f, up_.data(), c.ffn_dim);
-  swiglu(gate_.data(), up_.data(), T, c.ffn_dim);
+  if (c.ffn_act == FfnActivation::GeluTanh) {
+    geglu_tanh(gate_.data(), up_.data(), T, c.ffn_dim);
+  } else {
+    swiglu(gate_.data(), up_.data(), T, c.ffn_dim);
+  }
   gemm_nt(T, d, c.ffn_dim, 1.0f, gate_.data(), c.ffn_dim, L.w_down.data(), c.ffn_dim, 0.0f,
           tmp_.data(), d);
+  if (c.post_norms) rms_norm(tmp_.data(), L.post_ffn_norm.data(), T, d, c.rms_eps, tmp_.data());
   add_inplace(x_.data(), tmp_.data(), int64_t(T) * d);
 }
 
@@ -92,6 +106,7 @@ void LlamaModel::forward(std::span<const int32_t> tokens, kv::SequenceKv& seq,
     pos_[size_t(t)] = start + t;
     std::copy_n(w_.token_embd.data() + size_t(tokens[size_t(t)]) * d, d, x_.data() + size_t(t) * d);
   }
+  if (c.embed_scale != 1.0f) scale_inplace(x_.data(), c.embed_scale, int64_t(T) * d);
 
   route::RoutedView exact;
   exact.config.tile_pages = opt_.attention.tile_pages;

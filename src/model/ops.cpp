@@ -16,12 +16,12 @@ void rms_norm(const float* x, const float* weight, int T, int n, float eps, floa
   }
 }
 
-void rope(float* x, int T, int n_heads, int head_dim, const int64_t* pos, const ModelConfig& c) {
+void rope(float* x, int T, int n_heads, int head_dim, const int64_t* pos, const ModelConfig& c, float base) {
   const int half = c.rope_dim / 2;
 #pragma omp parallel for schedule(static) if (T > 1)
   for (int t = 0; t < T; ++t) {
     for (int i = 0; i < half; ++i) {
-      const double freq = std::pow(double(c.rope_base), -2.0 * i / double(c.rope_dim));
+      const double freq = std::pow(double(base), -2.0 * i / double(c.rope_dim));
       const double angle = double(pos[t]) * freq;
       const float cs = float(std::cos(angle)), sn = float(std::sin(angle));
       const int a = c.rope_layout == RopeLayout::Interleaved ? 2 * i : i;
@@ -43,6 +43,20 @@ void swiglu(float* gate, const float* up, int T, int n) {
     const float g = gate[i];
     gate[i] = g / (1.0f + std::exp(-g)) * up[i];
   }
+}
+
+void geglu_tanh(float* gate, const float* up, int T, int n) {
+  const int64_t total = int64_t(T) * n;
+  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+#pragma omp parallel for schedule(static) if (total > 16384)
+  for (int64_t i = 0; i < total; ++i) {
+    const float g = gate[i];
+    gate[i] = 0.5f * g * (1.0f + std::tanh(kSqrt2OverPi * (g + 0.044715f * g * g * g))) * up[i];
+  }
+}
+
+void scale_inplace(float* x, float s, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] *= s;
 }
 
 void add_bias(float* x, const float* bias, int T, int n) {

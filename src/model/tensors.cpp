@@ -42,6 +42,14 @@ ModelTensors ModelTensors::find(const gguf::File& f, const ModelConfig& c) {
     L.w_gate = checked(f, p + "ffn_gate.weight", {d, ff});
     L.w_up = checked(f, p + "ffn_up.weight", {d, ff});
     L.w_down = checked(f, p + "ffn_down.weight", {ff, d});
+    if (c.qk_norm) {
+      L.q_norm = checked(f, p + "attn_q_norm.weight", {u(c.head_dim)});
+      L.k_norm = checked(f, p + "attn_k_norm.weight", {u(c.head_dim)});
+    }
+    if (c.post_norms) {
+      L.post_attn_norm = checked(f, p + "post_attention_norm.weight", {d});
+      L.post_ffn_norm = checked(f, p + "post_ffw_norm.weight", {d});
+    }
   }
   return m;
 }

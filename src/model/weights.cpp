@@ -37,6 +37,10 @@ Weights Weights::load(const gguf::File& f, const ModelConfig& c) {
     L.w_gate = dequantized(t.w_gate);
     L.w_up = dequantized(t.w_up);
     L.w_down = dequantized(t.w_down);
+    L.q_norm = dequantized(t.q_norm);
+    L.k_norm = dequantized(t.k_norm);
+    L.post_attn_norm = dequantized(t.post_attn_norm);
+    L.post_ffn_norm = dequantized(t.post_ffn_norm);
   }
   return w;
 }

@@ -31,7 +31,8 @@ ReadFormat compressed_format(RouteKind kind) {
   return ReadFormat::exact;
 }
 
-RoutePlan plan_route(const RouteConfig& cfg, int64_t n_tokens, int page_size, const PublishedFn& published) {
+RoutePlan plan_route(const RouteConfig& cfg, int64_t n_tokens, int page_size, const PublishedFn& published,
+                     size_t first_page) {
   if (page_size <= 0 || cfg.tile_pages <= 0 || cfg.recent_pages < 0 || n_tokens < 0) {
     throw InvalidArgument(fmt::format(
         "plan_route: bad arguments (page_size {}, tile_pages {}, recent_pages {}, n_tokens {})",
@@ -40,8 +41,9 @@ RoutePlan plan_route(const RouteConfig& cfg, int64_t n_tokens, int page_size, co
   const size_t n_pages = size_t((n_tokens + page_size - 1) / page_size);
   const size_t n_full = size_t(n_tokens / page_size);
   RoutePlan plan;
-  plan.page_format.resize(n_pages);
-  for (size_t p = 0; p < n_pages; ++p) {
+  plan.page_format.assign(n_pages, ReadFormat::exact);
+  plan.first_page = std::min(first_page, n_pages);
+  for (size_t p = plan.first_page; p < n_pages; ++p) {
     ReadFormat f = wanted(cfg, p, n_full);
     if (f != ReadFormat::exact && !(published && published(p, f))) f = ReadFormat::exact;
     plan.page_format[p] = f;
@@ -83,7 +85,7 @@ std::string format_name(ReadFormat f) {
 }
 
 void RouteReport::add(const RoutePlan& plan) {
-  for (ReadFormat f : plan.page_format) pages[size_t(f)]++;
+  for (size_t p = plan.first_page; p < plan.page_format.size(); ++p) pages[size_t(plan.page_format[p])]++;
   for (const Segment& s : plan.segments) segments[size_t(s.kernel)]++;
 }
 

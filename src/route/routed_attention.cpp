@@ -45,7 +45,11 @@ attention::Partial attend_int8s_segment(const attention::LayerHistory& history, 
     if (view.report) view.report->bytes += double(pages.back().blob.size());
   }
   const std::span<const kv::Int8sPageView> views(pages);
-  if (view.int8s_tile) return view.int8s_tile(views, first_token, history.n_tokens, q, opt);  // e.g. the GPU
+  if (view.int8s_tile) {  // e.g. the GPU
+    // Its contract has no sliding window: refuse rather than attend too far back.
+    if (opt.window > 0) throw InvalidArgument("routed attention: the injected int8s tile kernel has no sliding window");
+    return view.int8s_tile(views, first_token, history.n_tokens, q, opt);
+  }
   return attention::attend_int8s_tile(views, first_token, history.n_tokens, q, opt);
 }
 
@@ -78,7 +82,9 @@ attention::Partial attend_routed(const attention::LayerHistory& history, int lay
       return !view.compressed->published(layer, page, codec_of(f)).empty();
     };
   }
-  const RoutePlan plan = plan_route(view.config, history.n_tokens, shape.page_size, published);
+  // A sliding-window layer reads only the pages its rows can see.
+  const RoutePlan plan = plan_route(view.config, history.n_tokens, shape.page_size, published,
+                                    attention::first_visible_page(q, opt.window, shape.page_size));
   if (view.report) view.report->add(plan);
 
   attention::LayerHistory bf16_history = history;

@@ -82,6 +82,8 @@ struct GpuRuntime::Impl {
 
 GpuRuntime::Impl::Impl(const gguf::File& f, const model::ModelConfig& cfg, const RuntimeOptions& o)
     : c(cfg), opt(o) {
+  // Before any GPU work: the GPU forward knows llama and qwen2 only.
+  if (const std::string why = c.gpu_unsupported_reason(); !why.empty()) throw Error(why);
   if (opt.n_ctx <= 0) throw InvalidArgument("GpuRuntime: n_ctx must be positive");
   if (opt.prefill_chunk <= 0) throw InvalidArgument("GpuRuntime: prefill_chunk must be positive");
   cuda::require_gpu(opt.device, "--device cuda");

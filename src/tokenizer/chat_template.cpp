@@ -82,6 +82,33 @@ std::string render_chatml(std::span<const ChatMessage> msgs, bool add_generation
   return out;
 }
 
+namespace {
+
+// Jinja's `trim`: strips leading and trailing whitespace.
+std::string_view trim(std::string_view s) {
+  constexpr std::string_view kWs = " \t\n\r\f\v";
+  const size_t b = s.find_first_not_of(kWs);
+  if (b == std::string_view::npos) return {};
+  return s.substr(b, s.find_last_not_of(kWs) - b + 1);
+}
+
+}  // namespace
+
+std::string render_gemma(std::span<const ChatMessage> msgs, bool add_generation_prompt) {
+  std::string out, first_user_prefix;
+  if (!msgs.empty() && msgs.front().role == "system") {
+    first_user_prefix = msgs.front().content + "\n\n";  // not trimmed, as in the template
+    msgs = msgs.subspan(1);
+  }
+  for (size_t i = 0; i < msgs.size(); ++i) {
+    const std::string_view role = msgs[i].role == "assistant" ? "model" : std::string_view(msgs[i].role);
+    out += fmt::format("<start_of_turn>{}\n{}{}<end_of_turn>\n", role, i == 0 ? first_user_prefix : "",
+                       trim(msgs[i].content));
+  }
+  if (add_generation_prompt) out += "<start_of_turn>model\n";
+  return out;
+}
+
 }  // namespace tok
 
 }  // namespace activekv

@@ -85,6 +85,40 @@ class Bpe {
   int32_t unk_id_;
 };
 
+// ---- spm.cpp: SentencePiece-style merges by score ---------------------------
+
+/// Hash of string_view keys without copies (heterogeneous lookup).
+struct StringHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
+
+class Spm {
+ public:
+  /// tokens/scores/types: the GGUF vocabulary (sizes checked by the caller,
+  /// scores here). Throws InvalidArgument if scores and tokens differ in size.
+  /// rank_by_id: merge priority is the merged token's id (lower first)
+  /// instead of its score (Gemma; see spm.cpp).
+  Spm(const std::vector<std::string>& tokens, const std::vector<float>& scores,
+      const std::vector<int32_t>& types, int32_t unk_id, bool rank_by_id);
+  /// Appends the ids of one text fragment (no special tokens in it) to `out`.
+  /// Throws Error for a byte with neither a <0xNN> token nor an unknown token.
+  void encode_fragment(std::string_view text, std::vector<int32_t>& out) const;
+  /// The bytes a token stands for: U+2581 -> ' ', <0xNN> -> the byte.
+  static std::string piece(std::string_view token, TokenType type);
+  /// Whitespace only, with at least one space ("  "): such a token is a
+  /// vocabulary entry spelled with U+2581, never a special token (as
+  /// transformers' Gemma converter has it).
+  static bool is_space_run(std::string_view token);
+
+ private:
+  static std::string normalise(std::string_view text);  ///< ' ' -> U+2581
+  std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>> ids_;
+  std::vector<float> priority_;  // per token: merge priority, higher first
+  std::array<int32_t, 256> byte_id_{};
+  int32_t unk_id_;
+};
+
 // ---- chat_template.cpp -----------------------------------------------------
 
 /// The default system message written literally in a ChatML jinja template
@@ -93,5 +127,7 @@ std::string find_default_system_message(std::string_view chat_template);
 /// ChatML rendering (see Tokenizer::apply_chat_template).
 std::string render_chatml(std::span<const ChatMessage> msgs, bool add_generation_prompt,
                           std::string_view default_system);
+/// Gemma's turn format (see Tokenizer::apply_chat_template).
+std::string render_gemma(std::span<const ChatMessage> msgs, bool add_generation_prompt);
 
 }  // namespace activekv::tok

@@ -1,5 +1,6 @@
 // Tokenizer core: tables, special-token split, encode and decode.
 #include <algorithm>
+#include <optional>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -13,8 +14,10 @@ struct Tokenizer::Impl {
   std::vector<int32_t> types;
   std::vector<std::string> pieces;   // decoded bytes per token
   std::unordered_map<std::string, int32_t> by_text;
-  tok::Bpe bpe;
+  std::optional<tok::Bpe> bpe;  // model "gpt2"
+  std::optional<tok::Spm> spm;  // model "llama"
   tok::PreTokenizer pre;
+  bool gemma_chat = false;
   int32_t bos = -1, eos = -1;
   bool add_bos = false;
   std::vector<int32_t> end_of_generation;   // sorted
@@ -24,11 +27,13 @@ struct Tokenizer::Impl {
   std::string chat_template;
   std::string default_system;
 
-  Impl(Vocab& v, tok::PreTokenizer p)
-      : tokens(std::move(v.tokens)),
-        types(std::move(v.token_types)),
-        bpe(tokens, v.merges, v.unk_id),
-        pre(p) {}
+  Impl(Vocab& v, tok::PreTokenizer p) : tokens(std::move(v.tokens)), types(std::move(v.token_types)), pre(p) {
+    if (v.model == "llama") {
+      spm.emplace(tokens, v.scores, types, v.unk_id, v.spm_rank_by_id);
+    } else {
+      bpe.emplace(tokens, v.merges, v.unk_id);
+    }
+  }
 
   void encode_text(std::string_view text, std::vector<int32_t>& out) const;
 };
@@ -67,7 +72,10 @@ Tokenizer::Tokenizer(Vocab v) {
   check_id(v.eos_id, "eos");
   check_id(v.unk_id, "unknown token");
 
-  const tok::PreTokenizer pre = parse_pre(v.pre);
+  if (v.model != "gpt2" && v.model != "llama")
+    throw InvalidArgument(fmt::format("tokenizer: model '{}' is not supported (gpt2, llama)", v.model));
+  const bool sentencepiece = v.model == "llama";
+  const tok::PreTokenizer pre = sentencepiece ? tok::PreTokenizer::Gpt2 : parse_pre(v.pre);  // unused by llama
   const int32_t bos = v.bos_id, eos = v.eos_id;
   const bool add_bos = v.add_bos;
   std::string tmpl = std::move(v.chat_template);
@@ -86,12 +94,14 @@ Tokenizer::Tokenizer(Vocab v) {
     const int32_t type = impl->types[i];
     const auto id = static_cast<int32_t>(i);
     impl->by_text.emplace(t, id);
-    if (is_special_type(type)) {
+    if (is_special_type(type) && !(sentencepiece && tok::Spm::is_space_run(t))) {
       impl->pieces[i] = t;  // rendered as its text
       if (!t.empty()) {
         impl->special_by_first[static_cast<unsigned char>(t[0])].push_back(id);
         impl->has_specials = true;
       }
+    } else if (sentencepiece) {
+      impl->pieces[i] = tok::Spm::piece(t, static_cast<TokenType>(type));
     } else {
       impl->pieces[i] = tok::byte_level_decode(t);
     }
@@ -109,15 +119,20 @@ Tokenizer::Tokenizer(Vocab v) {
       impl->end_of_generation.push_back(it->second);
   }
   std::sort(impl->end_of_generation.begin(), impl->end_of_generation.end());
+  impl->gemma_chat = impl->by_text.contains("<start_of_turn>");
   impl_ = std::move(impl);
 }
 
 void Tokenizer::Impl::encode_text(std::string_view text, std::vector<int32_t>& out) const {
+  if (spm) {
+    spm->encode_fragment(text, out);
+    return;
+  }
   thread_local std::vector<tok::CodePoint> scratch;
   thread_local std::vector<std::pair<uint32_t, uint32_t>> words;
   words.clear();
   tok::pretokenize(text, pre, scratch, words);
-  for (const auto& [b, e] : words) bpe.encode_word(text.substr(b, e - b), out);
+  for (const auto& [b, e] : words) bpe->encode_word(text.substr(b, e - b), out);
 }
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos,
@@ -184,6 +199,7 @@ const std::string& Tokenizer::default_system_message() const { return impl_->def
 
 std::string Tokenizer::apply_chat_template(std::span<const ChatMessage> msgs,
                                            bool add_generation_prompt) const {
+  if (impl_->gemma_chat) return tok::render_gemma(msgs, add_generation_prompt);
   return tok::render_chatml(msgs, add_generation_prompt, impl_->default_system);
 }
 

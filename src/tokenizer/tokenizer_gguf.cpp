@@ -36,6 +36,31 @@ int32_t optional_id(const gguf::File& f, std::string_view key, size_t n_tokens) 
   return static_cast<int32_t>(id);
 }
 
+// The SentencePiece keys: one score per token; no space prefix (we do not
+// implement llama.cpp's prefix rule: Gemma 3's GGUF says false).
+void read_sentencepiece(const gguf::File& f, Tokenizer::Vocab& v) {
+  constexpr std::string_view kScores = "tokenizer.ggml.scores";
+  try {
+    const auto& arr = f.get_array(kScores);
+    v.scores.reserve(arr.size());
+    for (const auto& s : arr) v.scores.push_back(static_cast<float>(s.as_f64()));
+  } catch (const Error& e) {
+    bad_key(kScores, e.what());
+  }
+  if (v.scores.size() != v.tokens.size())
+    bad_key(kScores, fmt::format("{} scores for {} tokens", v.scores.size(), v.tokens.size()));
+  constexpr std::string_view kPrefix = "tokenizer.ggml.add_space_prefix";
+  bool prefix = true;  // llama.cpp's default for this model
+  try {
+    prefix = f.get_bool_or(std::string(kPrefix), true);
+  } catch (const Error& e) {
+    bad_key(kPrefix, e.what());
+  }
+  if (prefix) bad_key(kPrefix, "true (or absent) is not supported: only SentencePiece vocabularies without a space prefix");
+  // Gemma's scores do not follow its merge order; its token order does.
+  v.spm_rank_by_id = f.get_string_or("general.architecture", "").starts_with("gemma");
+}
+
 }  // namespace
 
 Tokenizer Tokenizer::from_gguf(const gguf::File& f) {
@@ -51,10 +76,11 @@ Tokenizer Tokenizer::from_gguf(const gguf::File& f) {
   } catch (const Error& e) {
     bad_key(kModel, e.what());
   }
-  if (model != "gpt2")
-    bad_key(kModel, fmt::format("tokenizer model '{}' is not supported (only gpt2)", model));
+  if (model != "gpt2" && model != "llama")
+    bad_key(kModel, fmt::format("tokenizer model '{}' is not supported (gpt2, llama)", model));
 
   Vocab v;
+  v.model = model;
   try {
     v.pre = f.get_string_or(std::string(kPre), "default");
   } catch (const Error& e) {
@@ -76,7 +102,8 @@ Tokenizer Tokenizer::from_gguf(const gguf::File& f) {
     if (v.token_types.size() != v.tokens.size())
       bad_key(kTypes, fmt::format("{} types for {} tokens", v.token_types.size(), v.tokens.size()));
   }
-  v.merges = string_array(f, kMerges);
+  if (model == "gpt2") v.merges = string_array(f, kMerges);
+  if (model == "llama") read_sentencepiece(f, v);
 
   v.bos_id = optional_id(f, "tokenizer.ggml.bos_token_id", v.tokens.size());
   v.eos_id = optional_id(f, "tokenizer.ggml.eos_token_id", v.tokens.size());

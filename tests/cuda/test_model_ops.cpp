@@ -177,7 +177,7 @@ TEST_P(Rope, MatchesCpu) {
   cfg.rope_base = c.base;
   cfg.rope_layout = c.layout;
   std::vector<float> want = x;
-  model::rope(want.data(), c.T, c.n_heads, c.head_dim, pos.data(), cfg);
+  model::rope(want.data(), c.T, c.n_heads, c.head_dim, pos.data(), cfg, cfg.rope_base);
 
   const RopeFreqs freqs(cfg);
   DeviceArray<float> dx(x);

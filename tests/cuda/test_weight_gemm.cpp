@@ -140,8 +140,8 @@ TEST(WeightGemmErrors, BadArgumentsThrow) {
   DeviceMatrix wide{TensorType::Q8_0, w.p, 4, 512, gguf::row_bytes(TensorType::Q8_0, 512)};
   EXPECT_NE(msg(wide, 2).find("max_cols"), std::string::npos) << msg(wide, 2);
   DeviceMatrix bad = m;
-  bad.type = static_cast<TensorType>(6);
-  EXPECT_NE(msg(bad, 2).find("type#6"), std::string::npos) << msg(bad, 2);
+  bad.type = static_cast<TensorType>(7);
+  EXPECT_NE(msg(bad, 2).find("type#7"), std::string::npos) << msg(bad, 2);
   EXPECT_THROW(WeightGemm(WeightGemm::Options{0, 256, 1024, 1024}), InvalidArgument);
 }
 

@@ -12,6 +12,7 @@
 #include <bit>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <map>
 
 #include "gguf_test_util.h"
@@ -119,6 +120,18 @@ TEST(Dequant, HandBuiltBlocks) {
     EXPECT_EQ(out[j], j - 8);
     EXPECT_EQ(out[j + 16], 15 - j - 8);
   }
+  // Q5_0: d = 1.0; nibble lo = j, hi = 15 - j; fifth bits qh = 0xA5A5F00F
+  // (element j's bit j, element j+16's bit j+16) -> value (nibble | bit << 4) - 16.
+  std::vector<uint8_t> q5(22, 0);
+  q5[0] = 0x00, q5[1] = 0x3c;
+  const uint32_t qh = 0xA5A5F00Fu;
+  std::memcpy(q5.data() + 2, &qh, 4);
+  for (int j = 0; j < 16; ++j) q5[6 + j] = static_cast<uint8_t>((15 - j) << 4 | j);
+  dequantize(TensorType::Q5_0, q5.data(), out, 32);
+  for (int j = 0; j < 16; ++j) {
+    EXPECT_EQ(out[j], float(int(j | ((qh >> j) & 1) << 4) - 16)) << j;
+    EXPECT_EQ(out[j + 16], float(int((15 - j) | ((qh >> (j + 16)) & 1) << 4) - 16)) << j;
+  }
   // Q8_0: d = 0.5 (0x3800), q = -128..
   std::vector<uint8_t> q8(34, 0);
   q8[0] = 0x00, q8[1] = 0x38;
@@ -132,9 +145,10 @@ TEST(Dequant, RejectsBadRequests) {
   float dst[256];
   EXPECT_THROW(dequantize(TensorType::Q4_0, src, dst, 31), Error);
   EXPECT_THROW(dequantize(TensorType::Q6_K, src, dst, 32), Error);
-  EXPECT_THROW(dequantize(static_cast<TensorType>(6), src, dst, 32), Error);
+  EXPECT_THROW(dequantize(static_cast<TensorType>(7), src, dst, 32), Error);  // Q5_1
   dequantize(TensorType::F32, nullptr, nullptr, 0);  // empty range: a no-op
-  EXPECT_EQ(type_name(static_cast<TensorType>(6)), "type#6");
+  EXPECT_EQ(type_name(static_cast<TensorType>(7)), "type#7");  // Q5_1: not read
+  EXPECT_EQ(type_name(TensorType::Q5_0), "Q5_0");
   EXPECT_EQ(type_name(TensorType::Q5_K), "Q5_K");
   EXPECT_FALSE(is_supported(static_cast<TensorType>(99)));
   EXPECT_EQ(block_bytes(TensorType::Q6_K), 210u);

@@ -22,14 +22,16 @@ using gguf::testing::val_str;
 using gguf::testing::val_str_array;
 using gguf::testing::val_u32;
 
-/// A complete tiny model of architecture `arch` ("llama", or "qwen2" whose
-/// layers also carry attn_{q,k,v}.bias): d_model 8, 2 heads of dim 4 (1 KV
-/// head), FFN 16, vocab 16, 2 blocks, F32 tensors.
+/// A complete tiny model of architecture `arch` ("llama", "qwen2" whose
+/// layers also carry attn_{q,k,v}.bias, or "gemma3" with its QK-norms,
+/// post-norms and sliding window 3): d_model 8, 2 heads of dim 4 (1 KV head),
+/// FFN 16, vocab 16, 2 blocks (gemma3: 6, so that one is global), F32 tensors.
 Parts tiny_model(const std::string& arch) {
   const std::string k = arch + ".";
+  const int blocks = arch == "gemma3" ? 6 : 2;
   Parts p;
   p.set("general.architecture", val_str(arch))
-      .set(k + "block_count", val_u32(2))
+      .set(k + "block_count", val_u32(uint32_t(blocks)))
       .set(k + "context_length", val_u32(64))
       .set(k + "embedding_length", val_u32(8))
       .set(k + "feed_forward_length", val_u32(16))
@@ -40,8 +42,9 @@ Parts tiny_model(const std::string& arch) {
       .set(k + "attention.layer_norm_rms_epsilon", val_f32(1e-5f))
       .set(k + "vocab_size", val_u32(16))
       .set("tokenizer.ggml.tokens", val_str_array(16));
+  if (arch == "gemma3") p.set(k + "attention.sliding_window", val_u32(3));
   p.tensors = {{"token_embd.weight", {8, 16}}, {"output_norm.weight", {8}}};
-  for (int l = 0; l < 2; ++l) {
+  for (int l = 0; l < blocks; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".";
     p.tensors.push_back({b + "attn_norm.weight", {8}});
     p.tensors.push_back({b + "attn_q.weight", {8, 8}});
@@ -57,6 +60,12 @@ Parts tiny_model(const std::string& arch) {
     p.tensors.push_back({b + "ffn_gate.weight", {8, 16}});
     p.tensors.push_back({b + "ffn_up.weight", {8, 16}});
     p.tensors.push_back({b + "ffn_down.weight", {16, 8}});
+    if (arch == "gemma3") {
+      p.tensors.push_back({b + "attn_q_norm.weight", {4}});
+      p.tensors.push_back({b + "attn_k_norm.weight", {4}});
+      p.tensors.push_back({b + "post_attention_norm.weight", {8}});
+      p.tensors.push_back({b + "post_ffw_norm.weight", {8}});
+    }
   }
   return p;
 }
@@ -95,6 +104,43 @@ TEST(ModelConfig, TinyLlamaReadsAndLoads) {
   EXPECT_EQ(c.rms_eps, 1e-5f);
   EXPECT_TRUE(c.tied_output);
   EXPECT_NO_THROW(Weights::load(f, c));  // the file is a whole model, not just metadata
+}
+
+TEST(ModelConfig, Gemma3LayersAndGpuRefusal) {
+  const std::vector<uint8_t> bytes = tiny_model("gemma3").set("gemma3.rope.freq_base", val_f32(1e6f)).bytes();
+  const gguf::File f = gguf::File::from_memory(bytes);
+  const ModelConfig c = ModelConfig::from_gguf(f);
+  ASSERT_EQ(c.layer_attention.size(), 6u);
+  for (int l = 0; l < 6; ++l) {  // layer 5 global with freq_base; the others slide with base 10000
+    EXPECT_EQ(c.layer_attention[size_t(l)].window, l == 5 ? 0 : 3) << l;
+    EXPECT_EQ(c.layer_attention[size_t(l)].rope_base, l == 5 ? 1e6f : 10000.0f) << l;
+  }
+  EXPECT_EQ(c.layer_split(), "5 sliding (window 3) + 1 global");
+  EXPECT_FLOAT_EQ(c.embed_scale, std::sqrt(8.0f));
+  EXPECT_EQ(c.gpu_unsupported_reason(),
+            "architecture gemma3 is supported on the CPU only for now (sliding-window layers, QK-norm, GeGLU): "
+            "use --device cpu");
+  EXPECT_NO_THROW(Weights::load(f, c));
+  // The local RoPE base, when the file has one.
+  const std::vector<uint8_t> b2 = tiny_model("gemma3").set("gemma3.rope.freq_base_swa", val_f32(500.0f)).bytes();
+  EXPECT_EQ(ModelConfig::from_gguf(gguf::File::from_memory(b2)).layer_attention[0].rope_base, 500.0f);
+  // llama needs nothing of this and runs on the GPU.
+  const std::vector<uint8_t> b3 = tiny_llama().bytes();
+  const ModelConfig llama = ModelConfig::from_gguf(gguf::File::from_memory(b3));
+  EXPECT_EQ(llama.gpu_unsupported_reason(), "");
+  EXPECT_EQ(llama.layer_split(), "2 global");
+}
+
+TEST(ModelConfig, Gemma3NeedsItsSlidingWindowAndNorms) {
+  expect_rejected(tiny_model("gemma3").erase("gemma3.attention.sliding_window"),
+                  "model config: gemma3.attention.sliding_window is missing (required)");
+  expect_rejected(tiny_model("gemma3").set("gemma3.attention.sliding_window", val_u32(0)),
+                  "model config: gemma3.attention.sliding_window = 0 must be in [1, 2147483647]");
+  Parts p = tiny_model("gemma3");
+  std::erase_if(p.tensors, [](const auto& t) { return t.name == "blk.2.attn_k_norm.weight"; });
+  const std::vector<uint8_t> bytes = p.bytes();
+  const gguf::File f = gguf::File::from_memory(bytes);
+  EXPECT_THROW(Weights::load(f, ModelConfig::from_gguf(f)), Error);
 }
 
 TEST(ModelConfig, RmsEpsilon) {
@@ -212,10 +258,10 @@ TEST(ModelConfig, VocabularyMatchesTokenEmbd) {
 
 TEST(ModelConfig, Architecture) {
   expect_rejected(tiny_llama().set("general.architecture", val_str("qwen3")),
-                  "model config: general.architecture = \"qwen3\" is not supported (supported: llama, qwen2)");
+                  "model config: general.architecture = \"qwen3\" is not supported (supported: llama, qwen2, gemma3)");
   // Untrusted bytes are escaped in the message.
   expect_rejected(tiny_llama().set("general.architecture", val_str("a\nb")),
-                  "model config: general.architecture = \"a\\nb\" is not supported (supported: llama, qwen2)");
+                  "model config: general.architecture = \"a\\nb\" is not supported (supported: llama, qwen2, gemma3)");
   // The keys are read under the architecture's own name.
   expect_rejected(tiny_llama().set("general.architecture", val_str("qwen2")),
                   "model config: qwen2.block_count is missing (required)");

@@ -126,7 +126,8 @@ TEST(TokenizerGguf, ReadsTokenizerKeys) {
 }
 
 TEST(TokenizerGguf, BadKeysAreNamed) {
-  { Keys k; k.model = "llama"; expect_error_naming(k, "tokenizer.ggml.model"); }
+  { Keys k; k.model = "bert"; expect_error_naming(k, "tokenizer.ggml.model"); }
+  { Keys k; k.model = "llama"; expect_error_naming(k, "tokenizer.ggml.scores"); }  // SentencePiece needs scores
   { Keys k; k.model.reset(); expect_error_naming(k, "tokenizer.ggml.model"); }
   { Keys k; k.pre = "qwen2"; expect_error_naming(k, "tokenizer.ggml.pre"); }
   { Keys k; k.tokens.reset(); expect_error_naming(k, "tokenizer.ggml.tokens"); }

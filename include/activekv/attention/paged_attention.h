@@ -1,7 +1,8 @@
 // Exact decode/prefill attention over the paged history (CPU reference).
 //
 // Query rows attend causally: a row at absolute position p sees the keys at
-// positions <= p. GQA: query head h uses KV head h / (n_heads / n_kv_heads),
+// positions <= p -- and, with a sliding window W (AttentionOptions::window,
+// Gemma 3's local layers), only those at positions > p - W, the last W tokens. GQA: query head h uses KV head h / (n_heads / n_kv_heads),
 // and each KV head's K/V plane is read once for all the query heads of its group.
 //
 // The history is split into *tiles* of `tile_pages` pages (SPEC §2). Each tile
@@ -51,12 +52,24 @@ struct AttentionOptions {
   /// page); 2 adds the rounding residual as a second int8 code on a 127x finer
   /// grid -- two integer dot products, ~127x less query rounding error.
   int int8s_query_terms = 2;
+  /// Sliding window in tokens: a row at position p sees keys in (p - window, p].
+  /// 0 means the whole causal history. Pages wholly before every row's window
+  /// are not read at all (first_visible_page).
+  int64_t window = 0;
 };
+
+/// The first token any of `q`'s rows may see under `window` (0 without one):
+/// min over rows of max(0, position - window + 1).
+int64_t first_visible_token(const QueryRows& q, int64_t window);
+/// The page holding first_visible_token (pages before it are out of every
+/// row's window and are skipped by attend and route::attend_routed).
+size_t first_visible_page(const QueryRows& q, int64_t window, int page_size);
 
 /// Reusable scratch buffers, so a decode step allocates nothing once warm.
 struct Workspace {
   std::vector<float> q_group, k, v, scores, acc, row_max, row_sum;
   std::vector<int64_t> key_limit;  ///< per query row: last visible key of the current page
+  std::vector<int64_t> key_first;  ///< per query row: first visible key of the current page (window)
 };
 
 /// Attention of `q` over pages [first_page, first_page + n_pages) of `history`.
@@ -65,8 +78,8 @@ struct Workspace {
 Partial attend_tile(const LayerHistory& history, size_t first_page, size_t n_pages,
                     const QueryRows& q, const AttentionOptions& opt, Workspace& ws);
 
-/// Attention over the whole history: one partial per tile, merged in
-/// ascending tile order. With one tile the result is that tile's partial
+/// Attention over the whole history (from first_visible_page on): one partial
+/// per tile, merged in ascending tile order. With one tile the result is that tile's partial
 /// unchanged (no merge arithmetic).
 Partial attend(const LayerHistory& history, const QueryRows& q, const AttentionOptions& opt,
                Workspace& ws);

@@ -62,7 +62,8 @@ struct ReferencePartial {
 };
 
 /// Causal fp64 softmax attention of the (unquantised, fp32) query rows over
-/// `h`, scores (q . k) * scale with scale = opt.softmax_scale or 1/sqrt(d).
+/// `h`, scores (q . k) * scale with scale = opt.softmax_scale or 1/sqrt(d);
+/// with opt.window > 0 a row at p sees only keys at positions > p - window.
 /// Throws InvalidArgument if query heads are not a multiple of KV heads.
 ReferencePartial reference_attention(const DenseHistoryF64& h, const QueryRows& q, const AttentionOptions& opt);
 

@@ -16,7 +16,7 @@ namespace activekv::gguf {
 /// ggml_type ids (ggml.h). Only the ones we dequantise are named; any other
 /// id is "unknown" and rejected when its layout is needed.
 enum class TensorType : uint32_t {
-  F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q8_0 = 8,
+  F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q8_0 = 8,
   Q4_K = 12, Q5_K = 13, Q6_K = 14, BF16 = 30,
 };
 
@@ -24,7 +24,7 @@ enum class TensorType : uint32_t {
 bool is_supported(TensorType t);
 /// "F32", "Q4_K", ...; "type#<id>" for unknown ids.
 std::string type_name(TensorType t);
-/// Elements per block (1 for F32/F16/BF16, 32 for Q4_0/Q4_1/Q8_0, 256 for K-quants).
+/// Elements per block (1 for F32/F16/BF16, 32 for Q4_0/Q4_1/Q5_0/Q8_0, 256 for K-quants).
 /// Throws Error for an unsupported type.
 size_t block_elements(TensorType t);
 /// Bytes per block. Throws Error for an unsupported type.

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "activekv/gguf/gguf.h"
 
@@ -15,6 +16,19 @@ enum class RopeLayout {
   Interleaved,
   /// GPT-NeoX style: rotate pairs (i, i + rope_dim/2).
   HalfSplit,
+};
+
+/// The activation of the gated feed-forward: act(W_gate·x) * (W_up·x).
+enum class FfnActivation {
+  Silu,      ///< SwiGLU (llama, qwen2)
+  GeluTanh,  ///< GeGLU with the tanh approximation of GELU (gemma3)
+};
+
+/// How one layer attends (what part 2's GPU ring needs per layer).
+struct LayerAttention {
+  int window = 0;          ///< sliding window in tokens (keys in (p - window, p]); 0 = the whole history
+  float rope_base = 0.0f;  ///< RoPE base of this layer
+  bool sliding() const { return window > 0; }
 };
 
 struct ModelConfig {
@@ -34,10 +48,21 @@ struct ModelConfig {
   RopeLayout rope_layout = RopeLayout::Interleaved;
   bool tied_output = false;    ///< no output.weight: the head reuses token_embd.weight
   bool qkv_bias = false;       ///< Q/K/V projections carry biases (qwen2)
+  // ---- gemma3 (all off / neutral for llama and qwen2) ----
+  bool qk_norm = false;        ///< per-head RMSNorm on q and k after projection (attn_{q,k}_norm)
+  bool post_norms = false;     ///< RMSNorm on the attention and FFN outputs before the residual add
+  FfnActivation ffn_act = FfnActivation::Silu;
+  float embed_scale = 1.0f;    ///< token embeddings are multiplied by this (gemma3: sqrt(d_model))
+  /// Multiplies q·k: 1/sqrt(attention.key_length) -- Gemma 3's
+  /// query_pre_attn_scalar is its key length -- else 1/sqrt(head_dim).
+  float query_scale = 0.0f;
+  int sliding_window = 0;      ///< {arch}.attention.sliding_window (0: no local layers)
+  float rope_base_local = 0.0f;  ///< RoPE base of sliding-window layers ({arch}.rope.freq_base_swa or 10000)
+  std::vector<LayerAttention> layer_attention;  ///< [n_layers]
 
   /// Reads and validates the config. Throws Error, one line naming the key
   /// and value, for: an unsupported architecture (supported: "llama",
-  /// "qwen2"); a missing required key (block_count, embedding_length,
+  /// "qwen2", "gemma3"); a missing required key (block_count, embedding_length,
   /// feed_forward_length, context_length, attention.head_count,
   /// attention.layer_norm_rms_epsilon);
   /// a count that is not an integer in [1, INT_MAX]; head_count not a
@@ -47,8 +72,23 @@ struct ModelConfig {
   /// not finite and > 1 (both checked as float32); token_embd.weight not
   /// [embedding_length, vocab], or {arch}.vocab_size / the length of
   /// tokenizer.ggml.tokens differing from its rows; block_count differing
-  /// from the blk.N tensors present.
+  /// from the blk.N tensors present; for gemma3 a missing or non-positive
+  /// attention.sliding_window, or a rope.freq_base_swa that is not > 1.
+  /// gemma3's layer l is global (whole history, rope.freq_base) when
+  /// (l + 1) % 6 == 0 and sliding otherwise -- the pattern of llama.cpp and
+  /// transformers (sliding_window_pattern 6); the GGUF does not store it.
   static ModelConfig from_gguf(const gguf::File& f);
+
+  /// Why the GPU runtime cannot run this model yet ("" if it can): gemma3
+  /// (sliding-window layers, QK-norm, post-norms, GeGLU) is CPU-only until
+  /// issue 11 part 2. One line, for an Error.
+  std::string gpu_unsupported_reason() const;
+
+  /// Layers with a sliding window / over the whole history.
+  int n_sliding_layers() const;
+  int n_global_layers() const { return n_layers - n_sliding_layers(); }
+  /// "15 sliding (window 512) + 3 global", or "18 global" without local layers.
+  std::string layer_split() const;
 
   /// Exact (bf16) KV history bytes per token over all layers: 2 (K,V) ×
   /// n_layers × n_kv_heads × head_dim × 2 bytes.

@@ -2,6 +2,10 @@
 //
 // Per layer: x += Wo · attn(RoPE(Wq·n), RoPE(Wk·n), Wv·n) with n = RMSNorm(x);
 // then x += W_down · (silu(W_gate·m) * (W_up·m)) with m = RMSNorm(x).
+// gemma3 (ModelConfig flags; docs/gemma3.md): embeddings × sqrt(d_model),
+// per-head RMSNorm on q and k before RoPE, each layer's own RoPE base and
+// sliding window (attention reads only the pages inside it), RMSNorm on the
+// attention and FFN outputs before each residual add, GeGLU (tanh GELU).
 // Attention reads the history only through the sequence's page tables
 // (attention::attend: per-tile partials merged by LSE). All compute is fp32;
 // GEMMs go through OpenBLAS, elementwise work through OpenMP.

@@ -28,6 +28,10 @@ struct LayerTensors {
   const gguf::TensorInfo* w_gate = nullptr;     ///< [d_model, ffn_dim]
   const gguf::TensorInfo* w_up = nullptr;       ///< [d_model, ffn_dim]
   const gguf::TensorInfo* w_down = nullptr;     ///< [ffn_dim, d_model]
+  const gguf::TensorInfo* q_norm = nullptr;     ///< [head_dim] (qk_norm: gemma3)
+  const gguf::TensorInfo* k_norm = nullptr;     ///< [head_dim] (qk_norm: gemma3)
+  const gguf::TensorInfo* post_attn_norm = nullptr;  ///< [d_model] (post_norms: gemma3)
+  const gguf::TensorInfo* post_ffn_norm = nullptr;   ///< [d_model] (post_norms: gemma3)
 };
 
 struct ModelTensors {

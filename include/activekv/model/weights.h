@@ -23,6 +23,11 @@ struct LayerWeights {
   std::vector<float> w_gate;     ///< [ffn_dim][d_model]
   std::vector<float> w_up;       ///< [ffn_dim][d_model]
   std::vector<float> w_down;     ///< [d_model][ffn_dim]
+  // gemma3 only (empty otherwise). Gemma's norms compute x_hat * (1 + w);
+  // llama.cpp's converter stores 1 + w in the GGUF (transformers' GGUF loader
+  // subtracts the 1 again), so these are used as stored, like attn_norm.
+  std::vector<float> q_norm, k_norm;                 ///< [head_dim]
+  std::vector<float> post_attn_norm, post_ffn_norm;  ///< [d_model]
 };
 
 struct Weights {

@@ -49,18 +49,25 @@ struct Segment {
 };
 
 /// The formats of every used page and the segments, in ascending order.
+/// Pages before first_page (outside a sliding window) are not read: no
+/// segment covers them and RouteReport does not count them.
 struct RoutePlan {
-  std::vector<ReadFormat> page_format;  ///< [n_pages used]
+  std::vector<ReadFormat> page_format;  ///< [n_pages used]; exact (unused) before first_page
   std::vector<Segment> segments;
+  size_t first_page = 0;
 };
 
 /// Tells whether page `page` of the layer is published in `format`.
 using PublishedFn = std::function<bool(size_t page, ReadFormat format)>;
 
 /// Plans the route over a layer history of `n_tokens` tokens in pages of
-/// `page_size`. Throws InvalidArgument for non-positive page_size or
-/// tile_pages, or negative recent_pages / n_tokens.
-RoutePlan plan_route(const RouteConfig& cfg, int64_t n_tokens, int page_size, const PublishedFn& published);
+/// `page_size`, reading pages from `first_page` on (a sliding-window layer's
+/// first visible page, attention::first_visible_page; clamped to the pages
+/// used). Segments keep the tile grid ([0, T), [T, 2T), ...). Throws
+/// InvalidArgument for non-positive page_size or tile_pages, or negative
+/// recent_pages / n_tokens.
+RoutePlan plan_route(const RouteConfig& cfg, int64_t n_tokens, int page_size, const PublishedFn& published,
+                     size_t first_page = 0);
 
 /// The format a route kind wants for a compressed page ("exact" has none).
 ReadFormat compressed_format(RouteKind kind);

@@ -29,8 +29,11 @@ struct RoutedView {
   Int8sTileFn int8s_tile = {};                             ///< empty: attention::attend_int8s_tile (CPU)
 };
 
-/// Attention of `q` over layer `layer` of `history` along `view`'s route.
-/// Throws InvalidArgument on shape mismatch (see attention::attend_tile).
+/// Attention of `q` over layer `layer` of `history` along `view`'s route;
+/// with opt.window (a sliding-window layer) only the pages inside the rows'
+/// windows are planned, read and reported.
+/// Throws InvalidArgument on shape mismatch (see attention::attend_tile), or
+/// for a window with an injected int8s_tile kernel (it has none).
 attention::Partial attend_routed(const attention::LayerHistory& history, int layer, const RoutedView& view,
                                  const attention::QueryRows& q, const attention::AttentionOptions& opt,
                                  attention::Workspace& ws);

@@ -1,6 +1,19 @@
-// Byte-level BPE tokenizer (GPT-2 / llama.cpp "gpt2" vocabularies), with the
-// SmolLM pre-tokenizer and a ChatML chat template.
+// Tokenizers from a GGUF vocabulary: byte-level BPE (GPT-2 / llama.cpp "gpt2"
+// vocabularies, with the SmolLM pre-tokenizer) and SentencePiece-style BPE
+// (llama.cpp "llama" vocabularies with scores, e.g. Gemma 3); ChatML or
+// Gemma's turn format as the chat template.
 //
+// "llama" (SentencePiece) encoding: step 1 below (a user-defined token that is
+// a run of spaces is not special here but a vocabulary entry spelled with
+// U+2581), then each other fragment has its spaces replaced by U+2581 and is
+// merged by token score -- by token order for Gemma (general.architecture
+// gemma*), as transformers rebuilds Gemma's merges (src/tokenizer/spm.cpp);
+// characters outside the vocabulary become their bytes' <0xNN> tokens. No space prefix is added (tokenizer.ggml.add_space_prefix must be
+// false). Decoding maps U+2581 back to ' ' and <0xNN> to the byte. This
+// matches Hugging Face `tokenizers` as transformers builds it from the GGUF
+// (tests/golden/gemma3_tokens.json is the check).
+//
+// "gpt2" encoding:
 // Encoding, in order:
 //   1. if parse_special, the text is split on special tokens (token type
 //      CONTROL or USER_DEFINED), longest match first; each maps to its id;
@@ -50,7 +63,10 @@ class Tokenizer {
   struct Vocab {
     std::vector<std::string> tokens;       ///< token text, byte-level encoded; index = id
     std::vector<int32_t> token_types;      ///< TokenType per token; empty = all NORMAL
-    std::vector<std::string> merges;       ///< "left right", rank = index
+    std::vector<std::string> merges;       ///< "left right", rank = index ("gpt2")
+    std::string model = "gpt2";            ///< tokenizer.ggml.model: "gpt2" or "llama" (SentencePiece)
+    std::vector<float> scores;             ///< tokenizer.ggml.scores ("llama": merge priority)
+    bool spm_rank_by_id = false;           ///< "llama": merge by token order, not score (Gemma)
     int32_t bos_id = -1;                   ///< -1 = none
     int32_t eos_id = -1;
     int32_t unk_id = -1;                   ///< emitted for a byte with no token; -1 = throw
@@ -60,13 +76,16 @@ class Tokenizer {
   };
 
   /// Builds the tables. Throws InvalidArgument if the vocabulary is empty,
-  /// sizes disagree, an id is out of range, a merge is malformed or names an
-  /// unknown token, or the pre-tokenizer is not supported.
+  /// sizes disagree (scores for "llama"), an id is out of range, a merge is
+  /// malformed or names an unknown token, or the model or pre-tokenizer is
+  /// not supported.
   explicit Tokenizer(Vocab vocab);
 
-  /// Reads tokenizer.ggml.{model,pre,tokens,token_type,merges,bos_token_id,
-  /// eos_token_id,unknown_token_id,add_bos_token} and tokenizer.chat_template.
-  /// Only model "gpt2" is supported. Throws Error naming the bad key.
+  /// Reads tokenizer.ggml.{model,pre,tokens,token_type,merges,scores,
+  /// bos_token_id,eos_token_id,unknown_token_id,add_bos_token,
+  /// add_space_prefix} and tokenizer.chat_template. Models "gpt2" and
+  /// "llama" (SentencePiece; add_space_prefix true is not supported) are.
+  /// Throws Error naming the bad key.
   static Tokenizer from_gguf(const gguf::File& f);
 
   /// Token ids of `text` (arbitrary bytes; invalid UTF-8 is kept byte for byte).
@@ -93,7 +112,13 @@ class Tokenizer {
   /// Id of a token by its exact text, or -1.
   int32_t token_id(std::string_view text) const;
 
-  /// ChatML: "<|im_start|>{role}\n{content}<|im_end|>\n" per message, then
+  /// Gemma (the vocabulary has <start_of_turn>): per message
+  /// "<start_of_turn>{role}\n{content}<end_of_turn>\n" with role "assistant"
+  /// written "model" and the content trimmed; a leading system message is not
+  /// a turn but prefixes the first turn's content with "{system}\n\n"; then
+  /// "<start_of_turn>model\n" if add_generation_prompt. The template's BOS is
+  /// not written: encode(..., add_bos) adds it.
+  /// Otherwise ChatML: "<|im_start|>{role}\n{content}<|im_end|>\n" per message, then
   /// "<|im_start|>assistant\n" if add_generation_prompt. If the conversation is
   /// non-empty and its first message is not a system message, the default
   /// system message found in the model's chat template (a literal
