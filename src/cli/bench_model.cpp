@@ -63,6 +63,8 @@ void check_args(const ModelBenchArgs& a, const std::string& device) {
     if (p == "gpu" && device == "cpu")
       throw Error("bench: --kv-placement gpu needs --device cuda (the CPU path reads the history in host memory)");
   }
+  if (a.cuda_graphs != "off" && device == "cpu")
+    throw Error("bench: --cuda-graphs applies to --device cuda only");
   if (a.reps < 1) throw Error(fmt::format("bench: -r {}: at least one repetition", a.reps));
   if (a.output != "md" && a.output != "json") throw Error(fmt::format("bench: -o {}: md or json", a.output));
   if (a.threads < 1 || a.page_size < 1 || a.tile_pages < 1 || a.prefill_chunk < 1 || a.recent_pages < 0 ||
@@ -249,6 +251,7 @@ void add_bench(CLI::App& app, std::function<int()>& run) {
   app.add_option("--convert-threads", a->convert_threads, "Background conversion threads (0: half the hardware's)")
       ->capture_default_str();
   app.add_option("--prefill-chunk", a->prefill_chunk, "Tokens per prefill forward pass")->capture_default_str();
+  add_cuda_graphs_option(app, a->cuda_graphs);
   run = [a] { return run_model_bench(*a); };
 }
 

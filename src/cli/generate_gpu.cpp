@@ -35,6 +35,7 @@ runtime::RuntimeOptions runtime_options(const GenerateArgs& a, int64_t n_ctx) {
   o.convert_threads = a.convert_threads;
   o.prefill_chunk = a.prefill_chunk;
   o.f32_activations = a.matvec_activations == "f32";
+  o.cuda_graphs = a.cuda_graphs == "on";
   o.sampling = sampler_params(a);
   return o;
 }
