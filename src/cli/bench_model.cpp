@@ -2,7 +2,8 @@
 // driver. Per kv format, placement and depth: one fresh history (a session)
 // sized for the row's tokens; the depth filled by prefill of random tokens
 // (untimed); then the tg rows (after background conversion has caught up
-// and one untimed warm-up step, n timed decode steps, token out of each) and
+// and one untimed warm-up step -- two with --cuda-graphs on --, n timed
+// decode steps, token out of each) and
 // the pp rows (one timed prefill of p tokens each), every repetition on the
 // same history, which grows by what the previous one appended (recorded per
 // repetition as depth_start).
@@ -116,6 +117,9 @@ BenchRow run_tg(BenchSession& s, const ModelBenchArgs& a, const BenchDevice& dev
     // as generate's prompt does): device uploads of newly published pages
     // and first-touch costs land here, not in the timed steps.
     int32_t next = s.n_tokens() == 0 ? s.prefill(tokens.next(1)) : s.decode(tokens.next(1)[0]);
+    // With CUDA graphs a runtime's first decode step runs eagerly and the
+    // next instantiates the step's graph (once per session): untimed too.
+    if (dev.cuda_graphs) next = s.decode(next);
     row.depth_start.push_back(s.n_tokens());
     const double b0 = s.history_bytes();
     const auto t0 = std::chrono::steady_clock::now();
@@ -155,7 +159,8 @@ void check_finite(const BenchSession& s, const BenchRow& row, const std::string&
 void run_rows(const ModelBenchArgs& a, const BenchDevice& dev, int vocab, std::vector<BenchRow>& rows) {
   TokenSource tokens(vocab);
   const int64_t pp_tokens = std::accumulate(a.prompts.begin(), a.prompts.end(), int64_t(0));
-  const int64_t row_tokens = int64_t(a.reps) * (pp_tokens + a.n_gen + 1) + 1;
+  const int64_t warmups = dev.cuda_graphs ? 2 : 1;  // untimed steps before each tg repetition (run_tg)
+  const int64_t row_tokens = int64_t(a.reps) * (pp_tokens + a.n_gen + warmups) + 1;
   for (const std::string& format : a.formats) {
     for (const std::string& placement : a.placements) {
       for (int64_t depth : a.depths) {
