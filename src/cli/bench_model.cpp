@@ -2,7 +2,8 @@
 // driver. Per kv format, placement and depth: one fresh history (a session)
 // sized for the row's tokens; the depth filled by prefill of random tokens
 // (untimed); then the tg rows (after background conversion has caught up
-// and one untimed warm-up step, n timed decode steps, token out of each) and
+// and one untimed warm-up step -- two with --cuda-graphs on --, n timed
+// decode steps, token out of each) and
 // the pp rows (one timed prefill of p tokens each), every repetition on the
 // same history, which grows by what the previous one appended (recorded per
 // repetition as depth_start).
@@ -63,6 +64,8 @@ void check_args(const ModelBenchArgs& a, const std::string& device) {
     if (p == "gpu" && device == "cpu")
       throw Error("bench: --kv-placement gpu needs --device cuda (the CPU path reads the history in host memory)");
   }
+  if (a.cuda_graphs != "off" && device == "cpu")
+    throw Error("bench: --cuda-graphs applies to --device cuda only");
   if (a.reps < 1) throw Error(fmt::format("bench: -r {}: at least one repetition", a.reps));
   if (a.output != "md" && a.output != "json") throw Error(fmt::format("bench: -o {}: md or json", a.output));
   if (a.threads < 1 || a.page_size < 1 || a.tile_pages < 1 || a.prefill_chunk < 1 || a.recent_pages < 0 ||
@@ -114,6 +117,9 @@ BenchRow run_tg(BenchSession& s, const ModelBenchArgs& a, const BenchDevice& dev
     // as generate's prompt does): device uploads of newly published pages
     // and first-touch costs land here, not in the timed steps.
     int32_t next = s.n_tokens() == 0 ? s.prefill(tokens.next(1)) : s.decode(tokens.next(1)[0]);
+    // With CUDA graphs a runtime's first decode step runs eagerly and the
+    // next instantiates the step's graph (once per session): untimed too.
+    if (dev.cuda_graphs) next = s.decode(next);
     row.depth_start.push_back(s.n_tokens());
     const double b0 = s.history_bytes();
     const auto t0 = std::chrono::steady_clock::now();
@@ -153,7 +159,8 @@ void check_finite(const BenchSession& s, const BenchRow& row, const std::string&
 void run_rows(const ModelBenchArgs& a, const BenchDevice& dev, int vocab, std::vector<BenchRow>& rows) {
   TokenSource tokens(vocab);
   const int64_t pp_tokens = std::accumulate(a.prompts.begin(), a.prompts.end(), int64_t(0));
-  const int64_t row_tokens = int64_t(a.reps) * (pp_tokens + a.n_gen + 1) + 1;
+  const int64_t warmups = dev.cuda_graphs ? 2 : 1;  // untimed steps before each tg repetition (run_tg)
+  const int64_t row_tokens = int64_t(a.reps) * (pp_tokens + a.n_gen + warmups) + 1;
   for (const std::string& format : a.formats) {
     for (const std::string& placement : a.placements) {
       for (int64_t depth : a.depths) {
@@ -249,6 +256,7 @@ void add_bench(CLI::App& app, std::function<int()>& run) {
   app.add_option("--convert-threads", a->convert_threads, "Background conversion threads (0: half the hardware's)")
       ->capture_default_str();
   app.add_option("--prefill-chunk", a->prefill_chunk, "Tokens per prefill forward pass")->capture_default_str();
+  add_cuda_graphs_option(app, a->cuda_graphs);
   run = [a] { return run_model_bench(*a); };
 }
 

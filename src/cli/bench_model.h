@@ -38,6 +38,7 @@ struct ModelBenchArgs {
   int tile_pages = 32;
   int convert_threads = 0;                  ///< 0: half the hardware threads, at least 1
   int prefill_chunk = 512;
+  std::string cuda_graphs = "off";          ///< --cuda-graphs on|off: gpu-placement decode steps as CUDA graphs
 };
 
 /// One history on the device under test, sized for a row's tokens.
@@ -68,6 +69,7 @@ struct BenchDevice {
   std::string weight_link;     ///< "HBM read" | "host read"
   double h2d_gbps = 0;         ///< GPU: pinned host -> device copies (0 on the CPU)
   std::string depth_fill = "prefill";
+  bool cuda_graphs = false;    ///< GPU decode steps with gpu placement ran as CUDA graphs (--cuda-graphs on)
   /// GB/s of the history path for a placement (host: H2D; gpu: HBM; cpu: host read).
   double history_gbps(const std::string& placement) const {
     return placement == "host" && h2d_gbps > 0 ? h2d_gbps : weight_gbps;

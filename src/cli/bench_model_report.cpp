@@ -139,6 +139,7 @@ std::string json_report(const BenchRun& run) {
       {"commit", git_commit()},
       {"device", d.name},
       {"depth_fill", d.depth_fill},
+      {"cuda_graphs", d.cuda_graphs},
       {"bandwidth", {{"weights_gbps", d.weight_gbps}, {"weights_link", d.weight_link},
                      {"h2d_gbps", d.h2d_gbps > 0 ? nlohmann::json(d.h2d_gbps) : nlohmann::json(nullptr)}}},
       {"weight_bytes_per_token", d.weight_bytes},

@@ -169,8 +169,9 @@ void check_args(const GenerateArgs& a, const std::string& device) {
   }
   if (device == "cuda" && a.kv_format == "f32")
     throw Error("--kv-format f32 is the CPU path's reference format; on the GPU use bf16, lossless13, int8s or hybrid");
-  if (device == "cpu" && (a.kv_placement != "auto" || a.gpu_kv_mem_gib > 0 || a.matvec_activations != "int8"))
-    throw Error("--kv-placement, --gpu-kv-mem and --matvec-activations apply to --device cuda only");
+  if (device == "cpu" && (a.kv_placement != "auto" || a.gpu_kv_mem_gib > 0 || a.matvec_activations != "int8" ||
+                          a.cuda_graphs != "off"))
+    throw Error("--kv-placement, --gpu-kv-mem, --matvec-activations and --cuda-graphs apply to --device cuda only");
   if (!a.json_out.empty()) check_writable(a.json_out, "generate --json output");
 }
 
@@ -300,6 +301,7 @@ void add_generate(CLI::App& app, std::function<int()>& run_fn) {
                  "GPU: projections take int8-rounded activations in decode and bf16 in prefill (int8, as "
                  "llama.cpp; fast) or fp32 ones throughout (f32: the CPU path's arithmetic, for comparisons; slower)")
       ->capture_default_str()->check(CLI::IsMember({"int8", "f32"}));
+  add_cuda_graphs_option(app, a->cuda_graphs);
   app.add_option("--prefill-chunk", a->prefill_chunk, "Tokens per prefill forward pass")->capture_default_str()->check(CLI::Range(1, 1 << 16));
   app.add_option("--json", a->json_out, "Also write the summary as JSON to this file (with command and commit)");
   run_fn = [a] { return run(*a); };

@@ -38,6 +38,7 @@ struct GenerateArgs {
   std::string kv_placement = "auto";  // host | gpu | auto (GPU only)
   double gpu_kv_mem_gib = 0;          // GPU budget for the history; 0 = free memory less a margin
   std::string matvec_activations = "int8";  // int8 | f32 (GPU only)
+  std::string cuda_graphs = "off";    // on | off: gpu-placement decode steps as CUDA graphs (GPU only)
   std::string json_out;               // --json: the report as JSON
 };
 

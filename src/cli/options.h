@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <string>
 #include <thread>
 
 namespace activekv::cli {
@@ -35,6 +36,15 @@ inline CLI::Option* add_page_size_option(CLI::App& app, int& page_size) {
 inline CLI::Option* add_recent_pages_option(CLI::App& app, int& recent_pages) {
   return app.add_option("--recent-pages", recent_pages, "hybrid: full pages before the tail kept exact")
       ->capture_default_str()->check(CLI::Range(0, 1 << 20));
+}
+
+/// --cuda-graphs on|off: GPU decode steps with the history resident (gpu
+/// placement) run as one CUDA graph each (runtime::RuntimeOptions::cuda_graphs).
+inline CLI::Option* add_cuda_graphs_option(CLI::App& app, std::string& cuda_graphs) {
+  return app.add_option("--cuda-graphs", cuda_graphs,
+                        "GPU: run each decode step with --kv-placement gpu as one CUDA graph (on) or kernel by "
+                        "kernel (off); the same results either way. host placement and prefill are never captured")
+      ->capture_default_str()->check(CLI::IsMember({"on", "off"}));
 }
 
 }  // namespace activekv::cli

@@ -19,6 +19,7 @@
 #include "activekv/runtime/gpu_forward.h"
 #include "device_buffer.h"
 #include "history_view.h"
+#include "step_graph.h"
 
 namespace activekv::runtime {
 namespace {
@@ -57,6 +58,8 @@ struct GpuRuntime::Impl {
   std::unique_ptr<cuda::DecodeEngine> engine;
   std::unique_ptr<cuda::PrefillAttention> prefill_attn;
   std::unique_ptr<cuda::GpuSampler> sampler;
+  std::unique_ptr<StepGraph> graph;  // opt.cuda_graphs with gpu placement
+  bool decoded_eagerly = false;      // a decode step ran kernel by kernel (one-time initialisation done)
 
   int rows_cap = 0;           // rows of the largest chunk (resident or streamed)
   int32_t* ids = nullptr;     // device [rows_cap]: the rows' token ids
@@ -77,7 +80,9 @@ struct GpuRuntime::Impl {
   bool fit_rows(int rows);
   using ChunkFn = std::function<void(size_t done, size_t n)>;
   int32_t prefill_all(std::span<const int32_t> tokens, bool all_logits, const ChunkFn& after_chunk);
-  int32_t sample_and_fetch();
+  void enqueue_sample(int rows);
+  int32_t fetch_sampled();
+  bool graph_step(bool decode) const;
 };
 
 GpuRuntime::Impl::Impl(const gguf::File& f, const model::ModelConfig& cfg, const RuntimeOptions& o)
@@ -124,6 +129,7 @@ GpuRuntime::Impl::Impl(const gguf::File& f, const model::ModelConfig& cfg, const
                                           &cuda::pinned_host_memory());
   seq = std::make_unique<kv::SequenceKv>(*store);
   history = std::make_unique<HistoryView>(*seq, attn, opt, stats);
+  if (opt.cuda_graphs && stats.placement.placement == route::KvPlacement::gpu) graph = std::make_unique<StepGraph>();
 }
 
 GpuRuntime::Impl::~Impl() {
@@ -146,14 +152,20 @@ void GpuRuntime::Impl::check_tokens(std::span<const int32_t> tokens) const {
                                       seq->n_tokens() + int64_t(tokens.size()), opt.n_ctx));
 }
 
-// Samples from the last row's logits and brings the token id to the host:
-// the one host synchronisation of a step.
-int32_t GpuRuntime::Impl::sample_and_fetch() {
+// Enqueues the sampling from the last of `rows` rows of logits and the copy
+// of the token id to pinned host memory (capturable: no synchronisation).
+void GpuRuntime::Impl::enqueue_sample(int rows) {
   const cudaStream_t s = stream();
-  const float* last = forward->logits() + size_t(last_rows - 1) * size_t(c.vocab_size);
+  const float* last = forward->logits() + size_t(rows - 1) * size_t(c.vocab_size);
   sampler->sample(last, sampled, s);
   cuda::check_cuda(cudaMemcpyAsync(host_ids + rows_cap, sampled, sizeof(int32_t), cudaMemcpyDeviceToHost, s),
                    "download the sampled token");
+}
+
+// Waits for the step and reads the token id enqueue_sample copied: the one
+// host synchronisation of a step.
+int32_t GpuRuntime::Impl::fetch_sampled() {
+  const cudaStream_t s = stream();
   cuda::check_cuda(cudaEventRecord(token_ready, s), "cudaEventRecord");
   cuda::check_cuda(cudaEventSynchronize(token_ready), "waiting for the step");
   last_sampled = host_ids[rows_cap];
@@ -161,9 +173,20 @@ int32_t GpuRuntime::Impl::sample_and_fetch() {
   return last_sampled;
 }
 
+// Whether this step runs as a graph: a decode step with graphs on (gpu
+// placement), after one eager decode step, and -- a guard, gpu placement
+// reads every page in place -- with no host -> device copies in the engine's
+// step (those wait on events of the copy stream: not captured).
+bool GpuRuntime::Impl::graph_step(bool decode) const {
+  return decode && graph && decoded_eagerly && engine->copies_per_step() == 0;
+}
+
 // Runs one chunk of rows through the model (a decode step: one row through
 // the engine; prefill: rows attending over device copies of the history),
-// commits it to the history and samples.
+// commits it to the history and samples. With graphs (graph_step), what
+// reads host state that changes -- device page copies, page-table and
+// work-list patches, the token id's upload -- is enqueued first, eagerly;
+// the forward pass and the sampler are captured and launched as one graph.
 int32_t GpuRuntime::Impl::run_chunk(std::span<const int32_t> tokens, bool prefill, bool all_logits) {
   const int T = int(tokens.size());
   const int64_t pos0 = seq->n_tokens();
@@ -190,9 +213,22 @@ int32_t GpuRuntime::Impl::run_chunk(std::span<const int32_t> tokens, bool prefil
       history->prefill_attention(l, pos0, rows, q, out, *prefill_attn, s);
     }
   };
-  forward->run(ids, pos + pos0, T, attend, all_logits, s);
-  last_rows = all_logits ? T : 1;
-  const int32_t next = sample_and_fetch();
+  const int logit_rows = all_logits ? T : 1;
+  const auto enqueue = [&] {  // from the token id on the GPU to the sampled id in pinned memory
+    forward->run(ids, pos + pos0, T, attend, all_logits, s);
+    enqueue_sample(logit_rows);
+  };
+  if (graph_step(decode)) {
+    graph->capture(s, enqueue);
+    graph->launch(s);
+    ++stats.graph_steps;
+    stats.graph_instantiations = graph->instantiations();
+  } else {
+    enqueue();
+    decoded_eagerly = decoded_eagerly || decode;
+  }
+  last_rows = logit_rows;
+  const int32_t next = fetch_sampled();
   seq->commit(T);
   if (decode) {
     stats.streamed_bytes += engine->bytes_per_step();

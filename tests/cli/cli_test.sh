@@ -94,6 +94,7 @@ case $CASE in
     expect 1 "bench: nothing to run" -- bench -m "$m" --device cpu -n 0 -p 0
     expect 1 "bench: --kv-placement gpu needs --device cuda" -- bench -m "$m" --device cpu --kv-placement host,gpu
     expect 1 "bench: --kv-placement disk: host or gpu" -- bench -m "$m" --device cpu --kv-placement disk
+    expect 1 "bench: --cuda-graphs applies to --device cuda only" -- bench -m "$m" --device cpu --cuda-graphs on
     expect 1 "not enough memory for the KV page store" -- bench -m "$m" --device cpu -d 1000000000 -p 0 -n 1
     expect 1 "cannot write bench --json output" -- bench -m "$m" --device cpu --json /nonexistent_dir/x.json
     # Weights of inf (float16 scales overflowed): the first row's logits are NaN, and the bench stops.
@@ -103,6 +104,7 @@ case $CASE in
     ;;
   bench_gpu)  # the same through runtime::GpuRuntime, streamed (host) and resident (gpu)
     check_bench "--device cuda" host,gpu
+    check_bench "--device cuda --cuda-graphs on" host,gpu  # gpu placement's decode steps as CUDA graphs
     ;;
   bad_args)  # rejected by the same validators in generate and eval, before any work
     expect 105 "--threads: Value 0 not in range" -- generate -t 0

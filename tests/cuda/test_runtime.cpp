@@ -12,6 +12,7 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <tuple>
 
 #include "../model/model_fixture.h"
 #include "activekv/model/sampler.h"
@@ -179,11 +180,12 @@ struct DecodeRun {
   std::vector<int32_t> tokens;
   runtime::RuntimeStats stats;
 };
-DecodeRun decode_run(const std::string& route, route::KvPlacement placement, int steps) {
+DecodeRun decode_run(const std::string& route, route::KvPlacement placement, int steps, bool cuda_graphs = false) {
   const std::vector<int32_t> ids = golden_ids();
   const std::vector<int32_t> prompt(ids.begin(), ids.begin() + 280);  // 4 full pages and a tail
-  runtime::GpuRuntime rt(testing::model_file(), testing::shared_model().config(),
-                         options(int64_t(prompt.size()) + steps + 1, route, placement));
+  runtime::RuntimeOptions o = options(int64_t(prompt.size()) + steps + 1, route, placement);
+  o.cuda_graphs = cuda_graphs;
+  runtime::GpuRuntime rt(testing::model_file(), testing::shared_model().config(), o);
   DecodeRun r;
   r.tokens.push_back(rt.prefill(prompt));
   for (int i = 0; i < steps; ++i) {
@@ -224,6 +226,72 @@ TEST_P(PlacementExactness, HostAndGpuPlacementGiveTheSameBits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Routes, PlacementExactness, ::testing::Values("exact", "lossless13", "int8s", "hybrid"));
+
+// CUDA graphs (RuntimeOptions::cuda_graphs): a decode step captured and
+// launched as one graph runs the same kernels with the same arguments as
+// kernel-by-kernel launches, so tokens and logits are bitwise the same, over
+// steps that cross a page boundary (a new page: a new split, a work-list
+// patch) and, for hybrid, pages moving to int8s (a new int8s launch: a new
+// graph topology). With gpu placement every step but the first (eager, for
+// one-time initialisation) is a graph; host placement is never captured.
+using GraphCase = std::tuple<std::string, route::KvPlacement>;
+class CudaGraphExactness : public ::testing::TestWithParam<GraphCase> {};
+
+TEST_P(CudaGraphExactness, GraphsOnAndOffGiveTheSameBits) {
+  NEED_GPU();
+  const auto& [route, placement] = GetParam();
+  const int steps = 48;  // 280 + 48 crosses the page boundary at 320
+  const DecodeRun off = decode_run(route, placement, steps, false);
+  const DecodeRun on = decode_run(route, placement, steps, true);
+  EXPECT_EQ(off.stats.graph_steps, 0u);
+  if (placement == route::KvPlacement::gpu) {
+    EXPECT_EQ(on.stats.graph_steps, size_t(steps - 1)) << "every decode step but the first runs as a graph";
+    EXPECT_GE(on.stats.graph_instantiations, 1u);
+    // Most steps only change kernel arguments: cudaGraphExecUpdate, no new instantiation.
+    EXPECT_LT(on.stats.graph_instantiations, on.stats.graph_steps / 2)
+        << "the step graph was re-instantiated on most steps (cudaGraphExecUpdate refused)";
+  } else {
+    EXPECT_EQ(on.stats.graph_steps, 0u) << "host placement is not captured";
+  }
+  ASSERT_EQ(off.logits.size(), on.logits.size());
+  for (size_t i = 0; i < off.logits.size(); ++i)
+    ASSERT_EQ(0, std::memcmp(off.logits[i].data(), on.logits[i].data(), off.logits[i].size() * sizeof(float)))
+        << route << ": step " << i << " differs between graphs on and off";
+  EXPECT_EQ(off.tokens, on.tokens);
+  std::printf("[measured] %s %s: %d steps bitwise equal, %zu graph steps, %zu instantiations\n", route.c_str(),
+              route::placement_name(placement).c_str(), steps, on.stats.graph_steps, on.stats.graph_instantiations);
+}
+
+INSTANTIATE_TEST_SUITE_P(RoutesAndPlacements, CudaGraphExactness,
+                         ::testing::Combine(::testing::Values("exact", "hybrid"),
+                                            ::testing::Values(route::KvPlacement::gpu, route::KvPlacement::host)));
+
+// A prompt after graphed decode steps (prefill is never captured; its chunk
+// may regrow the forward's buffers), then graphed steps again, with a
+// sampler that draws (its draw counter is a kernel argument captured anew
+// each step): the same tokens and last logits as without graphs.
+TEST(GpuRuntime, APromptAfterGraphedDecodeStepsStillWorks) {
+  NEED_GPU();
+  const std::vector<int32_t> ids = golden_ids();
+  auto run = [&](bool graphs) {
+    runtime::RuntimeOptions o = options(400, "exact", route::KvPlacement::gpu);
+    o.cuda_graphs = graphs;
+    o.sampling.temperature = 0.8f;
+    o.sampling.seed = 7;
+    runtime::GpuRuntime rt(testing::model_file(), testing::shared_model().config(), o);
+    std::vector<int32_t> tokens{rt.prefill(std::span(ids).first(100))};
+    for (int i = 0; i < 40; ++i) tokens.push_back(rt.decode(tokens.back()));  // crosses page 1 -> 2
+    tokens.push_back(rt.prefill(std::span(ids).subspan(100, 100)));
+    for (int i = 0; i < 30; ++i) tokens.push_back(rt.decode(tokens.back()));
+    EXPECT_EQ(rt.n_tokens(), 100 + 40 + 100 + 30);
+    EXPECT_EQ(rt.stats().graph_steps, graphs ? 69u : 0u);  // 70 decode steps, the first eager
+    return std::make_pair(tokens, rt.last_logits());
+  };
+  const auto off = run(false);
+  const auto on = run(true);
+  EXPECT_EQ(off.first, on.first);
+  EXPECT_EQ(0, std::memcmp(off.second.data(), on.second.data(), off.second.size() * sizeof(float)));
+}
 
 // A second prompt after decode steps (a chat's next turn; `activekv bench`'s
 // pp row after its tg row): with host placement each layer keeps one tail page

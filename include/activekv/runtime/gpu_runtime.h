@@ -34,6 +34,14 @@
 // and split boundaries whatever the placement, so `host` and `gpu` decode
 // steps give bitwise identical attention, and the same tokens.
 //
+// CUDA graphs (opt.cuda_graphs): a decode step with `gpu` placement is
+// captured whole -- the token id already on the GPU through every layer,
+// the head and the sampler -- and launched as one graph; the step's
+// host-side preparation (device page copies, page-table and work-list
+// patches, which read host memory that changes) stays outside the capture.
+// The first decode step of a runtime runs eagerly: one-time initialisation
+// (kernel attributes) happens outside any capture.
+//
 // Needs a CUDA GPU. Not thread-safe.
 #pragma once
 
@@ -66,6 +74,10 @@ struct RuntimeOptions {
   int split_tokens = 0;       ///< tokens per attention CTA; 0 = the largest divisor of page_size <= 512
   bool f32_activations = false;  ///< projections with fp32 activations, prefill included (the CPU path's
                                  ///< arithmetic, slower) instead of int8 (decode) / bf16 (prefill GEMM) ones
+  bool cuda_graphs = false;   ///< decode steps with `gpu` placement run as one CUDA graph each (captured
+                              ///< per step, the instantiated graph updated: src/runtime/step_graph.h);
+                              ///< bitwise the same results. `host` placement (copy stream, events) and
+                              ///< prefill always launch kernel by kernel.
   model::SamplerParams sampling;
   int device = 0;
 };
@@ -79,6 +91,8 @@ struct RuntimeStats {
   size_t resident_bytes = 0;       ///< history bytes read in place on the GPU, all decode steps
   size_t copies = 0;               ///< host -> device copies, all decode steps
   size_t decode_steps = 0;
+  size_t graph_steps = 0;          ///< decode steps run as a CUDA graph (opt.cuda_graphs)
+  size_t graph_instantiations = 0; ///< of them, steps whose graph had to be instantiated anew (new topology)
   route::RouteReport pages;        ///< pages per format and segments read, all decode steps
   // The last prefill (activekv/route/prefill_plan.h).
   bool prefill_streamed = false;   ///< its history streamed from host memory (did not fit the GPU budget)
