@@ -19,6 +19,7 @@
 #include "activekv/core/text_file.h"
 #include "activekv/gguf/gguf.h"
 #include "activekv/tokenizer/tokenizer.h"
+#include "token_hash.h"
 
 using activekv::ChatMessage;
 using activekv::Tokenizer;
@@ -31,19 +32,7 @@ std::string model_path() {
   return dir + "/gemma-3-270m-q4_k_m.gguf";
 }
 
-std::string fnv1a64(const std::vector<int32_t>& ids) {
-  uint64_t h = 0xCBF29CE484222325ull;
-  for (int32_t id : ids) {
-    const auto u = static_cast<uint32_t>(id);
-    for (int k = 0; k < 4; ++k) {
-      h ^= (u >> (8 * k)) & 0xFF;
-      h *= 0x100000001B3ull;
-    }
-  }
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
-  return buf;
-}
+using activekv::testing::fnv1a64;
 
 class Gemma3Tokenizer : public ::testing::Test {
  protected:
