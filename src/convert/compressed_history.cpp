@@ -11,7 +11,6 @@ CompressedHistory::CompressedHistory(const kv::SequenceKv& seq, std::vector<kv::
                                      size_t max_pages, ConversionPool* pool, EncodeFn encode)
     : seq_(&seq),
       shape_(seq.shape()),
-      arena_(&seq.store().blobs()),
       formats_(std::move(formats)),
       max_pages_(max_pages),
       pool_(pool),
@@ -25,6 +24,10 @@ CompressedHistory::CompressedHistory(const kv::SequenceKv& seq, std::vector<kv::
       return kv::encode_page(f, s, page, n);
     };
   }
+  // Chunks sized to a layer's bf16 history (an encoded page is smaller), 64 KiB..64 MiB.
+  const size_t chunk = std::clamp<size_t>(max_pages_ * shape_.page_bytes(), size_t(64) << 10, size_t(64) << 20);
+  for (size_t i = 0; i < formats_.size() * size_t(shape_.n_layers); ++i)
+    arenas_.push_back(std::make_unique<kv::BlobArena>(seq.store().memory(), 0, chunk));
   const size_t n = formats_.size() * size_t(shape_.n_layers) * max_pages_;
   published_ = std::make_unique<std::atomic<const Published*>[]>(n);
   owned_ = std::make_unique<std::unique_ptr<const Published>[]>(n);
@@ -46,8 +49,9 @@ void CompressedHistory::convert(size_t f, int layer, size_t page, const bf16* sr
   {
     const kv::EncodedPage enc =
         encode_(formats_[f], shape_, std::span<const bf16>(src, shape_.page_elements()), shape_.page_size);
-    pub->blob = arena_->allocate(enc.bytes.size());  // throws with the sizes when the arena is full
-    pub->arena = arena_;
+    kv::BlobArena* arena = arenas_[f * size_t(shape_.n_layers) + size_t(layer)].get();
+    pub->blob = arena->allocate(enc.bytes.size());  // throws with the sizes when memory is short
+    pub->arena = arena;
     std::memcpy(pub->blob.data, enc.bytes.data(), enc.bytes.size());
   }
   // The one validation this page gets: the kernels read its view unchecked.

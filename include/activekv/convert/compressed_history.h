@@ -19,8 +19,10 @@
 // writes any more), never the page tables or the store's directory, which
 // SequenceKv::reserve grows concurrently.
 //
-// Published blobs live in the page store's arena (kv::PageStore::blobs()),
-// the same memory as the bf16 pages: pinned in the GPU runtime.
+// Published blobs live in arenas of this object, one per format and layer,
+// on the page store's memory (kv::PageStore::memory()) like the bf16 pages:
+// pinned in the GPU runtime. A layer's pages converted in page order sit
+// back to back (256-byte aligned), so a streamed step copies runs of them.
 //
 // Lifetime: a CompressedHistory must be destroyed (or clear()ed) before the
 // SequenceKv it reads from releases or rewrites its pages (clear, truncate);
@@ -88,7 +90,7 @@ class CompressedHistory {
   size_t published_count(kv::CodecFormat format) const;
 
  private:
-  /// A published page: the blob in the store's arena and its view (the one
+  /// A published page: the blob in its layer's arena and its view (the one
   /// matching its format). Returns the blob to the arena when destroyed.
   struct Published {
     kv::BlobArena* arena = nullptr;
@@ -105,7 +107,12 @@ class CompressedHistory {
 
   const kv::SequenceKv* seq_;  // read by schedule() only (the writer's thread)
   kv::KvShape shape_;          // copy: jobs read no SequenceKv or PageStore state
-  kv::BlobArena* arena_;       // the store's encoded-page arena (thread-safe)
+  // One encoded-page arena per (format, layer), on the store's memory: a
+  // layer's pages, published in page order, lie one after another (256-byte
+  // aligned), so the decode engine copies a run of them as one copy instead
+  // of one per page (2 MiB copies reach 51.9 GB/s on the H200, 64 MiB ones
+  // 55.4). Declared before owned_: the published blobs go back first.
+  std::vector<std::unique_ptr<kv::BlobArena>> arenas_;  // [format][layer], thread-safe
   std::vector<kv::CodecFormat> formats_;
   size_t max_pages_;
   ConversionPool* pool_;
