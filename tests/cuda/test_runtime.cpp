@@ -75,7 +75,7 @@ TEST(GpuRuntime, LogitsFollowTheCpuReferenceOnRealProse) {
   }
   std::printf("[measured] GPU vs CPU logits, %zu positions: max |dlogit| %.4f, argmax agreement %zu/%zu\n", ids.size(),
               max_delta, agree, ids.size());
-  // Measured on the H200 at 8dd1acf, 5be5c54, 28a2dd8 and 21f39c4 (bench/results/h200_device_runtime_tests.log):
+  // Measured on the H200 at 8dd1acf, 5be5c54, 28a2dd8, 21f39c4 and 9fd7f34 (bench/results/h200_device_runtime_tests.log):
   // max |dlogit| 0.622, argmax 297/300. The prefill GEMMs take bf16
   // activations and weights (2^-9 relative per operand) where the CPU keeps
   // fp32; asserted at ~3x: 1.9, and at most 3x the 1 % disagreement.
