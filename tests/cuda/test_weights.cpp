@@ -128,9 +128,10 @@ TEST_P(WeightKernels, EveryBatchSizeAccumulateAndPrequantized) {
 }
 
 // fp32 activations (the CPU path's arithmetic): y against the fp64 dot of the
-// dequantised weights with the same x, relative to sum |w x|. The bound is the
-// kernel's worst case, not a fit: each lane sums cols/128 groups of 4 FMAs, then
-// a 5-level butterfly: (cols/32 + 5) roundings of 2^-24.
+// dequantised weights with the same x, relative to sum |w x|. Measured on the
+// H200 at 486ee2a (and since): at most 4.9e-8 over every type and shape (the
+// inputs are seeded, the kernel deterministic); asserted at ~3x, 1.5e-7 --
+// well inside the kernel's worst case, (cols/32 + 5) roundings of 2^-24.
 TEST_P(WeightKernels, MatvecF32ActivationsMatchesFp64) {
   NEED_GPU();
   const TensorType t = GetParam();
@@ -140,7 +141,7 @@ TEST_P(WeightKernels, MatvecF32ActivationsMatchesFp64) {
     const HostMatrix h = random_matrix(t, s.rows, s.cols, seed++);
     const std::vector<float> wd = h.dequant();
     DeviceCopy dw(h);
-    const double bound = double(s.cols / 32 + 5) * std::ldexp(1.0, -24);
+    constexpr double bound = 1.5e-7;
     for (int n_vec : {1, 3}) {
       const std::vector<float> x = random_x(n_vec, s.cols, seed++);
       DevMem dx(x.size() * 4), dy(size_t(n_vec * s.rows) * 4);
