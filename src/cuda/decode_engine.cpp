@@ -10,6 +10,7 @@
 
 #include "activekv/kv/codec.h"
 #include "activekv/kv/int8s_layout.h"
+#include "cpu_share.h"
 #include "cuda_check.h"
 #include "device_buffer.h"
 #include "activekv/cuda/patch.h"
@@ -31,6 +32,12 @@ void check_page(const AttnShape& sh, const PageRef& r, int64_t needed, const std
   if (!r.host) bad("no host bytes");
   if (reinterpret_cast<uintptr_t>(r.host) % 16 != 0 || reinterpret_cast<uintptr_t>(r.device) % 16 != 0)
     bad("not 16-byte aligned");
+  if (r.cpu) {
+    if (r.device) bad("marked for the CPU but has a device copy");
+    if (r.kind == PageKind::lossless13) bad("the CPU does not attend lossless13 pages (bf16 and int8s only)");
+    if (r.kind == PageKind::int8s && (!r.int8s_view || r.int8s_view->blob.data() != r.host))
+      bad("an int8s page for the CPU needs the parsed view of its own blob (int8s_view)");
+  }
   if (r.kind == PageKind::bf16) {
     if (r.bytes != sh.page_bytes())
       bad("bf16 page of " + std::to_string(r.bytes) + " bytes, the shape needs " + std::to_string(sh.page_bytes()));
@@ -125,6 +132,7 @@ struct DecodeEngine::Plan {
   size_t stage_slot_bytes = 0;    // largest streamed job
   int max_unpack = 0;             // most lossless13 pages in one job
   int max_splits = 1;
+  std::shared_ptr<CpuStepWork> cpu;  // the CPU's share; null when no page is marked `cpu`
 };
 
 // Device buffers; work/unpack/n_splits hold what the previous plan wrote.
@@ -161,6 +169,7 @@ DecodeEngine::DecodeEngine(const EngineConfig& cfg) : cfg_(cfg), dev_(std::make_
 DecodeEngine::~DecodeEngine() {
   if (compute_) cudaStreamSynchronize(compute_);
   if (copy_) cudaStreamSynchronize(copy_);
+  cpu_.reset();  // its side stream writes into dev_'s partials
   dev_.reset();
   for (void* e : events_copy_) cudaEventDestroy(ev(e));
   for (void* e : events_compute_) cudaEventDestroy(ev(e));
@@ -180,6 +189,33 @@ std::vector<Entry> layer_entries(const std::vector<SeqPages>& seqs, int page_siz
     for (int64_t p = 0; p * page_size < n; ++p) out.push_back({s, p, std::min<int64_t>(page_size, n - p * page_size)});
   }
   return out;
+}
+
+// One layer's CPU pages (entries `idx`, sequence-major, page order) as
+// per-sequence page lists and the split slots their partials go to.
+template <class Ref>
+void plan_cpu_layer(const AttnShape& sh, const std::vector<Entry>& entries, const std::vector<size_t>& idx,
+                    const Ref& ref, CpuLayerWork& w) {
+  const int per_page = sh.page_size / sh.split_tokens;
+  const cpu::DecodeShape ds{sh.n_kv_heads, sh.group, sh.head_dim, sh.page_size, sh.softmax_scale};
+  for (size_t e : idx) {
+    const Entry& en = entries[e];
+    const PageRef& r = ref(e);
+    if (w.seqs.empty() || w.seqs.back().seq != en.seq) w.seqs.push_back({en.seq, {}, w.rows});
+    const int valid = int(en.valid);
+    w.seqs.back().pages.push_back(r.kind == PageKind::int8s ? cpu::PageRef::from_int8s(*r.int8s_view, valid)
+                                                            : cpu::PageRef::from_bf16(reinterpret_cast<const bf16*>(r.host), valid));
+    for (int t0 = 0; t0 < valid; t0 += sh.split_tokens) {
+      const int32_t split = int32_t(en.page * per_page + t0 / sh.split_tokens);
+      auto& runs = w.runs;
+      if (!runs.empty() && runs.back().seq == en.seq && runs.back().split0 + runs.back().count == split)
+        ++runs.back().count;
+      else
+        runs.push_back({en.seq, split, 1, w.rows});
+      ++w.rows;
+    }
+  }
+  for (const auto& s : w.seqs) w.bytes += cpu::history_bytes(ds, s.pages);
 }
 
 }  // namespace
@@ -232,8 +268,19 @@ void DecodeEngine::update(const std::vector<SeqPages>& seqs) {
   };
   P.jobs.resize(size_t(L));
   for (int l = 0; l < L; ++l) {
-    std::vector<size_t> resident, streamed;  // indexes into entries
-    for (size_t i = 0; i < entries.size(); ++i) (ref(i, l).device ? resident : streamed).push_back(i);
+    std::vector<size_t> resident, streamed, on_cpu;  // indexes into entries
+    for (size_t i = 0; i < entries.size(); ++i)
+      (ref(i, l).cpu ? on_cpu : ref(i, l).device ? resident : streamed).push_back(i);
+    if (!on_cpu.empty()) {
+      if (!P.cpu) {
+        P.cpu = std::make_shared<CpuStepWork>();
+        P.cpu->layers.resize(size_t(L));
+      }
+      plan_cpu_layer(sh, entries, on_cpu, [&](size_t e) -> const PageRef& { return ref(e, l); },
+                     P.cpu->layers[size_t(l)]);
+      P.cpu->max_rows = std::max(P.cpu->max_rows, P.cpu->layers[size_t(l)].rows);
+      P.cpu->bytes += P.cpu->layers[size_t(l)].bytes;
+    }
     auto add_job = [&](std::vector<size_t> idx, bool res) {
       JobPlan j;
       j.resident = res;
@@ -348,6 +395,15 @@ void DecodeEngine::update(const std::vector<SeqPages>& seqs) {
       j.info.n_work = j.bf16.n + j.int8s.n;
     }
   }
+  if (P.cpu || cpu_) {
+    if (!cpu_) {
+      cpu::CpuAttentionOptions o = cfg_.cpu_kernels;
+      o.split_tokens = sh.split_tokens;
+      o.int8s_query_terms = cfg_.int8s.query_terms;
+      cpu_ = std::make_unique<CpuShare>(sh, o);
+    }
+    cpu_->set_work(P.cpu ? P.cpu : std::make_shared<CpuStepWork>(), int(seqs.size()));
+  }
   apply(std::move(plan));
 }
 
@@ -398,6 +454,7 @@ void DecodeEngine::apply(std::unique_ptr<Plan> plan) {
 
 void DecodeEngine::begin_step() {
   if (!ready_) throw InvalidArgument("DecodeEngine: no batch (call update() first, and again after it failed)");
+  if (cpu_) cpu_->rethrow_error();
   next_layer_ = 0;
   ring_job_ = 0;
   copies_enqueued_ = 0;
@@ -431,6 +488,10 @@ void DecodeEngine::enqueue_layer(int layer, const float* q, float* out, float* o
                           (next_layer_ < cfg_.n_layers ? std::to_string(next_layer_) : std::string("none")) +
                           ", got " + std::to_string(layer) + " (call begin_step() before each step's layer 0)");
   ++next_layer_;
+  const Device& D = *dev_;
+  const Partials parts{D.part_o.p, D.part_lse.p, D.cap_splits};
+  const bool cpu_work = cpu_ && cpu_->has_work(layer);
+  if (cpu_work) cpu_->start_layer(layer, q, parts, compute_);  // first: the CPU starts as soon as q is ready
   const int64_t n_ring = int64_t(plan_->ring.size());
   for (const JobPlan& j : plan_->jobs[size_t(layer)]) {
     if (!j.resident) {
@@ -444,9 +505,8 @@ void DecodeEngine::enqueue_layer(int layer, const float* q, float* out, float* o
       ++ring_job_;
     }
   }
-  const Device& D = *dev_;
-  launch_merge(cfg_.attn, Partials{D.part_o.p, D.part_lse.p, D.cap_splits}, D.n_splits.p,
-               int(plan_->seqs.size()), out, out_lse, compute_);
+  if (cpu_work) cpu_->join_layer(compute_);
+  launch_merge(cfg_.attn, parts, D.n_splits.p, int(plan_->seqs.size()), out, out_lse, compute_);
 }
 
 void DecodeEngine::enqueue_step(const float* q, float* out, float* out_lse) {
@@ -471,6 +531,9 @@ std::vector<DecodeEngine::JobInfo> DecodeEngine::job_info(int layer) const {
 void DecodeEngine::synchronize() {
   AKV_CUDA(cudaStreamSynchronize(copy_));
   AKV_CUDA(cudaStreamSynchronize(compute_));
+  if (cpu_) cpu_->synchronize();
 }
+
+size_t DecodeEngine::cpu_bytes_per_step() const { return cpu_ ? cpu_->bytes_per_step() : 0; }
 
 }  // namespace activekv::cuda

@@ -38,6 +38,8 @@ enum class Placement {
   streamed,       ///< every page streamed from pinned host memory
   mixed,          ///< a checkerboard over (sequence, layer, page): jobs, tiles and copy runs all mix
   tail_resident,  ///< streamed but each table's last page (the runtime's page being written)
+  cpu_mixed,      ///< co-attention: a third of the pages on the host CPU, a third resident, a third streamed
+  cpu_all,        ///< co-attention: every page on the host CPU (the GPU only merges)
 };
 
 const char* placement_name(Placement p) {
@@ -46,8 +48,15 @@ const char* placement_name(Placement p) {
     case Placement::streamed: return "streamed";
     case Placement::mixed: return "mixed";
     case Placement::tail_resident: return "tail-resident";
+    case Placement::cpu_mixed: return "cpu-mixed";
+    case Placement::cpu_all: return "cpu-all";
   }
   return "?";
+}
+
+bool attended_by_cpu(Placement p, size_t seq, size_t layer, size_t page) {
+  if (p == Placement::cpu_all) return true;
+  return p == Placement::cpu_mixed && (seq + layer + page) % 3 == 0;
 }
 
 bool keeps_device_copy(Placement p, size_t seq, size_t layer, size_t page, size_t n_pages) {
@@ -56,6 +65,8 @@ bool keeps_device_copy(Placement p, size_t seq, size_t layer, size_t page, size_
     case Placement::streamed: return false;
     case Placement::mixed: return (seq + layer + page) % 2 == 0;
     case Placement::tail_resident: return page + 1 == n_pages;
+    case Placement::cpu_mixed: return (seq + layer + page) % 3 == 1;
+    case Placement::cpu_all: return false;
   }
   return false;
 }
@@ -105,6 +116,7 @@ class DeviceBatch {
 struct RunStats {
   size_t streamed_bytes = 0;  // bytes_per_step()
   size_t resident_bytes = 0;  // resident_bytes_per_step()
+  size_t cpu_bytes = 0;       // cpu_bytes_per_step()
 };
 
 struct Fixture {
@@ -173,12 +185,14 @@ struct Fixture {
   // `tables` with the pages `p` keeps on the GPU given their copies in `rp`.
   static std::vector<SeqPages> place(const std::vector<SeqPages>& tables, Placement p, ResidentPages* rp) {
     if (p == Placement::streamed) return tables;
-    std::vector<SeqPages> out = rp->place(tables);
+    std::vector<SeqPages> out = rp ? rp->place(tables) : tables;
     for (size_t s = 0; s < out.size(); ++s)
       for (size_t l = 0; l < out[s].tables.size(); ++l) {
         auto& t = out[s].tables[l];
-        for (size_t pg = 0; pg < t.size(); ++pg)
+        for (size_t pg = 0; pg < t.size(); ++pg) {
           if (!keeps_device_copy(p, s, l, pg, t.size())) t[pg].device = nullptr;
+          t[pg].cpu = attended_by_cpu(p, s, l, pg);
+        }
       }
     return out;
   }
@@ -209,12 +223,12 @@ struct Fixture {
   RunStats run(Placement p, int tile_pages, int ring, int steps, std::vector<float>& out,
                std::vector<float>& lse) const {
     std::unique_ptr<ResidentPages> rp;  // outlives the engine (destroyed after it)
-    if (p != Placement::streamed) rp = device_copies();
+    if (p != Placement::streamed && p != Placement::cpu_all) rp = device_copies();
     DecodeEngine eng(config(tile_pages, ring));
     eng.update(place(seqs, p, rp.get()));
     DeviceBatch dev(q, n_rows());
     for (int i = 0; i < steps; ++i) dev.step(eng, out, lse);
-    return RunStats{eng.bytes_per_step(), eng.resident_bytes_per_step()};
+    return RunStats{eng.bytes_per_step(), eng.resident_bytes_per_step(), eng.cpu_bytes_per_step()};
   }
 
   // Bytes of every page the batch reads (each bf16 page once per layer).
@@ -325,6 +339,60 @@ TEST(CudaDecode, MixedPlacementIsBitwiseEqualToResidentAndStreamed) {
         EXPECT_EQ(ms.streamed_bytes + ms.resident_bytes, f.history_bytes()) << what << ": every page read once";
       }
   }
+}
+
+// Issue 12: co-attention. Pages the table marks `cpu` are attended by the
+// host CPU in place; their split partials join the GPU's in the one merge.
+// The result is attention over the same keys by another fp32 kernel: it
+// meets the GPU's own bounds against fp64, is bitwise repeatable, and every
+// page is read exactly once (streamed, resident or by the CPU).
+TEST(CudaDecode, CoAttentionWithTheHostCpuMatchesFp64AndRepeats) {
+  NEED_GPU();
+  for (const Case& c : cases()) {
+    Fixture f(c, 21);
+    std::vector<double> ro, rl;
+    f.reference(f.seqs, ro, rl);
+    for (Placement p : {Placement::cpu_mixed, Placement::cpu_all}) {
+      const std::string what = std::string(placement_name(p)) + " head_dim " + std::to_string(c.sh.head_dim) +
+                               " group " + std::to_string(c.sh.group);
+      std::vector<float> o, l, o2, l2;
+      const RunStats st = f.run(p, 2, 3, 2, o, l);
+      f.run(p, 2, 3, 1, o2, l2);
+      const Fp64Errors e = errors_vs_fp64(o, l, ro, rl, c.sh.head_dim);
+      std::printf("  %s: max rel O err %.3e, max |LSE err| %.3e vs fp64; CPU read %zu B, streamed %zu B, "
+                  "resident %zu B\n", what.c_str(), e.o, e.lse, st.cpu_bytes, st.streamed_bytes, st.resident_bytes);
+      EXPECT_LT(e.o, kMaxRelOErr) << what << " (inf: not written)";
+      EXPECT_LT(e.lse, kMaxLseErr) << what;
+      EXPECT_TRUE(same_bits(o, o2) && same_bits(l, l2)) << what << ": not repeatable (second engine, first step)";
+      EXPECT_GT(st.cpu_bytes, 0u) << what;
+      if (p == Placement::cpu_all) EXPECT_EQ(st.streamed_bytes + st.resident_bytes, 0u) << what;
+      else EXPECT_LT(st.streamed_bytes + st.resident_bytes, f.history_bytes()) << what;
+    }
+  }
+}
+
+// A page for the CPU must be one it can read: no device copy, not
+// lossless13, an int8s page only with its parsed view.
+TEST(CudaDecode, CoAttentionRejectsPagesTheCpuCannotRead) {
+  NEED_GPU();
+  Fixture f(cases()[0], 22);
+  DecodeEngine eng(f.config(2, 2));
+  auto expect_rejected = [&](auto edit, const char* needle) {
+    std::vector<SeqPages> t = f.seqs;
+    edit(t[1].tables[0][0]);
+    try {
+      eng.update(t);
+      ADD_FAILURE() << "accepted: " << needle;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  alignas(16) static const std::byte dummy[16] = {};
+  expect_rejected([](PageRef& r) { r.cpu = true; r.device = dummy; }, "device copy");
+  expect_rejected([](PageRef& r) { r.cpu = true; r.kind = PageKind::int8s; }, "int8s_view");
+  std::vector<SeqPages> ok = f.seqs;
+  ok[1].tables[0][0].cpu = true;
+  EXPECT_NO_THROW(eng.update(ok));
 }
 
 // Issue 9: update() is incremental. One engine follows a batch as it grows --

@@ -37,10 +37,23 @@
 //   numbered by token position whatever the format or place, and the merge
 //   takes them in ascending order.
 //
-// Exactness: wherever a page lies, the same kernel reads the same bytes at
-// the same split boundaries, and the merge runs in ascending split order, so
-// streamed (any tile size), resident and mixed placements give bitwise
-// identical outputs, repeatable run to run.
+// The host CPU's share (co-attention, issue 12): entries marked `cpu` are
+//   attended in place by the CPU kernels (activekv/cpu/decode_attention.h)
+//   while the GPU attends the rest; no history byte of them crosses the bus,
+//   only their split partials, which land in the same split slots and go
+//   through the same merge. Per layer, on a side stream: q is copied to the
+//   host after it is ready, a host function runs the CPU attention, the
+//   partials are copied back, and the compute stream waits for that one
+//   event just before the layer's merge (details: src/cuda/cpu_share.h).
+//
+// Exactness: wherever a page lies on the GPU, the same kernel reads the same
+// bytes at the same split boundaries, and the merge runs in ascending split
+// order, so streamed (any tile size), resident and mixed placements give
+// bitwise identical outputs, repeatable run to run. A CPU-attended split is
+// fp32 attention over the same keys by a different kernel (bf16 q.k with the
+// query in two bf16 terms; int8s integer q.k as on the GPU): equal within
+// fp32 summation order, bitwise repeatable for a fixed plan (the CPU result
+// does not depend on its thread count).
 //
 // Not thread-safe. All device pointers are of the current CUDA device.
 #pragma once
@@ -50,12 +63,15 @@
 #include <memory>
 #include <vector>
 
+#include "activekv/cpu/decode_attention.h"
 #include "activekv/cuda/decode_attention.h"
 #include "activekv/cuda/format_kernels.h"
+#include "activekv/kv/codec_int8s.h"
 
 namespace activekv::cuda {
 
 struct JobPlan;  // internal: one job of one layer (decode_engine.cpp)
+class CpuShare;  // internal: the CPU's share of a step (cpu_share.h)
 
 /// How a page is stored (SPEC §3).
 enum class PageKind : uint8_t {
@@ -72,6 +88,11 @@ struct PageRef {
   const void* device = nullptr;     ///< a device copy of the same bytes, or null: streamed
   uint64_t bytes = 0;               ///< page_bytes() for bf16; the blob size for the codecs
   PageKind kind = PageKind::bf16;
+  /// Attended in place by the host CPU (bf16 pages and int8s blobs; `device`
+  /// must be null). An int8s page needs `int8s_view`, the view its publisher
+  /// parsed and validated once (kv::parse_int8s_page), alive as long as the page.
+  bool cpu = false;
+  const kv::Int8sPageView* int8s_view = nullptr;
   bool operator==(const PageRef&) const = default;
 };
 
@@ -87,6 +108,9 @@ struct EngineConfig {
   int tile_pages = 32;  ///< streamed pages per job; 0 = a layer's streamed pages in one job
   int ring_slots = 3;   ///< staging buffers (>= 2)
   Int8sKernelOptions int8s;  ///< switches of the int8s kernel
+  /// The CPU kernels for `cpu` pages: threads (0 = all OpenMP threads) and
+  /// ISA. split_tokens and int8s_query_terms are taken from `attn` and `int8s`.
+  cpu::CpuAttentionOptions cpu_kernels;
 };
 
 class DecodeEngine {
@@ -123,7 +147,8 @@ class DecodeEngine {
 
   cudaStream_t compute_stream() const { return compute_; }
   cudaStream_t copy_stream() const { return copy_; }
-  /// Waits for all enqueued work (host sync; between steps only).
+  /// Waits for all enqueued work (host sync; between steps only). Rethrows an
+  /// error the CPU share hit in a step (that step's output is NaN).
   void synchronize();
 
   /// Host -> device bytes one step moves, its cudaMemcpyAsync calls and the largest one.
@@ -132,6 +157,8 @@ class DecodeEngine {
   size_t largest_copy() const { return largest_copy_; }
   /// Bytes of resident pages one step reads in place.
   size_t resident_bytes_per_step() const { return resident_bytes_per_step_; }
+  /// Bytes of history the host CPU reads in one step (`cpu` pages).
+  size_t cpu_bytes_per_step() const;
   /// Work-list entries the last update() rewrote (0 when nothing changed).
   size_t last_patch_entries() const { return last_patches_; }
   const EngineConfig& config() const { return cfg_; }
@@ -162,6 +189,7 @@ class DecodeEngine {
   std::vector<void*> events_copy_, events_compute_;  // cudaEvent_t, per ring slot
   std::unique_ptr<Plan> plan_;                       // of the last successful update()
   std::unique_ptr<Device> dev_;
+  std::unique_ptr<CpuShare> cpu_;                    // made by the first update() with a `cpu` page
   size_t bytes_per_step_ = 0, copies_per_step_ = 0, largest_copy_ = 0, resident_bytes_per_step_ = 0;
   size_t last_patches_ = 0;
   int next_layer_ = 0;
