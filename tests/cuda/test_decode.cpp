@@ -343,9 +343,16 @@ TEST(CudaDecode, MixedPlacementIsBitwiseEqualToResidentAndStreamed) {
 
 // Issue 12: co-attention. Pages the table marks `cpu` are attended by the
 // host CPU in place; their split partials join the GPU's in the one merge.
-// The result is attention over the same keys by another fp32 kernel: it
-// meets the GPU's own bounds against fp64, is bitwise repeatable, and every
-// page is read exactly once (streamed, resident or by the CPU).
+// The result is attention over the same keys by another fp32 kernel: it is
+// bounded against fp64, bitwise repeatable, and every page is read exactly
+// once (streamed, resident or by the CPU).
+// The CPU's bf16 kernel rounds differently (the query in two bf16 terms, its
+// own fp32 order), so the merged result has its own bounds. Measured on the
+// H200 host at bc0e99a (AVX-512 kernels, all four cases): at most 4.43e-6
+// relative on O (d 64, every page on the CPU), 3.49e-6 on LSE (d 128).
+// Bounds: ~3x that.
+constexpr double kCoAttnMaxRelOErr = 1.3e-5, kCoAttnMaxLseErr = 1.05e-5;
+
 TEST(CudaDecode, CoAttentionWithTheHostCpuMatchesFp64AndRepeats) {
   NEED_GPU();
   for (const Case& c : cases()) {
@@ -361,8 +368,8 @@ TEST(CudaDecode, CoAttentionWithTheHostCpuMatchesFp64AndRepeats) {
       const Fp64Errors e = errors_vs_fp64(o, l, ro, rl, c.sh.head_dim);
       std::printf("  %s: max rel O err %.3e, max |LSE err| %.3e vs fp64; CPU read %zu B, streamed %zu B, "
                   "resident %zu B\n", what.c_str(), e.o, e.lse, st.cpu_bytes, st.streamed_bytes, st.resident_bytes);
-      EXPECT_LT(e.o, kMaxRelOErr) << what << " (inf: not written)";
-      EXPECT_LT(e.lse, kMaxLseErr) << what;
+      EXPECT_LT(e.o, kCoAttnMaxRelOErr) << what << " (inf: not written)";
+      EXPECT_LT(e.lse, kCoAttnMaxLseErr) << what;
       EXPECT_TRUE(same_bits(o, o2) && same_bits(l, l2)) << what << ": not repeatable (second engine, first step)";
       EXPECT_GT(st.cpu_bytes, 0u) << what;
       if (p == Placement::cpu_all) EXPECT_EQ(st.streamed_bytes + st.resident_bytes, 0u) << what;
