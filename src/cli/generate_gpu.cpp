@@ -36,6 +36,7 @@ runtime::RuntimeOptions runtime_options(const GenerateArgs& a, int64_t n_ctx) {
   o.prefill_chunk = a.prefill_chunk;
   o.f32_activations = a.matvec_activations == "f32";
   o.cuda_graphs = a.cuda_graphs == "on";
+  o.cpu_share = a.cpu_share;
   o.sampling = sampler_params(a);
   return o;
 }
@@ -99,6 +100,8 @@ int run_generate_gpu(const GenerateArgs& a) {
   r.decode_route = st.pages;
   r.streamed_bytes = double(st.streamed_bytes);
   r.resident_bytes = double(st.resident_bytes);
+  r.cpu_bytes = double(st.cpu_bytes);
+  r.cpu_share = a.cpu_share;
   report(a, r);
   return 0;
 }

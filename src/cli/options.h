@@ -47,4 +47,14 @@ inline CLI::Option* add_cuda_graphs_option(CLI::App& app, std::string& cuda_grap
       ->capture_default_str()->check(CLI::IsMember({"on", "off"}));
 }
 
+/// --cpu-share F: with the history streamed (host placement), the share of
+/// each layer's pages, oldest first, that the host CPU attends in place while
+/// the GPU streams the rest (co-attention; runtime::RuntimeOptions::cpu_share).
+inline CLI::Option* add_cpu_share_option(CLI::App& app, double& cpu_share) {
+  return app.add_option("--cpu-share", cpu_share,
+                        "GPU, host placement: share of each layer's history pages (oldest first) the host CPU "
+                        "attends in place while the GPU streams the rest (co-attention), in [0, 1)")
+      ->capture_default_str()->check(CLI::Range(0.0, 0.99));
+}
+
 }  // namespace activekv::cli

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <thread>
 
 #include "activekv/cuda/decode_engine.h"
 #include "activekv/cuda/device_pages.h"
@@ -91,6 +92,8 @@ GpuRuntime::Impl::Impl(const gguf::File& f, const model::ModelConfig& cfg, const
   if (const std::string why = c.gpu_unsupported_reason(); !why.empty()) throw Error(why);
   if (opt.n_ctx <= 0) throw InvalidArgument("GpuRuntime: n_ctx must be positive");
   if (opt.prefill_chunk <= 0) throw InvalidArgument("GpuRuntime: prefill_chunk must be positive");
+  if (!(opt.cpu_share >= 0 && opt.cpu_share < 1))
+    throw InvalidArgument(fmt::format("GpuRuntime: the CPU share must be in [0, 1), got {}", opt.cpu_share));
   cuda::require_gpu(opt.device, "--device cuda");
   cudaDeviceProp prop{};
   cuda::check_cuda(cudaGetDeviceProperties(&prop, opt.device), "cudaGetDeviceProperties");
@@ -106,6 +109,8 @@ GpuRuntime::Impl::Impl(const gguf::File& f, const model::ModelConfig& cfg, const
   ec.n_layers = c.n_layers;
   ec.attn = attn;
   ec.tile_pages = opt.route.tile_pages;
+  ec.cpu_kernels.threads = opt.cpu_threads > 0 ? opt.cpu_threads
+                                                : std::max(1, int(std::thread::hardware_concurrency()) - 1);
   engine = std::make_unique<cuda::DecodeEngine>(ec);
   prefill_attn = std::make_unique<cuda::PrefillAttention>(attn);
   sampler = std::make_unique<cuda::GpuSampler>(c.vocab_size, opt.sampling);
@@ -233,6 +238,7 @@ int32_t GpuRuntime::Impl::run_chunk(std::span<const int32_t> tokens, bool prefil
   if (decode) {
     stats.streamed_bytes += engine->bytes_per_step();
     stats.resident_bytes += engine->resident_bytes_per_step();
+    stats.cpu_bytes += engine->cpu_bytes_per_step();
     stats.copies += engine->copies_per_step();
     ++stats.decode_steps;
   }

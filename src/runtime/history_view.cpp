@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "activekv/cuda/kv_write.h"
 #include "device_buffer.h"
@@ -256,8 +257,25 @@ std::vector<cuda::SeqPages> HistoryView::engine_tables(int64_t n_tokens, cudaStr
       table[p] = cuda::PageRef{e.data(), d.ptr, e.size(), kind_of(f)};
       stats_.pages.bytes += double(e.size());
     }
+    if (opt_.cpu_share > 0 && host_placement()) share_with_cpu(l, table);
   }
   return out;
+}
+
+// The oldest cpu_share of the layer's pages go to the host CPU (co-attention):
+// not the tail (it has a device copy: the GPU writes it), not lossless13
+// pages (the CPU kernels do not unpack); int8s pages with their view.
+void HistoryView::share_with_cpu(int layer, std::vector<cuda::PageRef>& table) const {
+  const size_t n = std::min(table.size() - 1, size_t(std::lround(opt_.cpu_share * double(table.size()))));
+  for (size_t p = 0; p < n; ++p) {
+    cuda::PageRef& r = table[p];
+    if (r.device || r.kind == cuda::PageKind::lossless13) continue;
+    if (r.kind == cuda::PageKind::int8s) {
+      r.int8s_view = compressed_->int8s_view(layer, p);
+      if (!r.int8s_view) continue;
+    }
+    r.cpu = true;
+  }
 }
 
 const void* const* HistoryView::device_pages(int layer, int64_t n_tokens) const {

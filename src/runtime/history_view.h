@@ -82,6 +82,7 @@ class HistoryView {
   void set_table(int layer, size_t page, const void* ptr);
   void submit_tables(cudaStream_t s);
   void prepare_streamed(int l, int64_t pos0, size_t last, cudaStream_t s);
+  void share_with_cpu(int layer, std::vector<cuda::PageRef>& table) const;
   const std::byte* host_page(int layer, size_t page) const;
   bool host_placement() const { return placement_ == route::KvPlacement::host; }
 

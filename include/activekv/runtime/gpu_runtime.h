@@ -78,6 +78,12 @@ struct RuntimeOptions {
                               ///< per step, the instantiated graph updated: src/runtime/step_graph.h);
                               ///< bitwise the same results. `host` placement (copy stream, events) and
                               ///< prefill always launch kernel by kernel.
+  /// Co-attention (host placement; issue 12): the fraction of each layer's
+  /// pages, oldest first, that the host CPU attends in place each decode step
+  /// while the GPU streams the rest (never the tail page, never a lossless13
+  /// page); 0 = none. In [0, 1).
+  double cpu_share = 0;
+  int cpu_threads = 0;        ///< CPU attention threads; 0 = hardware concurrency - 1
   model::SamplerParams sampling;
   int device = 0;
 };
@@ -89,6 +95,7 @@ struct RuntimeStats {
   size_t weight_bytes = 0;         ///< on the GPU, in GGUF types
   size_t streamed_bytes = 0;       ///< host -> device history bytes, all decode steps
   size_t resident_bytes = 0;       ///< history bytes read in place on the GPU, all decode steps
+  size_t cpu_bytes = 0;            ///< history bytes the host CPU attended in place, all decode steps
   size_t copies = 0;               ///< host -> device copies, all decode steps
   size_t decode_steps = 0;
   size_t graph_steps = 0;          ///< decode steps run as a CUDA graph (opt.cuda_graphs)
