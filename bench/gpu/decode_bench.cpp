@@ -15,6 +15,7 @@
 #include <optional>
 #include <unordered_map>
 
+#include "activekv/cuda/co_attention_rates.h"
 #include "activekv/cuda/decode_engine.h"
 #include "activekv/cuda/device_pages.h"
 #include "bench_pages.h"
@@ -45,6 +46,8 @@ struct Record {
   // Co-attention: the share of pages the CPU attends, the bytes it reads, and
   // the largest row-relative difference from the resident reference.
   double cpu_share = 0;
+  bool auto_share = false;  // the planner chose the share (--cpu-share auto)
+  double planned_ms = 0;    // its predicted step
   uint64_t cpu_bytes_per_step = 0;
   std::optional<double> max_rel_diff_vs_resident;
   bool repeatable;
@@ -81,7 +84,8 @@ double predict_ms(const Profile& pr, const DecodeEngine& eng, int n_layers, int6
   return comp_free;
 }
 
-std::string mode_label(const std::string& mode, double cpu_share) {
+std::string mode_label(const std::string& mode, double cpu_share, bool auto_share = false) {
+  if (auto_share) return mode + "+cpu-auto";
   if (cpu_share <= 0) return mode;
   char buf[32];
   std::snprintf(buf, sizeof buf, "+cpu%.0f%%", 100 * cpu_share);
@@ -95,7 +99,7 @@ void print_table(const std::vector<Record>& records) {
   std::printf("|%s|\n", std::string(130, '-').c_str());
   for (const auto& r : records)
     std::printf("| %-10s | %-15s | %7lld | %5d | %9.3f | %8.3f - %6.3f | %8.2f | %9.3f | %6.3f | %9.3f | %6.2f |\n",
-                r.format.c_str(), mode_label(r.mode, r.cpu_share).c_str(), static_cast<long long>(r.context), r.batch, r.step_ms,
+                r.format.c_str(), mode_label(r.mode, r.cpu_share, r.auto_share).c_str(), static_cast<long long>(r.context), r.batch, r.step_ms,
                 r.step_ms_min, r.step_ms_max, r.batch * 1000.0 / r.step_ms, r.bus_limit_ms, r.bus_limit_ratio,
                 r.predicted_ms, 100.0 * (r.predicted_ms - r.step_ms) / r.step_ms);
 }
@@ -127,8 +131,14 @@ nlohmann::json record_json(const Record& r, int steps) {
   if (r.cpu_share > 0) {
     j["cpu_bytes_per_step"] = r.cpu_bytes_per_step;
     j["cpu_gbps"] = double(r.cpu_bytes_per_step) / (r.step_ms * 1e6);
-    j["predicted_ms_note"] = "GPU side only: the transfer model does not include the CPU share yet";
+    j["predicted_ms_note"] = "with --cpu-share auto in the run: route::predict_co_attention over the rates "
+                             "measured at start; else the GPU side's transfer model only";
     if (r.max_rel_diff_vs_resident) j["max_rel_diff_vs_resident"] = *r.max_rel_diff_vs_resident;
+    if (r.auto_share) {
+      j["cpu_share_auto"] = true;
+      j["planned_ms"] = r.planned_ms;
+      j["plan_error"] = (r.planned_ms - r.step_ms) / r.step_ms;
+    }
   }
   return j;
 }
@@ -179,6 +189,7 @@ namespace {
 // and the CPU kernels' rounding: ~1e-6 row-relative (tests/cuda/test_decode.cpp
 // bounds both against fp64 at 3.7e-6). Beyond this the bench fails.
 constexpr double kMaxCpuShareDiff = 1e-4;
+constexpr double kAutoShare = -1;  // --cpu-share auto
 
 // Throws InvalidArgument naming the first bad option.
 void check_options(const BenchDecodeOptions& opt) {
@@ -187,7 +198,8 @@ void check_options(const BenchDecodeOptions& opt) {
     if (m != "streamed" && m != "resident" && m != "streamed-whole")
       throw InvalidArgument("bench decode: unknown mode '" + m + "' (streamed, streamed-whole, resident)");
   for (double f : opt.cpu_shares)
-    if (!(f >= 0 && f < 1)) throw InvalidArgument("bench decode: --cpu-share values must be in [0, 1), got " + std::to_string(f));
+    if (!(f == kAutoShare || (f >= 0 && f < 1)))
+      throw InvalidArgument("bench decode: --cpu-share values must be in [0, 1) or auto, got " + std::to_string(f));
   if (opt.cpu_threads < 0) throw InvalidArgument("bench decode: --cpu-threads must be >= 0");
   for (const auto& f : opt.formats)
     if (std::find(route_names().begin(), route_names().end(), f) == route_names().end())
@@ -337,15 +349,32 @@ Int8sViews parse_int8s_views(const HistorySet& h, int threads) {
   return out;
 }
 
-// Marks the oldest round(share x pages) pages of each (sequence, layer) --
-// never the tail page, never a lossless13 page (the CPU does not unpack) --
-// as attended by the CPU in place.
-void apply_cpu_share(std::vector<SeqPages>& tables, double share, const Int8sViews& views) {
-  if (share <= 0) return;
+// CPU pages per (sequence, layer) for a fixed share: round(share x pages),
+// never the tail page.
+size_t pages_for_share(double share, size_t n_pages) {
+  return n_pages == 0 ? 0 : std::min(n_pages - 1, size_t(std::lround(share * double(n_pages))));
+}
+
+// The co-attention planner's view of one table (route/co_attention_plan.h).
+std::vector<route::PlanPage> plan_pages(const std::vector<PageRef>& t) {
+  std::vector<route::PlanPage> out;
+  for (const PageRef& r : t)
+    out.push_back({r.bytes,
+                   r.kind == PageKind::bf16    ? route::PlanPage::bf16
+                   : r.kind == PageKind::int8s ? route::PlanPage::int8s
+                                               : route::PlanPage::other,
+                   r.device != nullptr});
+  return out;
+}
+
+// Marks the oldest `n` pages the CPU can read in each (sequence, layer) --
+// never a lossless13 page (the CPU does not unpack) -- as attended by the CPU
+// in place.
+void apply_cpu_pages(std::vector<SeqPages>& tables, size_t n, const Int8sViews& views) {
+  if (n == 0) return;
   for (SeqPages& s : tables)
     for (auto& t : s.tables) {
-      const size_t n = std::min(t.size() - 1, size_t(std::lround(share * double(t.size()))));
-      for (size_t p = 0; p < n; ++p) {
+      for (size_t p = 0, given = 0; p < t.size() && given < n; ++p) {
         PageRef& r = t[p];
         if (r.kind == PageKind::lossless13) continue;
         if (r.kind == PageKind::int8s) {
@@ -355,6 +384,7 @@ void apply_cpu_share(std::vector<SeqPages>& tables, double share, const Int8sVie
         }
         r.cpu = true;
         r.device = nullptr;
+        ++given;
       }
     }
 }
@@ -397,7 +427,13 @@ int run_bench_decode(const BenchDecodeOptions& opt) {
   // Shares: 0 first (the resident run at 0 is every configuration's reference).
   std::vector<double> shares{0.0};
   for (double f : opt.cpu_shares)
-    if (f > 0 && std::find(shares.begin(), shares.end(), f) == shares.end()) shares.push_back(f);
+    if (f != 0 && std::find(shares.begin(), shares.end(), f) == shares.end()) shares.push_back(f);
+  std::optional<cuda::CoAttentionCalibration> calibration;
+  if (std::find(shares.begin(), shares.end(), kAutoShare) != shares.end()) {
+    const int cpu_threads = opt.cpu_threads > 0 ? opt.cpu_threads : std::max(1, threads - 1);
+    calibration = cuda::measure_co_attention_rates(sh, cpu_threads);
+    std::printf("  co-attention rates: %s\n", calibration->describe().c_str());
+  }
   const bool want_share0 = std::find(opt.cpu_shares.begin(), opt.cpu_shares.end(), 0.0) != opt.cpu_shares.end();
   Int8sViews views;
   if (shares.size() > 1 && !hist.int8s.empty()) {
@@ -435,7 +471,12 @@ int run_bench_decode(const BenchDecodeOptions& opt) {
           }
           for (double share : shares) {
             std::vector<SeqPages> tables = placed;
-            apply_cpu_share(tables, share, views);
+            std::optional<route::CoAttentionPlan> plan;
+            if (share == kAutoShare)  // sequences alike: one plan, applied to each
+              plan = route::plan_co_attention(plan_pages(placed[0].tables[0]), opt.n_layers, calibration->together,
+                                              calibration->link_alone_gbps);
+            const size_t n_cpu = plan ? plan->cpu_pages : pages_for_share(share, placed[0].tables[0].size());
+            apply_cpu_pages(tables, n_cpu, views);
             try {
               eng.update(tables);
             } catch (const CudaError& e) {
@@ -453,6 +494,12 @@ int run_bench_decode(const BenchDecodeOptions& opt) {
             r.context = ctx;
             r.batch = batch;
             r.cpu_share = share;
+            r.auto_share = plan.has_value();
+            if (plan) {
+              r.cpu_share = plan->share;
+              r.planned_ms = plan->predicted_ms;
+              std::printf("  plan: %s\n", plan->describe().c_str());
+            }
             r.cpu_bytes_per_step = eng.cpu_bytes_per_step();
             r.step_ms = median(t.ms);
             r.device_ms = median(t.device_ms);
@@ -469,6 +516,10 @@ int run_bench_decode(const BenchDecodeOptions& opt) {
             r.bus_limit_ms = double(r.history_bytes) / (r.chunk_gbps * 1e6);
             r.bus_limit_ratio = r.step_ms / r.bus_limit_ms;
             r.predicted_ms = predict_ms(pr, eng, opt.n_layers, splits);
+            if (calibration && share != 0)  // the co-attention model: link and CPU side by side
+              r.predicted_ms = route::predict_co_attention(plan_pages(placed[0].tables[0]), opt.n_layers,
+                                                           calibration->together, calibration->link_alone_gbps,
+                                                           n_cpu).predicted_ms;
             if (share > 0 && !ref.empty()) {
               r.max_rel_diff_vs_resident = max_row_rel_diff(t.first, ref, sh.head_dim);
             } else if (streamed && !ref.empty()) {
@@ -489,8 +540,8 @@ int run_bench_decode(const BenchDecodeOptions& opt) {
                                                     : (*r.bitwise_equal_resident ? "yes" : "NO"));
             std::printf("  %-10s %-15s depth %7lld batch %d: %9.3f ms (min %.3f max %.3f, device %.3f), pred %.3f ms, "
                         "bus %.3f ms, ratio %.3f, %s, repeatable %s%s\n",
-                        format.c_str(), mode_label(mode, share).c_str(), static_cast<long long>(ctx), batch,
-                        r.step_ms, r.step_ms_min, r.step_ms_max, r.device_ms, r.predicted_ms, r.bus_limit_ms,
+                        format.c_str(), mode_label(mode, r.cpu_share, r.auto_share).c_str(),
+                        static_cast<long long>(ctx), batch, r.step_ms, r.step_ms_min, r.step_ms_max, r.device_ms, r.predicted_ms, r.bus_limit_ms,
                         r.bus_limit_ratio, vs, r.repeatable ? "yes" : "NO", finite ? "" : ", OUTPUT NOT FINITE");
             std::fflush(stdout);
           }

@@ -88,7 +88,8 @@ struct BenchDecodeOptions {
   int host_threads = 0;  ///< 0 = hardware concurrency
   /// Co-attention (issue 12): fractions of each (sequence, layer)'s pages the
   /// host CPU attends in place, oldest first, the tail page never (0 = none).
-  /// Every mode runs at every share; the resident run at share 0 is the reference.
+  /// Every mode runs at every share; the resident run at share 0 is the
+  /// reference. -1: auto (route::plan_co_attention over rates measured at start).
   std::vector<double> cpu_shares{0.0};
   int cpu_threads = 0;  ///< CPU kernel threads; 0 = hardware concurrency - 1
   std::string json_path = "bench_decode.json";

@@ -24,8 +24,11 @@ void add_bench_decode(CLI::App& app, std::function<int()>& run) {
   dec->add_option("--kv-format", o->formats, "Routes over the history: bf16, lossless13, int8s, hybrid")
       ->delimiter(',')->capture_default_str();
   dec->add_option("--cpu-share", o->cpu_shares,
-                  "Co-attention: fractions of each layer's pages the host CPU attends (oldest first), e.g. 0,0.25,0.4")
-      ->delimiter(',')->capture_default_str();
+                  "Co-attention: fractions of each layer's pages the host CPU attends (oldest first), or auto "
+                  "(the planner's choice from rates measured in this run), e.g. 0,0.25,0.4,auto")
+      ->delimiter(',')
+      ->transform([](std::string v) { return v == "auto" ? std::string("-1") : v; }, "", "auto")
+      ->capture_default_str();
   dec->add_option("--cpu-threads", o->cpu_threads, "CPU attention threads (0 = hardware - 1)")->capture_default_str();
   dec->add_option("--recent-pages", o->recent_pages, "hybrid: full pages kept exact before the tail")->capture_default_str();
   dec->add_option("--query-terms", o->int8s.query_terms, "int8s kernel: int8 terms of the query (1 = SPEC as written)")->capture_default_str();

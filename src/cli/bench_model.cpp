@@ -66,7 +66,7 @@ void check_args(const ModelBenchArgs& a, const std::string& device) {
   }
   if (a.cuda_graphs != "off" && device == "cpu")
     throw Error("bench: --cuda-graphs applies to --device cuda only");
-  if (a.cpu_share > 0 && device == "cpu")
+  if (a.cpu_share != 0 && device == "cpu")
     throw Error("bench: --cpu-share applies to --device cuda only (the CPU path attends every page on the CPU)");
   if (a.reps < 1) throw Error(fmt::format("bench: -r {}: at least one repetition", a.reps));
   if (a.output != "md" && a.output != "json") throw Error(fmt::format("bench: -o {}: md or json", a.output));
@@ -173,7 +173,7 @@ void run_rows(const ModelBenchArgs& a, const BenchDevice& dev, int vocab, std::v
         base.depth = depth;
         base.format = format;
         base.placement = placement;
-        base.cpu_share = placement == "host" ? a.cpu_share : 0;
+        base.cpu_share = placement == "host" ? a.cpu_share : 0;  // -1: auto
         if (a.n_gen > 0) {
           BenchRow row = base;
           row.kind = "tg";

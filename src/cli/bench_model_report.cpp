@@ -96,7 +96,9 @@ std::string markdown_table(const BenchRun& run) {
   for (const BenchRow& r : run.rows) {
     const LlamaCppFigure ref = run.shape_27b ? llama_cpp_figure(r) : LlamaCppFigure{};
     const double ms = r.ms_per_token();
-    const std::string where = r.cpu_share > 0 ? fmt::format("{}+cpu{:.0f}%", r.placement, 100 * r.cpu_share) : r.placement;
+    const std::string where = r.cpu_share > 0   ? fmt::format("{}+cpu{:.0f}%", r.placement, 100 * r.cpu_share)
+                              : r.cpu_share < 0 ? r.placement + "+cpu-auto"
+                                                : r.placement;
     out += fmt::format("| {} | {} | {} | {:.2f} ± {:.2f} | {:.3f} | {} | {} | {} | {} |\n", r.format, where,
                        r.label(), r.tps_mean(), r.tps_stddev(), ms,
                        r.floor_ms > 0 ? fmt::format("{:.3f}", r.floor_ms) : "—",
@@ -121,7 +123,7 @@ std::string json_report(const BenchRun& run) {
                     {"depth", r.depth},
                     {"kv_format", r.format},
                     {"kv_placement", r.placement},
-                    {"cpu_share", r.cpu_share},
+                    {"cpu_share", r.cpu_share < 0 ? nlohmann::json("auto") : nlohmann::json(r.cpu_share)},
                     {"reps_ms", r.ms},
                     {"reps_tokens_per_s", tps_of(r)},
                     {"reps_depth_start", r.depth_start},

@@ -116,6 +116,7 @@ void print_summary(const GenerationReport& r) {
                r.streamed_bytes / steps / MiB, r.resident_bytes / steps / MiB,
                r.cpu_bytes > 0 ? fmt::format(", {:.2f} MiB attended by the host CPU", r.cpu_bytes / steps / MiB)
                                : std::string());
+  if (!r.co_attention.empty()) fmt::print(stderr, "co-attention         {}\n", r.co_attention);
   if (r.end_of_text) fmt::print(stderr, "stopped at end of text after {} tokens\n", r.generated);
   fmt::print(stderr, "peak RSS             {:10.1f} MiB\n", double(peak_rss_bytes()) / MiB);
 }
@@ -148,7 +149,9 @@ nlohmann::json report_json(const GenerationReport& r) {
           {"streamed_bytes_per_token", or_null(r.streamed_bytes < 0 ? -1 : r.streamed_bytes / steps)},
           {"resident_bytes_per_token", or_null(r.resident_bytes < 0 ? -1 : r.resident_bytes / steps)},
           {"cpu_attended_bytes_per_token", or_null(r.cpu_bytes < 0 ? -1 : r.cpu_bytes / steps)},
-          {"cpu_share", r.cpu_bytes < 0 ? nlohmann::json(nullptr) : nlohmann::json(r.cpu_share)},
+          {"cpu_share", r.cpu_bytes < 0 ? nlohmann::json(nullptr)
+                                        : r.cpu_share < 0 ? nlohmann::json("auto") : nlohmann::json(r.cpu_share)},
+          {"co_attention", r.co_attention},
           {"weight_bytes_gpu", or_null(r.weight_bytes)},
           {"prefill_history", r.prefill_history},
           {"prefill_moved_bytes", or_null(r.prefill_moved_bytes)},
@@ -174,7 +177,7 @@ void check_args(const GenerateArgs& a, const std::string& device) {
   if (device == "cuda" && a.kv_format == "f32")
     throw Error("--kv-format f32 is the CPU path's reference format; on the GPU use bf16, lossless13, int8s or hybrid");
   if (device == "cpu" && (a.kv_placement != "auto" || a.gpu_kv_mem_gib > 0 || a.matvec_activations != "int8" ||
-                          a.cuda_graphs != "off" || a.cpu_share > 0))
+                          a.cuda_graphs != "off" || a.cpu_share != 0))
     throw Error("--kv-placement, --gpu-kv-mem, --matvec-activations, --cuda-graphs and --cpu-share apply to --device "
                 "cuda only");
   if (!a.json_out.empty()) check_writable(a.json_out, "generate --json output");

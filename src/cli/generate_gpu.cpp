@@ -102,6 +102,7 @@ int run_generate_gpu(const GenerateArgs& a) {
   r.resident_bytes = double(st.resident_bytes);
   r.cpu_bytes = double(st.cpu_bytes);
   r.cpu_share = a.cpu_share;
+  r.co_attention = st.co_attention;
   report(a, r);
   return 0;
 }

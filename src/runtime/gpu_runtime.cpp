@@ -92,8 +92,8 @@ GpuRuntime::Impl::Impl(const gguf::File& f, const model::ModelConfig& cfg, const
   if (const std::string why = c.gpu_unsupported_reason(); !why.empty()) throw Error(why);
   if (opt.n_ctx <= 0) throw InvalidArgument("GpuRuntime: n_ctx must be positive");
   if (opt.prefill_chunk <= 0) throw InvalidArgument("GpuRuntime: prefill_chunk must be positive");
-  if (!(opt.cpu_share >= 0 && opt.cpu_share < 1))
-    throw InvalidArgument(fmt::format("GpuRuntime: the CPU share must be in [0, 1), got {}", opt.cpu_share));
+  if (!(opt.cpu_share == -1 || (opt.cpu_share >= 0 && opt.cpu_share < 1)))
+    throw InvalidArgument(fmt::format("GpuRuntime: the CPU share must be in [0, 1) or -1 (auto), got {}", opt.cpu_share));
   cuda::require_gpu(opt.device, "--device cuda");
   cudaDeviceProp prop{};
   cuda::check_cuda(cudaGetDeviceProperties(&prop, opt.device), "cudaGetDeviceProperties");

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <thread>
 
 #include "activekv/cuda/kv_write.h"
 #include "device_buffer.h"
@@ -62,6 +63,11 @@ HistoryView::HistoryView(kv::SequenceKv& seq, const cuda::AttnShape& attn, const
   tables_dev_ = static_cast<const void**>(cuda::device_malloc(n_pages * sizeof(void*), "the prefill page tables"));
   cuda::check_cuda(cudaMemset(tables_dev_, 0, n_pages * sizeof(void*)), "clear the prefill page tables");
   dev_encoded_.assign(size_t(L), std::vector<DevPage>(size_t(pages_per_layer_)));
+  if (opt.cpu_share < 0 && host_placement()) {  // co-attention, auto: the planner's rates, measured once
+    const int threads = opt.cpu_threads > 0 ? opt.cpu_threads : std::max(1, int(std::thread::hardware_concurrency()) - 1);
+    calibration_ = cuda::measure_co_attention_rates(attn, threads, 0.1);
+    stats.co_attention = calibration_->describe();
+  }
   if (!codecs_.empty()) {
     if (opt.convert_threads > 0) pool_ = std::make_unique<convert::ConversionPool>(opt.convert_threads);
     compressed_ = std::make_unique<convert::CompressedHistory>(seq, codecs_, size_t(pages_per_layer_), pool_.get());
@@ -257,17 +263,37 @@ std::vector<cuda::SeqPages> HistoryView::engine_tables(int64_t n_tokens, cudaStr
       table[p] = cuda::PageRef{e.data(), d.ptr, e.size(), kind_of(f)};
       stats_.pages.bytes += double(e.size());
     }
-    if (opt_.cpu_share > 0 && host_placement()) share_with_cpu(l, table);
+    if (opt_.cpu_share != 0 && host_placement()) share_with_cpu(l, table);
   }
   return out;
 }
 
-// The oldest cpu_share of the layer's pages go to the host CPU (co-attention):
-// not the tail (it has a device copy: the GPU writes it), not lossless13
-// pages (the CPU kernels do not unpack); int8s pages with their view.
-void HistoryView::share_with_cpu(int layer, std::vector<cuda::PageRef>& table) const {
-  const size_t n = std::min(table.size() - 1, size_t(std::lround(opt_.cpu_share * double(table.size()))));
-  for (size_t p = 0; p < n; ++p) {
+// The oldest pages the CPU can read go to the host CPU (co-attention): as
+// many as cpu_share of the layer's pages, or, with auto, as the planner
+// chooses from layer 0's table each step (the layers' tables are alike). Not
+// the tail (it has a device copy: the GPU writes it), not lossless13 pages
+// (the CPU kernels do not unpack); int8s pages with their view.
+void HistoryView::share_with_cpu(int layer, std::vector<cuda::PageRef>& table) {
+  size_t n = 0;
+  if (opt_.cpu_share > 0) {
+    n = std::min(table.size() - 1, size_t(std::lround(opt_.cpu_share * double(table.size()))));
+  } else {
+    if (layer == 0) {
+      std::vector<route::PlanPage> pages;
+      for (const cuda::PageRef& r : table)
+        pages.push_back({r.bytes,
+                         r.kind == cuda::PageKind::bf16    ? route::PlanPage::bf16
+                         : r.kind == cuda::PageKind::int8s ? route::PlanPage::int8s
+                                                           : route::PlanPage::other,
+                         r.device != nullptr});
+      const route::CoAttentionPlan plan = route::plan_co_attention(pages, seq_.shape().n_layers, calibration_->together,
+                                                                   calibration_->link_alone_gbps);
+      cpu_pages_ = plan.cpu_pages;
+      stats_.co_attention = calibration_->describe() + "; last step: " + plan.describe();
+    }
+    n = cpu_pages_;
+  }
+  for (size_t p = 0, given = 0; p < table.size() && given < n; ++p) {
     cuda::PageRef& r = table[p];
     if (r.device || r.kind == cuda::PageKind::lossless13) continue;
     if (r.kind == cuda::PageKind::int8s) {
@@ -275,6 +301,7 @@ void HistoryView::share_with_cpu(int layer, std::vector<cuda::PageRef>& table) c
       if (!r.int8s_view) continue;
     }
     r.cpu = true;
+    ++given;
   }
 }
 

@@ -7,9 +7,11 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "activekv/convert/compressed_history.h"
+#include "activekv/cuda/co_attention_rates.h"
 #include "activekv/cuda/decode_engine.h"
 #include "activekv/cuda/device_pages.h"
 #include "activekv/cuda/patch.h"
@@ -82,7 +84,7 @@ class HistoryView {
   void set_table(int layer, size_t page, const void* ptr);
   void submit_tables(cudaStream_t s);
   void prepare_streamed(int l, int64_t pos0, size_t last, cudaStream_t s);
-  void share_with_cpu(int layer, std::vector<cuda::PageRef>& table) const;
+  void share_with_cpu(int layer, std::vector<cuda::PageRef>& table);
   const std::byte* host_page(int layer, size_t page) const;
   bool host_placement() const { return placement_ == route::KvPlacement::host; }
 
@@ -109,6 +111,8 @@ class HistoryView {
   std::vector<const void*> tables_host_;
   std::vector<size_t> dirty_;  // entries of tables_host_ changed since the last submit
   cuda::PatchBuffer patches_;
+  std::optional<cuda::CoAttentionCalibration> calibration_;  // cpu_share auto, host placement
+  size_t cpu_pages_ = 0;                                      // auto: this step's CPU pages per layer
 };
 
 }  // namespace activekv::runtime

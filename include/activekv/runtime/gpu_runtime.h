@@ -81,7 +81,9 @@ struct RuntimeOptions {
   /// Co-attention (host placement; issue 12): the fraction of each layer's
   /// pages, oldest first, that the host CPU attends in place each decode step
   /// while the GPU streams the rest (never the tail page, never a lossless13
-  /// page); 0 = none. In [0, 1).
+  /// page); 0 = none, in [0, 1); -1 = auto: the pages the planner
+  /// (route/co_attention_plan.h) chooses each step from rates measured when
+  /// the runtime starts (cuda/co_attention_rates.h, ~1 s).
   double cpu_share = 0;
   int cpu_threads = 0;        ///< CPU attention threads; 0 = hardware concurrency - 1
   model::SamplerParams sampling;
@@ -96,6 +98,7 @@ struct RuntimeStats {
   size_t streamed_bytes = 0;       ///< host -> device history bytes, all decode steps
   size_t resident_bytes = 0;       ///< history bytes read in place on the GPU, all decode steps
   size_t cpu_bytes = 0;            ///< history bytes the host CPU attended in place, all decode steps
+  std::string co_attention;        ///< cpu_share auto: the measured rates and the last step's plan
   size_t copies = 0;               ///< host -> device copies, all decode steps
   size_t decode_steps = 0;
   size_t graph_steps = 0;          ///< decode steps run as a CUDA graph (opt.cuda_graphs)
