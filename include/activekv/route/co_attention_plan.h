@@ -4,7 +4,7 @@
 //
 // Model. Per layer and decode step the two paths run side by side and the
 // layer's merge waits for both, so a layer costs
-//     max(link bytes / link rate, sum over kinds of CPU bytes / CPU rate)
+//     max(link bytes / link rate, CPU latency + sum over kinds of CPU bytes / CPU rate)
 // and a step costs the sum over layers. The rates are the ones measured with
 // both paths busy at once (cuda/co_attention_rates.h): host memory is shared,
 // so the DMA slows while the CPU reads and the CPU slows while the DMA reads.
@@ -25,6 +25,9 @@ struct CoAttentionRates {
   double cpu_bf16_gbps = 0;   ///< CPU attention over bf16 pages (bytes of K and V read)
   double cpu_int8s_gbps = 0;  ///< CPU attention over int8s pages (codes and token scales)
   int cpu_threads = 0;        ///< the thread count they were measured with
+  /// Fixed cost of a layer's CPU share, paid when it has any page: q down,
+  /// the host function and its thread team, the partials up (ms).
+  double cpu_layer_latency_ms = 0;
   /// Throws InvalidArgument naming a rate that is not positive and finite.
   void validate() const;
 };
