@@ -86,7 +86,9 @@ struct EngineConfig {
   AttnShape attn;
   int tile_pages = 32;  ///< streamed pages per job; 0 = a layer's streamed pages in one job
   int ring_slots = 3;   ///< staging buffers (>= 2)
-  Int8sKernelOptions int8s;  ///< switches of the int8s kernel
+  /// Switches of the int8s kernel; with Int8sKernel::tc the constructor
+  /// throws InvalidArgument for a group the tc kernel is not instantiated for.
+  Int8sKernelOptions int8s;
 };
 
 class DecodeEngine {
