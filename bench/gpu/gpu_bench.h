@@ -61,6 +61,7 @@ struct Provenance {
 struct CalibrateOptions {
   AttnShape attn{4, 6, 256, 1024, 512, 0.f};
   int reps = 20;
+  Int8sKernelOptions int8s;  ///< the int8s kernel whose time is calibrated
   std::string out_path = "profile.json";  ///< "" = don't write
   int device = 0;
   Provenance provenance;  ///< recorded in the profile file

@@ -11,6 +11,7 @@
 #include "activekv/kv/codec.h"
 #include "activekv/kv/int8s_layout.h"
 #include "cpu_share.h"
+#include "int8s_tc.h"
 #include "cuda_check.h"
 #include "device_buffer.h"
 #include "activekv/cuda/patch.h"
@@ -155,6 +156,8 @@ DecodeEngine::DecodeEngine(const EngineConfig& cfg) : cfg_(cfg), dev_(std::make_
   if (cfg_.n_layers <= 0) throw InvalidArgument("EngineConfig: n_layers must be positive");
   if (cfg_.tile_pages < 0) throw InvalidArgument("EngineConfig: tile_pages must be >= 0");
   if (cfg_.ring_slots < 2) throw InvalidArgument("EngineConfig: ring_slots must be >= 2");
+  if (cfg_.int8s.kernel == Int8sKernel::tc && !int8s_tc_supports_group(cfg_.attn.group))
+    throw InvalidArgument("EngineConfig: " + tc_group_error(cfg_.attn.group));
   AKV_CUDA(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
   AKV_CUDA(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
   for (int i = 0; i < cfg_.ring_slots; ++i) {

@@ -107,7 +107,9 @@ struct EngineConfig {
   AttnShape attn;
   int tile_pages = 32;  ///< streamed pages per job; 0 = a layer's streamed pages in one job
   int ring_slots = 3;   ///< staging buffers (>= 2)
-  Int8sKernelOptions int8s;  ///< switches of the int8s kernel
+  /// Switches of the int8s kernel; with Int8sKernel::tc the constructor
+  /// throws InvalidArgument for a group the tc kernel is not instantiated for.
+  Int8sKernelOptions int8s;
   /// The CPU kernels for `cpu` pages: threads (0 = all OpenMP threads) and
   /// ISA. split_tokens and int8s_query_terms are taken from `attn` and `int8s`.
   cpu::CpuAttentionOptions cpu_kernels;
