@@ -260,11 +260,19 @@ TEST_P(CoAttention, HalfThePagesOnTheHostCpuFollowTheStreamedRun) {
   std::printf("[measured] %s co-attention: max |logit diff| vs all-streamed %.3g over %d steps; CPU %.2f MiB/step, "
               "streamed %.2f MiB/step\n", GetParam().c_str(), worst, steps,
               double(co.stats.cpu_bytes) / steps / (1 << 20), double(co.stats.streamed_bytes) / steps / (1 << 20));
-  EXPECT_LT(worst, 2e-2) << "not yet measured on the H200: tighten to ~3x the printed figure";
+  // Measured on the H200 at ca5fc0b (teacher-forced, 40 steps): max |logit
+  // diff| 1.01 exact, 1.36 int8s, 0.98 hybrid -- the size SmolLM2 gives any
+  // change of fp32 order in attention (the segmented streamed prefill, only
+  // a different merge order, measures 0.575); greedy choices equal at 39, 38
+  // and 37 of 40 steps. Bounds: ~3x the worst logit difference, and at most
+  // 3x the measured disagreements (3 of 40 -> 9). A broken share (pages read
+  // wrong) measured 31-43.
+  EXPECT_LT(worst, 4.0);
   int same = 0;
   for (int i = 1; i <= steps; ++i) same += co.tokens[size_t(i)] == link.tokens[size_t(i)];
   std::printf("[measured] %s co-attention: greedy choice equal to the all-streamed run's at %d of %d steps\n",
               GetParam().c_str(), same, steps);
+  EXPECT_GE(same, steps - 9);
 }
 
 INSTANTIATE_TEST_SUITE_P(Routes, CoAttention, ::testing::Values("exact", "int8s", "hybrid"));
