@@ -24,6 +24,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr size_t kCopyBytes = size_t(64) << 20;
+constexpr int kCopySources = 8;  // 512 MiB of sources in turn: a source the caches hold would hide the contention
 constexpr size_t kHistoryBytes = size_t(256) << 20;  // past any last-level cache
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
@@ -52,12 +53,16 @@ void fill_history(bf16* p, size_t n) {
   }
 }
 
-// The link: 64 MiB copies back to back until `stop` (or `seconds`). GB/s.
+// The link: 64 MiB copies back to back, from 8 sources in turn, until `stop`
+// (or `seconds`). GB/s.
 double copy_loop(const void* host, void* dev, cudaStream_t s, double seconds, const std::atomic<bool>* stop) {
   size_t bytes = 0;
+  int next = 0;
   const auto t0 = Clock::now();
   do {
-    for (int i = 0; i < 4; ++i) AKV_CUDA(cudaMemcpyAsync(dev, host, kCopyBytes, cudaMemcpyHostToDevice, s));
+    for (int i = 0; i < 4; ++i, next = (next + 1) % kCopySources)
+      AKV_CUDA(cudaMemcpyAsync(dev, static_cast<const std::byte*>(host) + size_t(next) * kCopyBytes, kCopyBytes,
+                               cudaMemcpyHostToDevice, s));
     AKV_CUDA(cudaStreamSynchronize(s));
     bytes += 4 * kCopyBytes;
   } while (stop ? !stop->load() : seconds_since(t0) < seconds);
@@ -201,8 +206,8 @@ CoAttentionCalibration measure_co_attention_rates(const AttnShape& sh, int cpu_t
   for (size_t p = 0; p < n_pages; ++p) bf16_pages.push_back(cpu::PageRef::from_bf16(page_of(p).data(), sh.page_size));
   for (const kv::Int8sPageView& v : views) int8s_pages.push_back(cpu::PageRef::from_int8s(v, sh.page_size));
 
-  Pinned src(kCopyBytes);
-  std::memset(src.p, 1, kCopyBytes);
+  Pinned src(kCopySources * kCopyBytes);
+  std::memset(src.p, 1, kCopySources * kCopyBytes);
   DevBuf dst(kCopyBytes, "co-attention calibration: copy target");
   cudaStream_t s = nullptr;
   AKV_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));

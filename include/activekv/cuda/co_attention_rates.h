@@ -4,8 +4,8 @@
 // int8s pages of the model's shape -- each alone, and with the other path busy
 // at the same time (host memory is shared: each slows the other).
 //
-// Method: 64 MiB cudaMemcpyAsync copies from pinned memory, back to back on
-// one stream, for `seconds`; the CPU kernel over >= 256 MiB of random bf16
+// Method: 64 MiB cudaMemcpyAsync copies from 512 MiB of pinned memory in
+// turn, back to back on one stream, for `seconds`; the CPU kernel over >= 256 MiB of random bf16
 // history (far past any last-level cache: a cached working set reads faster
 // than a real history and hides the two paths' contention), then the same
 // pages encoded to int8s, call after call on `cpu_threads` threads for
