@@ -355,18 +355,6 @@ size_t pages_for_share(double share, size_t n_pages) {
   return n_pages == 0 ? 0 : std::min(n_pages - 1, size_t(std::lround(share * double(n_pages))));
 }
 
-// The co-attention planner's view of one table (route/co_attention_plan.h).
-std::vector<route::PlanPage> plan_pages(const std::vector<PageRef>& t) {
-  std::vector<route::PlanPage> out;
-  for (const PageRef& r : t)
-    out.push_back({r.bytes,
-                   r.kind == PageKind::bf16    ? route::PlanPage::bf16
-                   : r.kind == PageKind::int8s ? route::PlanPage::int8s
-                                               : route::PlanPage::other,
-                   r.device != nullptr});
-  return out;
-}
-
 // Marks the oldest `n` pages the CPU can read in each (sequence, layer) --
 // never a lossless13 page (the CPU does not unpack) -- as attended by the CPU
 // in place.
@@ -474,7 +462,7 @@ int run_bench_decode(const BenchDecodeOptions& opt) {
             std::vector<SeqPages> tables = placed;
             std::optional<route::CoAttentionPlan> plan;
             if (share == kAutoShare)  // sequences alike: one plan, applied to each
-              plan = route::plan_co_attention(plan_pages(placed[0].tables[0]), opt.n_layers, calibration->together,
+              plan = route::plan_co_attention(cuda::plan_pages(placed[0].tables[0]), opt.n_layers, calibration->together,
                                               calibration->link_alone_gbps);
             const size_t n_cpu = plan ? plan->cpu_pages : pages_for_share(share, placed[0].tables[0].size());
             apply_cpu_pages(tables, n_cpu, views);
@@ -518,7 +506,7 @@ int run_bench_decode(const BenchDecodeOptions& opt) {
             r.bus_limit_ratio = r.step_ms / r.bus_limit_ms;
             r.predicted_ms = predict_ms(pr, eng, opt.n_layers, splits);
             if (calibration && share != 0)  // the co-attention model: link and CPU side by side
-              r.predicted_ms = route::predict_co_attention(plan_pages(placed[0].tables[0]), opt.n_layers,
+              r.predicted_ms = route::predict_co_attention(cuda::plan_pages(placed[0].tables[0]), opt.n_layers,
                                                            calibration->together, calibration->link_alone_gbps,
                                                            n_cpu).predicted_ms;
             if (share > 0 && !ref.empty()) {

@@ -157,6 +157,18 @@ double layer_latency_ms(const cpu::DecodeShape& ds, const cpu::PageRef& first_pa
 
 }  // namespace
 
+std::vector<route::PlanPage> plan_pages(const std::vector<PageRef>& table) {
+  std::vector<route::PlanPage> out;
+  out.reserve(table.size());
+  for (const PageRef& r : table)
+    out.push_back({r.bytes,
+                   r.kind == PageKind::bf16    ? route::PlanPage::bf16
+                   : r.kind == PageKind::int8s ? route::PlanPage::int8s
+                                               : route::PlanPage::other,
+                   r.device != nullptr});
+  return out;
+}
+
 std::string CoAttentionCalibration::describe() const {
   return fmt::format("link {:.1f} GB/s alone, {:.1f} with the CPU busy; CPU bf16 {:.1f} / {:.1f}, int8s {:.1f} / {:.1f} "
                      "GB/s alone / with the link busy ({} threads, {:.0f} MiB of history); CPU layer latency {:.3f} ms",

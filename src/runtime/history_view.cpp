@@ -279,15 +279,8 @@ void HistoryView::share_with_cpu(int layer, std::vector<cuda::PageRef>& table) {
     n = std::min(table.size() - 1, size_t(std::lround(opt_.cpu_share * double(table.size()))));
   } else {
     if (layer == 0) {
-      std::vector<route::PlanPage> pages;
-      for (const cuda::PageRef& r : table)
-        pages.push_back({r.bytes,
-                         r.kind == cuda::PageKind::bf16    ? route::PlanPage::bf16
-                         : r.kind == cuda::PageKind::int8s ? route::PlanPage::int8s
-                                                           : route::PlanPage::other,
-                         r.device != nullptr});
-      const route::CoAttentionPlan plan = route::plan_co_attention(pages, seq_.shape().n_layers, calibration_->together,
-                                                                   calibration_->link_alone_gbps);
+      const route::CoAttentionPlan plan = route::plan_co_attention(
+          cuda::plan_pages(table), seq_.shape().n_layers, calibration_->together, calibration_->link_alone_gbps);
       cpu_pages_ = plan.cpu_pages;
       stats_.co_attention = calibration_->describe() + "; last step: " + plan.describe();
     }

@@ -16,7 +16,10 @@
 // rounds. About 5 x `seconds` plus the encoding (a fraction of a second).
 #pragma once
 
+#include <vector>
+
 #include "activekv/cuda/decode_attention.h"
+#include "activekv/cuda/decode_engine.h"
 #include "activekv/route/co_attention_plan.h"
 
 namespace activekv::cuda {
@@ -30,6 +33,10 @@ struct CoAttentionCalibration {
   /// "link 55.1 GB/s alone, 49.0 with the CPU busy; CPU bf16 60.2 / 48.9, int8s 41.0 / 33.2 (15 threads)"
   std::string describe() const;
 };
+
+/// The planner's view of one layer's page table: bf16 and int8s pages the
+/// CPU can read, lossless13 ones it cannot, pages with a device copy resident.
+std::vector<route::PlanPage> plan_pages(const std::vector<PageRef>& table);
 
 /// Runs the measurement on the current device. Throws CudaError when the
 /// memory cannot be had, InvalidArgument for a bad shape or thread count.
