@@ -21,6 +21,12 @@ ReadFormat wanted(const RouteConfig& cfg, size_t page, size_t n_full) {
 
 }  // namespace
 
+RouteConfig layer_route(const RouteConfig& cfg, int64_t window) {
+  RouteConfig out = cfg;
+  if (window > 0) out.kind = RouteKind::exact;  // resident on the GPU: nothing to save on the bus
+  return out;
+}
+
 ReadFormat compressed_format(RouteKind kind) {
   switch (kind) {
     case RouteKind::lossless13: return ReadFormat::lossless13;
@@ -87,6 +93,11 @@ std::string format_name(ReadFormat f) {
 void RouteReport::add(const RoutePlan& plan) {
   for (size_t p = plan.first_page; p < plan.page_format.size(); ++p) pages[size_t(plan.page_format[p])]++;
   for (const Segment& s : plan.segments) segments[size_t(s.kernel)]++;
+}
+
+double RouteReport::compressed_fraction() const {
+  const size_t all = pages[0] + pages[1] + pages[2];
+  return all ? double(all - pages[size_t(ReadFormat::exact)]) / double(all) : 0.0;
 }
 
 }  // namespace activekv::route

@@ -83,6 +83,21 @@ TEST(Route, ReportCountsPagesAndTiles) {
   EXPECT_EQ(r.pages[size_t(ReadFormat::exact)], 3u);
   EXPECT_EQ(r.pages[size_t(ReadFormat::int8s)], 9u);
   EXPECT_EQ(r.segments[size_t(route::Kernel::int8s)], 3u);  // pages 1-3, 4-7, 8 (tiles of 4)
+  EXPECT_DOUBLE_EQ(r.compressed_fraction(), 9.0 / 12.0);
+  EXPECT_EQ(route::RouteReport{}.compressed_fraction(), 0.0);
+}
+
+// A sliding-window layer is read exact on every route (its window stays
+// resident on the GPU); a layer over the whole history keeps its route.
+TEST(Route, SlidingLayersAreReadExact) {
+  for (RouteKind k : {RouteKind::exact, RouteKind::lossless13, RouteKind::int8s, RouteKind::hybrid}) {
+    const RouteConfig c{k, 3, 8};
+    const RouteConfig global = route::layer_route(c, 0), local = route::layer_route(c, 512);
+    EXPECT_EQ(global.kind, k);
+    EXPECT_EQ(local.kind, RouteKind::exact);
+    EXPECT_EQ(local.recent_pages, 3);
+    EXPECT_EQ(local.tile_pages, 8);  // same tiles: the exact route's bits
+  }
 }
 
 TEST(Route, BadArgumentsAndNames) {

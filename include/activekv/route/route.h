@@ -69,6 +69,15 @@ using PublishedFn = std::function<bool(size_t page, ReadFormat format)>;
 RoutePlan plan_route(const RouteConfig& cfg, int64_t n_tokens, int page_size, const PublishedFn& published,
                      size_t first_page = 0);
 
+/// The route a layer is read along: `cfg` for a layer over the whole
+/// history (window 0), the exact route (same tiles) for a sliding-window
+/// layer (window > 0). Why: on the GPU a sliding layer's last `window` tokens
+/// stay resident in a ring (issue 11 part 2) and never cross the bus, so a
+/// compressed format would save no transfer there and only cost quality; the
+/// CPU forward (LlamaModel) and `activekv eval` read such layers through this
+/// function too, so CPU, GPU and the quality contract measure one thing.
+RouteConfig layer_route(const RouteConfig& cfg, int64_t window);
+
 /// The format a route kind wants for a compressed page ("exact" has none).
 ReadFormat compressed_format(RouteKind kind);
 
@@ -83,6 +92,8 @@ struct RouteReport {
   size_t segments[2] = {0, 0};  ///< indexed by Kernel
   double bytes = 0;             ///< history bytes read (all layers added)
   void add(const RoutePlan& plan);
+  /// Of the pages read, the share read compressed (lossless13 or int8s); 0 if none read.
+  double compressed_fraction() const;
 };
 
 }  // namespace activekv::route
