@@ -9,7 +9,7 @@
 
 #include "activekv/core/text_file.h"
 #include "activekv/model/sampler.h"
-#include "own_format.h"
+#include "activekv/eval/own_format.h"
 
 namespace activekv::eval {
 namespace {
@@ -52,10 +52,19 @@ std::vector<float> score_window(model::LlamaModel& m, kv::SequenceKv& seq, const
 // Forward calls score_window makes; each reads every history page once per layer.
 double n_steps(const EvalConfig& cfg) { return double((cfg.scored + cfg.chunk - 1) / cfg.chunk); }
 
-// Layers spread evenly over the model: k of n.
-std::vector<int> spread_layers(int k, int n) {
+// k layers spread evenly over those a compressed route reads compressed
+// (route::layer_route: a sliding-window layer is read exact, so a sample there
+// would measure nothing but the exact kernel).
+std::vector<int> sampled_layers(int k, const model::ModelConfig& mc) {
+  std::vector<int> compressible;
+  for (int l = 0; l < mc.n_layers; ++l) {
+    const route::RouteConfig rc = route::layer_route({route::RouteKind::int8s}, mc.layer_attention[size_t(l)].window);
+    if (rc.kind != route::RouteKind::exact) compressible.push_back(l);
+  }
+  const int n = int(compressible.size());
   std::vector<int> out;
-  for (int i = 0; i < k; ++i) out.push_back(k == 1 ? 0 : int(std::lround(double(i) * (n - 1) / (k - 1))));
+  for (int i = 0; i < k && n > 0; ++i)
+    out.push_back(compressible[size_t(k == 1 ? 0 : std::lround(double(i) * (n - 1) / (k - 1)))]);
   out.erase(std::unique(out.begin(), out.end()), out.end());
   return out;
 }
@@ -70,8 +79,7 @@ RouteQuality compare(const std::string& route, const std::string& text, const st
                      const route::RouteReport& read, double steps) {
   RouteQuality q{route, text};
   q.bytes_per_step = read.bytes / steps;
-  const size_t pages = read.pages[0] + read.pages[1] + read.pages[2];
-  q.compressed_page_fraction = pages ? double(pages - read.pages[size_t(route::ReadFormat::exact)]) / double(pages) : 0;
+  q.compressed_page_fraction = read.compressed_fraction();
   const size_t n = logits.size() / vocab;
   double nll = 0, kl = 0;
   size_t agree = 0;
@@ -144,7 +152,7 @@ EvalResult run_quality_eval(model::LlamaModel& m,
     compressed.schedule();  // every page full after the prefix, synchronously
 
     // Exact route first; capture query rows of the first scored chunk for samples.
-    const std::vector<int> layers = spread_layers(cfg.layers_per_text, mc.n_layers);
+    const std::vector<int> layers = sampled_layers(cfg.layers_per_text, mc);
     std::vector<std::vector<float>> sample_q(size_t(mc.n_layers));
     model::ForwardOptions opt = m.options();
     const model::ForwardOptions saved = opt;
@@ -171,9 +179,14 @@ EvalResult run_quality_eval(model::LlamaModel& m,
       for (int layer : layers) {
         const attention::LayerHistory h{&store, seq.page_table(layer), seq.n_tokens()};
         const attention::QueryRows q{sample_q[size_t(layer)].data(), cfg.query_rows, mc.n_heads, pos.data()};
+        // The options the forward runs this layer with (window, query scale), per query form.
+        attention::AttentionOptions two = m.attention_options(layer), one = two;
+        two.int8s_query_terms = 2;
+        one.int8s_query_terms = 1;
+        const route::RouteConfig lr = route::layer_route(rc, two.window);
         result.samples.push_back({route::kind_name(kind), text, layer, seq.n_tokens(),
-                                  route_own_format_error(h, layer, compressed, rc, q, 2, cfg.int8s_tile),
-                                  route_own_format_error(h, layer, compressed, rc, q, 1, cfg.int8s_tile)});
+                                  route_own_format_error(h, layer, compressed, lr, q, two, cfg.int8s_tile),
+                                  route_own_format_error(h, layer, compressed, lr, q, one, cfg.int8s_tile)});
       }
       say(fmt::format("{}: {} own-format samples along {}, worst so far {:.5f}", text, layers.size(),
                            route::kind_name(kind), result.worst_sample_error(route::kind_name(kind))));
