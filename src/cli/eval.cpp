@@ -1,6 +1,7 @@
 // `activekv eval`: the quality contract of SPEC §5 on real text. Prints a
 // table and writes JSON records (one per route and text, plus one per route
-// over all texts, plus the synthetic outlier case).
+// over all texts, plus the synthetic outlier case). With --passkey: the
+// passkey retrieval check instead (eval_passkey.cpp).
 #include <fmt/format.h>
 #include <omp.h>
 
@@ -18,6 +19,7 @@
 #endif
 #include "activekv/tokenizer/tokenizer.h"
 #include "commands.h"
+#include "eval_passkey.h"
 #include "memory.h"
 #include "options.h"
 #include "provenance.h"
@@ -35,6 +37,8 @@ struct EvalArgs {
   std::string device = "cpu";  ///< where the own-format samples' int8s kernel runs
   std::vector<std::string> routes{"lossless13", "int8s", "hybrid"};
   eval::EvalConfig cfg;
+  bool passkey = false;        ///< run the passkey check instead of the text eval
+  eval::PasskeyConfig pk;      ///< its depths, seed, answer length (sizes and routes come from cfg)
 };
 
 // The int8s kernel of the own-format samples: the CPU reference, or the GPU
@@ -93,11 +97,22 @@ int run(EvalArgs& a) {
   }
   const std::string model_path = a.model.empty() ? default_model_path() : a.model;
   const std::string model_name = std::filesystem::path(model_path).stem().string();
-  const std::string out = a.json_out.empty() ? "eval-" + model_name + ".json" : a.json_out;
+  const std::string out =
+      a.json_out.empty() ? (a.passkey ? "passkey-" : "eval-") + model_name + ".json" : a.json_out;
   check_writable(out, "eval --json output");  // before minutes of work, not after
+  if (a.passkey && a.device != "cpu")
+    throw InvalidArgument("eval --passkey runs on the CPU only (--device cpu): its sliding-window layers and "
+                          "greedy decode use the CPU kernels");
   const gguf::File file = gguf::File::open(model_path);
   const Tokenizer tok = Tokenizer::from_gguf(file);
   model::LlamaModel lm = load_weights_checked(file, model_path, [&] { return model::LlamaModel(file); });
+  if (a.passkey) {
+    a.pk.context = a.cfg.context;
+    a.pk.page_size = a.cfg.page_size;
+    a.pk.recent_pages = a.cfg.recent_pages;
+    a.pk.routes = a.cfg.routes;
+    return run_passkey_eval(lm, tok, a.pk, model_name, out);
+  }
   a.cfg.text_files.clear();
   for (const auto& t : a.texts) a.cfg.text_files.push_back(std::filesystem::path(t).is_absolute() ? t : a.data_dir + "/" + t);
 
@@ -204,6 +219,13 @@ void add_eval(CLI::App& app, std::function<int()>& run_fn) {
       ->delimiter(',')->capture_default_str();
   app.add_option("--device", a->device, "Where the own-format samples' int8s kernel runs: cpu, or cuda (the GPU "
                                         "kernel; the model and the scoring stay on the CPU)")->capture_default_str();
+  app.add_flag("--passkey", a->passkey, "Run the passkey retrieval check instead (a key planted at --depths of a "
+                                      "-c token filler prompt; per depth and route: retrieved, agrees with exact)");
+  app.add_option("--depths", a->pk.depths, "--passkey: needle depths, fractions of the prompt")
+      ->delimiter(',')->capture_default_str()->check(CLI::Range(0.0, 1.0));
+  app.add_option("--seed", a->pk.seed, "--passkey: seed of the keys")->capture_default_str();
+  app.add_option("--answer-tokens", a->pk.answer_tokens, "--passkey: greedy tokens per answer")
+      ->capture_default_str()->check(count_range(1));
   run_fn = [a] { return run(*a); };
 }
 
