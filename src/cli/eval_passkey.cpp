@@ -33,7 +33,7 @@ int run_passkey_eval(model::LlamaModel& m, const Tokenizer& tok, const eval::Pas
   }
   nlohmann::json summary = nlohmann::json::array();
   std::vector<std::string> routes{"exact"};
-  for (route::RouteKind k : cfg.routes) routes.push_back(route::kind_name(k));
+  for (const route::RouteCandidate& c : cfg.routes) routes.push_back(c.name);
   for (const std::string& route : routes) {
     fmt::print("{:12s} retrieval {:.2f}, agreement with exact {:.2f} over {} depths\n", route, r.retrieval_rate(route),
                r.agreement_rate(route), cfg.depths.size());
@@ -43,7 +43,7 @@ int run_passkey_eval(model::LlamaModel& m, const Tokenizer& tok, const eval::Pas
   const nlohmann::json j{{"check", "passkey"}, {"model", model_name}, {"context", cfg.context},
                          {"prompt_tokens", r.prompt_tokens}, {"seed", cfg.seed}, {"depths", cfg.depths},
                          {"answer_tokens", cfg.answer_tokens}, {"page_size", cfg.page_size},
-                         {"recent_pages", cfg.recent_pages}, {"commit", commit}, {"command", command_line()},
+                         {"routes", routes}, {"commit", commit}, {"command", command_line()},
                          {"seconds", ms_since(t0) / 1000.0}, {"records", records}, {"summary", summary}};
   write_text_file(json_out, j.dump(2) + "\n", "eval --passkey --json output");
   fmt::print(stderr, "wrote {} ({} records) in {:.0f} s\n", json_out, records.size(), ms_since(t0) / 1000.0);

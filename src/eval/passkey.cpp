@@ -30,7 +30,7 @@ void validate(const PasskeyConfig& c) {
   for (double d : c.depths)
     if (!(d >= 0.0 && d <= 1.0)) throw InvalidArgument(fmt::format("passkey: depth {} is outside [0, 1]", d));
   if (c.context <= 0 || c.answer_tokens <= 0 || c.answer_tokens >= c.context || c.page_size <= 0 ||
-      c.tile_pages <= 0 || c.recent_pages < 0) {
+      c.tile_pages <= 0) {
     throw InvalidArgument(fmt::format("passkey: inconsistent sizes (context {}, answer tokens {}, page {})", c.context,
                                       c.answer_tokens, c.page_size));
   }
@@ -110,7 +110,7 @@ PasskeyResult run_passkey(model::LlamaModel& m, const Tokenizer& tok, const Pass
   const size_t question_tokens = tok.encode(kQuestion, false, false).size();
   const std::vector<std::string> keys = passkey_keys(cfg.seed, cfg.depths.size());
   const size_t pages = size_t((cfg.context + cfg.page_size - 1) / cfg.page_size);
-  std::vector<route::RouteKind> routes{route::RouteKind::exact};
+  std::vector<route::RouteCandidate> routes{{"exact", route::RouteConfig{}}};
   routes.insert(routes.end(), cfg.routes.begin(), cfg.routes.end());
   PasskeyResult result;
 
@@ -130,19 +130,21 @@ PasskeyResult run_passkey(model::LlamaModel& m, const Tokenizer& tok, const Pass
     compressed.schedule();  // every full page, synchronously
 
     std::vector<int32_t> exact_answer;
-    for (route::RouteKind kind : routes) {
+    for (const route::RouteCandidate& cand : routes) {
       route::RouteReport report;
-      const route::RoutedView view{&compressed, {kind, cfg.recent_pages, cfg.tile_pages}, &report};
+      route::RouteConfig rc = cand.config;
+      rc.tile_pages = cfg.tile_pages;
+      const route::RoutedView view{&compressed, rc, &report};
       seq.truncate(int64_t(prefix));
       PasskeyAnswer a;
-      a.route = route::kind_name(kind);
+      a.route = cand.name;
       a.depth = cfg.depths[d];
       a.needle_token = needle_at;
       a.key = keys[d];
       a.answer_ids = greedy_answer(m, tok, seq, all.subspan(prefix), cfg.answer_tokens, view);
       a.answer = tok.decode(a.answer_ids);
       a.retrieved = a.answer.find(a.key) != std::string::npos;
-      if (kind == route::RouteKind::exact) exact_answer = a.answer_ids;
+      if (rc.kind == route::RouteKind::exact) exact_answer = a.answer_ids;
       a.agrees_with_exact = a.answer_ids == exact_answer;
       a.compressed_page_fraction = report.compressed_fraction();
       say(fmt::format("depth {:.2f}: {:10s} answer '{}' -> {}{}", a.depth, a.route, a.answer,

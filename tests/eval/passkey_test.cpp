@@ -43,8 +43,9 @@ TEST(Passkey, KeysAreSeededFiveDigitNumbers) {
 }
 
 // Measured (2-core VM, 2026-12-01): context 384, pages of 32 -- every route
-// retrieves the key at all three depths and answers as exact does; int8s
-// reads 11 of 12 pages compressed per step, hybrid 9 of 12.
+// retrieves the key at all three depths and answers as exact does; lossless13
+// and int8s read 11 of 12 pages compressed per step, hybrid 8 of 12 (sink,
+// 2 recent, tail exact). 18 s of CPU (95 s wall on the loaded VM).
 TEST(Passkey, TinyContextAlongEveryRoute) {
   eval::PasskeyConfig cfg;
   cfg.context = 384;

@@ -100,6 +100,26 @@ TEST(Route, SlidingLayersAreReadExact) {
   }
 }
 
+// Route candidates (issue 11 part 5): named parameters of the hybrid split.
+TEST(Route, CandidatesCarryNamedParameters) {
+  RouteConfig defaults{RouteKind::exact, 2, 4};
+  const route::RouteCandidate plain = route::parse_candidate("int8s", defaults);
+  EXPECT_EQ(plain.name, "int8s");
+  EXPECT_EQ(plain.config.kind, RouteKind::int8s);
+  EXPECT_EQ(plain.config.recent_pages, 2);
+  EXPECT_EQ(plain.config.tile_pages, 4);
+  const route::RouteCandidate c = route::parse_candidate("hybrid:sink=2,recent=3", defaults);
+  EXPECT_EQ(c.name, "hybrid:recent=3,sink=2");  // canonical order
+  EXPECT_EQ(c.config.recent_pages, 3);
+  EXPECT_EQ(c.config.sink_pages, 2);
+  // 12 full pages: 2 sink + 3 recent exact, 7 int8s.
+  EXPECT_EQ(describe(route::plan_route(c.config, 12 * 16, 16, kAll)), "b0+2 i2+2 i4+4 i8+1 b9+3 ");
+  EXPECT_EQ(route::parse_candidate("hybrid:recent=0", defaults).config.recent_pages, 0);
+  for (const char* bad : {"hybrid:recent", "hybrid:recent=-1", "hybrid:recent=x", "hybrid:window=2",
+                          "hybrid:recent=1,recent=2", "int8s:recent=1", "int4", "hybrid:"})
+    EXPECT_THROW(route::parse_candidate(bad, defaults), InvalidArgument) << bad;
+}
+
 TEST(Route, BadArgumentsAndNames) {
   RouteConfig c;
   EXPECT_THROW(route::plan_route(c, 10, 0, kAll), InvalidArgument);

@@ -38,9 +38,7 @@ struct PasskeyConfig {
   int answer_tokens = 10;                   ///< greedy tokens per answer
   int page_size = 1024;
   int tile_pages = 32;
-  int recent_pages = 2;
-  std::vector<route::RouteKind> routes{route::RouteKind::lossless13, route::RouteKind::int8s,
-                                       route::RouteKind::hybrid};
+  std::vector<route::RouteCandidate> routes{default_candidates()};  ///< besides exact
 };
 
 /// One route's answer at one depth.
