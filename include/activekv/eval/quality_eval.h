@@ -35,8 +35,8 @@ struct EvalConfig {
   int context = 8192;                   ///< window tokens (prefix + scored)
   int scored = 512;                     ///< tokens scored at the window's end
   int page_size = 1024;
-  int tile_pages = 32;
-  int recent_pages = 2;
+  int tile_pages = 32;                   ///< the exact baseline's and the synthetic case's tiles
+  int recent_pages = 2;                  ///< the synthetic case's hybrid (each route carries its own)
   int chunk = 64;                        ///< rows per teacher-forced forward
   int layers_per_text = 16;              ///< own-format samples per text (layers spread evenly)
   int query_rows = 8;                    ///< query rows per sample
