@@ -186,11 +186,13 @@ TEST(Gemma3, EveryRouteRuns) {
   for (route::RouteKind k : {route::RouteKind::int8s, route::RouteKind::hybrid}) {
     const Comparison c = compare(run(*m, ids, PageFormat::bf16, 64, 64, k), vocab,
                                  ("bf16 pages, route " + route::kind_name(k)).c_str());
-    // Measured: int8s max |dlogit| 2.49, 4 argmax mismatches (none clear);
-    // hybrid 0.84, 1 (none clear). Bounds: 3x int8s's.
+    // Measured with the sliding layers read exact (route::layer_route):
+    // int8s max |dlogit| 0.63, 2 argmax mismatches (none clear); hybrid 0.52,
+    // 2 (none clear). (Compressing the sliding layers too: int8s 2.49, 4.)
+    // Bounds: 3x int8s's.
     EXPECT_LE(c.clear_mismatch, 1);
-    EXPECT_LE(c.argmax_mismatch, 12);
-    EXPECT_LE(c.max_delta, 7.5);
+    EXPECT_LE(c.argmax_mismatch, 6);
+    EXPECT_LE(c.max_delta, 1.9);
   }
 }
 
@@ -229,6 +231,8 @@ TEST(Gemma3, EvalSamplesTheGlobalLayersOverTheirHistory) {
   cfg.synthetic_tokens = 0;
   const eval::EvalResult r = eval::run_quality_eval(
       *m, [&](const std::string& t) { return tok.encode(t, true); }, cfg, {});
+  // Measured: worst own-format error int8s 1.0e-3 (layer 11), hybrid 1.4e-4,
+  // lossless13 1e-6; int8s ppl +0.054 %, top-1 1.000 over 32 positions.
   ASSERT_EQ(r.samples.size(), 3u * 3u);  // 3 routes x layers 5, 11, 17
   for (const auto& s : r.samples) {
     EXPECT_FALSE(m->config().layer_attention[size_t(s.layer)].sliding()) << s.layer;
@@ -240,6 +244,7 @@ TEST(Gemma3, EvalSamplesTheGlobalLayersOverTheirHistory) {
                 q.ppl_increase_pct, q.top1_agreement, q.compressed_page_fraction);
     if (q.route == "lossless13") EXPECT_TRUE(q.bitwise_equal_to_exact);
   }
+  EXPECT_GT(r.worst_sample_error("int8s"), 0.0);  // the global layers' pages were read compressed
 }
 
 class Gemma3Greedy : public ::testing::TestWithParam<const char*> {};
