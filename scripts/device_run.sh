@@ -7,6 +7,8 @@
 #   AKV_COMMIT=$(git rev-parse HEAD) scripts/device_run.sh setup  # the full hash: results record it   # carry .debs: unpack, build
 #   scripts/device_run.sh part                                     # carry .mp/part_aa: keep it in /tmp
 #   AKV_COMMIT=... scripts/device_run.sh all                       # carry .mp/part_ab: tests + benchmarks
+#   scripts/device_run.sh part                                     # carry .mp/g3_aa, then g3_ab .. g3_ae
+#   AKV_COMMIT=... scripts/device_run.sh eval                      # no carry: the long-context quality table
 #
 # Phases:
 #   setup   unpack the Debian packages carried in .debs/ into a prefix, build
