@@ -28,6 +28,13 @@ kv::KvShape LlamaModel::kv_shape(int page_size, kv::PageFormat format) const {
   return kv::KvShape{config_.n_layers, config_.n_kv_heads, config_.head_dim, page_size, format};
 }
 
+attention::AttentionOptions LlamaModel::attention_options(int layer) const {
+  attention::AttentionOptions a = opt_.attention;
+  a.window = config_.layer_attention[size_t(layer)].window;
+  if (a.softmax_scale == 0.0f) a.softmax_scale = config_.query_scale;
+  return a;
+}
+
 void LlamaModel::layer_forward(int l, int T, const int64_t* pos, kv::SequenceKv& seq,
                                const route::RoutedView& view) {
   const ModelConfig& c = config_;
@@ -55,10 +62,15 @@ void LlamaModel::layer_forward(int l, int T, const int64_t* pos, kv::SequenceKv&
 
   const attention::LayerHistory history{&seq.store(), seq.page_table(l), pos[T - 1] + 1};
   const attention::QueryRows rows{q_.data(), T, c.n_heads, pos};
-  attention::AttentionOptions aopt = opt_.attention;
-  aopt.window = la.window;
-  if (aopt.softmax_scale == 0.0f) aopt.softmax_scale = c.query_scale;
-  const attention::Partial out = route::attend_routed(history, l, view, rows, aopt, ws_);
+  const attention::AttentionOptions aopt = attention_options(l);
+  // A sliding layer reads its window exact whatever the route (route::layer_route says why).
+  const bool reroute = la.sliding() && view.config.kind != route::RouteKind::exact;
+  route::RoutedView sliding_view;
+  if (reroute) {
+    sliding_view = view;
+    sliding_view.config = route::layer_route(view.config, la.window);
+  }
+  const attention::Partial out = route::attend_routed(history, l, reroute ? sliding_view : view, rows, aopt, ws_);
   gemm_nt(T, d, q_dim, 1.0f, out.o.data(), q_dim, L.wo.data(), q_dim, 0.0f, tmp_.data(), d);
   if (c.post_norms) rms_norm(tmp_.data(), L.post_attn_norm.data(), T, d, c.rms_eps, tmp_.data());
   add_inplace(x_.data(), tmp_.data(), int64_t(T) * d);

@@ -50,6 +50,10 @@ class LlamaModel {
   /// Replaces the forward options (chunking, tiling). Throws InvalidArgument
   /// for a non-positive prefill_chunk or tile_pages.
   void set_options(const ForwardOptions& opt);
+  /// The attention options layer `layer` runs with: options().attention,
+  /// its sliding window (ModelConfig::layer_attention) and, unless set, the
+  /// model's query scale. `activekv eval` measures with the same options.
+  attention::AttentionOptions attention_options(int layer) const;
   /// The KV shape a PageStore for this model must have, for a given page
   /// size (tokens) and page format.
   kv::KvShape kv_shape(int page_size, kv::PageFormat format = kv::PageFormat::bf16) const;
