@@ -112,8 +112,11 @@ void print_summary(const GenerationReport& r) {
              double(d.pages[2]) / steps);
   if (!r.prefill_history.empty()) fmt::print(stderr, "prefill history      {}\n", r.prefill_history);
   if (r.streamed_bytes >= 0)
-    fmt::print(stderr, "streamed/token       {:10.2f} MiB host -> GPU ({:.2f} MiB read in place on the GPU)\n",
-               r.streamed_bytes / steps / MiB, r.resident_bytes / steps / MiB);
+    fmt::print(stderr, "streamed/token       {:10.2f} MiB host -> GPU ({:.2f} MiB read in place on the GPU{})\n",
+               r.streamed_bytes / steps / MiB, r.resident_bytes / steps / MiB,
+               r.ring_bytes > 0 ? fmt::format(", of which {:.2f} MiB by the sliding layers from their rings",
+                                              r.sliding_bytes / steps / MiB)
+                                : std::string());
   if (r.end_of_text) fmt::print(stderr, "stopped at end of text after {} tokens\n", r.generated);
   fmt::print(stderr, "peak RSS             {:10.1f} MiB\n", double(peak_rss_bytes()) / MiB);
 }
@@ -145,6 +148,8 @@ nlohmann::json report_json(const GenerationReport& r) {
           {"history_bytes_per_token", r.decode_route.bytes / steps},
           {"streamed_bytes_per_token", or_null(r.streamed_bytes < 0 ? -1 : r.streamed_bytes / steps)},
           {"resident_bytes_per_token", or_null(r.resident_bytes < 0 ? -1 : r.resident_bytes / steps)},
+          {"sliding_ring_bytes_per_token", or_null(r.sliding_bytes < 0 ? -1 : r.sliding_bytes / steps)},
+          {"ring_bytes_gpu", or_null(r.ring_bytes)},
           {"weight_bytes_gpu", or_null(r.weight_bytes)},
           {"prefill_history", r.prefill_history},
           {"prefill_moved_bytes", or_null(r.prefill_moved_bytes)},

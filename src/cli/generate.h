@@ -55,6 +55,8 @@ struct GenerationReport {
   route::RouteReport decode_route;  ///< pages, tiles and bytes read by the decode steps
   double streamed_bytes = -1;   ///< GPU: history bytes copied host -> device, all steps (-1: n/a)
   double resident_bytes = -1;   ///< GPU: history bytes read in place on the GPU, all steps
+  double sliding_bytes = -1;    ///< GPU: of resident_bytes, read by the sliding layers from their GPU rings
+  double ring_bytes = -1;       ///< GPU: device bytes of the sliding layers' rings
   double weight_bytes = -1;     ///< GPU: weights on the GPU, in their GGUF types
   std::string prefill_history;  ///< GPU: where the prompt's history lived during prefill (one line)
   double prefill_moved_bytes = -1;  ///< GPU: history bytes a streamed prefill copied host -> device

@@ -69,6 +69,12 @@ int run_generate_gpu(const GenerateArgs& a) {
   r.load_ms = ms_since(t0);
   r.model_name = c.name.empty() ? c.arch : c.name;
   r.layers = c.layer_split();
+  if (st.sliding_layers > 0)  // where each kind of layer keeps its history
+    r.layers += fmt::format(" | sliding: last {} tokens resident in GPU rings ({:.1f} MiB), never streamed | global: "
+                            "history in host pages ({} placement)",
+                            st.window, double(st.ring_bytes) / (1 << 20),
+                            route::placement_name(st.placement.placement));
+  r.ring_bytes = double(st.ring_bytes);
   r.device = st.device;
   r.kv_format = a.kv_format;
   r.placement = st.placement.reason;
@@ -99,6 +105,7 @@ int run_generate_gpu(const GenerateArgs& a) {
   r.decode_route = st.pages;
   r.streamed_bytes = double(st.streamed_bytes);
   r.resident_bytes = double(st.resident_bytes);
+  r.sliding_bytes = double(st.sliding_bytes);
   report(a, r);
   return 0;
 }
