@@ -102,8 +102,8 @@ double relative_error(const std::vector<float>& gpu, const std::vector<float>& c
 // bf16 flips of K/V (2^-9): 1e-2 allowed; deeper layers carry those
 // forward: 5e-2 allowed. The llama f32 path measured 0.101 logits end to end.
 TEST(GpuRuntimeGemma3, EveryStageOfEveryLayerFollowsTheCpuInOrder) {
+  NEED_GPU();  // first: no model load (seconds) on a machine without a GPU
   GEMMA3_OR_SKIP(m);
-  NEED_GPU();
   const std::vector<int32_t> ids = prose_ids(96);
   const model::ModelConfig& c = m->config();
   Stages cpu, gpu;
@@ -200,8 +200,8 @@ LogitComparison compare_logits(const std::vector<float>& gpu, const std::vector<
 class GpuRuntimeGemma3Logits : public ::testing::TestWithParam<bool> {};
 
 TEST_P(GpuRuntimeGemma3Logits, FollowTheCpuBeforeAndAfterTheWindowAndTheRingWrap) {
-  GEMMA3_OR_SKIP(m);
   NEED_GPU();
+  GEMMA3_OR_SKIP(m);
   const bool f32 = GetParam();
   const std::vector<int32_t> ids = prose_ids(1500);
   runtime::RuntimeOptions o = options(int64_t(ids.size()), "exact", route::KvPlacement::host);
@@ -229,8 +229,8 @@ INSTANTIATE_TEST_SUITE_P(Activations, GpuRuntimeGemma3Logits, ::testing::Values(
 // with fp32 activations the tokens are the CPU's (llama's f32 path: 64 of 64
 // on the H200); the logits of each step within the bound above.
 TEST(GpuRuntimeGemma3, GreedyDecodeAfterTheRingWrappedIsTheCpuPath) {
-  GEMMA3_OR_SKIP(m);
   NEED_GPU();
+  GEMMA3_OR_SKIP(m);
   const std::vector<int32_t> prompt = prose_ids(1500);
   const int n = 32;
   std::vector<int32_t> cpu;
@@ -307,8 +307,8 @@ class GpuRuntimeGemma3Placement : public ::testing::TestWithParam<std::string> {
 // (gpu) give the same bits, with the sliding layers' rings in both; the
 // compressed routes convert and read only global layers' pages.
 TEST_P(GpuRuntimeGemma3Placement, HostAndGpuPlacementGiveTheSameBits) {
-  GEMMA3_OR_SKIP(m);
   NEED_GPU();
+  GEMMA3_OR_SKIP(m);
   const int steps = 40;  // 901 + 40 crosses the page boundary at 960
   const DecodeRun host = decode_run(GetParam(), route::KvPlacement::host, steps);
   const DecodeRun gpu = decode_run(GetParam(), route::KvPlacement::gpu, steps);
