@@ -43,6 +43,8 @@
 #      nlohmann-json3-dev libgtest-dev libgmock-dev)
 # The default model (98 MB) is over one call's 64 MiB: split -n 2 models/*.gguf .mp/part_
 # and carry one part per call; this script joins them and checks the sha256.
+# Gemma 3 270M (253 MB; test_cuda_runtime_gemma3 and the eval phase) likewise:
+#   split -b 50M models/gemma-3-270m-q4_k_m.gguf .mp/g3_   (g3_aa..g3_ae, one part per call)
 set -uo pipefail
 OUT=${OUT:-/tmp/activekv-out}
 mkdir -p "$OUT"
@@ -51,6 +53,8 @@ COMMIT=${AKV_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
 export AKV_COMMIT=$COMMIT  # what activekv records in its JSON (the tree's .git may be stale there)
 MODEL_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 MODEL=/tmp/akv-model/SmolLM2-135M-Instruct.Q4_1.gguf
+GEMMA3=/tmp/akv-model/gemma-3-270m-q4_k_m.gguf
+GEMMA3_SHA=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818  # scripts/setup.sh's
 PFX=/tmp/akv-prefix; ARCH=x86_64-linux-gnu
 exec > >(tee -a "$OUT/run.log") 2>&1
 echo "== device_run.sh $PHASE, commit $COMMIT, $(date -u +%FT%TZ)"
@@ -84,10 +88,16 @@ else
        "model tests and benches will fail"
 fi
 
+if ! { [ -f "$GEMMA3" ] && echo "$GEMMA3_SHA  $GEMMA3" | sha256sum -c --quiet 2>/dev/null; }; then
+  cat /tmp/akv-model/g3_* > "$GEMMA3" 2>/dev/null
+  if echo "$GEMMA3_SHA  $GEMMA3" | sha256sum -c --quiet 2>/dev/null; then echo "== Gemma 3 model ok: $GEMMA3"
+  else rm -f "$GEMMA3"; echo "== Gemma 3 model absent or incomplete: test_cuda_runtime_gemma3 skips"; fi
+fi
+
 run_tests() {
   echo "== GPU tests: every gpu binary; one JSON of all results with the commit and command"
   local rc=0 T
-  for T in decode formats model_ops weights runtime runtime_qwen2; do
+  for T in decode formats model_ops weights runtime runtime_qwen2 runtime_gemma3; do
     [ -x build-device/bin/test_cuda_$T ] || { echo "-- test_cuda_$T not built"; continue; }
     echo "-- test_cuda_$T"
     # [measured] lines and failures reach the log; the rest is in the JSON.

@@ -79,7 +79,7 @@ double time_median(int reps, const std::function<void()>& fn) {
 
 TensorType parse_type(const std::string& s) {
   for (auto t : {TensorType::F32, TensorType::F16, TensorType::BF16, TensorType::Q8_0, TensorType::Q4_0,
-                 TensorType::Q4_1, TensorType::Q4_K, TensorType::Q5_K, TensorType::Q6_K}) {
+                 TensorType::Q4_1, TensorType::Q5_0, TensorType::Q4_K, TensorType::Q5_K, TensorType::Q6_K}) {
     if (activekv::gguf::type_name(t) == s) return t;
   }
   throw activekv::InvalidArgument("unknown weight type '" + s + "'");

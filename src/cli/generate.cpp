@@ -112,8 +112,11 @@ void print_summary(const GenerationReport& r) {
              double(d.pages[2]) / steps);
   if (!r.prefill_history.empty()) fmt::print(stderr, "prefill history      {}\n", r.prefill_history);
   if (r.streamed_bytes >= 0)
-    fmt::print(stderr, "streamed/token       {:10.2f} MiB host -> GPU ({:.2f} MiB read in place on the GPU{})\n",
+    fmt::print(stderr, "streamed/token       {:10.2f} MiB host -> GPU ({:.2f} MiB read in place on the GPU{}{})\n",
                r.streamed_bytes / steps / MiB, r.resident_bytes / steps / MiB,
+               r.ring_bytes > 0 ? fmt::format(", of which {:.2f} MiB by the sliding layers from their rings",
+                                              r.sliding_bytes / steps / MiB)
+                                : std::string(),
                r.cpu_bytes > 0 ? fmt::format(", {:.2f} MiB attended by the host CPU", r.cpu_bytes / steps / MiB)
                                : std::string());
   if (!r.co_attention.empty()) fmt::print(stderr, "co-attention         {}\n", r.co_attention);
@@ -152,6 +155,8 @@ nlohmann::json report_json(const GenerationReport& r) {
           {"cpu_share", r.cpu_bytes < 0 ? nlohmann::json(nullptr)
                                         : r.cpu_share < 0 ? nlohmann::json("auto") : nlohmann::json(r.cpu_share)},
           {"co_attention", r.co_attention},
+          {"sliding_ring_bytes_per_token", or_null(r.sliding_bytes < 0 ? -1 : r.sliding_bytes / steps)},
+          {"ring_bytes_gpu", or_null(r.ring_bytes)},
           {"weight_bytes_gpu", or_null(r.weight_bytes)},
           {"prefill_history", r.prefill_history},
           {"prefill_moved_bytes", or_null(r.prefill_moved_bytes)},

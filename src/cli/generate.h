@@ -59,6 +59,8 @@ struct GenerationReport {
   double cpu_bytes = -1;        ///< GPU: history bytes the host CPU attended in place, all steps (co-attention)
   double cpu_share = 0;         ///< GPU: --cpu-share (-1: auto)
   std::string co_attention;     ///< GPU, --cpu-share auto: measured rates and the last step's plan
+  double sliding_bytes = -1;    ///< GPU: of resident_bytes, read by the sliding layers from their GPU rings
+  double ring_bytes = -1;       ///< GPU: device bytes of the sliding layers' rings
   double weight_bytes = -1;     ///< GPU: weights on the GPU, in their GGUF types
   std::string prefill_history;  ///< GPU: where the prompt's history lived during prefill (one line)
   double prefill_moved_bytes = -1;  ///< GPU: history bytes a streamed prefill copied host -> device

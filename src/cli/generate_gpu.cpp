@@ -70,6 +70,12 @@ int run_generate_gpu(const GenerateArgs& a) {
   r.load_ms = ms_since(t0);
   r.model_name = c.name.empty() ? c.arch : c.name;
   r.layers = c.layer_split();
+  if (st.sliding_layers > 0)  // where each kind of layer keeps its history
+    r.layers += fmt::format(" | sliding: last {} tokens resident in GPU rings ({:.1f} MiB), never streamed | global: "
+                            "history in host pages ({} placement)",
+                            st.window, double(st.ring_bytes) / (1 << 20),
+                            route::placement_name(st.placement.placement));
+  r.ring_bytes = double(st.ring_bytes);
   r.device = st.device;
   r.kv_format = a.kv_format;
   r.placement = st.placement.reason;
@@ -103,6 +109,7 @@ int run_generate_gpu(const GenerateArgs& a) {
   r.cpu_bytes = double(st.cpu_bytes);
   r.cpu_share = a.cpu_share;
   r.co_attention = st.co_attention;
+  r.sliding_bytes = double(st.sliding_bytes);
   report(a, r);
   return 0;
 }

@@ -162,6 +162,12 @@ AKV_QHD uint16_t f32_to_bf16_bits(float f) {
 /// Byte k of a packed code word as a signed integer.
 AKV_QHD int code_at(uint32_t w, int k) { return int(int8_t(w >> (8 * k))); }
 
+/// The low 4 bits of h spread to bit 4 of the four bytes (bit k -> byte k):
+/// the fifth bits of four 5-bit codes.
+AKV_QHD uint32_t fifth_bits4(uint32_t h) {
+  return ((h & 1u) << 4) | ((h & 2u) << 11) | ((h & 4u) << 18) | ((h & 8u) << 25);
+}
+
 /// 6-bit scale and min of sub-block j of the 12-byte array of Q4_K/Q5_K
 /// (ggml's get_scale_min_k4).
 AKV_QHD void scale_min_k4(const uint8_t* q, int j, int& sc, int& m) {
@@ -199,6 +205,20 @@ struct Q4_1 {
   }
   AKV_QHD static float scale(const uint8_t* b, int, int) { return ld_half(b); }
   AKV_QHD static float min(const uint8_t* b, int) { return ld_half(b + 2); }
+};
+
+/// f16 d, 4 bytes qh, 16 bytes of nibbles (as Q4_0): bit j of qh (little-endian
+/// u32) is the fifth bit of element j; value = (code - 16) * d. Gemma 3 270M's
+/// Q4_K_M file stores attn_q/attn_k/ffn_gate/ffn_up in Q5_0.
+struct Q5_0 {
+  static constexpr gguf::TensorType kType = gguf::TensorType::Q5_0;
+  static constexpr int kElems = 32, kBytes = 22, kAlign = 2, kUnits = 1, kPiece = 32;
+  static constexpr bool kHasMin = false;
+  AKV_QHD static uint32_t codes4(const uint8_t* b, int /*u*/, int g) {
+    const uint32_t lo = (ld32<kAlign>(b + 6 + 4 * (g & 3)) >> (4 * (g >> 2))) & 0x0f0f0f0fu;
+    return vsub4(lo | fifth_bits4(ld32<kAlign>(b + 2) >> (4 * g)), 0x10101010u);
+  }
+  AKV_QHD static float scale(const uint8_t* b, int, int) { return ld_half(b); }
 };
 
 /// f16 d, 32 int8; value = q * d.
@@ -335,6 +355,7 @@ bool dispatch_block_type(gguf::TensorType t, F&& f) {
   switch (t) {
     case gguf::TensorType::Q4_0: f(Q4_0{}); return true;
     case gguf::TensorType::Q4_1: f(Q4_1{}); return true;
+    case gguf::TensorType::Q5_0: f(Q5_0{}); return true;
     case gguf::TensorType::Q8_0: f(Q8_0{}); return true;
     case gguf::TensorType::Q4_K: f(Q4_K{}); return true;
     case gguf::TensorType::Q5_K: f(Q5_K{}); return true;

@@ -290,7 +290,7 @@ bool has_gpu_kernel(gguf::TensorType t) {
 void require_gpu_kernel(const std::string& tensor_name, gguf::TensorType t) {
   if (!has_gpu_kernel(t)) {
     throw InvalidArgument("tensor '" + tensor_name + "': no GPU kernel for weight type " + gguf::type_name(t) +
-                          " (GPU types: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q4_K Q5_K Q6_K)");
+                          " (GPU types: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q4_K Q5_K Q6_K)");
   }
 }
 

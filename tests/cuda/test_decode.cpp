@@ -157,12 +157,13 @@ struct Fixture {
 
   size_t n_rows() const { return size_t(c.n_layers) * seqs.size() * size_t(c.sh.n_q_heads()); }
 
-  EngineConfig config(int tile_pages, int ring) const {
+  EngineConfig config(int tile_pages, int ring, const std::vector<int>& windows = {}) const {
     EngineConfig ec;
     ec.n_layers = c.n_layers;
     ec.attn = c.sh;
     ec.tile_pages = tile_pages;
     ec.ring_slots = ring;
+    ec.windows = windows;
     return ec;
   }
 
@@ -199,7 +200,8 @@ struct Fixture {
 
   // fp64 reference (attention::reference_attention over the pages) of the
   // batch `tables`: O [L][S][nq][hd], LSE [L][S][nq].
-  void reference(const std::vector<SeqPages>& tables, std::vector<double>& o, std::vector<double>& lse) const {
+  void reference(const std::vector<SeqPages>& tables, std::vector<double>& o, std::vector<double>& lse,
+                 const std::vector<int>& windows = {}) const {
     const AttnShape& sh = c.sh;
     const int S = int(tables.size()), nq = sh.n_q_heads(), hd = sh.head_dim;
     const kv::KvShape ks{1, sh.n_kv_heads, hd, sh.page_size};
@@ -211,8 +213,10 @@ struct Fixture {
         for (const PageRef& r : tables[s].tables[l]) pages.push_back(r.host);
         const attention::DenseHistoryF64 h = testing::dense_history(ks, pages, tables[s].n_tokens);
         const int64_t pos = tables[s].n_tokens - 1;
+        attention::AttentionOptions opt;
+        opt.window = windows.empty() ? 0 : windows[size_t(l)];
         const attention::ReferencePartial ref =
-            attention::reference_attention(h, {&q[(size_t(l) * S + s) * nq * hd], 1, nq, &pos}, {});
+            attention::reference_attention(h, {&q[(size_t(l) * S + s) * nq * hd], 1, nq, &pos}, opt);
         o.insert(o.end(), ref.o.begin(), ref.o.end());
         lse.insert(lse.end(), ref.lse.begin(), ref.lse.end());
       }
@@ -220,12 +224,12 @@ struct Fixture {
 
   // Runs `steps` decode steps of the case's batch placed as `p` on a new
   // engine; returns out and lse of the last. Throws on a CUDA error.
-  RunStats run(Placement p, int tile_pages, int ring, int steps, std::vector<float>& out,
-               std::vector<float>& lse) const {
+  RunStats run(Placement p, int tile_pages, int ring, int steps, std::vector<float>& out, std::vector<float>& lse,
+               const std::vector<int>& windows = {}, const std::vector<SeqPages>* tables = nullptr) const {
     std::unique_ptr<ResidentPages> rp;  // outlives the engine (destroyed after it)
     if (p != Placement::streamed && p != Placement::cpu_all) rp = device_copies();
-    DecodeEngine eng(config(tile_pages, ring));
-    eng.update(place(seqs, p, rp.get()));
+    DecodeEngine eng(config(tile_pages, ring, windows));
+    eng.update(place(tables ? *tables : seqs, p, rp.get()));
     DeviceBatch dev(q, n_rows());
     for (int i = 0; i < steps; ++i) dev.step(eng, out, lse);
     return RunStats{eng.bytes_per_step(), eng.resident_bytes_per_step(), eng.cpu_bytes_per_step()};
@@ -310,6 +314,44 @@ TEST(CudaDecode, StreamedIsBitwiseEqualToResident) {
       // Page sizes here are multiples of 256 bytes: copy runs move exactly the pages' bytes.
       EXPECT_EQ(ss.streamed_bytes, f.history_bytes()) << "tile_pages " << v.tile;
       EXPECT_EQ(ss.resident_bytes, 0u);
+    }
+  }
+}
+
+// Sliding windows (EngineConfig::windows, Gemma 3's local layers): the even
+// layers of each case slide with a window that starts mid-page and mid-split
+// (page + split/2 + 3 tokens), the odd ones attend everything. Against the
+// fp64 reference with the same windows, at the bounds above (the same
+// kernel over fewer splits); streamed and resident bitwise equal; and the
+// entries before a windowed layer's first visible page may be empty (no
+// bytes anywhere: the engine neither checks nor reads them).
+TEST(CudaDecode, SlidingWindowLayersMatchFp64AndReadOnlyTheirWindow) {
+  NEED_GPU();
+  for (const Case& c : cases()) {
+    Fixture f(c, 17);
+    const int window = c.sh.page_size + c.sh.split_tokens / 2 + 3;
+    std::vector<int> windows(size_t(c.n_layers));
+    for (int l = 0; l < c.n_layers; l += 2) windows[size_t(l)] = window;
+    std::vector<double> ro, rl;
+    f.reference(f.seqs, ro, rl, windows);
+    std::vector<float> o, l;
+    f.run(Placement::resident, 0, 2, 1, o, l, windows);
+    const Fp64Errors e = errors_vs_fp64(o, l, ro, rl, c.sh.head_dim);
+    std::printf("  window %d, head_dim %d page %d: max rel O err %.3e, max |LSE err| %.3e vs fp64\n", window,
+                c.sh.head_dim, c.sh.page_size, e.o, e.lse);
+    EXPECT_LT(e.o, kMaxRelOErr) << "head_dim " << c.sh.head_dim << " (inf: not written)";
+    EXPECT_LT(e.lse, kMaxLseErr) << "head_dim " << c.sh.head_dim;
+    std::vector<SeqPages> blank = f.seqs;  // windowed layers: no page before the window
+    for (SeqPages& sp : blank)
+      for (int ly = 0; ly < c.n_layers; ly += 2) {
+        const int64_t first = std::max<int64_t>(0, sp.n_tokens - window) / c.sh.page_size;
+        for (int64_t p = 0; p < first; ++p) sp.tables[size_t(ly)][size_t(p)] = PageRef{};
+      }
+    for (int tile : {0, 1, 3}) {
+      std::vector<float> so, sl;
+      f.run(Placement::streamed, tile, 3, 2, so, sl, windows, &blank);
+      EXPECT_TRUE(same_bits(o, so) && same_bits(l, sl)) << "streamed (tile_pages " << tile
+                                                        << ") differs from resident, head_dim " << c.sh.head_dim;
     }
   }
 }

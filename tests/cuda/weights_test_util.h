@@ -23,7 +23,8 @@ using gguf::TensorType;
 inline const std::vector<TensorType>& all_types() {
   static const std::vector<TensorType> t = {TensorType::F32,  TensorType::F16,  TensorType::BF16,
                                             TensorType::Q8_0, TensorType::Q4_0, TensorType::Q4_1,
-                                            TensorType::Q4_K, TensorType::Q5_K, TensorType::Q6_K};
+                                            TensorType::Q5_0, TensorType::Q4_K, TensorType::Q5_K,
+                                            TensorType::Q6_K};
   return t;
 }
 
@@ -135,7 +136,8 @@ inline HostMatrix random_matrix(TensorType t, int64_t rows, int64_t cols, uint64
         break;
       }
       case TensorType::Q8_0:
-      case TensorType::Q4_0: put_half(b, rng, -0.1, 0.1); break;
+      case TensorType::Q4_0:
+      case TensorType::Q5_0: put_half(b, rng, -0.1, 0.1); break;
       case TensorType::Q4_1:
         put_half(b, rng, 0.0, 0.1);
         put_half(b + 2, rng, -1.0, 1.0);

@@ -12,37 +12,19 @@
 
 #include <cmath>
 #include <cstring>
-#include <filesystem>
 #include <memory>
 
 #include "activekv/convert/compressed_history.h"
 #include "activekv/eval/quality_eval.h"
 #include "activekv/tokenizer/tokenizer.h"
 #include "activekv/model/sampler.h"
+#include "gemma3_fixture.h"
 #include "model_fixture.h"
 
 namespace activekv {
 namespace {
 
 using kv::PageFormat;
-
-std::string gemma3_path() { return std::string(ACTIVEKV_MODEL_DIR) + "/gemma-3-270m-q4_k_m.gguf"; }
-
-// nullptr when the model is absent (the caller skips).
-model::LlamaModel* gemma3() {
-  static std::unique_ptr<gguf::File> f;
-  static std::unique_ptr<model::LlamaModel> m;
-  if (!m && std::filesystem::exists(gemma3_path())) {
-    f = std::make_unique<gguf::File>(gguf::File::open(gemma3_path()));
-    m = std::make_unique<model::LlamaModel>(*f);
-  }
-  return m.get();
-}
-
-#define GEMMA3_OR_SKIP(m)                                                                             \
-  model::LlamaModel* m = gemma3();                                                                    \
-  if (m == nullptr) GTEST_SKIP() << "Gemma 3 model absent: " << gemma3_path()                         \
-                                 << " (run scripts/setup.sh --gemma3)"
 
 const nlohmann::json& golden() {
   static const nlohmann::json g = testing::load_golden("gemma3_logits.json");

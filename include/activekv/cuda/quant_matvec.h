@@ -6,7 +6,8 @@
 // in the GGUF file (ggml-common.h; our CPU decoder is src/gguf/dequant*.cpp).
 // The device copy is those bytes unchanged: no fp32 copy exists anywhere.
 //
-// Types with a kernel: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K.
+// Types with a kernel: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K
+// (every type gguf::TensorType names).
 //
 // Matvec arithmetic. Float weights (F32/F16/BF16): fp32 activations, fp32 FMA.
 // Block types: each 32-element block of x is quantised to int8 (the "q8_1"

@@ -29,10 +29,26 @@ namespace activekv::model {
 /// positions pos[T]. For evaluation tools (collecting real attention samples).
 using QueryObserver = std::function<void(int layer, int T, const float* q, const int64_t* pos)>;
 
+/// Where a forward pass's activations are observed, in the order they occur.
+/// The GPU forward (activekv/runtime/gpu_forward.h) reports the same stages,
+/// so a test can name the first layer and stage where the two part.
+enum class Stage {
+  embedding,     ///< layer -1: the scaled embedding rows x [T][d_model]
+  queries,       ///< q [T][n_heads*head_dim] after the projection, QK-norm and RoPE
+  attention,     ///< the attention output [T][n_heads*head_dim], before Wo
+  layer_output,  ///< the residual stream x [T][d_model] after the layer
+};
+/// "embedding", "queries", "attention", "layer output".
+const char* stage_name(Stage s);
+/// Sees T rows of `width` floats (host memory, valid during the call) of
+/// `layer` at `stage`. For tests.
+using StageObserver = std::function<void(int layer, Stage stage, int T, int width, const float* rows)>;
+
 struct ForwardOptions {
   int prefill_chunk = 256;  ///< tokens per forward call during prefill
   attention::AttentionOptions attention;
   QueryObserver on_queries;  ///< optional
+  StageObserver on_stage;    ///< optional
 };
 
 /// Called after each prefill chunk with (tokens done, tokens total).
