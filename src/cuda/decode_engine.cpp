@@ -211,6 +211,7 @@ std::vector<Entry> layer_entries(const std::vector<SeqPages>& seqs, int page_siz
 // holding its first visible token to the one holding token n - 1.
 int32_t splits_of(int64_t n, int window, int split_tokens) {
   return n == 0 ? 0 : int32_t((n - 1) / split_tokens - first_visible(n, window) / split_tokens + 1);
+}
 
 // One layer's CPU pages (entries `idx`, sequence-major, page order) as
 // per-sequence page lists and the split slots their partials go to.

@@ -201,7 +201,7 @@ TEST(Gemma3, SlidingLayersReadExactOnEveryRoute) {
 
 TEST(Gemma3, EvalSamplesTheGlobalLayersOverTheirHistory) {
   GEMMA3_OR_SKIP(m);
-  const Tokenizer tok = Tokenizer::from_gguf(gguf::File::open(gemma3_path()));
+  const Tokenizer tok = Tokenizer::from_gguf(gguf::File::open(testing::gemma3_path()));
   eval::EvalConfig cfg;
   cfg.text_files = {std::string(ACTIVEKV_SOURCE_DIR) + "/data/default_prompt.txt"};
   cfg.context = 704;  // 11 pages of 64, the window (512) crossed
