@@ -41,16 +41,19 @@ struct EvalArgs {
   eval::PasskeyConfig pk;      ///< its depths, seed, answer length (sizes and routes come from cfg)
 };
 
-// The int8s kernel of the own-format samples: the CPU reference, or the GPU
-// kernel (a build with the CUDA backend).
+// The int8s kernel of the own-format samples: the CPU reference, or a GPU
+// kernel (a build with the CUDA backend): cuda = the legacy one, cuda-tc the
+// tensor-core one of issue 13.
 route::Int8sTileFn int8s_kernel(const std::string& device) {
   if (device == "cpu") return {};
 #ifdef ACTIVEKV_HAVE_CUDA
-  if (device == "cuda") {
-    cuda::require_gpu(0, "eval --device cuda");  // before minutes of CPU work, not after
-    return cuda::Int8sTileRunner{};
+  if (device == "cuda" || device == "cuda-tc") {
+    cuda::require_gpu(0, "eval --device " + device);  // before minutes of CPU work, not after
+    cuda::Int8sKernelOptions k;
+    k.kernel = device == "cuda-tc" ? cuda::Int8sKernel::tc : cuda::Int8sKernel::legacy;
+    return cuda::Int8sTileRunner{k};
   }
-  throw InvalidArgument("eval: --device must be cpu or cuda, got '" + device + "'");
+  throw InvalidArgument("eval: --device must be cpu, cuda or cuda-tc, got '" + device + "'");
 #else
   throw InvalidArgument("eval: --device " + device + ": this build has no CUDA backend (configure with nvcc "
                         "present, ACTIVEKV_CUDA=ON)");
@@ -225,8 +228,9 @@ void add_eval(CLI::App& app, std::function<int()>& run_fn) {
   app.add_option("--routes", a->routes, "Routes scored against exact: lossless13, int8s, hybrid, or a hybrid "
                                         "candidate with parameters, e.g. hybrid:recent=8,sink=2 (docs/routing.md)")
       ->delimiter(',')->capture_default_str();
-  app.add_option("--device", a->device, "Where the own-format samples' int8s kernel runs: cpu, or cuda (the GPU "
-                                        "kernel; the model and the scoring stay on the CPU)")->capture_default_str();
+  app.add_option("--device", a->device, "Where the own-format samples' int8s kernel runs: cpu, cuda (the GPU "
+                                        "kernel; the model and the scoring stay on the CPU) or cuda-tc (the GPU "
+                                        "tensor-core kernel)")->capture_default_str();
   app.add_flag("--passkey", a->passkey, "Run the passkey retrieval check instead (a key planted at --depths of a "
                                       "-c token filler prompt; per depth and route: retrieved, agrees with exact)");
   app.add_option("--depths", a->pk.depths, "--passkey: needle depths, fractions of the prompt")
