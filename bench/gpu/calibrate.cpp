@@ -45,7 +45,7 @@ void calibrate_formats(Profile& pr, const std::byte* host_bf16, std::byte* dev_s
   for (int64_t p = 0; p < n_pages; ++p)
     AKV_CUDA(cudaMemcpy(dev_scratch + size_t(p) * ib, enc[size_t(p)].bytes.data(), enc[size_t(p)].bytes.size(),
                         cudaMemcpyHostToDevice));
-  std::printf("  int8s attention kernel (%s, resident, batch 1, one layer)\n  %10s %12s %10s\n", cuda::int8s_kernel_name(kopt.kernel),
+  std::printf("  int8s attention kernel (%s, resident, batch 1, one layer)\n  %10s %12s %10s\n", cuda::int8s_kernel_name(cuda::resolve_int8s_kernel(kopt.kernel, sh)),
               "tokens", "kernel ms", "GB/s");
   for (double nt : pr.kernel_tokens) {
     const int64_t n = int64_t(nt);

@@ -154,7 +154,7 @@ void write_json(std::ofstream& f, const BenchDecodeOptions& opt, const Profile& 
                  {"head_dim", sh.head_dim}, {"page_size", sh.page_size}, {"split_tokens", sh.split_tokens},
                  {"tile_pages", opt.tile_pages}, {"ring_slots", opt.ring_slots},
                  {"recent_pages", opt.recent_pages}}},
-      {"int8s_kernel", {{"kernel", cuda::int8s_kernel_name(opt.int8s.kernel)}, {"query_terms", opt.int8s.query_terms}, {"skip_unit_rescale", opt.int8s.skip_unit_rescale},
+      {"int8s_kernel", {{"kernel", cuda::int8s_kernel_name(cuda::resolve_int8s_kernel(opt.int8s.kernel, opt.attn))}, {"query_terms", opt.int8s.query_terms}, {"skip_unit_rescale", opt.int8s.skip_unit_rescale},
                         {"pow2_reference", opt.int8s.pow2_reference}, {"tensor_cores", opt.int8s.tensor_cores}}},
       {"conversion_cpu", {{"int8s", conversion_json(hist.int8s_conv)},
                           {"lossless13", conversion_json(hist.lossless13_conv)}}},

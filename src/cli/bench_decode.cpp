@@ -38,8 +38,9 @@ void add_bench_decode(CLI::App& app, std::function<int()>& run) {
                 "legacy int8s kernel: q.k with __dp4a instead of int8 mma");
   auto kernel_name = std::make_shared<std::string>(cuda::int8s_kernel_name(o->int8s.kernel));
   dec->add_option("--int8s-kernel", *kernel_name,
-                  "int8s kernel: tc (per-warp rings, q.k and P.V on tensor cores; group 3, 4, 6, 7, 8) or legacy")
-      ->capture_default_str()->check(CLI::IsMember({"tc", "legacy"}));
+                  "int8s kernel: tc (per-warp rings, q.k and P.V on tensor cores; group 3, 4, 6, 7, 8), legacy, or "
+                  "auto (tc where the shape allows)")
+      ->capture_default_str()->check(CLI::IsMember({"tc", "legacy", "auto"}));
   dec->add_flag("--pow2-reference", o->int8s.pow2_reference,
                 "int8s kernel: integer base-2 running reference (SPEC §4 trick 2)");
   dec->add_option("--json", o->json_path, "JSON output");

@@ -11,8 +11,8 @@ void add_calibrate(CLI::App& app, std::function<int()>& run) {
   app.add_option("--out,-o", o->out_path, "Profile JSON to write")->capture_default_str();
   app.add_option("--reps", o->reps, "Repetitions per point (median)")->capture_default_str();
   auto kernel_name = std::make_shared<std::string>(cuda::int8s_kernel_name(o->int8s.kernel));
-  app.add_option("--int8s-kernel", *kernel_name, "int8s kernel to time: tc or legacy")
-      ->capture_default_str()->check(CLI::IsMember({"tc", "legacy"}));
+  app.add_option("--int8s-kernel", *kernel_name, "int8s kernel to time: tc, legacy or auto (tc where the shape allows)")
+      ->capture_default_str()->check(CLI::IsMember({"tc", "legacy", "auto"}));
   run = [o, kernel_name] {
     o->int8s.kernel = cuda::parse_int8s_kernel(*kernel_name);
     o->provenance = {git_commit(), command_line()};

@@ -346,10 +346,18 @@ void launch(const AttnShape& sh, const SplitWork* work, int n_work, const float*
 Int8sKernel parse_int8s_kernel(const std::string& name) {
   if (name == "legacy") return Int8sKernel::legacy;
   if (name == "tc") return Int8sKernel::tc;
-  throw InvalidArgument("int8s kernel must be tc or legacy, got '" + name + "'");
+  if (name == "auto") return Int8sKernel::automatic;
+  throw InvalidArgument("int8s kernel must be tc, legacy or auto, got '" + name + "'");
 }
 
-const char* int8s_kernel_name(Int8sKernel k) { return k == Int8sKernel::tc ? "tc" : "legacy"; }
+const char* int8s_kernel_name(Int8sKernel k) {
+  return k == Int8sKernel::tc ? "tc" : k == Int8sKernel::legacy ? "legacy" : "auto";
+}
+
+Int8sKernel resolve_int8s_kernel(Int8sKernel k, const AttnShape& shape) {
+  if (k != Int8sKernel::automatic) return k;
+  return int8s_tc_supports_group(shape.group) && shape.split_tokens <= 4096 ? Int8sKernel::tc : Int8sKernel::legacy;
+}
 
 void launch_split_attention_int8s(const AttnShape& shape, const SplitWork* work, int n_work, const float* q,
                                   Partials partials, const Int8sKernelOptions& opt, cudaStream_t stream) {
@@ -364,7 +372,8 @@ void launch_split_attention_int8s(const AttnShape& shape, const SplitWork* work,
     throw InvalidArgument("int8s attention: query_terms must be 1 or 2, got " + std::to_string(opt.query_terms));
   const float scale = shape.softmax_scale > 0.f ? shape.softmax_scale : 1.f / std::sqrt(float(shape.head_dim));
   const float sl2 = scale * kLog2e;
-  if (opt.kernel == Int8sKernel::tc) return launch_split_attention_int8s_tc(shape, work, n_work, q, partials, opt, sl2, stream);
+  if (resolve_int8s_kernel(opt.kernel, shape) == Int8sKernel::tc)
+    return launch_split_attention_int8s_tc(shape, work, n_work, q, partials, opt, sl2, stream);
   if (shape.head_dim == 256) launch<256>(shape, work, n_work, q, partials, sl2, opt, stream);
   else launch<64>(shape, work, n_work, q, partials, sl2, opt, stream);
   check_cuda(cudaGetLastError(), "int8s_split_kernel launch");

@@ -127,6 +127,17 @@ TEST(Int8sTcKernel, KernelNamesParse) {
   EXPECT_STREQ(int8s_kernel_name(Int8sKernel::tc), "tc");
   EXPECT_STREQ(int8s_kernel_name(Int8sKernel::legacy), "legacy");
   EXPECT_THROW(parse_int8s_kernel("fast"), InvalidArgument);
+  // auto (the default) is tc where the shape allows it, else legacy.
+  EXPECT_EQ(parse_int8s_kernel("auto"), Int8sKernel::automatic);
+  EXPECT_EQ(Int8sKernelOptions{}.kernel, Int8sKernel::automatic);
+  AttnShape sh{4, 6, 256, 1024, 512, 0.f};
+  EXPECT_EQ(resolve_int8s_kernel(Int8sKernel::automatic, sh), Int8sKernel::tc);
+  EXPECT_EQ(resolve_int8s_kernel(Int8sKernel::legacy, sh), Int8sKernel::legacy);
+  sh.group = 5;
+  EXPECT_EQ(resolve_int8s_kernel(Int8sKernel::automatic, sh), Int8sKernel::legacy);
+  sh.group = 6;
+  sh.page_size = sh.split_tokens = 8192;
+  EXPECT_EQ(resolve_int8s_kernel(Int8sKernel::automatic, sh), Int8sKernel::legacy);
 }
 
 }  // namespace

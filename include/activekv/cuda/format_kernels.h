@@ -28,18 +28,23 @@ enum class Int8sKernel {
   /// cores (V codes converted in registers, exact); group 3, 4, 6, 7 or 8
   /// (compile-time), split_tokens <= 4096. Ignores `tensor_cores`.
   tc,
+  /// tc where the shape allows it, else legacy (the default: tc measured
+  /// 2.0-3.0x faster on the H200, bench/results/h200_bench_decode_int8s_tc.json).
+  automatic,
 };
 
-/// "legacy" or "tc"; anything else throws InvalidArgument naming the value.
+/// The kernel `k` runs for this shape: automatic resolved to tc or legacy.
+Int8sKernel resolve_int8s_kernel(Int8sKernel k, const AttnShape& shape);
+
+/// "legacy", "tc" or "auto"; anything else throws InvalidArgument naming the value.
 Int8sKernel parse_int8s_kernel(const std::string& name);
 /// The name parse_int8s_kernel takes.
 const char* int8s_kernel_name(Int8sKernel k);
 
 /// Switches of the int8s kernel. Defaults are the measured choice.
 struct Int8sKernelOptions {
-  /// The kernel (legacy until the tc kernel is measured on the H200; `bench
-  /// decode --int8s-kernel tc|legacy` picks it).
-  Int8sKernel kernel = Int8sKernel::legacy;
+  /// The kernel (`bench decode --int8s-kernel tc|legacy|auto` picks it).
+  Int8sKernel kernel = Int8sKernel::automatic;
   /// int8 terms the channel-scaled query is split into: 1 = SPEC §3.3 as
   /// written; 2 = plus the rounding residual on a 127x finer grid (two dp4a
   /// dot products per key word; see docs/routing.md for why it is the default).
