@@ -214,17 +214,20 @@ inline MatvecErrors compare_matvec(const HostMatrix& h, const std::vector<float>
 // so they were measured on the CPU: test_weights_host, every shape of
 // shapes_for below with n_vec 1, 2 and 8 (build/bin/test_cuda_weights_host).
 //  - rel_emul, |y - fp64 sum w*x_hat| / sum |w*x_hat|: measured max 2.5e-8
-//    (Q5_K) to 4.4e-8 (Q8_0, F32) for every type; asserted 1.5e-7 (~3x).
-//    Analysis: each unit's term d_x*(A*sum_int + B*sum_q) carries ~4 fp32
-//    roundings and is summed in a fixed order of depth <= 17 + 5 (items per
-//    lane at 17408 cols, then the butterfly); float weights chain cols/32 FMAs
-//    per lane. The worst case (gamma_30 ~ 1.8e-6, gamma_550 ~ 3.3e-5 for
-//    floats) is far above what random-sign rounding errors give (~sqrt(n) u).
+//    (Q5_K) to 4.4e-8 (Q8_0, F32) for the chunked kernel, 3.1e-8 (Q4_1) to
+//    7.1e-8 (Q8_0) for the tiled one (at 17408 cols a tile's 8 units sum
+//    first, then up to 68 tiles of a row over 68 threads and the warps);
+//    asserted 1.5e-7 (2-3x). Analysis: each unit's term d_x*(A*sum_int +
+//    B*sum_q) carries ~4 fp32 roundings and is summed in a fixed order of
+//    depth <= 17 + 5 (chunked) or 8 + 1 + 5 + 2 (tiled); float weights chain
+//    cols/32 FMAs per lane. The worst case (gamma_30 ~ 1.8e-6, gamma_550 ~
+//    3.3e-5 for floats) is far above what random-sign rounding errors give
+//    (~sqrt(n) u).
 //  - activation rounding: |x - x_hat| <= d/2 per element gives the hard bound
 //    sum |w| d/2, which cannot be exceeded (worst_ratio <= 1; measured max
-//    0.165, asserted 0.5); as independent uniform errors the sum has standard
-//    deviation sqrt(sum w^2 d^2 / 12): measured max z 3.7 over the ~7000
-//    (row, vector) pairs of a type, asserted 10.
+//    0.213 (Q5_0), asserted 0.5); as independent uniform errors the sum has
+//    standard deviation sqrt(sum w^2 d^2 / 12): measured max z 4.6 (Q5_0)
+//    over the ~40000 (row, vector) pairs of a type, asserted 10.
 constexpr double kEmulBoundQuant = 1.5e-7, kEmulBoundFloat = 1.5e-7, kWorstRatioBound = 0.5, kZBound = 10.0;
 
 struct Shape {
