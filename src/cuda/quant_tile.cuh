@@ -148,10 +148,14 @@ AKV_QHD void tile_dot(const Words<TileOf<T>::kWords>& tw, int64_t tile, int n_un
     const WordsAt<N> b{&tw, (u / T::kUnits) * T::kBytes};
     const int uu = u % T::kUnits;
     const int64_t xb = tile * kTileUnits + u;
+    // Q6_K for few vectors: raw codes, and kOffset * (sum of x over each half)
+    // subtracted by dp4a with ones -- the same integers for less work than
+    // subtracting kOffset from every code byte (which pays off from 3 vectors).
+    constexpr bool kRawHalves = T::kScale16 && NV <= 2;
     uint32_t c[8];
     AKV_UNROLL
     for (int g = 0; g < 8; ++g) {
-      if constexpr (T::kScale16) {
+      if constexpr (T::kScale16 && !kRawHalves) {
         c[g] = codes4<T>(b, uu, g);
       } else {
         c[g] = T::raw4(b, uu, g);
@@ -174,6 +178,15 @@ AKV_QHD void tile_dot(const Words<TileOf<T>::kWords>& tw, int64_t tile, int n_un
         for (int g = 0; g < 4; ++g) lo = dp4a(int(c[g]), xs[g], lo);
         AKV_UNROLL
         for (int g = 4; g < 8; ++g) hi = dp4a(int(c[g]), xs[g], hi);
+        if constexpr (kRawHalves) {
+          int sum_lo = 0, sum_hi = 0;
+          AKV_UNROLL
+          for (int g = 0; g < 4; ++g) sum_lo = dp4a(0x01010101, xs[g], sum_lo);
+          AKV_UNROLL
+          for (int g = 4; g < 8; ++g) sum_hi = dp4a(0x01010101, xs[g], sum_hi);
+          lo -= T::kOffset * sum_lo;
+          hi -= T::kOffset * sum_hi;
+        }
         t = fmaf(a_hi, float(hi), mul_rn(a, float(lo)));
       } else {
         int s = 0;
