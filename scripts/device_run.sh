@@ -7,6 +7,8 @@
 #   AKV_COMMIT=$(git rev-parse HEAD) scripts/device_run.sh setup  # the full hash: results record it   # carry .debs: unpack, build
 #   scripts/device_run.sh part                                     # carry .mp/part_aa: keep it in /tmp
 #   AKV_COMMIT=... scripts/device_run.sh all                       # carry .mp/part_ab: tests + benchmarks
+#   scripts/device_run.sh part                                     # carry .mp/g3_aa, then g3_ab .. g3_ae
+#   AKV_COMMIT=... scripts/device_run.sh eval                      # no carry: the long-context quality table
 #
 # Phases:
 #   setup   unpack the Debian packages carried in .debs/ into a prefix, build
@@ -19,6 +21,16 @@
 #   cpu     (build) + CPU decode attention on this host: its tests, then
 #           bench_cpu_attention (27B shape, 8K/32K x 16 layers, threads 1..all)
 #           against the host's read bandwidth -> cpu_attention.json
+#   eval    the quality contract at long context (issue 11 part 3) on this
+#           host's CPU, all cores: activekv eval on Gemma 3 270M at 8K (+ the
+#           64K synthetic outlier case), 16K and 32K, every route; the passkey
+#           check at 32K; SmolLM2 at 8K. One JSON per run in $OUT. Bounded to one
+#           10-minute call: runs go in priority order, each only if its
+#           projection (from the 8K run's measured time) fits the time left
+#           (AKV_EVAL_BUDGET_S, default 540 s from the script's start); the log
+#           names every run it skipped. Needs the Gemma GGUF: carry its parts
+#           (split -b 50M models/gemma-3-270m-q4_k_m.gguf .mp/g3_: g3_aa..g3_ae,
+#           one per `part` call, carry .mp/g3_aa etc.), joined and sha256-checked here.
 #   modelbench  the llama.cpp comparison (issue 10): writes the 27B-shape GGUF
 #           (tools/make_synthetic_gguf.py, random Q4_0, 3.25 GB) to /tmp once,
 #           runs `activekv bench` on it (pp512, tg32 at depths 0, 32K, 128K;
@@ -31,6 +43,8 @@
 #      nlohmann-json3-dev libgtest-dev libgmock-dev)
 # The default model (98 MB) is over one call's 64 MiB: split -n 2 models/*.gguf .mp/part_
 # and carry one part per call; this script joins them and checks the sha256.
+# Gemma 3 270M (253 MB; test_cuda_runtime_gemma3 and the eval phase) likewise:
+#   split -b 50M models/gemma-3-270m-q4_k_m.gguf .mp/g3_   (g3_aa..g3_ae, one part per call)
 set -uo pipefail
 OUT=${OUT:-/tmp/activekv-out}
 mkdir -p "$OUT"
@@ -39,14 +53,17 @@ COMMIT=${AKV_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
 export AKV_COMMIT=$COMMIT  # what activekv records in its JSON (the tree's .git may be stale there)
 MODEL_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 MODEL=/tmp/akv-model/SmolLM2-135M-Instruct.Q4_1.gguf
+GEMMA3=/tmp/akv-model/gemma-3-270m-q4_k_m.gguf
+GEMMA3_SHA=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818  # scripts/setup.sh's
 PFX=/tmp/akv-prefix; ARCH=x86_64-linux-gnu
 exec > >(tee -a "$OUT/run.log") 2>&1
 echo "== device_run.sh $PHASE, commit $COMMIT, $(date -u +%FT%TZ)"
 t0=$(date +%s)
 
-# Model parts carried in this call are kept in /tmp/akv-model (any phase).
-if ls .mp/part_* > /dev/null 2>&1; then
-  mkdir -p /tmp/akv-model && cp .mp/part_* /tmp/akv-model/ && ls -la /tmp/akv-model
+# Model parts carried in this call are kept in /tmp/akv-model (any phase):
+# part_* of the default model, g3_* of Gemma 3 (the eval phase).
+if ls .mp/part_* .mp/g3_* > /dev/null 2>&1; then
+  mkdir -p /tmp/akv-model && cp .mp/part_* .mp/g3_* /tmp/akv-model/ 2>/dev/null; ls -la /tmp/akv-model
 fi
 [ "$PHASE" = part ] && exit 0
 
@@ -71,10 +88,16 @@ else
        "model tests and benches will fail"
 fi
 
+if ! { [ -f "$GEMMA3" ] && echo "$GEMMA3_SHA  $GEMMA3" | sha256sum -c --quiet 2>/dev/null; }; then
+  cat /tmp/akv-model/g3_* > "$GEMMA3" 2>/dev/null
+  if echo "$GEMMA3_SHA  $GEMMA3" | sha256sum -c --quiet 2>/dev/null; then echo "== Gemma 3 model ok: $GEMMA3"
+  else rm -f "$GEMMA3"; echo "== Gemma 3 model absent or incomplete: test_cuda_runtime_gemma3 skips"; fi
+fi
+
 run_tests() {
   echo "== GPU tests: every gpu binary; one JSON of all results with the commit and command"
   local rc=0 T
-  for T in decode formats model_ops weights runtime runtime_qwen2; do
+  for T in decode formats model_ops weights runtime runtime_qwen2 runtime_gemma3; do
     [ -x build-device/bin/test_cuda_$T ] || { echo "-- test_cuda_$T not built"; continue; }
     echo "-- test_cuda_$T"
     # [measured] lines and failures reach the log; the rest is in the JSON.
@@ -158,6 +181,57 @@ EOF
     || echo "-- no plot here (matplotlib?): run bench/plot_model_bench.py on the JSON"
 }
 
+# eval_one NAME PROJECTED_S ARGS...: one `activekv eval` run into $OUT/NAME.json
+# if PROJECTED_S fits the time left (else the log says it was skipped);
+# prints its wall time on the last line ("== NAME took S s").
+eval_one() {
+  local name=$1 projected=$2; shift 2
+  local left=$(( EVAL_END - $(date +%s) ))
+  if [ "$projected" -gt "$left" ]; then
+    echo "== SKIPPED $name: projected ${projected} s > ${left} s left"; return 1
+  fi
+  echo "== $name (projected ${projected} s, ${left} s left): activekv eval $*"
+  local s0=$(date +%s)
+  timeout "$left" $AKV eval -t "$(nproc)" --json "$OUT/$name.json" "$@" > /tmp/$name.out 2> /tmp/$name.err
+  local rc=$?
+  grep -vE "^\[(eval|passkey) " /tmp/$name.out | tail -25
+  [ $rc = 0 ] || { echo "-- $name failed (rc $rc):"; tail -5 /tmp/$name.err; }
+  echo "== $name took $(( $(date +%s) - s0 )) s"
+  return $rc
+}
+
+run_eval() {
+  local G3=/tmp/akv-model/gemma-3-270m-q4_k_m.gguf G3_SHA=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
+  if ! { [ -f "$G3" ] && echo "$G3_SHA  $G3" | sha256sum -c --quiet 2>/dev/null; }; then
+    cat /tmp/akv-model/g3_* > "$G3" 2>/dev/null
+  fi
+  if ! echo "$G3_SHA  $G3" | sha256sum -c --quiet 2>/dev/null; then
+    rm -f "$G3"; echo "== the Gemma 3 GGUF is missing or does not match (parts: $(ls /tmp/akv-model | tr '\n' ' '))"
+    return 1
+  fi
+  EVAL_END=$(( t0 + ${AKV_EVAL_BUDGET_S:-540} ))
+  export OMP_PROC_BIND=close OMP_PLACES=cores
+  # Scored positions: 256 per text x 3 texts (768 top-1 positions per route
+  # and context); the own-format samples are the 3 global layers x 8 rows.
+  local common=(-m "$G3" --scored 256 --layers-per-text 3)
+  local s0=$(date +%s)
+  eval_one eval_gemma3_8k 300 "${common[@]}" -c 8192 --synthetic-tokens 65536 || return 1
+  # Projections from the 8K run's time T8. On the 2-core VM the 8K run of one
+  # text spent 52 % in its prefill, 48 % scoring and sampling. Per token,
+  # prefill costs ~200 MFLOP of weights + 12288 p FLOP of global attention at
+  # position p (+ 31 MFLOP sliding): x2.35 at 16K, x6.1 at 32K; scoring
+  # (256 tokens x 4 routes, 336 MFLOP of output head each) grows ~x1.4 / x2.5.
+  # So 16K ~ 1.9 T8, 32K ~ 4.4 T8; the passkey (3 prefills of 32K, no
+  # scoring) ~ 3.2 T8; SmolLM2 at 8K (its default 512 scored tokens) ~ T8.
+  # Rounded up for the projections below.
+  local t8=$(( $(date +%s) - s0 ))
+  eval_one eval_gemma3_16k $(( t8 * 22 / 10 )) "${common[@]}" -c 16384 --synthetic-tokens 0
+  eval_one eval_gemma3_32k $(( t8 * 5 )) "${common[@]}" -c 32768 --synthetic-tokens 0
+  eval_one passkey_gemma3_32k $(( t8 * 7 / 2 )) -m "$G3" --passkey -c 32768 --depths 0.1,0.5,0.9 --seed 1
+  eval_one eval_smollm2_8k $t8 -m "$MODEL" -c 8192 --synthetic-tokens 0
+  return 0
+}
+
 RC=0
 case "$PHASE" in
   cpu) run_cpu || RC=1 ;;
@@ -165,6 +239,7 @@ case "$PHASE" in
   bench) run_bench ;;
   all) run_tests || RC=1; run_bench ;;
   modelbench) run_modelbench || RC=1 ;;
+  eval) run_eval || RC=1 ;;
 esac
 echo "== done in $(( $(date +%s) - t0 )) s, rc=$RC"
 exit $RC

@@ -27,7 +27,8 @@ namespace {
 // codecs. `dev_scratch` holds at least kernel_tokens.back() / page_size bf16 pages.
 template <class TimeFn>
 void calibrate_formats(Profile& pr, const std::byte* host_bf16, std::byte* dev_scratch, const float* q, Partials parts,
-                       SplitWork* work_dev, TimeFn& time_ms, int reps, cudaStream_t st) {
+                       SplitWork* work_dev, TimeFn& time_ms, int reps, const Int8sKernelOptions& kopt,
+                       cudaStream_t st) {
   const AttnShape& sh = pr.attn;
   const kv::KvShape ks{1, sh.n_kv_heads, sh.head_dim, sh.page_size};
   const int64_t n_pages = int64_t(pr.kernel_tokens.back()) / sh.page_size;
@@ -44,8 +45,8 @@ void calibrate_formats(Profile& pr, const std::byte* host_bf16, std::byte* dev_s
   for (int64_t p = 0; p < n_pages; ++p)
     AKV_CUDA(cudaMemcpy(dev_scratch + size_t(p) * ib, enc[size_t(p)].bytes.data(), enc[size_t(p)].bytes.size(),
                         cudaMemcpyHostToDevice));
-  std::printf("  int8s attention kernel (resident, batch 1, one layer)\n  %10s %12s %10s\n", "tokens", "kernel ms",
-              "GB/s");
+  std::printf("  int8s attention kernel (%s, resident, batch 1, one layer)\n  %10s %12s %10s\n", cuda::int8s_kernel_name(kopt.kernel),
+              "tokens", "kernel ms", "GB/s");
   for (double nt : pr.kernel_tokens) {
     const int64_t n = int64_t(nt);
     std::vector<SplitWork> w;
@@ -54,7 +55,7 @@ void calibrate_formats(Profile& pr, const std::byte* host_bf16, std::byte* dev_s
                             int32_t(std::min<int64_t>(sh.split_tokens, n - t)), int32_t(t / sh.split_tokens)});
     AKV_CUDA(cudaMemcpy(work_dev, w.data(), w.size() * sizeof(SplitWork), cudaMemcpyHostToDevice));
     const double kms = time_ms([&] {
-      cuda::launch_split_attention_int8s(sh, work_dev, int(w.size()), q, parts, Int8sKernelOptions{}, st);
+      cuda::launch_split_attention_int8s(sh, work_dev, int(w.size()), q, parts, kopt, st);
     }, reps);
     pr.int8s_kernel_ms.push_back(kms);
     std::printf("  %10lld %12.4f %10.1f\n", static_cast<long long>(n), kms, double(n) / sh.page_size * ib / (kms * 1e6));
@@ -237,7 +238,7 @@ Profile calibrate(const CalibrateOptions& opt) {
                 double(n) * 2 * sh.n_kv_heads * sh.head_dim * 2 / (kms * 1e6));
   }
   calibrate_formats(pr, host.p, pages.as<std::byte>(), q.as<float>(), parts, work.as<SplitWork>(), time_ms,
-                    opt.reps, st);
+                    opt.reps, opt.int8s, st);
   if (file.is_open()) {
     nlohmann::json j = {{"commit", opt.provenance.commit}, {"command", opt.provenance.command}};
     j.update(pr.to_json());

@@ -13,7 +13,9 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <unordered_map>
 
+#include "activekv/cuda/co_attention_rates.h"
 #include "activekv/cuda/decode_engine.h"
 #include "activekv/cuda/device_pages.h"
 #include "bench_pages.h"
@@ -41,6 +43,13 @@ struct Record {
   // Streamed records: output bitwise equal to the resident run's. Absent for
   // resident records: they are the reference.
   std::optional<bool> bitwise_equal_resident;
+  // Co-attention: the share of pages the CPU attends, the bytes it reads, and
+  // the largest row-relative difference from the resident reference.
+  double cpu_share = 0;
+  bool auto_share = false;  // the planner chose the share (--cpu-share auto)
+  double planned_ms = 0;    // its predicted step
+  uint64_t cpu_bytes_per_step = 0;
+  std::optional<double> max_rel_diff_vs_resident;
   bool repeatable;
 };
 
@@ -75,6 +84,14 @@ double predict_ms(const Profile& pr, const DecodeEngine& eng, int n_layers, int6
   return comp_free;
 }
 
+std::string mode_label(const std::string& mode, double cpu_share, bool auto_share = false) {
+  if (auto_share) return mode + "+cpu-auto";
+  if (cpu_share <= 0) return mode;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "+cpu%.0f%%", 100 * cpu_share);
+  return mode + buf;
+}
+
 void print_table(const std::vector<Record>& records) {
   // llama-bench vocabulary: depth = context tokens, t/s = tokens generated per second.
   std::printf("\n| %-10s | %-15s | %7s | %5s | %9s | %17s | %8s | %9s | %6s | %9s | %6s |\n", "kv-format", "mode",
@@ -82,7 +99,7 @@ void print_table(const std::vector<Record>& records) {
   std::printf("|%s|\n", std::string(130, '-').c_str());
   for (const auto& r : records)
     std::printf("| %-10s | %-15s | %7lld | %5d | %9.3f | %8.3f - %6.3f | %8.2f | %9.3f | %6.3f | %9.3f | %6.2f |\n",
-                r.format.c_str(), r.mode.c_str(), static_cast<long long>(r.context), r.batch, r.step_ms,
+                r.format.c_str(), mode_label(r.mode, r.cpu_share, r.auto_share).c_str(), static_cast<long long>(r.context), r.batch, r.step_ms,
                 r.step_ms_min, r.step_ms_max, r.batch * 1000.0 / r.step_ms, r.bus_limit_ms, r.bus_limit_ratio,
                 r.predicted_ms, 100.0 * (r.predicted_ms - r.step_ms) / r.step_ms);
 }
@@ -110,6 +127,19 @@ nlohmann::json record_json(const Record& r, int steps) {
       {"bus_limit_ratio", r.bus_limit_ratio}, {"predicted_ms", r.predicted_ms},
       {"prediction_error", (r.predicted_ms - r.step_ms) / r.step_ms}, {"repeatable", r.repeatable}};
   if (r.bitwise_equal_resident) j["bitwise_equal_resident"] = *r.bitwise_equal_resident;
+  j["cpu_share"] = r.cpu_share;
+  if (r.cpu_share > 0) {
+    j["cpu_bytes_per_step"] = r.cpu_bytes_per_step;
+    j["cpu_gbps"] = double(r.cpu_bytes_per_step) / (r.step_ms * 1e6);
+    j["predicted_ms_note"] = "with --cpu-share auto in the run: route::predict_co_attention over the rates "
+                             "measured at start; else the GPU side's transfer model only";
+    if (r.max_rel_diff_vs_resident) j["max_rel_diff_vs_resident"] = *r.max_rel_diff_vs_resident;
+    if (r.auto_share) {
+      j["cpu_share_auto"] = true;
+      j["planned_ms"] = r.planned_ms;
+      j["plan_error"] = (r.planned_ms - r.step_ms) / r.step_ms;
+    }
+  }
   return j;
 }
 
@@ -124,7 +154,7 @@ void write_json(std::ofstream& f, const BenchDecodeOptions& opt, const Profile& 
                  {"head_dim", sh.head_dim}, {"page_size", sh.page_size}, {"split_tokens", sh.split_tokens},
                  {"tile_pages", opt.tile_pages}, {"ring_slots", opt.ring_slots},
                  {"recent_pages", opt.recent_pages}}},
-      {"int8s_kernel", {{"query_terms", opt.int8s.query_terms}, {"skip_unit_rescale", opt.int8s.skip_unit_rescale},
+      {"int8s_kernel", {{"kernel", cuda::int8s_kernel_name(opt.int8s.kernel)}, {"query_terms", opt.int8s.query_terms}, {"skip_unit_rescale", opt.int8s.skip_unit_rescale},
                         {"pow2_reference", opt.int8s.pow2_reference}, {"tensor_cores", opt.int8s.tensor_cores}}},
       {"conversion_cpu", {{"int8s", conversion_json(hist.int8s_conv)},
                           {"lossless13", conversion_json(hist.lossless13_conv)}}},
@@ -155,12 +185,22 @@ void print_batching(const std::vector<Record>& rs) {
 
 namespace {
 
+// A CPU-shared step may differ from the resident one by fp32 summation order
+// and the CPU kernels' rounding: ~1e-6 row-relative (tests/cuda/test_decode.cpp
+// bounds both against fp64 at 3.7e-6). Beyond this the bench fails.
+constexpr double kMaxCpuShareDiff = 1e-4;
+constexpr double kAutoShare = -1;  // --cpu-share auto
+
 // Throws InvalidArgument naming the first bad option.
 void check_options(const BenchDecodeOptions& opt) {
   opt.attn.validate();
   for (const auto& m : opt.modes)
     if (m != "streamed" && m != "resident" && m != "streamed-whole")
       throw InvalidArgument("bench decode: unknown mode '" + m + "' (streamed, streamed-whole, resident)");
+  for (double f : opt.cpu_shares)
+    if (!(f == kAutoShare || (f >= 0 && f < 1)))
+      throw InvalidArgument("bench decode: --cpu-share values must be in [0, 1) or auto, got " + std::to_string(f));
+  if (opt.cpu_threads < 0) throw InvalidArgument("bench decode: --cpu-threads must be >= 0");
   for (const auto& f : opt.formats)
     if (std::find(route_names().begin(), route_names().end(), f) == route_names().end())
       throw InvalidArgument("bench decode: unknown --kv-format '" + f + "' (bf16, lossless13, int8s, hybrid)");
@@ -188,6 +228,7 @@ std::map<std::string, std::unique_ptr<DecodeEngine>> make_engines(const BenchDec
     c.tile_pages = mode == "streamed-whole" ? 0 : opt.tile_pages;
     c.ring_slots = mode == "streamed-whole" ? 2 : opt.ring_slots;
     c.int8s = opt.int8s;
+    c.cpu_kernels.threads = opt.cpu_threads > 0 ? opt.cpu_threads : std::max(1, host_threads(0) - 1);
     try {
       engines[mode] = std::make_unique<DecodeEngine>(c);
     } catch (const CudaError& e) {
@@ -223,7 +264,7 @@ Timed time_steps(DecodeEngine& eng, const BenchDecodeOptions& opt, const DevBuf&
     AKV_CUDA(cudaEventRecord(ev[0], eng.compute_stream()));
     eng.enqueue_step(q.as<float>(), out.as<float>(), nullptr);
     AKV_CUDA(cudaEventRecord(ev[1], eng.compute_stream()));
-    AKV_CUDA(cudaStreamSynchronize(eng.compute_stream()));
+    eng.synchronize();  // all its streams (they end with the compute stream's work); rethrows a CPU-share error
     const auto b = std::chrono::steady_clock::now();
     float dev = 0;
     AKV_CUDA(cudaEventElapsedTime(&dev, ev[0], ev[1]));
@@ -276,6 +317,66 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+// Largest |a - ref| of a row (head_dim values) over that row's largest |ref|.
+double max_row_rel_diff(const std::vector<float>& a, const std::vector<float>& ref, int head_dim) {
+  double worst = 0;
+  for (size_t row = 0; row + size_t(head_dim) <= ref.size(); row += size_t(head_dim)) {
+    double mx = 0, d = 0;
+    for (int i = 0; i < head_dim; ++i) {
+      mx = std::max(mx, double(std::fabs(ref[row + i])));
+      d = std::max(d, double(std::fabs(a[row + i] - ref[row + i])));
+    }
+    if (!std::isfinite(d)) return INFINITY;
+    worst = std::max(worst, d / std::max(mx, 1e-30));
+  }
+  return worst;
+}
+
+// Parsed views of every int8s page (the CPU attends int8s pages through them),
+// keyed by the blob's host address. Parsing validates each blob once.
+using Int8sViews = std::unordered_map<const std::byte*, kv::Int8sPageView>;
+Int8sViews parse_int8s_views(const HistorySet& h, int threads) {
+  std::vector<const PageRef*> refs;
+  for (const auto& seq : h.int8s)
+    for (const auto& layer : seq)
+      for (const PageRef& r : layer) refs.push_back(&r);
+  std::vector<kv::Int8sPageView> views(refs.size());
+  parallel_for(refs.size(), threads, [&](size_t i) {
+    views[i] = kv::parse_int8s_page(std::span<const std::byte>(refs[i]->host, refs[i]->bytes));
+  });
+  Int8sViews out;
+  for (size_t i = 0; i < refs.size(); ++i) out.emplace(refs[i]->host, views[i]);
+  return out;
+}
+
+// CPU pages per (sequence, layer) for a fixed share: round(share x pages),
+// never the tail page.
+size_t pages_for_share(double share, size_t n_pages) {
+  return n_pages == 0 ? 0 : std::min(n_pages - 1, size_t(std::lround(share * double(n_pages))));
+}
+
+// Marks the oldest `n` pages the CPU can read in each (sequence, layer) --
+// never a lossless13 page (the CPU does not unpack) -- as attended by the CPU
+// in place.
+void apply_cpu_pages(std::vector<SeqPages>& tables, size_t n, const Int8sViews& views) {
+  if (n == 0) return;
+  for (SeqPages& s : tables)
+    for (auto& t : s.tables) {
+      for (size_t p = 0, given = 0; p < t.size() && given < n; ++p) {
+        PageRef& r = t[p];
+        if (r.kind == PageKind::lossless13) continue;
+        if (r.kind == PageKind::int8s) {
+          const auto it = views.find(r.host);
+          if (it == views.end()) throw Error("bench decode: an int8s page without its parsed view");
+          r.int8s_view = &it->second;
+        }
+        r.cpu = true;
+        r.device = nullptr;
+        ++given;
+      }
+    }
+}
+
 }  // namespace
 
 int run_bench_decode(const BenchDecodeOptions& opt) {
@@ -290,6 +391,7 @@ int run_bench_decode(const BenchDecodeOptions& opt) {
   copt.attn = sh;
   copt.out_path = opt.profile_path;
   copt.device = opt.device;
+  copt.int8s = opt.int8s;  // the predicted times use the kernel the bench runs
   copt.provenance = opt.provenance;
   const Profile pr = calibrate(copt);
 
@@ -311,6 +413,25 @@ int run_bench_decode(const BenchDecodeOptions& opt) {
   const bool want_resident = std::find(opt.modes.begin(), opt.modes.end(), "resident") != opt.modes.end();
   auto engines = make_engines(opt, modes);
 
+  // Shares: 0 first (the resident run at 0 is every configuration's reference).
+  std::vector<double> shares{0.0};
+  for (double f : opt.cpu_shares)
+    if (f != 0 && std::find(shares.begin(), shares.end(), f) == shares.end()) shares.push_back(f);
+  std::optional<cuda::CoAttentionCalibration> calibration;
+  if (std::find(shares.begin(), shares.end(), kAutoShare) != shares.end()) {
+    const int cpu_threads = opt.cpu_threads > 0 ? opt.cpu_threads : std::max(1, threads - 1);
+    calibration = cuda::measure_co_attention_rates(sh, cpu_threads);
+    std::printf("  co-attention rates: %s\n", calibration->describe().c_str());
+  }
+  const bool want_share0 = std::find(opt.cpu_shares.begin(), opt.cpu_shares.end(), 0.0) != opt.cpu_shares.end();
+  Int8sViews views;
+  if (shares.size() > 1 && !hist.int8s.empty()) {
+    const auto tv = std::chrono::steady_clock::now();
+    views = parse_int8s_views(hist, threads);
+    std::printf("  %zu int8s pages parsed for the CPU in %.1f s\n", views.size(),
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - tv).count());
+  }
+
   std::vector<Record> records;
   bool all_ok = true;
   for (const auto& format : opt.formats) {
@@ -328,53 +449,91 @@ int run_bench_decode(const BenchDecodeOptions& opt) {
           DecodeEngine& eng = *engines[mode];
           const bool streamed = mode != "resident";
           std::unique_ptr<cuda::ResidentPages> copies;  // resident: this configuration's pages on the GPU
-          std::vector<SeqPages> tables;                 // the batch as the engine reads it
+          std::vector<SeqPages> placed;                 // the batch as the engine reads it, no CPU share
           try {
             if (!streamed) copies = device_copies(seqs);
-            tables = streamed ? seqs : copies->place(seqs);
-            eng.update(tables);
+            placed = streamed ? seqs : copies->place(seqs);
           } catch (const CudaError& e) {
             std::printf("  skip %s %s depth %lld batch %d: %s\n", format.c_str(), mode.c_str(),
                         static_cast<long long>(ctx), batch, e.what());
             continue;
           }
-          const Timed t = time_steps(eng, opt, q, out, qn);
-          if (!streamed) ref = t.first;
-          if (!streamed && !want_resident) continue;  // measured only as the reference
-          Record r{};
-          r.format = format;
-          r.mode = mode;
-          r.context = ctx;
-          r.batch = batch;
-          r.step_ms = median(t.ms);
-          r.device_ms = median(t.device_ms);
-          r.step_ms_min = *std::min_element(t.ms.begin(), t.ms.end());
-          r.step_ms_max = *std::max_element(t.ms.begin(), t.ms.end());
-          r.history_bytes = history_bytes(eng, tables, opt.n_layers);
-          r.bytes_per_step = streamed ? eng.bytes_per_step() : 0;
-          r.copies_per_step = eng.copies_per_step();
-          r.largest_copy = eng.largest_copy();
-          r.jobs_per_layer = eng.jobs_in_layer(0);
-          r.gbps = double(r.history_bytes) / (r.step_ms * 1e6);
-          const double chunk = streamed ? double(eng.largest_copy()) : double(opt.tile_pages) * sh.page_bytes();
-          r.chunk_gbps = pr.bandwidth_gbps(chunk);
-          r.bus_limit_ms = double(r.history_bytes) / (r.chunk_gbps * 1e6);
-          r.bus_limit_ratio = r.step_ms / r.bus_limit_ms;
-          r.predicted_ms = predict_ms(pr, eng, opt.n_layers, splits);
-          if (streamed && !ref.empty()) r.bitwise_equal_resident = same_bits(ref, t.first);
-          r.repeatable = same_bits(t.first, t.last);
-          const bool finite = std::all_of(t.first.begin(), t.first.end(), [](float v) { return std::isfinite(v); });
-          if (r.bitwise_equal_resident == false || !r.repeatable || !finite) all_ok = false;
-          records.push_back(r);
-          const char* vs_resident =
-              !streamed ? "reference" : !r.bitwise_equal_resident ? "n/a (no resident run)"
-                                                                  : (*r.bitwise_equal_resident ? "yes" : "NO");
-          std::printf("  %-10s %-15s depth %7lld batch %d: %9.3f ms (min %.3f max %.3f, device %.3f), pred %.3f ms, "
-                      "bus %.3f ms, ratio %.3f, bitwise==resident %s, repeatable %s%s\n",
-                      format.c_str(), mode.c_str(), static_cast<long long>(ctx), batch, r.step_ms, r.step_ms_min,
-                      r.step_ms_max, r.device_ms, r.predicted_ms, r.bus_limit_ms, r.bus_limit_ratio, vs_resident,
-                      r.repeatable ? "yes" : "NO", finite ? "" : ", OUTPUT NOT FINITE");
-          std::fflush(stdout);
+          for (double share : shares) {
+            std::vector<SeqPages> tables = placed;
+            std::optional<route::CoAttentionPlan> plan;
+            if (share == kAutoShare)  // sequences alike: one plan, applied to each
+              plan = route::plan_co_attention(cuda::plan_pages(placed[0].tables[0]), opt.n_layers, calibration->together,
+                                              calibration->link_alone_gbps);
+            const size_t n_cpu = plan ? plan->cpu_pages : pages_for_share(share, placed[0].tables[0].size());
+            apply_cpu_pages(tables, n_cpu, views);
+            try {
+              eng.update(tables);
+            } catch (const CudaError& e) {
+              std::printf("  skip %s %s depth %lld batch %d: %s\n", format.c_str(), mode_label(mode, share).c_str(),
+                          static_cast<long long>(ctx), batch, e.what());
+              continue;
+            }
+            const Timed t = time_steps(eng, opt, q, out, qn);
+            if (!streamed && share == 0) ref = t.first;
+            if (!streamed && !want_resident) continue;  // measured only as the reference
+            if (share == 0 && !want_share0) continue;
+            Record r{};
+            r.format = format;
+            r.mode = mode;
+            r.context = ctx;
+            r.batch = batch;
+            r.cpu_share = share;
+            r.auto_share = plan.has_value();
+            if (plan) {
+              r.cpu_share = plan->share;
+              r.planned_ms = plan->predicted_ms;
+              std::printf("  plan: %s\n", plan->describe().c_str());
+            }
+            r.cpu_bytes_per_step = eng.cpu_bytes_per_step();
+            r.step_ms = median(t.ms);
+            r.device_ms = median(t.device_ms);
+            r.step_ms_min = *std::min_element(t.ms.begin(), t.ms.end());
+            r.step_ms_max = *std::max_element(t.ms.begin(), t.ms.end());
+            r.history_bytes = history_bytes(eng, tables, opt.n_layers);
+            r.bytes_per_step = eng.bytes_per_step();
+            r.copies_per_step = eng.copies_per_step();
+            r.largest_copy = eng.largest_copy();
+            r.jobs_per_layer = eng.jobs_in_layer(0);
+            r.gbps = double(r.history_bytes + r.cpu_bytes_per_step) / (r.step_ms * 1e6);
+            const double chunk = streamed ? double(eng.largest_copy()) : double(opt.tile_pages) * sh.page_bytes();
+            r.chunk_gbps = pr.bandwidth_gbps(chunk);
+            r.bus_limit_ms = double(r.history_bytes) / (r.chunk_gbps * 1e6);
+            r.bus_limit_ratio = r.step_ms / r.bus_limit_ms;
+            r.predicted_ms = predict_ms(pr, eng, opt.n_layers, splits);
+            if (calibration && share != 0)  // the co-attention model: link and CPU side by side
+              r.predicted_ms = route::predict_co_attention(cuda::plan_pages(placed[0].tables[0]), opt.n_layers,
+                                                           calibration->together, calibration->link_alone_gbps,
+                                                           n_cpu).predicted_ms;
+            if (share > 0 && !ref.empty()) {
+              r.max_rel_diff_vs_resident = max_row_rel_diff(t.first, ref, sh.head_dim);
+            } else if (streamed && !ref.empty()) {
+              r.bitwise_equal_resident = same_bits(ref, t.first);
+            }
+            r.repeatable = same_bits(t.first, t.last);
+            const bool finite = std::all_of(t.first.begin(), t.first.end(), [](float v) { return std::isfinite(v); });
+            const bool close = !r.max_rel_diff_vs_resident || *r.max_rel_diff_vs_resident <= kMaxCpuShareDiff;
+            if (r.bitwise_equal_resident == false || !close || !r.repeatable || !finite) all_ok = false;
+            records.push_back(r);
+            char vs[64];
+            if (r.max_rel_diff_vs_resident)
+              std::snprintf(vs, sizeof vs, "max rel diff vs resident %.2e%s", *r.max_rel_diff_vs_resident,
+                            close ? "" : " (TOO LARGE)");
+            else
+              std::snprintf(vs, sizeof vs, "bitwise==resident %s",
+                            !streamed ? "reference" : !r.bitwise_equal_resident ? "n/a (no resident run)"
+                                                    : (*r.bitwise_equal_resident ? "yes" : "NO"));
+            std::printf("  %-10s %-15s depth %7lld batch %d: %9.3f ms (min %.3f max %.3f, device %.3f), pred %.3f ms, "
+                        "bus %.3f ms, ratio %.3f, %s, repeatable %s%s\n",
+                        format.c_str(), mode_label(mode, r.cpu_share, r.auto_share).c_str(),
+                        static_cast<long long>(ctx), batch, r.step_ms, r.step_ms_min, r.step_ms_max, r.device_ms, r.predicted_ms, r.bus_limit_ms,
+                        r.bus_limit_ratio, vs, r.repeatable ? "yes" : "NO", finite ? "" : ", OUTPUT NOT FINITE");
+            std::fflush(stdout);
+          }
         }
       }
     }

@@ -61,6 +61,7 @@ struct Provenance {
 struct CalibrateOptions {
   AttnShape attn{4, 6, 256, 1024, 512, 0.f};
   int reps = 20;
+  Int8sKernelOptions int8s;  ///< the int8s kernel whose time is calibrated
   std::string out_path = "profile.json";  ///< "" = don't write
   int device = 0;
   Provenance provenance;  ///< recorded in the profile file
@@ -86,6 +87,12 @@ struct BenchDecodeOptions {
   int tile_pages = 32;
   int ring_slots = 3;
   int host_threads = 0;  ///< 0 = hardware concurrency
+  /// Co-attention (issue 12): fractions of each (sequence, layer)'s pages the
+  /// host CPU attends in place, oldest first, the tail page never (0 = none).
+  /// Every mode runs at every share; the resident run at share 0 is the
+  /// reference. -1: auto (route::plan_co_attention over rates measured at start).
+  std::vector<double> cpu_shares{0.0};
+  int cpu_threads = 0;  ///< CPU kernel threads; 0 = hardware concurrency - 1
   std::string json_path = "bench_decode.json";
   std::string profile_path = "profile.json";  ///< calibrated in-process and written here ("" = don't write)
   Provenance provenance;  ///< recorded in the JSON and the profile
@@ -94,8 +101,11 @@ struct BenchDecodeOptions {
 
 /// Runs the benchmark, prints a table, writes JSON records (streamed records
 /// carry `bitwise_equal_resident`; resident records are the reference and do
-/// not). Returns 0 on success, 1 if a streamed output was not bitwise equal
-/// to the resident one, a run not repeatable or an output not finite.
+/// not; records with a CPU share carry `max_rel_diff_vs_resident` instead,
+/// the largest |difference| of an output row over that row's largest |value|).
+/// Returns 0 on success, 1 if a streamed output was not bitwise equal to the
+/// resident one, a CPU-share output differed by more than 1e-4, a run was not
+/// repeatable or an output not finite.
 /// Throws InvalidArgument for bad options (before touching the GPU).
 int run_bench_decode(const BenchDecodeOptions& opt);
 

@@ -23,18 +23,31 @@ void add_bench_decode(CLI::App& app, std::function<int()>& run) {
   dec->add_option("--modes", o->modes, "streamed, streamed-whole, resident")->delimiter(',')->capture_default_str();
   dec->add_option("--kv-format", o->formats, "Routes over the history: bf16, lossless13, int8s, hybrid")
       ->delimiter(',')->capture_default_str();
+  dec->add_option("--cpu-share", o->cpu_shares,
+                  "Co-attention: fractions of each layer's pages the host CPU attends (oldest first), or auto "
+                  "(the planner's choice from rates measured in this run), e.g. 0,0.25,0.4,auto")
+      ->delimiter(',')
+      ->transform([](std::string v) { return v == "auto" ? std::string("-1") : v; }, "", "auto")
+      ->capture_default_str();
+  dec->add_option("--cpu-threads", o->cpu_threads, "CPU attention threads (0 = hardware - 1)")->capture_default_str();
   dec->add_option("--recent-pages", o->recent_pages, "hybrid: full pages kept exact before the tail")->capture_default_str();
   dec->add_option("--query-terms", o->int8s.query_terms, "int8s kernel: int8 terms of the query (1 = SPEC as written)")->capture_default_str();
   dec->add_flag("!--no-skip-unit-rescale", o->int8s.skip_unit_rescale,
                 "int8s kernel: always rescale (SPEC §4 trick 1 off)");
-  dec->add_flag("!--no-tensor-cores", o->int8s.tensor_cores, "int8s kernel: q.k with __dp4a instead of int8 mma");
+  dec->add_flag("!--no-tensor-cores", o->int8s.tensor_cores,
+                "legacy int8s kernel: q.k with __dp4a instead of int8 mma");
+  auto kernel_name = std::make_shared<std::string>(cuda::int8s_kernel_name(o->int8s.kernel));
+  dec->add_option("--int8s-kernel", *kernel_name,
+                  "int8s kernel: tc (per-warp rings, q.k and P.V on tensor cores; group 3, 4, 6, 7, 8) or legacy")
+      ->capture_default_str()->check(CLI::IsMember({"tc", "legacy"}));
   dec->add_flag("--pow2-reference", o->int8s.pow2_reference,
                 "int8s kernel: integer base-2 running reference (SPEC §4 trick 2)");
   dec->add_option("--json", o->json_path, "JSON output");
   dec->add_option("--profile", o->profile_path, "Calibration profile output");
   dec->add_option("--commit", o->provenance.commit,
                   "Commit recorded in the JSON (default: the source tree's, `git rev-parse HEAD`)");
-  run = [o] {
+  run = [o, kernel_name] {
+    o->int8s.kernel = cuda::parse_int8s_kernel(*kernel_name);
     if (o->provenance.commit.empty()) o->provenance.commit = git_commit();
     o->provenance.command = command_line();
     return gpu_bench::run_bench_decode(*o);

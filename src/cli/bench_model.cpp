@@ -66,6 +66,8 @@ void check_args(const ModelBenchArgs& a, const std::string& device) {
   }
   if (a.cuda_graphs != "off" && device == "cpu")
     throw Error("bench: --cuda-graphs applies to --device cuda only");
+  if (a.cpu_share != 0 && device == "cpu")
+    throw Error("bench: --cpu-share applies to --device cuda only (the CPU path attends every page on the CPU)");
   if (a.reps < 1) throw Error(fmt::format("bench: -r {}: at least one repetition", a.reps));
   if (a.output != "md" && a.output != "json") throw Error(fmt::format("bench: -o {}: md or json", a.output));
   if (a.threads < 1 || a.page_size < 1 || a.tile_pages < 1 || a.prefill_chunk < 1 || a.recent_pages < 0 ||
@@ -171,6 +173,7 @@ void run_rows(const ModelBenchArgs& a, const BenchDevice& dev, int vocab, std::v
         base.depth = depth;
         base.format = format;
         base.placement = placement;
+        base.cpu_share = placement == "host" ? a.cpu_share : 0;  // -1: auto
         if (a.n_gen > 0) {
           BenchRow row = base;
           row.kind = "tg";
@@ -257,6 +260,7 @@ void add_bench(CLI::App& app, std::function<int()>& run) {
       ->capture_default_str();
   app.add_option("--prefill-chunk", a->prefill_chunk, "Tokens per prefill forward pass")->capture_default_str();
   add_cuda_graphs_option(app, a->cuda_graphs);
+  add_cpu_share_option(app, a->cpu_share);
   run = [a] { return run_model_bench(*a); };
 }
 

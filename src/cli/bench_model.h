@@ -39,6 +39,7 @@ struct ModelBenchArgs {
   int convert_threads = 0;                  ///< 0: half the hardware threads, at least 1
   int prefill_chunk = 512;
   std::string cuda_graphs = "off";          ///< --cuda-graphs on|off: gpu-placement decode steps as CUDA graphs
+  double cpu_share = 0;                     ///< --cpu-share: host-placement rows with co-attention (CUDA)
 };
 
 /// One history on the device under test, sized for a row's tokens.
@@ -98,6 +99,7 @@ struct BenchRow {
   int n_tokens = 0;            ///< tokens timed per repetition
   int64_t depth = 0;           ///< -d value
   std::string format, placement;
+  double cpu_share = 0;        ///< host placement: share of the pages the host CPU attended (co-attention)
   std::vector<double> ms;      ///< per repetition: wall time of the n_tokens
   std::vector<int64_t> depth_start;  ///< per repetition: history tokens when it began
   double history_bytes_per_token = 0;  ///< tg: measured over the timed steps

@@ -58,11 +58,13 @@ BenchDevice gpu_bench_device(const ModelBenchArgs& a, const gguf::File& f, const
   g.convert_threads = a.convert_threads;
   g.prefill_chunk = a.prefill_chunk;
   g.cuda_graphs = a.cuda_graphs;
+  const double cpu_share = a.cpu_share;
   g.sampling.temperature = 0;  // greedy: no sampling cost beyond an argmax, and repeatable
-  d.open = [&f, c, g](const std::string& format, const std::string& placement, int64_t n_ctx) {
+  d.open = [&f, c, g, cpu_share](const std::string& format, const std::string& placement, int64_t n_ctx) {
     GenerateArgs o = g;
     o.kv_format = format;
     o.kv_placement = placement;
+    o.cpu_share = placement == "host" ? cpu_share : 0;
     return std::unique_ptr<BenchSession>(std::make_unique<GpuSession>(f, c, runtime_options(o, n_ctx)));
   };
   return d;

@@ -96,7 +96,10 @@ std::string markdown_table(const BenchRun& run) {
   for (const BenchRow& r : run.rows) {
     const LlamaCppFigure ref = run.shape_27b ? llama_cpp_figure(r) : LlamaCppFigure{};
     const double ms = r.ms_per_token();
-    out += fmt::format("| {} | {} | {} | {:.2f} ± {:.2f} | {:.3f} | {} | {} | {} | {} |\n", r.format, r.placement,
+    const std::string where = r.cpu_share > 0   ? fmt::format("{}+cpu{:.0f}%", r.placement, 100 * r.cpu_share)
+                              : r.cpu_share < 0 ? r.placement + "+cpu-auto"
+                                                : r.placement;
+    out += fmt::format("| {} | {} | {} | {:.2f} ± {:.2f} | {:.3f} | {} | {} | {} | {} |\n", r.format, where,
                        r.label(), r.tps_mean(), r.tps_stddev(), ms,
                        r.floor_ms > 0 ? fmt::format("{:.3f}", r.floor_ms) : "—",
                        r.floor_ms > 0 ? fmt::format("{:.2f}", ms / r.floor_ms) : "—",
@@ -120,6 +123,7 @@ std::string json_report(const BenchRun& run) {
                     {"depth", r.depth},
                     {"kv_format", r.format},
                     {"kv_placement", r.placement},
+                    {"cpu_share", r.cpu_share < 0 ? nlohmann::json("auto") : nlohmann::json(r.cpu_share)},
                     {"reps_ms", r.ms},
                     {"reps_tokens_per_s", tps_of(r)},
                     {"reps_depth_start", r.depth_start},
@@ -148,7 +152,8 @@ std::string json_report(const BenchRun& run) {
                  {"head_dim", c.head_dim}, {"ffn_dim", c.ffn_dim}, {"vocab", c.vocab_size},
                  {"params", run.params}, {"file_bytes", run.file_bytes}, {"shape_27b", run.shape_27b}}},
       {"floor", "tg rows: weight_bytes_per_token / weights_gbps + history_bytes_per_token / (h2d_gbps for host "
-                "placement on the GPU, else weights_gbps); pp rows: none"},
+                "placement on the GPU, else weights_gbps); pp rows: none. Rows with cpu_share > 0 (co-attention) "
+                "count only the streamed history bytes: the link's floor, not the floor of link and CPU together"},
       {"llama_cpp", "SPEC §1 figures (H200, random-Q4_0 GGUF of the 27B attention shape), only for that shape"},
       {"rows", rows}};
   return j.dump(2) + "\n";

@@ -10,7 +10,11 @@ void add_calibrate(CLI::App& app, std::function<int()>& run) {
   auto o = std::make_shared<gpu_bench::CalibrateOptions>();
   app.add_option("--out,-o", o->out_path, "Profile JSON to write")->capture_default_str();
   app.add_option("--reps", o->reps, "Repetitions per point (median)")->capture_default_str();
-  run = [o] {
+  auto kernel_name = std::make_shared<std::string>(cuda::int8s_kernel_name(o->int8s.kernel));
+  app.add_option("--int8s-kernel", *kernel_name, "int8s kernel to time: tc or legacy")
+      ->capture_default_str()->check(CLI::IsMember({"tc", "legacy"}));
+  run = [o, kernel_name] {
+    o->int8s.kernel = cuda::parse_int8s_kernel(*kernel_name);
     o->provenance = {git_commit(), command_line()};
     gpu_bench::calibrate(*o);
     return 0;

@@ -1,6 +1,7 @@
 // `activekv eval`: the quality contract of SPEC §5 on real text. Prints a
 // table and writes JSON records (one per route and text, plus one per route
-// over all texts, plus the synthetic outlier case).
+// over all texts, plus the synthetic outlier case). With --passkey: the
+// passkey retrieval check instead (eval_passkey.cpp).
 #include <fmt/format.h>
 #include <omp.h>
 
@@ -18,6 +19,7 @@
 #endif
 #include "activekv/tokenizer/tokenizer.h"
 #include "commands.h"
+#include "eval_passkey.h"
 #include "memory.h"
 #include "options.h"
 #include "provenance.h"
@@ -35,6 +37,8 @@ struct EvalArgs {
   std::string device = "cpu";  ///< where the own-format samples' int8s kernel runs
   std::vector<std::string> routes{"lossless13", "int8s", "hybrid"};
   eval::EvalConfig cfg;
+  bool passkey = false;        ///< run the passkey check instead of the text eval
+  eval::PasskeyConfig pk;      ///< its depths, seed, answer length (sizes and routes come from cfg)
 };
 
 // The int8s kernel of the own-format samples: the CPU reference, or the GPU
@@ -59,7 +63,7 @@ std::string cell(double error) { return error < 0 ? "-" : fmt::format("{:.5f}", 
 
 // Per-route aggregate over texts: equal-weight scored tokens per text.
 nlohmann::json aggregate(const std::vector<eval::RouteQuality>& rows, const std::string& route) {
-  double nll = 0, nll_exact = 0, top1 = 0, kl = 0, bytes = 0, compressed = 0;
+  double nll = 0, nll_exact = 0, top1 = 0, kl = 0, bytes = 0, per_token = 0, compressed = 0;
   int n = 0;
   bool bitwise = true;
   for (const auto& r : rows) {
@@ -69,6 +73,7 @@ nlohmann::json aggregate(const std::vector<eval::RouteQuality>& rows, const std:
     top1 += r.top1_agreement;
     kl += r.mean_kl;
     bytes += r.bytes_per_step;
+    per_token += r.bytes_per_token;
     compressed += r.compressed_page_fraction;
     bitwise = bitwise && r.bitwise_equal_to_exact;
     ++n;
@@ -76,6 +81,7 @@ nlohmann::json aggregate(const std::vector<eval::RouteQuality>& rows, const std:
   const double ppl = std::exp(nll / n), ppl_exact = std::exp(nll_exact / n);
   return {{"ppl", ppl}, {"ppl_increase_pct", 100.0 * (ppl / ppl_exact - 1.0)}, {"top1_agreement", top1 / n},
           {"mean_kl", kl / n}, {"bitwise_equal_to_exact", bitwise}, {"history_bytes_per_step", bytes / n},
+          {"history_bytes_per_token", per_token / n},
           {"compressed_page_fraction", compressed / n}};
 }
 
@@ -84,20 +90,35 @@ int run(EvalArgs& a) {
   set_blas_threads(a.threads);
   a.cfg.int8s_tile = int8s_kernel(a.device);
   a.cfg.routes.clear();
+  route::RouteConfig defaults;
+  defaults.recent_pages = a.cfg.recent_pages;
+  defaults.tile_pages = a.cfg.tile_pages;
   for (const auto& r : a.routes) {
-    if (r != "lossless13" && r != "int8s" && r != "hybrid")
-      throw InvalidArgument("eval: --routes: unknown route '" + r + "' (lossless13, int8s, hybrid; exact is always "
-                            "scored as the baseline)");
-    const route::RouteKind k = route::parse_kind(r);
-    a.cfg.routes.push_back(k);
+    try {
+      a.cfg.routes.push_back(route::parse_candidate(r, defaults));
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument(std::string("eval: --routes: ") + e.what());
+    }
+    if (a.cfg.routes.back().config.kind == route::RouteKind::exact)
+      throw InvalidArgument("eval: --routes: exact is always scored as the baseline, not a candidate");
   }
   const std::string model_path = a.model.empty() ? default_model_path() : a.model;
   const std::string model_name = std::filesystem::path(model_path).stem().string();
-  const std::string out = a.json_out.empty() ? "eval-" + model_name + ".json" : a.json_out;
+  const std::string out =
+      a.json_out.empty() ? (a.passkey ? "passkey-" : "eval-") + model_name + ".json" : a.json_out;
   check_writable(out, "eval --json output");  // before minutes of work, not after
+  if (a.passkey && a.device != "cpu")
+    throw InvalidArgument("eval --passkey runs on the CPU only (--device cpu): its sliding-window layers and "
+                          "greedy decode use the CPU kernels");
   const gguf::File file = gguf::File::open(model_path);
   const Tokenizer tok = Tokenizer::from_gguf(file);
   model::LlamaModel lm = load_weights_checked(file, model_path, [&] { return model::LlamaModel(file); });
+  if (a.passkey) {
+    a.pk.context = a.cfg.context;
+    a.pk.page_size = a.cfg.page_size;
+    a.pk.routes = a.cfg.routes;
+    return run_passkey_eval(lm, tok, a.pk, model_name, out);
+  }
   a.cfg.text_files.clear();
   for (const auto& t : a.texts) a.cfg.text_files.push_back(std::filesystem::path(t).is_absolute() ? t : a.data_dir + "/" + t);
 
@@ -108,7 +129,7 @@ int run(EvalArgs& a) {
       [&](const std::string& line) { fmt::print(stderr, "[eval {:6.0f} s] {}\n", ms_since(t0) / 1000.0, line); });
 
   std::vector<std::string> routes{"exact"};
-  for (auto k : a.cfg.routes) routes.push_back(route::kind_name(k));
+  for (const auto& c : a.cfg.routes) routes.push_back(c.name);
   std::map<std::string, std::string> all_label;  // route -> "all (N samples)"
   for (const auto& route : routes) {
     int n = 0;
@@ -146,6 +167,7 @@ int run(EvalArgs& a) {
               {"own_format_error_one_term_query", optional(worst1)}, {"ppl", q.ppl}, {"ppl_increase_pct", q.ppl_increase_pct},
               {"top1_agreement", q.top1_agreement}, {"mean_kl", q.mean_kl},
               {"bitwise_equal_to_exact", q.bitwise_equal_to_exact}, {"history_bytes_per_step", q.bytes_per_step},
+              {"history_bytes_per_token", q.bytes_per_token},
               {"compressed_page_fraction", q.compressed_page_fraction}});
     records.push_back(j);
   }
@@ -200,10 +222,18 @@ void add_eval(CLI::App& app, std::function<int()>& run_fn) {
       ->capture_default_str()->check(count_range(0));
   app.add_option("--json", a->json_out, "Output JSON (default: eval-<model>.json)");
   add_threads_option(app, a->threads);
-  app.add_option("--routes", a->routes, "Routes scored against exact: lossless13, int8s, hybrid")
+  app.add_option("--routes", a->routes, "Routes scored against exact: lossless13, int8s, hybrid, or a hybrid "
+                                        "candidate with parameters, e.g. hybrid:recent=8,sink=2 (docs/routing.md)")
       ->delimiter(',')->capture_default_str();
   app.add_option("--device", a->device, "Where the own-format samples' int8s kernel runs: cpu, or cuda (the GPU "
                                         "kernel; the model and the scoring stay on the CPU)")->capture_default_str();
+  app.add_flag("--passkey", a->passkey, "Run the passkey retrieval check instead (a key planted at --depths of a "
+                                      "-c token filler prompt; per depth and route: retrieved, agrees with exact)");
+  app.add_option("--depths", a->pk.depths, "--passkey: needle depths, fractions of the prompt")
+      ->delimiter(',')->capture_default_str()->check(CLI::Range(0.0, 1.0));
+  app.add_option("--seed", a->pk.seed, "--passkey: seed of the keys")->capture_default_str();
+  app.add_option("--answer-tokens", a->pk.answer_tokens, "--passkey: greedy tokens per answer")
+      ->capture_default_str()->check(count_range(1));
   run_fn = [a] { return run(*a); };
 }
 

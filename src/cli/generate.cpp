@@ -112,8 +112,14 @@ void print_summary(const GenerationReport& r) {
              double(d.pages[2]) / steps);
   if (!r.prefill_history.empty()) fmt::print(stderr, "prefill history      {}\n", r.prefill_history);
   if (r.streamed_bytes >= 0)
-    fmt::print(stderr, "streamed/token       {:10.2f} MiB host -> GPU ({:.2f} MiB read in place on the GPU)\n",
-               r.streamed_bytes / steps / MiB, r.resident_bytes / steps / MiB);
+    fmt::print(stderr, "streamed/token       {:10.2f} MiB host -> GPU ({:.2f} MiB read in place on the GPU{}{})\n",
+               r.streamed_bytes / steps / MiB, r.resident_bytes / steps / MiB,
+               r.ring_bytes > 0 ? fmt::format(", of which {:.2f} MiB by the sliding layers from their rings",
+                                              r.sliding_bytes / steps / MiB)
+                                : std::string(),
+               r.cpu_bytes > 0 ? fmt::format(", {:.2f} MiB attended by the host CPU", r.cpu_bytes / steps / MiB)
+                               : std::string());
+  if (!r.co_attention.empty()) fmt::print(stderr, "co-attention         {}\n", r.co_attention);
   if (r.end_of_text) fmt::print(stderr, "stopped at end of text after {} tokens\n", r.generated);
   fmt::print(stderr, "peak RSS             {:10.1f} MiB\n", double(peak_rss_bytes()) / MiB);
 }
@@ -145,6 +151,12 @@ nlohmann::json report_json(const GenerationReport& r) {
           {"history_bytes_per_token", r.decode_route.bytes / steps},
           {"streamed_bytes_per_token", or_null(r.streamed_bytes < 0 ? -1 : r.streamed_bytes / steps)},
           {"resident_bytes_per_token", or_null(r.resident_bytes < 0 ? -1 : r.resident_bytes / steps)},
+          {"cpu_attended_bytes_per_token", or_null(r.cpu_bytes < 0 ? -1 : r.cpu_bytes / steps)},
+          {"cpu_share", r.cpu_bytes < 0 ? nlohmann::json(nullptr)
+                                        : r.cpu_share < 0 ? nlohmann::json("auto") : nlohmann::json(r.cpu_share)},
+          {"co_attention", r.co_attention},
+          {"sliding_ring_bytes_per_token", or_null(r.sliding_bytes < 0 ? -1 : r.sliding_bytes / steps)},
+          {"ring_bytes_gpu", or_null(r.ring_bytes)},
           {"weight_bytes_gpu", or_null(r.weight_bytes)},
           {"prefill_history", r.prefill_history},
           {"prefill_moved_bytes", or_null(r.prefill_moved_bytes)},
@@ -170,8 +182,9 @@ void check_args(const GenerateArgs& a, const std::string& device) {
   if (device == "cuda" && a.kv_format == "f32")
     throw Error("--kv-format f32 is the CPU path's reference format; on the GPU use bf16, lossless13, int8s or hybrid");
   if (device == "cpu" && (a.kv_placement != "auto" || a.gpu_kv_mem_gib > 0 || a.matvec_activations != "int8" ||
-                          a.cuda_graphs != "off"))
-    throw Error("--kv-placement, --gpu-kv-mem, --matvec-activations and --cuda-graphs apply to --device cuda only");
+                          a.cuda_graphs != "off" || a.cpu_share != 0))
+    throw Error("--kv-placement, --gpu-kv-mem, --matvec-activations, --cuda-graphs and --cpu-share apply to --device "
+                "cuda only");
   if (!a.json_out.empty()) check_writable(a.json_out, "generate --json output");
 }
 
@@ -302,6 +315,7 @@ void add_generate(CLI::App& app, std::function<int()>& run_fn) {
                  "llama.cpp; fast) or fp32 ones throughout (f32: the CPU path's arithmetic, for comparisons; slower)")
       ->capture_default_str()->check(CLI::IsMember({"int8", "f32"}));
   add_cuda_graphs_option(app, a->cuda_graphs);
+  add_cpu_share_option(app, a->cpu_share);
   app.add_option("--prefill-chunk", a->prefill_chunk, "Tokens per prefill forward pass")->capture_default_str()->check(CLI::Range(1, 1 << 16));
   app.add_option("--json", a->json_out, "Also write the summary as JSON to this file (with command and commit)");
   run_fn = [a] { return run(*a); };

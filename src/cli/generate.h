@@ -39,6 +39,7 @@ struct GenerateArgs {
   double gpu_kv_mem_gib = 0;          // GPU budget for the history; 0 = free memory less a margin
   std::string matvec_activations = "int8";  // int8 | f32 (GPU only)
   std::string cuda_graphs = "off";    // on | off: gpu-placement decode steps as CUDA graphs (GPU only)
+  double cpu_share = 0;               // GPU, host placement: share of each layer's pages the CPU attends (issue 12)
   std::string json_out;               // --json: the report as JSON
 };
 
@@ -55,6 +56,11 @@ struct GenerationReport {
   route::RouteReport decode_route;  ///< pages, tiles and bytes read by the decode steps
   double streamed_bytes = -1;   ///< GPU: history bytes copied host -> device, all steps (-1: n/a)
   double resident_bytes = -1;   ///< GPU: history bytes read in place on the GPU, all steps
+  double cpu_bytes = -1;        ///< GPU: history bytes the host CPU attended in place, all steps (co-attention)
+  double cpu_share = 0;         ///< GPU: --cpu-share (-1: auto)
+  std::string co_attention;     ///< GPU, --cpu-share auto: measured rates and the last step's plan
+  double sliding_bytes = -1;    ///< GPU: of resident_bytes, read by the sliding layers from their GPU rings
+  double ring_bytes = -1;       ///< GPU: device bytes of the sliding layers' rings
   double weight_bytes = -1;     ///< GPU: weights on the GPU, in their GGUF types
   std::string prefill_history;  ///< GPU: where the prompt's history lived during prefill (one line)
   double prefill_moved_bytes = -1;  ///< GPU: history bytes a streamed prefill copied host -> device

@@ -36,6 +36,7 @@ runtime::RuntimeOptions runtime_options(const GenerateArgs& a, int64_t n_ctx) {
   o.prefill_chunk = a.prefill_chunk;
   o.f32_activations = a.matvec_activations == "f32";
   o.cuda_graphs = a.cuda_graphs == "on";
+  o.cpu_share = a.cpu_share;
   o.sampling = sampler_params(a);
   return o;
 }
@@ -69,6 +70,12 @@ int run_generate_gpu(const GenerateArgs& a) {
   r.load_ms = ms_since(t0);
   r.model_name = c.name.empty() ? c.arch : c.name;
   r.layers = c.layer_split();
+  if (st.sliding_layers > 0)  // where each kind of layer keeps its history
+    r.layers += fmt::format(" | sliding: last {} tokens resident in GPU rings ({:.1f} MiB), never streamed | global: "
+                            "history in host pages ({} placement)",
+                            st.window, double(st.ring_bytes) / (1 << 20),
+                            route::placement_name(st.placement.placement));
+  r.ring_bytes = double(st.ring_bytes);
   r.device = st.device;
   r.kv_format = a.kv_format;
   r.placement = st.placement.reason;
@@ -99,6 +106,10 @@ int run_generate_gpu(const GenerateArgs& a) {
   r.decode_route = st.pages;
   r.streamed_bytes = double(st.streamed_bytes);
   r.resident_bytes = double(st.resident_bytes);
+  r.cpu_bytes = double(st.cpu_bytes);
+  r.cpu_share = a.cpu_share;
+  r.co_attention = st.co_attention;
+  r.sliding_bytes = double(st.sliding_bytes);
   report(a, r);
   return 0;
 }

@@ -3,6 +3,8 @@
 // value is one line naming the flag and a non-zero exit, as any CLI11 parse error).
 #pragma once
 
+#include <cstdlib>
+
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -45,6 +47,31 @@ inline CLI::Option* add_cuda_graphs_option(CLI::App& app, std::string& cuda_grap
                         "GPU: run each decode step with --kv-placement gpu as one CUDA graph (on) or kernel by "
                         "kernel (off); the same results either way. host placement and prefill are never captured")
       ->capture_default_str()->check(CLI::IsMember({"on", "off"}));
+}
+
+/// --cpu-share F: with the history streamed (host placement), the share of
+/// each layer's pages, oldest first, that the host CPU attends in place while
+/// the GPU streams the rest (co-attention; runtime::RuntimeOptions::cpu_share).
+/// "auto" (the planner balances the link and the CPU from rates measured at
+/// start: route/co_attention_plan.h) is stored as -1.
+inline CLI::Option* add_cpu_share_option(CLI::App& app, double& cpu_share) {
+  return app
+      .add_option_function<std::string>(
+          "--cpu-share",
+          [&cpu_share](const std::string& v) {
+            if (v == "auto") {
+              cpu_share = -1;
+              return;
+            }
+            char* end = nullptr;
+            const double f = std::strtod(v.c_str(), &end);
+            if (end == v.c_str() || *end != '\0' || !(f >= 0 && f < 1))
+              throw CLI::ValidationError("--cpu-share", "'" + v + "' is neither auto nor a share in [0, 1)");
+            cpu_share = f;
+          },
+          "GPU, host placement: share of each layer's history pages (oldest first) the host CPU attends in place "
+          "while the GPU streams the rest (co-attention), in [0, 1), or auto (balanced from rates measured at start)")
+      ->default_str("0");
 }
 
 }  // namespace activekv::cli

@@ -200,17 +200,21 @@ size_t history_bytes(const DecodeShape& shape, std::span<const PageRef> pages) {
   return bytes;
 }
 
-void attend_pages(const DecodeShape& shape, std::span<const PageRef> pages, const float* q,
-                  const CpuAttentionOptions& opt, CpuAttentionWorkspace& ws, float* o, float* lse) {
+size_t count_splits(std::span<const PageRef> pages, int split_tokens) {
+  if (split_tokens <= 0) throw InvalidArgument(fmt::format("cpu attention: split_tokens {} is not positive", split_tokens));
+  size_t n = 0;
+  for (const PageRef& p : pages) n += size_t((std::max(p.n_tokens, 0) + split_tokens - 1) / split_tokens);
+  return n;
+}
+
+size_t attend_pages_splits(const DecodeShape& shape, std::span<const PageRef> pages, const float* q,
+                           const CpuAttentionOptions& opt, CpuAttentionWorkspace& ws, float* split_o,
+                           float* split_lse) {
   check(shape, pages, opt);
   const int d = shape.head_dim, G = shape.group, H = shape.n_kv_heads, nq = shape.n_q_heads();
   const bool avx512 = use_avx512(shape, opt.isa);
   const std::vector<Split> splits = make_splits(pages, opt.split_tokens);
-  if (splits.empty()) {
-    std::fill(o, o + size_t(nq) * d, 0.0f);
-    std::fill(lse, lse + nq, -std::numeric_limits<float>::infinity());
-    return;
-  }
+  if (splits.empty()) return 0;
   if (avx512) split_query_bf16(q, size_t(nq) * d, ws.q_bf16);
   static const detail::Bf16Kernel bf16_portable = detail::pick_bf16_portable();
   static const detail::Int8sKernel int8s_portable = detail::pick_int8s_portable();
@@ -223,8 +227,6 @@ void attend_pages(const DecodeShape& shape, std::span<const PageRef> pages, cons
                         avx512 ? detail::bf16_item_avx512 : bf16_portable,
                         avx512 ? detail::int8s_item_avx512 : int8s_portable};
 
-  ws.split_o.resize(splits.size() * nq * d);
-  ws.split_lse.resize(splits.size() * nq);
   // Per-page int8s query slots: page p's (page, KV head) g at query_slot[p] * H + g.
   std::vector<int>& query_slot = ws.query_slot;
   query_slot.assign(pages.size(), -1);
@@ -260,24 +262,44 @@ void attend_pages(const DecodeShape& shape, std::span<const PageRef> pages, cons
       const Split& s = splits[size_t(item / H)];
       const int g = item % H;
       const PageRef& page = pages[s.page];
-      float* so = ws.split_o.data() + (size_t(item / H) * nq + size_t(g) * G) * d;
-      float* sl = ws.split_lse.data() + size_t(item / H) * nq + size_t(g) * G;
+      float* so = split_o + (size_t(item / H) * nq + size_t(g) * G) * d;
+      float* sl = split_lse + size_t(item / H) * nq + size_t(g) * G;
       if (page.int8s) {
         run_int8s_item(ctx, page, s, g, page_query(s.page, g), f32.data(), so, sl);
       } else {
         run_bf16_item(ctx, page, s, g, f32.data(), so, sl);
       }
     }
-    // Merge each query head's split partials in token order (SPEC §4).
-    std::vector<const float*> so(splits.size());
-    std::vector<float> sl(splits.size());
+  }
+  return splits.size();
+}
+
+void attend_pages(const DecodeShape& shape, std::span<const PageRef> pages, const float* q,
+                  const CpuAttentionOptions& opt, CpuAttentionWorkspace& ws, float* o, float* lse) {
+  check(shape, pages, opt);
+  const int d = shape.head_dim, nq = shape.n_q_heads();
+  const size_t n_splits = count_splits(pages, opt.split_tokens);
+  if (n_splits == 0) {
+    std::fill(o, o + size_t(nq) * d, 0.0f);
+    std::fill(lse, lse + nq, -std::numeric_limits<float>::infinity());
+    return;
+  }
+  ws.split_o.resize(n_splits * nq * d);
+  ws.split_lse.resize(n_splits * nq);
+  attend_pages_splits(shape, pages, q, opt, ws, ws.split_o.data(), ws.split_lse.data());
+  const int threads = opt.threads > 0 ? opt.threads : omp_get_max_threads();
+  // Merge each query head's split partials in token order (SPEC §4).
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<const float*> so(n_splits);
+    std::vector<float> sl(n_splits);
 #pragma omp for schedule(static)
     for (int h = 0; h < nq; ++h) {
-      for (size_t i = 0; i < splits.size(); ++i) {
+      for (size_t i = 0; i < n_splits; ++i) {
         so[i] = ws.split_o.data() + (i * nq + size_t(h)) * d;
         sl[i] = ws.split_lse[i * nq + size_t(h)];
       }
-      if (splits.size() == 1) {  // one split: its partial unchanged
+      if (n_splits == 1) {  // one split: its partial unchanged
         std::copy(so[0], so[0] + d, o + size_t(h) * d);
         lse[h] = sl[0];
       } else {

@@ -10,6 +10,8 @@
 
 #include "activekv/kv/codec.h"
 #include "activekv/kv/int8s_layout.h"
+#include "cpu_share.h"
+#include "int8s_tc.h"
 #include "cuda_check.h"
 #include "device_buffer.h"
 #include "activekv/cuda/patch.h"
@@ -28,9 +30,15 @@ void check_page(const AttnShape& sh, const PageRef& r, int64_t needed, const std
   auto bad = [&](const std::string& m) {
     throw InvalidArgument("DecodeEngine::update: " + where + " (" + page_kind_name(r.kind) + " page): " + m);
   };
-  if (!r.host) bad("no host bytes");
+  if (!r.host && !(r.device && r.kind == PageKind::bf16)) bad("no host bytes (and not a bf16 page on the GPU)");
   if (reinterpret_cast<uintptr_t>(r.host) % 16 != 0 || reinterpret_cast<uintptr_t>(r.device) % 16 != 0)
     bad("not 16-byte aligned");
+  if (r.cpu) {
+    if (r.device) bad("marked for the CPU but has a device copy");
+    if (r.kind == PageKind::lossless13) bad("the CPU does not attend lossless13 pages (bf16 and int8s only)");
+    if (r.kind == PageKind::int8s && (!r.int8s_view || r.int8s_view->blob.data() != r.host))
+      bad("an int8s page for the CPU needs the parsed view of its own blob (int8s_view)");
+  }
   if (r.kind == PageKind::bf16) {
     if (r.bytes != sh.page_bytes())
       bad("bf16 page of " + std::to_string(r.bytes) + " bytes, the shape needs " + std::to_string(sh.page_bytes()));
@@ -121,10 +129,12 @@ struct DecodeEngine::Plan {
   std::vector<std::pair<int, int>> ring;   // streamed jobs in step order: (layer, job); job k uses slot k % R
   std::vector<SplitWork> work;
   std::vector<UnpackWork> unpack;
-  std::vector<int32_t> n_splits;  // [seq]
+  std::vector<int32_t> n_splits;  // [layer][seq]
+  std::vector<size_t> resident_bytes;  // [layer]
   size_t stage_slot_bytes = 0;    // largest streamed job
   int max_unpack = 0;             // most lossless13 pages in one job
   int max_splits = 1;
+  std::shared_ptr<CpuStepWork> cpu;  // the CPU's share; null when no page is marked `cpu`
 };
 
 // Device buffers; work/unpack/n_splits hold what the previous plan wrote.
@@ -147,6 +157,13 @@ DecodeEngine::DecodeEngine(const EngineConfig& cfg) : cfg_(cfg), dev_(std::make_
   if (cfg_.n_layers <= 0) throw InvalidArgument("EngineConfig: n_layers must be positive");
   if (cfg_.tile_pages < 0) throw InvalidArgument("EngineConfig: tile_pages must be >= 0");
   if (cfg_.ring_slots < 2) throw InvalidArgument("EngineConfig: ring_slots must be >= 2");
+  if (cfg_.int8s.kernel == Int8sKernel::tc && !int8s_tc_supports_group(cfg_.attn.group))
+    throw InvalidArgument("EngineConfig: " + tc_group_error(cfg_.attn.group));
+  if (!cfg_.windows.empty() && int(cfg_.windows.size()) != cfg_.n_layers)
+    throw InvalidArgument("EngineConfig: windows has " + std::to_string(cfg_.windows.size()) + " entries, n_layers is " +
+                          std::to_string(cfg_.n_layers));
+  for (int w : cfg_.windows)
+    if (w < 0) throw InvalidArgument("EngineConfig: a window must be >= 0 tokens, got " + std::to_string(w));
   AKV_CUDA(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
   AKV_CUDA(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
   for (int i = 0; i < cfg_.ring_slots; ++i) {
@@ -161,6 +178,7 @@ DecodeEngine::DecodeEngine(const EngineConfig& cfg) : cfg_(cfg), dev_(std::make_
 DecodeEngine::~DecodeEngine() {
   if (compute_) cudaStreamSynchronize(compute_);
   if (copy_) cudaStreamSynchronize(copy_);
+  cpu_.reset();  // its side stream writes into dev_'s partials
   dev_.reset();
   for (void* e : events_copy_) cudaEventDestroy(ev(e));
   for (void* e : events_compute_) cudaEventDestroy(ev(e));
@@ -170,16 +188,63 @@ DecodeEngine::~DecodeEngine() {
 
 namespace {
 
-// Entries of one layer: (sequence, page index, tokens valid in it), sequence-major.
-struct Entry { int seq; int64_t page; int64_t valid; };
+// The first key a layer with `window` (0: none) attends for a sequence of n
+// tokens, whose query sits at n - 1.
+int64_t first_visible(int64_t n, int window) { return window > 0 ? std::max<int64_t>(0, n - window) : 0; }
 
-std::vector<Entry> layer_entries(const std::vector<SeqPages>& seqs, int page_size) {
+// Entries of one layer: (sequence, page index, first attended token in it,
+// tokens valid in it), sequence-major, from the first visible page on.
+struct Entry { int seq; int64_t page; int64_t lo; int64_t valid; };
+
+std::vector<Entry> layer_entries(const std::vector<SeqPages>& seqs, int page_size, int window) {
   std::vector<Entry> out;
   for (int s = 0; s < int(seqs.size()); ++s) {
     const int64_t n = seqs[size_t(s)].n_tokens;
-    for (int64_t p = 0; p * page_size < n; ++p) out.push_back({s, p, std::min<int64_t>(page_size, n - p * page_size)});
+    const int64_t first = first_visible(n, window);
+    for (int64_t p = first / page_size; p * page_size < n; ++p)
+      out.push_back({s, p, std::max<int64_t>(0, first - p * page_size), std::min<int64_t>(page_size, n - p * page_size)});
   }
   return out;
+}
+
+// Splits a layer's merge takes for a sequence of n tokens: from the one
+// holding its first visible token to the one holding token n - 1.
+int32_t splits_of(int64_t n, int window, int split_tokens) {
+  return n == 0 ? 0 : int32_t((n - 1) / split_tokens - first_visible(n, window) / split_tokens + 1);
+
+// One layer's CPU pages (entries `idx`, sequence-major, page order) as
+// per-sequence page lists and the split slots their partials go to.
+// Splits are numbered as the GPU's work (from the layer's first visible
+// split); the CPU attends whole pages from their first token, so a page a
+// window starts inside stays on the GPU (InvalidArgument).
+template <class Ref>
+void plan_cpu_layer(const AttnShape& sh, const std::vector<SeqPages>& seqs, int window,
+                    const std::vector<Entry>& entries, const std::vector<size_t>& idx, const Ref& ref,
+                    CpuLayerWork& w) {
+  const int per_page = sh.page_size / sh.split_tokens;
+  const cpu::DecodeShape ds{sh.n_kv_heads, sh.group, sh.head_dim, sh.page_size, sh.softmax_scale};
+  for (size_t e : idx) {
+    const Entry& en = entries[e];
+    const PageRef& r = ref(e);
+    if (en.lo != 0)
+      throw InvalidArgument("DecodeEngine::update: sequence " + std::to_string(en.seq) + " page " +
+                            std::to_string(en.page) + " is marked for the CPU but its layer's window starts inside it");
+    const int64_t split0 = first_visible(seqs[size_t(en.seq)].n_tokens, window) / sh.split_tokens;
+    if (w.seqs.empty() || w.seqs.back().seq != en.seq) w.seqs.push_back({en.seq, {}, w.rows});
+    const int valid = int(en.valid);
+    w.seqs.back().pages.push_back(r.kind == PageKind::int8s ? cpu::PageRef::from_int8s(*r.int8s_view, valid)
+                                                            : cpu::PageRef::from_bf16(reinterpret_cast<const bf16*>(r.host), valid));
+    for (int t0 = 0; t0 < valid; t0 += sh.split_tokens) {
+      const int32_t split = int32_t(en.page * per_page + t0 / sh.split_tokens - split0);
+      auto& runs = w.runs;
+      if (!runs.empty() && runs.back().seq == en.seq && runs.back().split0 + runs.back().count == split)
+        ++runs.back().count;
+      else
+        runs.push_back({en.seq, split, 1, w.rows});
+      ++w.rows;
+    }
+  }
+  for (const auto& s : w.seqs) w.bytes += cpu::history_bytes(ds, s.pages);
 }
 
 }  // namespace
@@ -191,7 +256,8 @@ void DecodeEngine::update(const std::vector<SeqPages>& seqs) {
   if (seqs.empty()) throw InvalidArgument("DecodeEngine::update: empty batch");
   auto plan = std::make_unique<Plan>();
   Plan& P = *plan;
-  P.n_splits.resize(seqs.size());
+  const size_t n_seq = seqs.size();
+  P.n_splits.resize(size_t(L) * n_seq);
   for (size_t s = 0; s < seqs.size(); ++s) {
     const SeqPages& sp = seqs[s];
     const std::string name = "sequence " + std::to_string(s);
@@ -207,7 +273,7 @@ void DecodeEngine::update(const std::vector<SeqPages>& seqs) {
         throw InvalidArgument("DecodeEngine::update: " + name + " layer " + std::to_string(l) + " page table has " +
                               std::to_string(t.size()) + " pages, " + std::to_string(np) + " needed for " +
                               std::to_string(sp.n_tokens) + " tokens");
-      for (int64_t p = 0; p < np; ++p) {
+      for (int64_t p = first_visible(sp.n_tokens, window(l)) / sh.page_size; p < np; ++p) {
         const bool same = old && size_t(p) < old->tables[size_t(l)].size() && old->tables[size_t(l)][size_t(p)] == t[size_t(p)] &&
                           (p + 1) * sh.page_size <= old->n_tokens;  // was full then: nothing new to check
         if (!same)
@@ -215,25 +281,43 @@ void DecodeEngine::update(const std::vector<SeqPages>& seqs) {
                      name + " layer " + std::to_string(l) + " page " + std::to_string(p));
       }
     }
-    P.n_splits[s] = int32_t((sp.n_tokens + sh.split_tokens - 1) / sh.split_tokens);
-    if (P.n_splits[s] > kMaxMergeSplits)
-      throw InvalidArgument("DecodeEngine::update: " + name + " has " + std::to_string(P.n_splits[s]) + " splits of " +
-                            std::to_string(sh.split_tokens) + " tokens; the merge takes at most " +
-                            std::to_string(kMaxMergeSplits) + " (use larger splits)");
-    P.max_splits = std::max(P.max_splits, int(P.n_splits[s]));
+    for (int l = 0; l < L; ++l) {
+      const int32_t n = splits_of(sp.n_tokens, window(l), sh.split_tokens);
+      if (n > kMaxMergeSplits)
+        throw InvalidArgument("DecodeEngine::update: " + name + " has " + std::to_string(n) + " splits of " +
+                              std::to_string(sh.split_tokens) + " tokens; the merge takes at most " +
+                              std::to_string(kMaxMergeSplits) + " (use larger splits)");
+      P.n_splits[size_t(l) * n_seq + s] = n;
+      P.max_splits = std::max(P.max_splits, int(n));
+    }
   }
   P.seqs = seqs;
 
   // Pass 1: the jobs of each layer (its resident pages; its streamed pages in
   // tiles) and their copies, in host memory order.
-  const std::vector<Entry> entries = layer_entries(seqs, sh.page_size);
+  std::vector<std::vector<Entry>> layer_ents(static_cast<size_t>(L));
+  for (int l = 0; l < L; ++l) layer_ents[size_t(l)] = layer_entries(seqs, sh.page_size, window(l));
   auto ref = [&](size_t e, int l) -> const PageRef& {
-    return seqs[size_t(entries[e].seq)].tables[size_t(l)][size_t(entries[e].page)];
+    const Entry& en = layer_ents[size_t(l)][e];
+    return seqs[size_t(en.seq)].tables[size_t(l)][size_t(en.page)];
   };
   P.jobs.resize(size_t(L));
+  P.resident_bytes.assign(size_t(L), 0);
   for (int l = 0; l < L; ++l) {
-    std::vector<size_t> resident, streamed;  // indexes into entries
-    for (size_t i = 0; i < entries.size(); ++i) (ref(i, l).device ? resident : streamed).push_back(i);
+    const std::vector<Entry>& entries = layer_ents[size_t(l)];
+    std::vector<size_t> resident, streamed, on_cpu;  // indexes into entries
+    for (size_t i = 0; i < entries.size(); ++i)
+      (ref(i, l).cpu ? on_cpu : ref(i, l).device ? resident : streamed).push_back(i);
+    if (!on_cpu.empty()) {
+      if (!P.cpu) {
+        P.cpu = std::make_shared<CpuStepWork>();
+        P.cpu->layers.resize(size_t(L));
+      }
+      plan_cpu_layer(sh, seqs, window(l), entries, on_cpu, [&](size_t e) -> const PageRef& { return ref(e, l); },
+                     P.cpu->layers[size_t(l)]);
+      P.cpu->max_rows = std::max(P.cpu->max_rows, P.cpu->layers[size_t(l)].rows);
+      P.cpu->bytes += P.cpu->layers[size_t(l)].bytes;
+    }
     auto add_job = [&](std::vector<size_t> idx, bool res) {
       JobPlan j;
       j.resident = res;
@@ -246,10 +330,14 @@ void DecodeEngine::update(const std::vector<SeqPages>& seqs) {
       int n13 = 0;
       for (size_t e : idx) {
         const PageRef& r = ref(e, l);
-        j.info.tokens += entries[e].valid;
-        j.info.tokens_by_kind[int(r.kind)] += entries[e].valid;
+        const int64_t tokens = entries[e].valid - entries[e].lo;
+        j.info.tokens += tokens;
+        j.info.tokens_by_kind[int(r.kind)] += tokens;
         n13 += r.kind == PageKind::lossless13;
-        if (res) continue;
+        if (res) {  // a windowed layer's first page: from its first visible token
+          P.resident_bytes[size_t(l)] += size_t(r.bytes * uint64_t(sh.page_size - entries[e].lo) / uint64_t(sh.page_size));
+          continue;
+        }
         // One copy per run of pages laid out in host memory as in the slot
         // (each page 256-byte aligned): the run also copies the padding
         // between its pages, never past its last page's bytes.
@@ -308,6 +396,7 @@ void DecodeEngine::update(const std::vector<SeqPages>& seqs) {
   // resident copy, or at their place in the job's ring slot; lossless13
   // pages at their unpacked place in the scratch).
   for (int l = 0; l < L; ++l) {
+    const std::vector<Entry>& entries = layer_ents[size_t(l)];
     for (JobPlan& j : P.jobs[size_t(l)]) {
       std::vector<std::pair<const void*, PageKind>> where;  // the page as the kernels read it
       const std::byte* slot = j.resident ? nullptr : D.staging.p + size_t(j.slot) * D.slot_bytes;
@@ -333,20 +422,35 @@ void DecodeEngine::update(const std::vector<SeqPages>& seqs) {
         for (size_t k = 0; k < j.entries.size(); ++k) {
           if (where[k].second != want) continue;
           const Entry& en = entries[j.entries[k]];
-          for (int64_t t0 = 0; t0 < en.valid; t0 += sh.split_tokens) {
+          // Splits at fixed token positions (multiples of split_tokens), the
+          // first one of a windowed layer starting at its first visible
+          // token; numbered from the layer's first visible split.
+          const int64_t split0 = first_visible(seqs[size_t(en.seq)].n_tokens, window(l)) / sh.split_tokens;
+          for (int64_t t0 = en.lo; t0 < en.valid;) {
+            const int64_t end = std::min<int64_t>(en.valid, (t0 / sh.split_tokens + 1) * sh.split_tokens);
             SplitWork w;
             w.page = where[k].first;
             w.seq = en.seq;
             w.tok0 = int32_t(t0);
-            w.ntok = int32_t(std::min<int64_t>(sh.split_tokens, en.valid - t0));
-            w.split = int32_t(en.page * (sh.page_size / sh.split_tokens) + t0 / sh.split_tokens);
+            w.ntok = int32_t(end - t0);
+            w.split = int32_t(en.page * (sh.page_size / sh.split_tokens) + t0 / sh.split_tokens - split0);
             P.work.push_back(w);
+            t0 = end;
           }
         }
         list.n = int(P.work.size() - list.off);
       }
       j.info.n_work = j.bf16.n + j.int8s.n;
     }
+  }
+  if (P.cpu || cpu_) {
+    if (!cpu_) {
+      cpu::CpuAttentionOptions o = cfg_.cpu_kernels;
+      o.split_tokens = sh.split_tokens;
+      o.int8s_query_terms = cfg_.int8s.query_terms;
+      cpu_ = std::make_unique<CpuShare>(sh, o);
+    }
+    cpu_->set_work(P.cpu ? P.cpu : std::make_shared<CpuStepWork>(), int(seqs.size()));
   }
   apply(std::move(plan));
 }
@@ -380,17 +484,18 @@ void DecodeEngine::apply(std::unique_ptr<Plan> plan) {
   D.rewrite_all = false;
 
   bytes_per_step_ = copies_per_step_ = largest_copy_ = resident_bytes_per_step_ = 0;
-  for (const auto& layer : P.jobs)
-    for (const JobPlan& j : layer)
+  layer_streamed_.assign(P.jobs.size(), 0);
+  layer_resident_ = P.resident_bytes;
+  for (size_t l = 0; l < P.jobs.size(); ++l) {
+    for (const JobPlan& j : P.jobs[l])
       for (const auto& r : j.runs) {
-        bytes_per_step_ += r.bytes;
+        layer_streamed_[l] += r.bytes;
         ++copies_per_step_;
         largest_copy_ = std::max(largest_copy_, r.bytes);
       }
-  for (const SeqPages& s : P.seqs)
-    for (const auto& t : s.tables)
-      for (int64_t p = 0; p * cfg_.attn.page_size < s.n_tokens; ++p)
-        if (t[size_t(p)].device) resident_bytes_per_step_ += t[size_t(p)].bytes;
+    bytes_per_step_ += layer_streamed_[l];
+    resident_bytes_per_step_ += layer_resident_[l];
+  }
   plan_ = std::move(plan);
   ready_ = true;
   next_layer_ = cfg_.n_layers;  // begin_step() first
@@ -398,6 +503,7 @@ void DecodeEngine::apply(std::unique_ptr<Plan> plan) {
 
 void DecodeEngine::begin_step() {
   if (!ready_) throw InvalidArgument("DecodeEngine: no batch (call update() first, and again after it failed)");
+  if (cpu_) cpu_->rethrow_error();
   next_layer_ = 0;
   ring_job_ = 0;
   copies_enqueued_ = 0;
@@ -431,6 +537,10 @@ void DecodeEngine::enqueue_layer(int layer, const float* q, float* out, float* o
                           (next_layer_ < cfg_.n_layers ? std::to_string(next_layer_) : std::string("none")) +
                           ", got " + std::to_string(layer) + " (call begin_step() before each step's layer 0)");
   ++next_layer_;
+  const Device& D = *dev_;
+  const Partials parts{D.part_o.p, D.part_lse.p, D.cap_splits};
+  const bool cpu_work = cpu_ && cpu_->has_work(layer);
+  if (cpu_work) cpu_->start_layer(layer, q, parts, compute_);  // first: the CPU starts as soon as q is ready
   const int64_t n_ring = int64_t(plan_->ring.size());
   for (const JobPlan& j : plan_->jobs[size_t(layer)]) {
     if (!j.resident) {
@@ -444,9 +554,9 @@ void DecodeEngine::enqueue_layer(int layer, const float* q, float* out, float* o
       ++ring_job_;
     }
   }
-  const Device& D = *dev_;
-  launch_merge(cfg_.attn, Partials{D.part_o.p, D.part_lse.p, D.cap_splits}, D.n_splits.p,
-               int(plan_->seqs.size()), out, out_lse, compute_);
+  if (cpu_work) cpu_->join_layer(compute_);
+  const size_t n_seq = plan_->seqs.size();
+  launch_merge(cfg_.attn, parts, D.n_splits.p + size_t(layer) * n_seq, int(n_seq), out, out_lse, compute_);
 }
 
 void DecodeEngine::enqueue_step(const float* q, float* out, float* out_lse) {
@@ -471,6 +581,9 @@ std::vector<DecodeEngine::JobInfo> DecodeEngine::job_info(int layer) const {
 void DecodeEngine::synchronize() {
   AKV_CUDA(cudaStreamSynchronize(copy_));
   AKV_CUDA(cudaStreamSynchronize(compute_));
+  if (cpu_) cpu_->synchronize();
 }
+
+size_t DecodeEngine::cpu_bytes_per_step() const { return cpu_ ? cpu_->bytes_per_step() : 0; }
 
 }  // namespace activekv::cuda

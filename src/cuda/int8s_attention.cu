@@ -27,6 +27,8 @@
 #include <string>
 
 #include "activekv/cuda/format_kernels.h"
+#include "int8s_query.cuh"
+#include "int8s_tc.h"
 #include "mma_util.cuh"
 #include "activekv/kv/int8s_layout.h"
 #include "once_per_device.h"
@@ -35,6 +37,8 @@ namespace activekv::cuda {
 namespace {
 
 using detail::cp_async16;  // mma_util.cuh
+using detail::quantise_int8;  // int8s_query.cuh
+using detail::quantise_int8_residual;
 using detail::smem_u32;
 
 constexpr int kThreads = 128;
@@ -65,9 +69,6 @@ __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o >= 1; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
-}
-__device__ __forceinline__ int8_t quantise(float x, float step) {
-  return step == 0.f ? int8_t(0) : int8_t(fminf(fmaxf(rintf(x / step), -127.f), 127.f));
 }
 
 // score of token t, head g from the integer dot products of its two query terms.
@@ -204,14 +205,13 @@ int8s_split_kernel(const SplitWork* __restrict__ work, const float* __restrict__
     float mx = red_a[g];
 #pragma unroll
     for (int i = 1; i < kWarps; ++i) mx = fmaxf(mx, red_a[i * kHeads + g]);
-    const float a = mx / 127.f, a_lo = a / 127.f;
+    const float a = mx / 127.f;
     const float* qrow = q + (size_t(w.seq) * nq + size_t(h) * group + g) * HD;
     for (int j = tid; j < HD; j += kThreads) {
       const float x = qrow[j] * __half2float(c_scale[j]);
-      const int8_t hi = quantise(x, a);
+      const int8_t hi = quantise_int8(x, a);
       sq[g * HD + j] = hi;
-      // Rounded product, then rounded difference (no FMA contraction): the CPU reference's arithmetic.
-      sq[(kHeads + g) * HD + j] = opt.query_terms == 2 ? quantise(__fsub_rn(x, __fmul_rn(a, float(hi))), a_lo) : int8_t(0);
+      sq[(kHeads + g) * HD + j] = opt.query_terms == 2 ? quantise_int8_residual(x, a, hi) : int8_t(0);
     }
     if (tid == 0) row_scale[g] = a * scale_log2;
   }
@@ -343,6 +343,14 @@ void launch(const AttnShape& sh, const SplitWork* work, int n_work, const float*
 
 }  // namespace
 
+Int8sKernel parse_int8s_kernel(const std::string& name) {
+  if (name == "legacy") return Int8sKernel::legacy;
+  if (name == "tc") return Int8sKernel::tc;
+  throw InvalidArgument("int8s kernel must be tc or legacy, got '" + name + "'");
+}
+
+const char* int8s_kernel_name(Int8sKernel k) { return k == Int8sKernel::tc ? "tc" : "legacy"; }
+
 void launch_split_attention_int8s(const AttnShape& shape, const SplitWork* work, int n_work, const float* q,
                                   Partials partials, const Int8sKernelOptions& opt, cudaStream_t stream) {
   if (n_work < 0) throw InvalidArgument("launch_split_attention_int8s: n_work is " + std::to_string(n_work));
@@ -356,6 +364,7 @@ void launch_split_attention_int8s(const AttnShape& shape, const SplitWork* work,
     throw InvalidArgument("int8s attention: query_terms must be 1 or 2, got " + std::to_string(opt.query_terms));
   const float scale = shape.softmax_scale > 0.f ? shape.softmax_scale : 1.f / std::sqrt(float(shape.head_dim));
   const float sl2 = scale * kLog2e;
+  if (opt.kernel == Int8sKernel::tc) return launch_split_attention_int8s_tc(shape, work, n_work, q, partials, opt, sl2, stream);
   if (shape.head_dim == 256) launch<256>(shape, work, n_work, q, partials, sl2, opt, stream);
   else launch<64>(shape, work, n_work, q, partials, sl2, opt, stream);
   check_cuda(cudaGetLastError(), "int8s_split_kernel launch");

@@ -76,18 +76,19 @@ PrefillAttention::~PrefillAttention() {
   cudaFree(row_splits_);
 }
 
-PrefillLaunch PrefillAttention::plan(int64_t pos0, int n_rows) const {
-  if (pos0 < 0 || n_rows <= 0)
-    throw InvalidArgument("PrefillAttention: need pos0 >= 0 and n_rows > 0, got pos0 " + std::to_string(pos0) +
-                          ", n_rows " + std::to_string(n_rows));
+PrefillLaunch PrefillAttention::plan(int64_t pos0, int n_rows, int window) const {
+  if (pos0 < 0 || n_rows <= 0 || window < 0)
+    throw InvalidArgument("PrefillAttention: need pos0 >= 0, n_rows > 0 and window >= 0, got pos0 " +
+                          std::to_string(pos0) + ", n_rows " + std::to_string(n_rows) + ", window " +
+                          std::to_string(window));
   const int64_t kv = pos0 + n_rows;  // keys of the last row
   if (kv >= int64_t(std::numeric_limits<int32_t>::max()))
     throw InvalidArgument("PrefillAttention: pos0 + n_rows = " + std::to_string(kv) + " must be below 2^31");
-  return plan_keys(kv, n_rows);
+  return plan_keys(kv, n_rows, window == 0);
 }
 
 // The geometry for n_rows rows whose longest key range is kv keys.
-PrefillLaunch PrefillAttention::plan_keys(int64_t kv, int n_rows) const {
+PrefillLaunch PrefillAttention::plan_keys(int64_t kv, int n_rows, bool may_split) const {
   PrefillLaunch L;
   L.block_rows = prefill_detail::block_rows(sh_.head_dim, cfg_.terms, sh_.group);
   L.row_tiles = int(ceil_div(n_rows, L.block_rows));
@@ -95,7 +96,7 @@ PrefillLaunch PrefillAttention::plan_keys(int64_t kv, int n_rows) const {
   if (cfg_.split_keys > 0) {
     keys = cfg_.split_keys;
     n = ceil_div(kv, keys);
-  } else {
+  } else if (may_split) {
     // Choose the split count that minimises the longest CTA queue: with n
     // splits, ceil(base * n / wave) waves of CTAs of ~kv / n keys each (plus a
     // fixed cost per CTA). Ties keep fewer splits. Bounded by the workspace,
@@ -128,11 +129,11 @@ PrefillLaunch PrefillAttention::plan_keys(int64_t kv, int n_rows) const {
 }
 
 void PrefillAttention::run(const void* const* pages, int64_t n_pages, int64_t pos0, int n_rows, const float* q,
-                           float* out, float* out_lse, cudaStream_t stream) {
+                           float* out, float* out_lse, cudaStream_t stream, int window) {
   check_pointers(pages, q, out);
-  const PrefillLaunch L = plan(pos0, n_rows);
+  const PrefillLaunch L = plan(pos0, n_rows, window);
   check_coverage(n_pages, pos0 + n_rows, "pos0 " + std::to_string(pos0) + " + " + std::to_string(n_rows) + " rows");
-  launch(L, pages, pos0, n_rows, std::numeric_limits<int32_t>::max(), q, out, out_lse, stream);
+  launch(L, pages, pos0, n_rows, std::numeric_limits<int32_t>::max(), window, q, out, out_lse, stream);
 }
 
 void PrefillAttention::run_keys(const void* const* pages, int64_t n_pages, int64_t n_keys, int n_rows,
@@ -144,7 +145,7 @@ void PrefillAttention::run_keys(const void* const* pages, int64_t n_pages, int64
   const PrefillLaunch L = plan_keys(n_keys, n_rows);
   check_coverage(n_pages, n_keys, std::to_string(n_keys) + " keys");
   // Rows sit at positions n_keys + r: past every key, so none is masked causally.
-  launch(L, pages, n_keys, n_rows, int(n_keys), q, out, out_lse, stream);
+  launch(L, pages, n_keys, n_rows, int(n_keys), 0, q, out, out_lse, stream);
 }
 
 void PrefillAttention::check_pointers(const void* const* pages, const float* q, const float* out) const {
@@ -162,7 +163,8 @@ void PrefillAttention::check_coverage(int64_t n_pages, int64_t tokens, const std
 }
 
 void PrefillAttention::launch(const PrefillLaunch& L, const void* const* pages, int64_t pos0, int n_rows,
-                              int key_end, const float* q, float* out, float* out_lse, cudaStream_t stream) {
+                              int key_end, int window, const float* q, float* out, float* out_lse,
+                              cudaStream_t stream) {
   if (L.n_splits > 1 && size_t(n_rows) * size_t(L.n_splits) > cap_row_splits_)
     throw InvalidArgument("PrefillAttention::run: " + std::to_string(n_rows) + " rows x " +
                           std::to_string(L.n_splits) + " key splits exceed the workspace of " +
@@ -175,6 +177,7 @@ void PrefillAttention::launch(const PrefillLaunch& L, const void* const* pages, 
   a.pos0 = int(pos0);
   a.n_rows = n_rows;
   a.key_end = key_end;
+  a.window = window;
   a.q = q;
   a.scale_log2 = scale_log2_;
   a.out = out;

@@ -25,6 +25,13 @@
 // are built once per CTA into shared memory (each warp its own 16 rows, in
 // fragment order: one 16-byte load per lane per k-step and term).
 //
+// Sliding window: with window > 0, row p attends keys (p - window, p] only;
+// the CTA starts at the block holding its first row's first visible key and
+// masks per row, and a warp skips blocks wholly before its rows' windows.
+// Every key read lies at or after that block's start: within the last
+// window + chunk tokens, which a ring of pages holds (the runtime's sliding
+// layers).
+//
 // Key segments: with key_end set, no key at or past it is read (zero-filled)
 // or attended -- a segment of history before the chunk, every key visible to
 // every row (PrefillAttention::run_keys).
@@ -77,9 +84,11 @@ __global__ void __launch_bounds__(warps(HD, NT) * 32, 1) prefill_attention_kerne
   const int rows = min(bm, a.n_rows - r0);
   const int m_valid = rows * group;  // (row, head) pairs in use
   const int p_first = a.pos0 + r0, p_last = p_first + rows - 1;
-  const int k_begin = split * a.split_keys;
+  const int split_begin = split * a.split_keys;
+  // A window moves the start up to the block of the first row's first visible key (never the split's end).
+  const int k_begin = a.window > 0 ? max(split_begin, max(0, p_first - a.window + 1) / KB * KB) : split_begin;
   const int k_end =
-      min(a.key_end, a.n_splits == 1 ? p_last + 1 : min(p_last + 1, k_begin + a.split_keys));
+      min(a.key_end, a.n_splits == 1 ? p_last + 1 : min(p_last + 1, split_begin + a.split_keys));
   const int n_blk = k_end > k_begin ? (k_end - k_begin + KB - 1) / KB : 0;
 
   // This lane's two mma rows: pairs 16w + g and 16w + g + 8. Pairs past the
@@ -173,6 +182,7 @@ __global__ void __launch_bounds__(warps(HD, NT) * 32, 1) prefill_attention_kerne
     cp_async_commit();
     const int t0 = k_begin + it * KB;
     if (!warp_active || t0 > warp_pmax) continue;  // warp-uniform: every key masked
+    if (a.window > 0 && t0 + KB - 1 <= warp_pmin - a.window) continue;  // every key before the warp's windows
     const uint32_t sk = sbase + uint32_t(it % S) * STAGE, sv = sk + PLANE;
 
     float s[NTS][4];
@@ -203,13 +213,14 @@ __global__ void __launch_bounds__(warps(HD, NT) * 32, 1) prefill_attention_kerne
     // key_end that does not fall on a block boundary), inside this block.
     // Without key_end, a key >= k_end is also past every row's position, so
     // the second test changes nothing for causal runs.
-    if (t0 + KB - 1 > warp_pmin || t0 + KB > k_end) {
+    // With a window, also its start: a key at or before p - window.
+    if (t0 + KB - 1 > warp_pmin || t0 + KB > k_end || (a.window > 0 && t0 <= warp_pmax - a.window)) {
 #pragma unroll
       for (int nt = 0; nt < NTS; ++nt)
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const int t = t0 + 8 * nt + 2 * q4 + (i & 1);
-          if (t > pos[i >> 1] || t >= k_end) s[nt][i] = -INFINITY;
+          if (t > pos[i >> 1] || t >= k_end || (a.window > 0 && t <= pos[i >> 1] - a.window)) s[nt][i] = -INFINITY;
         }
     }
     float alpha[2];

@@ -51,6 +51,9 @@ struct KernelArgs {
   /// Keys at or past key_end are never read nor attended (a segment of the
   /// history: PrefillAttention::run_keys); the default leaves only the causal limit.
   int key_end = 0x7fffffff;
+  /// Sliding window (0: none): row p attends only keys in (p - window, p];
+  /// blocks wholly before a CTA's window are not read.
+  int window = 0;
   const float* q = nullptr;  ///< [n_rows][n_kv * group][head_dim]
   float scale_log2 = 0.f;    ///< softmax_scale * log2(e)
   // n_splits == 1: the result goes to out / out_lse (may be null).

@@ -1,6 +1,6 @@
 // Own-format error along a route (SPEC §5 a): kernel output of the route
 // against fp64 attention over the history exactly as the route reads it.
-#include "own_format.h"
+#include "activekv/eval/own_format.h"
 
 #include <cmath>
 #include <random>
@@ -19,21 +19,23 @@ kv::CodecFormat codec_of(route::ReadFormat f) {
 }  // namespace
 
 double route_own_format_error(const attention::LayerHistory& h, int layer, convert::CompressedHistory& c,
-                              const route::RouteConfig& cfg, const attention::QueryRows& q, int query_terms,
-                              const route::Int8sTileFn& int8s_tile) {
+                              const route::RouteConfig& cfg, const attention::QueryRows& q,
+                              const attention::AttentionOptions& opt, const route::Int8sTileFn& int8s_tile) {
   const kv::KvShape& s = h.store->shape();
   route::RoutedView view{&c, cfg, nullptr, int8s_tile};
   attention::Workspace ws;
-  attention::AttentionOptions opt;
-  opt.int8s_query_terms = query_terms;
   const attention::Partial kernel = route::attend_routed(h, layer, view, q, opt, ws);
 
+  // The reference reads the pages the route planned (from the window's first
+  // page on, as attend_routed does), and applies the same window per row.
   const route::PublishedFn published = [&](size_t p, route::ReadFormat f) {
     return !c.published(layer, p, codec_of(f)).empty();
   };
-  const route::RoutePlan plan = route::plan_route(cfg, h.n_tokens, s.page_size, published);
+  const route::RoutePlan plan = route::plan_route(cfg, h.n_tokens, s.page_size, published,
+                                                  attention::first_visible_page(q, opt.window, s.page_size));
   attention::DenseHistoryF64 ref;
-  for (size_t p = 0; p < plan.page_format.size(); ++p) {
+  ref.first_token = int64_t(plan.first_page) * s.page_size;
+  for (size_t p = plan.first_page; p < plan.page_format.size(); ++p) {
     const int n = int(std::min<int64_t>(s.page_size, h.n_tokens - int64_t(p) * s.page_size));
     if (plan.page_format[p] == route::ReadFormat::exact) {
       ref.append(*h.store, h.page_table[p], n);
@@ -41,7 +43,7 @@ double route_own_format_error(const attention::LayerHistory& h, int layer, conve
       ref.append(c.published(layer, p, codec_of(plan.page_format[p])), n);
     }
   }
-  return attention::own_format_error(kernel, attention::reference_attention(ref, q, {}));
+  return attention::own_format_error(kernel, attention::reference_attention(ref, q, opt));
 }
 
 SyntheticErrors synthetic_outlier_errors(int n_tokens, int page_size, int n_kv_heads, int head_dim, int n_heads,
@@ -91,7 +93,11 @@ SyntheticErrors synthetic_outlier_errors(int n_tokens, int page_size, int n_kv_h
   separable.schedule();
   const attention::LayerHistory h{&store, seq.page_table(0), n_tokens};
   SyntheticErrors out;
-  for (int terms : {1, 2}) out.separable[terms - 1] = route_own_format_error(h, 0, separable, cfg, qr, terms, int8s_tile);
+  for (int terms : {1, 2}) {
+    attention::AttentionOptions opt;
+    opt.int8s_query_terms = terms;
+    out.separable[terms - 1] = route_own_format_error(h, 0, separable, cfg, qr, opt, int8s_tile);
+  }
 
   // The plain per-token quantiser on the same pages, through the same kernel.
   std::vector<kv::EncodedPage> plain;

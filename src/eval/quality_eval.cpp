@@ -9,7 +9,7 @@
 
 #include "activekv/core/text_file.h"
 #include "activekv/model/sampler.h"
-#include "own_format.h"
+#include "activekv/eval/own_format.h"
 
 namespace activekv::eval {
 namespace {
@@ -52,10 +52,26 @@ std::vector<float> score_window(model::LlamaModel& m, kv::SequenceKv& seq, const
 // Forward calls score_window makes; each reads every history page once per layer.
 double n_steps(const EvalConfig& cfg) { return double((cfg.scored + cfg.chunk - 1) / cfg.chunk); }
 
-// Layers spread evenly over the model: k of n.
-std::vector<int> spread_layers(int k, int n) {
+// Mean history length (tokens) over those calls: each reads up to its last row.
+double mean_history(const EvalConfig& cfg, int64_t prefix) {
+  double sum = 0;
+  for (int64_t done = 0; done < cfg.scored; done += cfg.chunk) sum += double(prefix + std::min<int64_t>(done + cfg.chunk, cfg.scored));
+  return sum / n_steps(cfg);
+}
+
+// k layers spread evenly over those a compressed route reads compressed
+// (route::layer_route: a sliding-window layer is read exact, so a sample there
+// would measure nothing but the exact kernel).
+std::vector<int> sampled_layers(int k, const model::ModelConfig& mc) {
+  std::vector<int> compressible;
+  for (int l = 0; l < mc.n_layers; ++l) {
+    const route::RouteConfig rc = route::layer_route({route::RouteKind::int8s}, mc.layer_attention[size_t(l)].window);
+    if (rc.kind != route::RouteKind::exact) compressible.push_back(l);
+  }
+  const int n = int(compressible.size());
   std::vector<int> out;
-  for (int i = 0; i < k; ++i) out.push_back(k == 1 ? 0 : int(std::lround(double(i) * (n - 1) / (k - 1))));
+  for (int i = 0; i < k && n > 0; ++i)
+    out.push_back(compressible[size_t(k == 1 ? 0 : std::lround(double(i) * (n - 1) / (k - 1)))]);
   out.erase(std::unique(out.begin(), out.end()), out.end());
   return out;
 }
@@ -67,11 +83,11 @@ struct Baseline {
 
 RouteQuality compare(const std::string& route, const std::string& text, const std::vector<float>& logits,
                      const Baseline& exact, const std::vector<int32_t>& ids, int64_t prefix, size_t vocab,
-                     const route::RouteReport& read, double steps) {
+                     const route::RouteReport& read, double steps, double history) {
   RouteQuality q{route, text};
   q.bytes_per_step = read.bytes / steps;
-  const size_t pages = read.pages[0] + read.pages[1] + read.pages[2];
-  q.compressed_page_fraction = pages ? double(pages - read.pages[size_t(route::ReadFormat::exact)]) / double(pages) : 0;
+  q.bytes_per_token = q.bytes_per_step / history;
+  q.compressed_page_fraction = read.compressed_fraction();
   const size_t n = logits.size() / vocab;
   double nll = 0, kl = 0;
   size_t agree = 0;
@@ -106,6 +122,13 @@ double nll_of(const std::vector<float>& logits, const std::vector<int32_t>& ids,
 }
 
 }  // namespace
+
+std::vector<route::RouteCandidate> default_candidates() {
+  std::vector<route::RouteCandidate> out;
+  for (route::RouteKind k : {route::RouteKind::lossless13, route::RouteKind::int8s, route::RouteKind::hybrid})
+    out.push_back({route::kind_name(k), route::RouteConfig{k}});
+  return out;
+}
 
 double EvalResult::worst_sample_error(const std::string& route, bool one_term) const {
   double w = -1;
@@ -144,7 +167,7 @@ EvalResult run_quality_eval(model::LlamaModel& m,
     compressed.schedule();  // every page full after the prefix, synchronously
 
     // Exact route first; capture query rows of the first scored chunk for samples.
-    const std::vector<int> layers = spread_layers(cfg.layers_per_text, mc.n_layers);
+    const std::vector<int> layers = sampled_layers(cfg.layers_per_text, mc);
     std::vector<std::vector<float>> sample_q(size_t(mc.n_layers));
     model::ForwardOptions opt = m.options();
     const model::ForwardOptions saved = opt;
@@ -160,33 +183,39 @@ EvalResult run_quality_eval(model::LlamaModel& m,
     Baseline exact{score_window(m, seq, ids, prefix, cfg, exact_view), 0};
     m.set_options(saved);
     exact.nll = nll_of(exact.logits, ids, prefix, vocab);
-    result.routes.push_back(compare("exact", text, exact.logits, exact, ids, prefix, vocab, exact_report, n_steps(cfg)));
+    result.routes.push_back(compare("exact", text, exact.logits, exact, ids, prefix, vocab, exact_report, n_steps(cfg),
+                                    mean_history(cfg, prefix)));
 
     // (a) own-format samples: history = the prefix + the rows' own tokens.
     std::vector<int64_t> pos(size_t(cfg.query_rows));
     for (int r = 0; r < cfg.query_rows; ++r) pos[size_t(r)] = prefix + r;
     seq.truncate(prefix + cfg.query_rows);
-    for (route::RouteKind kind : cfg.routes) {
-      const route::RouteConfig rc{kind, cfg.recent_pages, cfg.tile_pages};
+    for (const route::RouteCandidate& cand : cfg.routes) {
+      const route::RouteConfig& rc = cand.config;
       for (int layer : layers) {
         const attention::LayerHistory h{&store, seq.page_table(layer), seq.n_tokens()};
         const attention::QueryRows q{sample_q[size_t(layer)].data(), cfg.query_rows, mc.n_heads, pos.data()};
-        result.samples.push_back({route::kind_name(kind), text, layer, seq.n_tokens(),
-                                  route_own_format_error(h, layer, compressed, rc, q, 2, cfg.int8s_tile),
-                                  route_own_format_error(h, layer, compressed, rc, q, 1, cfg.int8s_tile)});
+        // The options the forward runs this layer with (window, query scale), per query form.
+        attention::AttentionOptions two = m.attention_options(layer), one = two;
+        two.int8s_query_terms = 2;
+        one.int8s_query_terms = 1;
+        const route::RouteConfig lr = route::layer_route(rc, two.window);
+        result.samples.push_back({cand.name, text, layer, seq.n_tokens(),
+                                  route_own_format_error(h, layer, compressed, lr, q, two, cfg.int8s_tile),
+                                  route_own_format_error(h, layer, compressed, lr, q, one, cfg.int8s_tile)});
       }
-      say(fmt::format("{}: {} own-format samples along {}, worst so far {:.5f}", text, layers.size(),
-                           route::kind_name(kind), result.worst_sample_error(route::kind_name(kind))));
+      say(fmt::format("{}: {} own-format samples along {}, worst so far {:.5f}", text, layers.size(), cand.name,
+                      result.worst_sample_error(cand.name)));
     }
 
     // (b) each route against exact.
-    for (route::RouteKind kind : cfg.routes) {
-      say(fmt::format("{}: score {} tokens along the {} route", text, cfg.scored, route::kind_name(kind)));
+    for (const route::RouteCandidate& cand : cfg.routes) {
+      say(fmt::format("{}: score {} tokens along the {} route", text, cfg.scored, cand.name));
       route::RouteReport report;
-      route::RoutedView view{&compressed, {kind, cfg.recent_pages, cfg.tile_pages}, &report};
+      route::RoutedView view{&compressed, cand.config, &report};
       const std::vector<float> logits = score_window(m, seq, ids, prefix, cfg, view);
-      result.routes.push_back(
-          compare(route::kind_name(kind), text, logits, exact, ids, prefix, vocab, report, n_steps(cfg)));
+      result.routes.push_back(compare(cand.name, text, logits, exact, ids, prefix, vocab, report, n_steps(cfg),
+                                      mean_history(cfg, prefix)));
     }
   }
   if (cfg.synthetic_tokens > 0) {

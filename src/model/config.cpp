@@ -247,14 +247,6 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
   return c;
 }
 
-std::string ModelConfig::gpu_unsupported_reason() const {
-  if (qk_norm || post_norms || ffn_act != FfnActivation::Silu || embed_scale != 1.0f || n_sliding_layers() > 0) {
-    return fmt::format("architecture {} is supported on the CPU only for now (sliding-window layers, QK-norm, "
-                       "GeGLU): use --device cpu", arch);
-  }
-  return {};
-}
-
 int ModelConfig::n_sliding_layers() const {
   int n = 0;
   for (const LayerAttention& a : layer_attention) n += a.sliding();

@@ -9,6 +9,16 @@
 
 namespace activekv::model {
 
+const char* stage_name(Stage s) {
+  switch (s) {
+    case Stage::embedding: return "embedding";
+    case Stage::queries: return "queries";
+    case Stage::attention: return "attention";
+    case Stage::layer_output: return "layer output";
+  }
+  return "?";
+}
+
 LlamaModel::LlamaModel(const gguf::File& f, ForwardOptions opt)
     : config_(ModelConfig::from_gguf(f)), w_(Weights::load(f, config_)) {
   set_options(opt);
@@ -26,6 +36,13 @@ void LlamaModel::set_options(const ForwardOptions& opt) {
 
 kv::KvShape LlamaModel::kv_shape(int page_size, kv::PageFormat format) const {
   return kv::KvShape{config_.n_layers, config_.n_kv_heads, config_.head_dim, page_size, format};
+}
+
+attention::AttentionOptions LlamaModel::attention_options(int layer) const {
+  attention::AttentionOptions a = opt_.attention;
+  a.window = config_.layer_attention[size_t(layer)].window;
+  if (a.softmax_scale == 0.0f) a.softmax_scale = config_.query_scale;
+  return a;
 }
 
 void LlamaModel::layer_forward(int l, int T, const int64_t* pos, kv::SequenceKv& seq,
@@ -52,13 +69,20 @@ void LlamaModel::layer_forward(int l, int T, const int64_t* pos, kv::SequenceKv&
   rope(k_.data(), T, c.n_kv_heads, c.head_dim, pos, c, la.rope_base);
   seq.write(l, pos[0], T, k_.data(), v_.data());
   if (opt_.on_queries) opt_.on_queries(l, T, q_.data(), pos);
+  if (opt_.on_stage) opt_.on_stage(l, Stage::queries, T, q_dim, q_.data());
 
   const attention::LayerHistory history{&seq.store(), seq.page_table(l), pos[T - 1] + 1};
   const attention::QueryRows rows{q_.data(), T, c.n_heads, pos};
-  attention::AttentionOptions aopt = opt_.attention;
-  aopt.window = la.window;
-  if (aopt.softmax_scale == 0.0f) aopt.softmax_scale = c.query_scale;
-  const attention::Partial out = route::attend_routed(history, l, view, rows, aopt, ws_);
+  const attention::AttentionOptions aopt = attention_options(l);
+  // A sliding layer reads its window exact whatever the route (route::layer_route says why).
+  const bool reroute = la.sliding() && view.config.kind != route::RouteKind::exact;
+  route::RoutedView sliding_view;
+  if (reroute) {
+    sliding_view = view;
+    sliding_view.config = route::layer_route(view.config, la.window);
+  }
+  const attention::Partial out = route::attend_routed(history, l, reroute ? sliding_view : view, rows, aopt, ws_);
+  if (opt_.on_stage) opt_.on_stage(l, Stage::attention, T, q_dim, out.o.data());
   gemm_nt(T, d, q_dim, 1.0f, out.o.data(), q_dim, L.wo.data(), q_dim, 0.0f, tmp_.data(), d);
   if (c.post_norms) rms_norm(tmp_.data(), L.post_attn_norm.data(), T, d, c.rms_eps, tmp_.data());
   add_inplace(x_.data(), tmp_.data(), int64_t(T) * d);
@@ -75,6 +99,7 @@ void LlamaModel::layer_forward(int l, int T, const int64_t* pos, kv::SequenceKv&
           tmp_.data(), d);
   if (c.post_norms) rms_norm(tmp_.data(), L.post_ffn_norm.data(), T, d, c.rms_eps, tmp_.data());
   add_inplace(x_.data(), tmp_.data(), int64_t(T) * d);
+  if (opt_.on_stage) opt_.on_stage(l, Stage::layer_output, T, d, x_.data());
 }
 
 void LlamaModel::forward(std::span<const int32_t> tokens, kv::SequenceKv& seq,
@@ -107,6 +132,7 @@ void LlamaModel::forward(std::span<const int32_t> tokens, kv::SequenceKv& seq,
     std::copy_n(w_.token_embd.data() + size_t(tokens[size_t(t)]) * d, d, x_.data() + size_t(t) * d);
   }
   if (c.embed_scale != 1.0f) scale_inplace(x_.data(), c.embed_scale, int64_t(T) * d);
+  if (opt_.on_stage) opt_.on_stage(-1, Stage::embedding, T, d, x_.data());
 
   route::RoutedView exact;
   exact.config.tile_pages = opt_.attention.tile_pages;

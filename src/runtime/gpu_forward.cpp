@@ -22,8 +22,9 @@ size_t GpuForward::row_bytes(const model::ModelConfig& c) {
   return sizeof(float) * (2 * d + 2 * qd + 2 * kvd + 2 * ff + size_t(c.vocab_size)) + 2 * widest;
 }
 
-GpuForward::GpuForward(const model::ModelConfig& c, const GpuWeights& w, int max_rows, bool f32_activations)
-    : c_(c), w_(w), max_rows_(max_rows), f32_activations_(f32_activations) {
+GpuForward::GpuForward(const model::ModelConfig& c, const GpuWeights& w, int max_rows, bool f32_activations,
+                       model::StageObserver observer)
+    : c_(c), w_(w), max_rows_(max_rows), f32_activations_(f32_activations), observer_(std::move(observer)) {
   if (max_rows <= 0) throw InvalidArgument("GpuForward: max_rows must be positive");
   try {
     allocate();
@@ -54,7 +55,17 @@ void GpuForward::allocate() {
   go.max_tokens = max_rows;
   go.max_cols = widest;
   gemm_ = std::make_unique<cuda::WeightGemm>(go);
-  rope_ = std::make_unique<cuda::RopeFreqs>(c);
+  // One frequency table per distinct base (gemma3: local 10000, global from the GGUF).
+  std::vector<float> bases;
+  for (int l = 0; l < c.n_layers; ++l) {
+    const float base = size_t(l) < c.layer_attention.size() ? c.layer_attention[size_t(l)].rope_base : c.rope_base;
+    const size_t i = size_t(std::find(bases.begin(), bases.end(), base) - bases.begin());
+    if (i == bases.size()) {
+      bases.push_back(base);
+      ropes_.push_back(std::make_unique<cuda::RopeFreqs>(c.rope_dim, base, c.rope_layout));
+    }
+    layer_rope_.push_back(ropes_[i].get());
+  }
 }
 
 GpuForward::~GpuForward() { release(); }
@@ -95,6 +106,28 @@ void GpuForward::norm_project(const float* in, const float* norm_w, int T,
   for (const auto& [w, out] : outs) cuda::launch_matvec_prequantized(*w, xn_, T, out, false, matvec_ws_, s);
 }
 
+// x += W in; with a post-norm (gemma3) x += RMSNorm(W in) * post_norm, the
+// product going through xn_ (free at both places this is called).
+void GpuForward::residual_add(const cuda::DeviceMatrix& w, const float* in, const float* post_norm, int T,
+                              cudaStream_t s) {
+  if (!post_norm) {
+    project(w, in, T, x_, true, s);
+    return;
+  }
+  project(w, in, T, xn_, false, s);
+  cuda::rms_norm(xn_, post_norm, T, c_.d_model, c_.rms_eps, xn_, s);
+  cuda::add(x_, xn_, int64_t(T) * c_.d_model, s);
+}
+
+void GpuForward::observe(int layer, model::Stage stage, const float* rows, int T, int width, cudaStream_t s) {
+  if (!observer_) return;
+  observed_.resize(size_t(T) * size_t(width));
+  cuda::check_cuda(cudaStreamSynchronize(s), "GpuForward: observer");
+  cuda::check_cuda(cudaMemcpy(observed_.data(), rows, observed_.size() * sizeof(float), cudaMemcpyDeviceToHost),
+                   "GpuForward: observer copy");
+  observer_(layer, stage, T, width, observed_.data());
+}
+
 void GpuForward::layer(int l, int T, const int64_t* pos, const LayerAttention& attend, cudaStream_t s) {
   const GpuLayerWeights& L = w_.layers[size_t(l)];
   const int qd = c_.n_heads * c_.head_dim, kvd = c_.n_kv_heads * c_.head_dim;
@@ -104,17 +137,28 @@ void GpuForward::layer(int l, int T, const int64_t* pos, const LayerAttention& a
     cuda::add_bias(k_, L.bk, T, kvd, s);
     cuda::add_bias(v_, L.bv, T, kvd, s);
   }
-  cuda::rope_qk(q_, c_.n_heads, k_, c_.n_kv_heads, T, c_.head_dim, pos, *rope_, s);
+  if (L.q_norm) {  // QK-norm: RMSNorm over each head's head_dim channels
+    cuda::rms_norm(q_, L.q_norm, T * c_.n_heads, c_.head_dim, c_.rms_eps, q_, s);
+    cuda::rms_norm(k_, L.k_norm, T * c_.n_kv_heads, c_.head_dim, c_.rms_eps, k_, s);
+  }
+  cuda::rope_qk(q_, c_.n_heads, k_, c_.n_kv_heads, T, c_.head_dim, pos, *layer_rope_[size_t(l)], s);
+  observe(l, model::Stage::queries, q_, T, qd, s);
   attend(l, T, q_, k_, v_, att_);
-  project(L.wo, att_, T, x_, true, s);
+  observe(l, model::Stage::attention, att_, T, qd, s);
+  residual_add(L.wo, att_, L.post_attn_norm, T, s);
   norm_project(x_, L.ffn_norm, T, {{&L.w_gate, gate_}, {&L.w_up, up_}}, s);
-  if (T <= kMatvecRows && !f32_activations_ && c_.ffn_dim % 32 == 0) {  // the down matvec's int8 input, fused
+  if (c_.ffn_act == model::FfnActivation::GeluTanh) {
+    cuda::geglu_tanh(gate_, up_, int64_t(T) * c_.ffn_dim, s);
+    residual_add(L.w_down, gate_, L.post_ffn_norm, T, s);
+  } else if (T <= kMatvecRows && !f32_activations_ && c_.ffn_dim % 32 == 0 && !L.post_ffn_norm) {
+    // the down matvec's int8 input written by the SwiGLU kernel itself
     cuda::launch_swiglu_quantize(gate_, up_, T, c_.ffn_dim, matvec_ws_, s);
     cuda::launch_matvec_prequantized(L.w_down, gate_, T, x_, true, matvec_ws_, s);
   } else {
     cuda::swiglu(gate_, up_, int64_t(T) * c_.ffn_dim, s);
-    project(L.w_down, gate_, T, x_, true, s);
+    residual_add(L.w_down, gate_, L.post_ffn_norm, T, s);
   }
+  observe(l, model::Stage::layer_output, x_, T, c_.d_model, s);
 }
 
 void GpuForward::run(const int32_t* ids, const int64_t* pos, int T, const LayerAttention& attend, bool all_logits,
@@ -123,6 +167,8 @@ void GpuForward::run(const int32_t* ids, const int64_t* pos, int T, const LayerA
     throw InvalidArgument(fmt::format("GpuForward::run: {} rows, the buffers hold 1..{}", T, max_rows_));
   const int d = c_.d_model;
   cuda::launch_gather_rows_f32(w_.token_embd, ids, T, x_, s);
+  if (c_.embed_scale != 1.0f) cuda::scale(x_, c_.embed_scale, int64_t(T) * d, s);
+  observe(-1, model::Stage::embedding, x_, T, d, s);
   for (int l = 0; l < c_.n_layers; ++l) layer(l, T, pos, attend, s);
   const int first = all_logits ? 0 : T - 1;
   const int rows = T - first;

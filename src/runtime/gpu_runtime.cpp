@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <thread>
 
 #include "activekv/cuda/decode_engine.h"
 #include "activekv/cuda/device_pages.h"
@@ -31,13 +32,21 @@ cuda::AttnShape attn_shape(const model::ModelConfig& c, const RuntimeOptions& o)
   a.head_dim = c.head_dim;
   a.page_size = o.page_size;
   a.split_tokens = o.split_tokens > 0 ? o.split_tokens : cuda::default_split_tokens(o.page_size);
-  a.softmax_scale = 0.f;
+  a.softmax_scale = c.query_scale;  // 1/sqrt(attention.key_length); 0 (unset) = 1/sqrt(head_dim)
   try {
     a.validate();
   } catch (const InvalidArgument& e) {
     throw Error(fmt::format("this model cannot run on the GPU yet: {}", e.what()));
   }
   return a;
+}
+
+// [layer] each layer's sliding window (0: it attends the whole history).
+std::vector<int> layer_windows(const model::ModelConfig& c) {
+  std::vector<int> w;
+  for (const model::LayerAttention& a : c.layer_attention) w.push_back(a.window);
+  w.resize(size_t(c.n_layers), 0);
+  return w;
 }
 
 }  // namespace
@@ -78,6 +87,9 @@ struct GpuRuntime::Impl {
   int32_t run_chunk(std::span<const int32_t> tokens, bool prefill, bool all_logits);
   route::PrefillPlan begin_prefill(int64_t n);
   bool fit_rows(int rows);
+  std::unique_ptr<GpuForward> make_forward(int rows) const {
+    return std::make_unique<GpuForward>(c, *weights, rows, opt.f32_activations, opt.observer);
+  }
   using ChunkFn = std::function<void(size_t done, size_t n)>;
   int32_t prefill_all(std::span<const int32_t> tokens, bool all_logits, const ChunkFn& after_chunk);
   void enqueue_sample(int rows);
@@ -87,25 +99,34 @@ struct GpuRuntime::Impl {
 
 GpuRuntime::Impl::Impl(const gguf::File& f, const model::ModelConfig& cfg, const RuntimeOptions& o)
     : c(cfg), opt(o) {
-  // Before any GPU work: the GPU forward knows llama and qwen2 only.
-  if (const std::string why = c.gpu_unsupported_reason(); !why.empty()) throw Error(why);
+  if (c.n_global_layers() == 0)
+    throw Error(fmt::format("the GPU runtime needs a layer that attends the whole history; this model's are {}",
+                            c.layer_split()));
   if (opt.n_ctx <= 0) throw InvalidArgument("GpuRuntime: n_ctx must be positive");
   if (opt.prefill_chunk <= 0) throw InvalidArgument("GpuRuntime: prefill_chunk must be positive");
+  if (!(opt.cpu_share == -1 || (opt.cpu_share >= 0 && opt.cpu_share < 1)))
+    throw InvalidArgument(fmt::format("GpuRuntime: the CPU share must be in [0, 1) or -1 (auto), got {}", opt.cpu_share));
+  if (opt.observer && opt.cuda_graphs)
+    throw InvalidArgument("GpuRuntime: an observer synchronises every stage and cannot run inside CUDA graphs");
   cuda::require_gpu(opt.device, "--device cuda");
   cudaDeviceProp prop{};
   cuda::check_cuda(cudaGetDeviceProperties(&prop, opt.device), "cudaGetDeviceProperties");
   stats.device = prop.name;
   attn = attn_shape(c, opt);
-  kv_shape = kv::KvShape{c.n_layers, c.n_kv_heads, c.head_dim, opt.page_size, kv::PageFormat::bf16};
+  // The store holds the global layers only; the sliding ones live in GPU rings.
+  kv_shape = kv::KvShape{c.n_global_layers(), c.n_kv_heads, c.head_dim, opt.page_size, kv::PageFormat::bf16};
   pages_per_layer = (opt.n_ctx + opt.page_size - 1) / opt.page_size;
 
   weights = std::make_unique<GpuWeights>(f, c);  // checks types and free memory first
   stats.weight_bytes = weights->bytes();
-  forward = std::make_unique<GpuForward>(c, *weights, opt.prefill_chunk, opt.f32_activations);
+  forward = make_forward(opt.prefill_chunk);
   cuda::EngineConfig ec;
   ec.n_layers = c.n_layers;
   ec.attn = attn;
   ec.tile_pages = opt.route.tile_pages;
+  ec.cpu_kernels.threads = opt.cpu_threads > 0 ? opt.cpu_threads
+                                                : std::max(1, int(std::thread::hardware_concurrency()) - 1);
+  ec.windows = layer_windows(c);
   engine = std::make_unique<cuda::DecodeEngine>(ec);
   prefill_attn = std::make_unique<cuda::PrefillAttention>(attn);
   sampler = std::make_unique<cuda::GpuSampler>(c.vocab_size, opt.sampling);
@@ -125,10 +146,10 @@ GpuRuntime::Impl::Impl(const gguf::File& f, const model::ModelConfig& cfg, const
   cuda::check_cuda(cudaEventCreateWithFlags(&token_ready, cudaEventDisableTiming), "cudaEventCreate");
 
   // The one page store, pinned, sized for the context; then the placement.
-  store = std::make_unique<kv::PageStore>(kv_shape, size_t(pages_per_layer) * size_t(c.n_layers),
+  store = std::make_unique<kv::PageStore>(kv_shape, size_t(pages_per_layer) * size_t(kv_shape.n_layers),
                                           &cuda::pinned_host_memory());
   seq = std::make_unique<kv::SequenceKv>(*store);
-  history = std::make_unique<HistoryView>(*seq, attn, opt, stats);
+  history = std::make_unique<HistoryView>(*seq, layer_windows(c), rows_cap, attn, opt, stats);
   if (opt.cuda_graphs && stats.placement.placement == route::KvPlacement::gpu) graph = std::make_unique<StepGraph>();
 }
 
@@ -233,6 +254,9 @@ int32_t GpuRuntime::Impl::run_chunk(std::span<const int32_t> tokens, bool prefil
   if (decode) {
     stats.streamed_bytes += engine->bytes_per_step();
     stats.resident_bytes += engine->resident_bytes_per_step();
+    stats.cpu_bytes += engine->cpu_bytes_per_step();
+    for (int l = 0; l < c.n_layers; ++l)
+      if (engine->window(l) > 0) stats.sliding_bytes += engine->layer_resident_bytes()[size_t(l)];
     stats.copies += engine->copies_per_step();
     ++stats.decode_steps;
   }
@@ -278,10 +302,10 @@ bool GpuRuntime::Impl::fit_rows(int rows) {
   if (forward->max_rows() >= rows) return true;
   forward.reset();
   try {
-    forward = std::make_unique<GpuForward>(c, *weights, rows, opt.f32_activations);
+    forward = make_forward(rows);
     return true;
   } catch (const cuda::CudaError&) {
-    forward = std::make_unique<GpuForward>(c, *weights, opt.prefill_chunk, opt.f32_activations);
+    forward = make_forward(opt.prefill_chunk);
     return false;
   }
 }

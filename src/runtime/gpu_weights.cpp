@@ -30,7 +30,8 @@ void for_each_tensor(const model::ModelTensors& m, F&& f) {
   if (m.output != m.token_embd) f(m.output);
   for (const model::LayerTensors& L : m.layers)
     for (const gguf::TensorInfo* t :
-         {L.attn_norm, L.wq, L.wk, L.wv, L.bq, L.bk, L.bv, L.wo, L.ffn_norm, L.w_gate, L.w_up, L.w_down})
+         {L.attn_norm, L.wq, L.wk, L.wv, L.bq, L.bk, L.bv, L.wo, L.ffn_norm, L.w_gate, L.w_up, L.w_down, L.q_norm,
+          L.k_norm, L.post_attn_norm, L.post_ffn_norm})
       if (t) f(t);
 }
 
@@ -98,6 +99,10 @@ GpuWeights::GpuWeights(const gguf::File& f, const model::ModelConfig& c) {
     L.w_gate = mat(t.w_gate);
     L.w_up = mat(t.w_up);
     L.w_down = mat(t.w_down);
+    L.q_norm = vec(t.q_norm);
+    L.k_norm = vec(t.k_norm);
+    L.post_attn_norm = vec(t.post_attn_norm);
+    L.post_ffn_norm = vec(t.post_ffn_norm);
     for (const cuda::DeviceMatrix* d : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
       matrix_bytes_ += size_t(d->rows) * d->row_bytes;
     layers.push_back(L);

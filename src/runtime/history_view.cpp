@@ -5,6 +5,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
+#include <thread>
 
 #include "activekv/cuda/kv_write.h"
 #include "device_buffer.h"
@@ -34,12 +36,22 @@ size_t max_encoded_bytes(kv::CodecFormat f, const kv::KvShape& s) {
 
 }  // namespace
 
-HistoryView::HistoryView(kv::SequenceKv& seq, const cuda::AttnShape& attn, const RuntimeOptions& opt,
-                         RuntimeStats& stats)
-    : seq_(seq), attn_(attn), opt_(opt), stats_(stats) {
+HistoryView::HistoryView(kv::SequenceKv& seq, const std::vector<int>& windows, int max_rows,
+                         const cuda::AttnShape& attn, const RuntimeOptions& opt, RuntimeStats& stats)
+    : seq_(seq), windows_(windows), store_of_(windows.size(), -1), attn_(attn), opt_(opt), stats_(stats) {
   const kv::KvShape& shape = seq.shape();
   const int L = shape.n_layers;
   pages_per_layer_ = (opt.n_ctx + shape.page_size - 1) / shape.page_size;
+  int g = 0;
+  for (size_t l = 0; l < windows.size(); ++l)
+    if (windows[l] == 0) store_of_[l] = g++;
+  if (g != L)
+    throw InvalidArgument(fmt::format("HistoryView: the store has {} layers, the model {} global ones", L, g));
+  // The rings first: the budget below is what the GPU has left after them.
+  ring_ = std::make_unique<SlidingRing>(attn, windows, max_rows, pages_per_layer_);
+  stats.sliding_layers = ring_->n_layers();
+  stats.window = ring_->window();
+  stats.ring_bytes = ring_->device_bytes();
   const size_t n_pages = size_t(pages_per_layer_) * size_t(L);
   if (opt.route.kind != route::RouteKind::exact) codecs_.push_back(codec_of(route::compressed_format(opt.route.kind)));
   const size_t enc_slot = codecs_.empty() ? 0 : max_encoded_bytes(codecs_[0], shape);
@@ -61,6 +73,11 @@ HistoryView::HistoryView(kv::SequenceKv& seq, const cuda::AttnShape& attn, const
   tables_dev_ = static_cast<const void**>(cuda::device_malloc(n_pages * sizeof(void*), "the prefill page tables"));
   cuda::check_cuda(cudaMemset(tables_dev_, 0, n_pages * sizeof(void*)), "clear the prefill page tables");
   dev_encoded_.assign(size_t(L), std::vector<DevPage>(size_t(pages_per_layer_)));
+  if (opt.cpu_share < 0 && host_placement()) {  // co-attention, auto: the planner's rates, measured once
+    const int threads = opt.cpu_threads > 0 ? opt.cpu_threads : std::max(1, int(std::thread::hardware_concurrency()) - 1);
+    calibration_ = cuda::measure_co_attention_rates(attn, threads, 0.1);
+    stats.co_attention = calibration_->describe();
+  }
   if (!codecs_.empty()) {
     if (opt.convert_threads > 0) pool_ = std::make_unique<convert::ConversionPool>(opt.convert_threads);
     compressed_ = std::make_unique<convert::CompressedHistory>(seq, codecs_, size_t(pages_per_layer_), pool_.get());
@@ -207,18 +224,34 @@ void HistoryView::prepare_streamed(int l, int64_t pos0, size_t last, cudaStream_
     for (size_t p = 0; p < first; ++p) set_table(l, p, stream_->slot(PrefillStream::layer_buffer(l), int64_t(p)));
 }
 
+int HistoryView::store_layer(int layer) const {
+  const int g = store_of_.at(size_t(layer));
+  if (g < 0) throw InvalidArgument(fmt::format("HistoryView: layer {} slides: it has no host pages", layer));
+  return g;
+}
+
 void HistoryView::write_kv(int layer, int64_t pos0, int T, const float* k, const float* v, cudaStream_t s) {
   const int ps = seq_.shape().page_size;
   const int64_t row = int64_t(seq_.shape().n_kv_heads) * seq_.shape().head_dim;
+  const bool ring = ring_->sliding(layer);
+  const int g = ring ? -1 : store_layer(layer);
+  if (ring && T > ring_->max_rows())
+    throw InvalidArgument(fmt::format("HistoryView: {} rows at once, the sliding layers' rings hold chunks of {}", T,
+                                      ring_->max_rows()));
   for (int64_t t = pos0; t < pos0 + T;) {
     const size_t p = size_t(t / ps);
     const int slot = int(t % ps);
     const int n = int(std::min<int64_t>(ps - slot, pos0 + T - t));
-    // The host page through its mapped pinned address (the store's memory is
-    // cudaHostAllocMapped; with unified addressing the pointers coincide).
-    void* host = const_cast<std::byte*>(host_page(layer, p));
-    cuda::launch_write_kv(attn_, k + (t - pos0) * row, v + (t - pos0) * row, row, n, slot, dev_[size_t(layer)][p].ptr,
-                          host, s);
+    if (ring) {  // the ring page only: a sliding layer has no host pages
+      cuda::launch_write_kv(attn_, k + (t - pos0) * row, v + (t - pos0) * row, row, n, slot,
+                            ring_->page(layer, int64_t(p)), nullptr, s);
+    } else {
+      // The host page through its mapped pinned address (the store's memory is
+      // cudaHostAllocMapped; with unified addressing the pointers coincide).
+      void* host = const_cast<std::byte*>(host_page(g, p));
+      cuda::launch_write_kv(attn_, k + (t - pos0) * row, v + (t - pos0) * row, row, n, slot, dev_[size_t(g)][p].ptr,
+                            host, s);
+    }
     t += n;
   }
 }
@@ -228,15 +261,21 @@ std::vector<cuda::SeqPages> HistoryView::engine_tables(int64_t n_tokens, cudaStr
   const size_t n_pages = size_t((n_tokens + shape.page_size - 1) / shape.page_size);
   std::vector<cuda::SeqPages> out(1);
   out[0].n_tokens = n_tokens;
-  out[0].tables.resize(size_t(shape.n_layers));
-  for (int l = 0; l < shape.n_layers; ++l) {
+  out[0].tables.resize(windows_.size());
+  for (size_t ml = 0; ml < windows_.size(); ++ml) {
+    std::vector<cuda::PageRef>& table = out[0].tables[ml];
+    table.resize(n_pages);
+    if (ring_->sliding(int(ml))) {  // every entry its ring page; the engine reads only those in the window
+      for (size_t p = 0; p < n_pages; ++p)
+        table[p] = cuda::PageRef{nullptr, ring_->page(int(ml), int64_t(p)), shape.page_bytes(), cuda::PageKind::bf16};
+      continue;
+    }
+    const int l = store_of_[ml];
     route::PublishedFn published;
     if (compressed_)
       published = [&](size_t page, route::ReadFormat f) { return !compressed_->published(l, page, codec_of(f)).empty(); };
     const route::RoutePlan plan = route::plan_route(opt_.route, n_tokens, shape.page_size, published);
     stats_.pages.add(plan);
-    std::vector<cuda::PageRef>& table = out[0].tables[size_t(l)];
-    table.resize(n_pages);
     for (size_t p = 0; p < n_pages; ++p) {
       const route::ReadFormat f = plan.page_format[p];
       if (f == route::ReadFormat::exact) {
@@ -256,8 +295,39 @@ std::vector<cuda::SeqPages> HistoryView::engine_tables(int64_t n_tokens, cudaStr
       table[p] = cuda::PageRef{e.data(), d.ptr, e.size(), kind_of(f)};
       stats_.pages.bytes += double(e.size());
     }
+    if (opt_.cpu_share != 0 && host_placement()) share_with_cpu(l, table);
   }
   return out;
+}
+
+// The oldest pages the CPU can read go to the host CPU (co-attention): as
+// many as cpu_share of the layer's pages, or, with auto, as the planner
+// chooses from layer 0's table each step (the layers' tables are alike). Not
+// the tail (it has a device copy: the GPU writes it), not lossless13 pages
+// (the CPU kernels do not unpack); int8s pages with their view.
+void HistoryView::share_with_cpu(int layer, std::vector<cuda::PageRef>& table) {
+  size_t n = 0;
+  if (opt_.cpu_share > 0) {
+    n = std::min(table.size() - 1, size_t(std::lround(opt_.cpu_share * double(table.size()))));
+  } else {
+    if (layer == 0) {
+      const route::CoAttentionPlan plan = route::plan_co_attention(
+          cuda::plan_pages(table), seq_.shape().n_layers, calibration_->together, calibration_->link_alone_gbps);
+      cpu_pages_ = plan.cpu_pages;
+      stats_.co_attention = calibration_->describe() + "; last step: " + plan.describe();
+    }
+    n = cpu_pages_;
+  }
+  for (size_t p = 0, given = 0; p < table.size() && given < n; ++p) {
+    cuda::PageRef& r = table[p];
+    if (r.device || r.kind == cuda::PageKind::lossless13) continue;
+    if (r.kind == cuda::PageKind::int8s) {
+      r.int8s_view = compressed_->int8s_view(layer, p);
+      if (!r.int8s_view) continue;
+    }
+    r.cpu = true;
+    ++given;
+  }
 }
 
 const void* const* HistoryView::device_pages(int layer, int64_t n_tokens) const {
@@ -269,10 +339,15 @@ const void* const* HistoryView::device_pages(int layer, int64_t n_tokens) const 
   return tables_dev_ + first;
 }
 
-void HistoryView::prefill_attention(int layer, int64_t pos0, int rows, const float* q, float* out,
+void HistoryView::prefill_attention(int model_layer, int64_t pos0, int rows, const float* q, float* out,
                                     cuda::PrefillAttention& pa, cudaStream_t s) {
   const int ps = seq_.shape().page_size;
   const int64_t n_pages = (pos0 + rows + ps - 1) / ps;
+  if (ring_->sliding(model_layer)) {
+    pa.run(ring_->table(model_layer), n_pages, pos0, rows, q, out, nullptr, s, ring_->window());
+    return;
+  }
+  const int layer = store_layer(model_layer);
   if (stream_) {
     stream_->attend(layer, tables_dev_ + size_t(layer) * size_t(pages_per_layer_), n_pages, pos0, rows, q, out, pa,
                     s);

@@ -4,12 +4,20 @@
 // and to prefill attention, the writes of new tokens' K/V, and where a
 // prefill keeps the prompt's history (resident, or streamed per chunk through
 // a staging area when it does not fit the GPU budget: prefill_stream.h).
+//
+// Layers: the model's layers that attend the whole history ("global") keep
+// it in the page store -- store layer g is the g-th global model layer; the
+// sliding-window layers (Gemma 3's local ones) keep theirs only in a GPU ring
+// (sliding_ring.h): no host pages, no streaming, no conversion. Methods that
+// take a `layer` take a model layer.
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "activekv/convert/compressed_history.h"
+#include "activekv/cuda/co_attention_rates.h"
 #include "activekv/cuda/decode_engine.h"
 #include "activekv/cuda/device_pages.h"
 #include "activekv/cuda/patch.h"
@@ -18,15 +26,20 @@
 #include "activekv/route/prefill_plan.h"
 #include "activekv/runtime/gpu_runtime.h"
 #include "prefill_stream.h"
+#include "sliding_ring.h"
 
 namespace activekv::runtime {
 
 class HistoryView {
  public:
-  /// Chooses the placement (stats.placement) from opt and the GPU memory
-  /// free now, and takes the device pages it needs. Throws Error when
-  /// --kv-placement gpu does not fit.
-  HistoryView(kv::SequenceKv& seq, const cuda::AttnShape& attn, const RuntimeOptions& opt, RuntimeStats& stats);
+  /// `seq`: the history of the global layers (windows[l] == 0, in order);
+  /// windows: [model layers] each layer's window (0: global). Allocates the
+  /// sliding layers' rings (chunks of up to max_rows rows), then chooses the
+  /// placement (stats.placement) of the global layers' history from opt and
+  /// the GPU memory free now, and takes the device pages it needs. Throws
+  /// Error when --kv-placement gpu does not fit.
+  HistoryView(kv::SequenceKv& seq, const std::vector<int>& windows, int max_rows, const cuda::AttnShape& attn,
+              const RuntimeOptions& opt, RuntimeStats& stats);
   ~HistoryView();
   HistoryView(const HistoryView&) = delete;
   HistoryView& operator=(const HistoryView&) = delete;
@@ -50,16 +63,18 @@ class HistoryView {
   /// Stores K/V of rows [pos0, pos0 + T) of `layer` (device fp32
   /// [T][n_kv_heads*head_dim]) as bf16 into the device copies and the host pages.
   void write_kv(int layer, int64_t pos0, int T, const float* k, const float* v, cudaStream_t s);
-  /// The engine's page tables for a step over `n_tokens` tokens, along the
-  /// route (uploading, with gpu placement, published encoded pages not yet
-  /// on the GPU); adds what the step reads to stats.pages.
+  /// The engine's page tables for a step over `n_tokens` tokens, one per model
+  /// layer: a global layer's along the route (uploading, with gpu placement,
+  /// published encoded pages not yet on the GPU; what it reads is added to
+  /// stats.pages), a sliding layer's its ring pages (device only).
   std::vector<cuda::SeqPages> engine_tables(int64_t n_tokens, cudaStream_t s);
   /// Device array of the device addresses of `layer`'s pages covering
   /// `n_tokens` (prefill attention's page table; kept up to date by prepare()).
   const void* const* device_pages(int layer, int64_t n_tokens) const;
   /// Prefill attention of `layer`'s rows [pos0, pos0 + rows) (their K/V
   /// written) over the history: in place when resident, through the
-  /// staging when streamed. Enqueued on `s`.
+  /// staging when streamed, over its ring with its window when it slides.
+  /// Enqueued on `s`.
   void prefill_attention(int layer, int64_t pos0, int rows, const float* q, float* out, cuda::PrefillAttention& pa,
                          cudaStream_t s);
   /// After a commit: queues conversion of pages that became full.
@@ -82,10 +97,15 @@ class HistoryView {
   void set_table(int layer, size_t page, const void* ptr);
   void submit_tables(cudaStream_t s);
   void prepare_streamed(int l, int64_t pos0, size_t last, cudaStream_t s);
+  void share_with_cpu(int layer, std::vector<cuda::PageRef>& table);
+  int store_layer(int layer) const;  // the global model layer's store layer
   const std::byte* host_page(int layer, size_t page) const;
   bool host_placement() const { return placement_ == route::KvPlacement::host; }
 
   kv::SequenceKv& seq_;
+  std::vector<int> windows_;   // [model layer]
+  std::vector<int> store_of_;  // [model layer] store layer, or -1 (sliding)
+  std::unique_ptr<SlidingRing> ring_;
   cuda::AttnShape attn_;
   RuntimeOptions opt_;
   RuntimeStats& stats_;
@@ -108,6 +128,8 @@ class HistoryView {
   std::vector<const void*> tables_host_;
   std::vector<size_t> dirty_;  // entries of tables_host_ changed since the last submit
   cuda::PatchBuffer patches_;
+  std::optional<cuda::CoAttentionCalibration> calibration_;  // cpu_share auto, host placement
+  size_t cpu_pages_ = 0;                                      // auto: this step's CPU pages per layer
 };
 
 }  // namespace activekv::runtime

@@ -112,6 +112,10 @@ case $CASE in
     expect 105 "--synthetic-tokens: Value -1 not in range" -- eval --synthetic-tokens -1
     expect 105 "--layers-per-text: Value 0 not in range" -- eval --layers-per-text 0
     expect 105 "--page-size: Value 0 not in range" -- eval --page-size 0
+    expect 1 "eval: --routes: route 'hybrid:recent=x': 'recent=x' is not key=count" -- eval --routes hybrid:recent=x
+    expect 1 "eval: --routes: exact is always scored as the baseline" -- eval --routes exact
+    expect 105 "--depths: Value 1.5 not in range" -- eval --passkey --depths 1.5
+    expect 105 "--answer-tokens: Value 0 not in range" -- eval --passkey --answer-tokens 0
     expect 1 "--temp must be a finite number, got inf" -- generate --temp inf -p hi -n 1
     expect 1 "--temp must be a finite number, got nan" -- generate --temp nan -p hi -n 1
     expect 1 "--top-p must be in (0, 1], got inf" -- generate --top-p inf -p hi -n 1
@@ -163,6 +167,23 @@ case $CASE in
         "$TMP/table.txt" || fail "eval table columns do not align: $(cat "$TMP/table.txt")"
       [ -s "$TMP/eval.json" ] || fail "eval did not write $TMP/eval.json"
       echo "ok: eval table aligned with a ${#long}-character text path"
+    fi
+    ;;
+  passkey)  # eval --passkey on the default model at a tiny context: the table and the JSON's fields
+    if ! "$AKV" eval --passkey -c 256 --page-size 32 --depths 0.2,0.8 --seed 5 --answer-tokens 4 \
+        --routes int8s,hybrid:recent=1 -t 2 --json "$TMP/pk.json" > "$TMP/table.txt" 2> "$TMP/log.txt"; then
+      fail "passkey failed: $(tail -n 3 "$TMP/log.txt")"
+    else
+      python3 - "$TMP/pk.json" <<'PY' || fail "passkey JSON: $(head -c 400 "$TMP/pk.json")"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["check"] == "passkey" and d["context"] == 256 and d["seed"] == 5 and d["depths"] == [0.2, 0.8], d
+assert [r["format"] for r in d["records"]] == ["exact", "int8s", "hybrid:recent=1"] * 2, d["records"]
+assert all(len(r["key"]) == 5 and isinstance(r["retrieved"], bool) for r in d["records"])
+assert [s["format"] for s in d["summary"]] == ["exact", "int8s", "hybrid:recent=1"]
+PY
+      grep -q "retrieval" "$TMP/table.txt" || fail "passkey table lacks the summary: $(cat "$TMP/table.txt")"
+      echo "ok: eval --passkey table and JSON"
     fi
     ;;
   cpu_only)  # what a build without the CUDA backend says when asked for the GPU

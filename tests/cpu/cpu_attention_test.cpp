@@ -232,6 +232,38 @@ TEST(CpuAttention, PartialsMergeLikeOneCall) {
   for (size_t i = 0; i < whole.lse.size(); ++i) EXPECT_NEAR(merged.lse[i], whole.lse[i], 1e-5);
 }
 
+TEST(CpuAttention, UnmergedSplitsAreTheCallsPartialsInTokenOrder) {
+  // attend_pages_splits is what the GPU engine places among its own partials:
+  // one row per page-local split (a partial last page has fewer), and merging
+  // them in order is bitwise what attend_pages returns (it is that merge).
+  const Case c = make_case(2600, 2, 3, 64, 1024, 17);  // pages of 1024, 1024, 552 tokens
+  const auto pages = page_list(c, [](int p) { return p == 1; });
+  cpu::CpuAttentionOptions opt;
+  opt.split_tokens = 256;
+  const size_t n = cpu::count_splits(pages, opt.split_tokens);
+  ASSERT_EQ(n, size_t(4 + 4 + 3));
+  const int nq = c.shape.n_q_heads(), d = c.shape.head_dim;
+  std::vector<float> so(n * nq * d), sl(n * nq);
+  cpu::CpuAttentionWorkspace ws;
+  ASSERT_EQ(cpu::attend_pages_splits(c.shape, pages, c.q.data(), opt, ws, so.data(), sl.data()), n);
+  std::vector<attention::Partial> rows;
+  for (size_t i = 0; i < n; ++i) {
+    attention::Partial p(1, nq, d);
+    std::memcpy(p.o.data(), so.data() + i * nq * d, size_t(nq) * d * 4);
+    std::memcpy(p.lse.data(), sl.data() + i * nq, size_t(nq) * 4);
+    rows.push_back(std::move(p));
+  }
+  // Split 5 (page 1, tokens 256..511) alone is attention over exactly those tokens.
+  const std::vector<cpu::PageRef> one{cpu::PageRef::from_int8s(c.int8s_views[1], 512)};
+  const std::vector<cpu::PageRef> first{cpu::PageRef::from_int8s(c.int8s_views[1], 256)};
+  const attention::Partial upto512 = cpu::attend_pages(c.shape, one, c.q.data(), opt);
+  const attention::Partial upto256 = cpu::attend_pages(c.shape, first, c.q.data(), opt);
+  EXPECT_TRUE(bitwise_equal(upto256, rows[4]));
+  const std::vector<attention::Partial> pair{rows[4], rows[5]};
+  EXPECT_TRUE(bitwise_equal(upto512, attention::merge(pair)));
+  EXPECT_TRUE(bitwise_equal(cpu::attend_pages(c.shape, pages, c.q.data(), opt), attention::merge(rows)));
+}
+
 TEST(CpuAttention, EmptyAndBadInput) {
   const Case c = make_case(300, 2, 2, 64, 256, 17);
   auto pages = page_list(c, kAllBf16);

@@ -38,6 +38,8 @@ enum class Placement {
   streamed,       ///< every page streamed from pinned host memory
   mixed,          ///< a checkerboard over (sequence, layer, page): jobs, tiles and copy runs all mix
   tail_resident,  ///< streamed but each table's last page (the runtime's page being written)
+  cpu_mixed,      ///< co-attention: a third of the pages on the host CPU, a third resident, a third streamed
+  cpu_all,        ///< co-attention: every page on the host CPU (the GPU only merges)
 };
 
 const char* placement_name(Placement p) {
@@ -46,8 +48,15 @@ const char* placement_name(Placement p) {
     case Placement::streamed: return "streamed";
     case Placement::mixed: return "mixed";
     case Placement::tail_resident: return "tail-resident";
+    case Placement::cpu_mixed: return "cpu-mixed";
+    case Placement::cpu_all: return "cpu-all";
   }
   return "?";
+}
+
+bool attended_by_cpu(Placement p, size_t seq, size_t layer, size_t page) {
+  if (p == Placement::cpu_all) return true;
+  return p == Placement::cpu_mixed && (seq + layer + page) % 3 == 0;
 }
 
 bool keeps_device_copy(Placement p, size_t seq, size_t layer, size_t page, size_t n_pages) {
@@ -56,6 +65,8 @@ bool keeps_device_copy(Placement p, size_t seq, size_t layer, size_t page, size_
     case Placement::streamed: return false;
     case Placement::mixed: return (seq + layer + page) % 2 == 0;
     case Placement::tail_resident: return page + 1 == n_pages;
+    case Placement::cpu_mixed: return (seq + layer + page) % 3 == 1;
+    case Placement::cpu_all: return false;
   }
   return false;
 }
@@ -105,6 +116,7 @@ class DeviceBatch {
 struct RunStats {
   size_t streamed_bytes = 0;  // bytes_per_step()
   size_t resident_bytes = 0;  // resident_bytes_per_step()
+  size_t cpu_bytes = 0;       // cpu_bytes_per_step()
 };
 
 struct Fixture {
@@ -145,12 +157,13 @@ struct Fixture {
 
   size_t n_rows() const { return size_t(c.n_layers) * seqs.size() * size_t(c.sh.n_q_heads()); }
 
-  EngineConfig config(int tile_pages, int ring) const {
+  EngineConfig config(int tile_pages, int ring, const std::vector<int>& windows = {}) const {
     EngineConfig ec;
     ec.n_layers = c.n_layers;
     ec.attn = c.sh;
     ec.tile_pages = tile_pages;
     ec.ring_slots = ring;
+    ec.windows = windows;
     return ec;
   }
 
@@ -173,19 +186,22 @@ struct Fixture {
   // `tables` with the pages `p` keeps on the GPU given their copies in `rp`.
   static std::vector<SeqPages> place(const std::vector<SeqPages>& tables, Placement p, ResidentPages* rp) {
     if (p == Placement::streamed) return tables;
-    std::vector<SeqPages> out = rp->place(tables);
+    std::vector<SeqPages> out = rp ? rp->place(tables) : tables;
     for (size_t s = 0; s < out.size(); ++s)
       for (size_t l = 0; l < out[s].tables.size(); ++l) {
         auto& t = out[s].tables[l];
-        for (size_t pg = 0; pg < t.size(); ++pg)
+        for (size_t pg = 0; pg < t.size(); ++pg) {
           if (!keeps_device_copy(p, s, l, pg, t.size())) t[pg].device = nullptr;
+          t[pg].cpu = attended_by_cpu(p, s, l, pg);
+        }
       }
     return out;
   }
 
   // fp64 reference (attention::reference_attention over the pages) of the
   // batch `tables`: O [L][S][nq][hd], LSE [L][S][nq].
-  void reference(const std::vector<SeqPages>& tables, std::vector<double>& o, std::vector<double>& lse) const {
+  void reference(const std::vector<SeqPages>& tables, std::vector<double>& o, std::vector<double>& lse,
+                 const std::vector<int>& windows = {}) const {
     const AttnShape& sh = c.sh;
     const int S = int(tables.size()), nq = sh.n_q_heads(), hd = sh.head_dim;
     const kv::KvShape ks{1, sh.n_kv_heads, hd, sh.page_size};
@@ -197,8 +213,10 @@ struct Fixture {
         for (const PageRef& r : tables[s].tables[l]) pages.push_back(r.host);
         const attention::DenseHistoryF64 h = testing::dense_history(ks, pages, tables[s].n_tokens);
         const int64_t pos = tables[s].n_tokens - 1;
+        attention::AttentionOptions opt;
+        opt.window = windows.empty() ? 0 : windows[size_t(l)];
         const attention::ReferencePartial ref =
-            attention::reference_attention(h, {&q[(size_t(l) * S + s) * nq * hd], 1, nq, &pos}, {});
+            attention::reference_attention(h, {&q[(size_t(l) * S + s) * nq * hd], 1, nq, &pos}, opt);
         o.insert(o.end(), ref.o.begin(), ref.o.end());
         lse.insert(lse.end(), ref.lse.begin(), ref.lse.end());
       }
@@ -206,15 +224,15 @@ struct Fixture {
 
   // Runs `steps` decode steps of the case's batch placed as `p` on a new
   // engine; returns out and lse of the last. Throws on a CUDA error.
-  RunStats run(Placement p, int tile_pages, int ring, int steps, std::vector<float>& out,
-               std::vector<float>& lse) const {
+  RunStats run(Placement p, int tile_pages, int ring, int steps, std::vector<float>& out, std::vector<float>& lse,
+               const std::vector<int>& windows = {}, const std::vector<SeqPages>* tables = nullptr) const {
     std::unique_ptr<ResidentPages> rp;  // outlives the engine (destroyed after it)
-    if (p != Placement::streamed) rp = device_copies();
-    DecodeEngine eng(config(tile_pages, ring));
-    eng.update(place(seqs, p, rp.get()));
+    if (p != Placement::streamed && p != Placement::cpu_all) rp = device_copies();
+    DecodeEngine eng(config(tile_pages, ring, windows));
+    eng.update(place(tables ? *tables : seqs, p, rp.get()));
     DeviceBatch dev(q, n_rows());
     for (int i = 0; i < steps; ++i) dev.step(eng, out, lse);
-    return RunStats{eng.bytes_per_step(), eng.resident_bytes_per_step()};
+    return RunStats{eng.bytes_per_step(), eng.resident_bytes_per_step(), eng.cpu_bytes_per_step()};
   }
 
   // Bytes of every page the batch reads (each bf16 page once per layer).
@@ -300,6 +318,44 @@ TEST(CudaDecode, StreamedIsBitwiseEqualToResident) {
   }
 }
 
+// Sliding windows (EngineConfig::windows, Gemma 3's local layers): the even
+// layers of each case slide with a window that starts mid-page and mid-split
+// (page + split/2 + 3 tokens), the odd ones attend everything. Against the
+// fp64 reference with the same windows, at the bounds above (the same
+// kernel over fewer splits); streamed and resident bitwise equal; and the
+// entries before a windowed layer's first visible page may be empty (no
+// bytes anywhere: the engine neither checks nor reads them).
+TEST(CudaDecode, SlidingWindowLayersMatchFp64AndReadOnlyTheirWindow) {
+  NEED_GPU();
+  for (const Case& c : cases()) {
+    Fixture f(c, 17);
+    const int window = c.sh.page_size + c.sh.split_tokens / 2 + 3;
+    std::vector<int> windows(size_t(c.n_layers));
+    for (int l = 0; l < c.n_layers; l += 2) windows[size_t(l)] = window;
+    std::vector<double> ro, rl;
+    f.reference(f.seqs, ro, rl, windows);
+    std::vector<float> o, l;
+    f.run(Placement::resident, 0, 2, 1, o, l, windows);
+    const Fp64Errors e = errors_vs_fp64(o, l, ro, rl, c.sh.head_dim);
+    std::printf("  window %d, head_dim %d page %d: max rel O err %.3e, max |LSE err| %.3e vs fp64\n", window,
+                c.sh.head_dim, c.sh.page_size, e.o, e.lse);
+    EXPECT_LT(e.o, kMaxRelOErr) << "head_dim " << c.sh.head_dim << " (inf: not written)";
+    EXPECT_LT(e.lse, kMaxLseErr) << "head_dim " << c.sh.head_dim;
+    std::vector<SeqPages> blank = f.seqs;  // windowed layers: no page before the window
+    for (SeqPages& sp : blank)
+      for (int ly = 0; ly < c.n_layers; ly += 2) {
+        const int64_t first = std::max<int64_t>(0, sp.n_tokens - window) / c.sh.page_size;
+        for (int64_t p = 0; p < first; ++p) sp.tables[size_t(ly)][size_t(p)] = PageRef{};
+      }
+    for (int tile : {0, 1, 3}) {
+      std::vector<float> so, sl;
+      f.run(Placement::streamed, tile, 3, 2, so, sl, windows, &blank);
+      EXPECT_TRUE(same_bits(o, so) && same_bits(l, sl)) << "streamed (tile_pages " << tile
+                                                        << ") differs from resident, head_dim " << c.sh.head_dim;
+    }
+  }
+}
+
 // Issue 9: the engine places page by page. Some pages read in place on the
 // GPU, the others streamed -- jobs, tiles and copy runs mixed -- give the bits
 // of the all-resident and the all-streamed runs.
@@ -325,6 +381,67 @@ TEST(CudaDecode, MixedPlacementIsBitwiseEqualToResidentAndStreamed) {
         EXPECT_EQ(ms.streamed_bytes + ms.resident_bytes, f.history_bytes()) << what << ": every page read once";
       }
   }
+}
+
+// Issue 12: co-attention. Pages the table marks `cpu` are attended by the
+// host CPU in place; their split partials join the GPU's in the one merge.
+// The result is attention over the same keys by another fp32 kernel: it is
+// bounded against fp64, bitwise repeatable, and every page is read exactly
+// once (streamed, resident or by the CPU).
+// The CPU's bf16 kernel rounds differently (the query in two bf16 terms, its
+// own fp32 order), so the merged result has its own bounds. Measured on the
+// H200 host at bc0e99a (AVX-512 kernels, all four cases): at most 4.43e-6
+// relative on O (d 64, every page on the CPU), 3.49e-6 on LSE (d 128).
+// Bounds: ~3x that.
+constexpr double kCoAttnMaxRelOErr = 1.3e-5, kCoAttnMaxLseErr = 1.05e-5;
+
+TEST(CudaDecode, CoAttentionWithTheHostCpuMatchesFp64AndRepeats) {
+  NEED_GPU();
+  for (const Case& c : cases()) {
+    Fixture f(c, 21);
+    std::vector<double> ro, rl;
+    f.reference(f.seqs, ro, rl);
+    for (Placement p : {Placement::cpu_mixed, Placement::cpu_all}) {
+      const std::string what = std::string(placement_name(p)) + " head_dim " + std::to_string(c.sh.head_dim) +
+                               " group " + std::to_string(c.sh.group);
+      std::vector<float> o, l, o2, l2;
+      const RunStats st = f.run(p, 2, 3, 2, o, l);
+      f.run(p, 2, 3, 1, o2, l2);
+      const Fp64Errors e = errors_vs_fp64(o, l, ro, rl, c.sh.head_dim);
+      std::printf("  %s: max rel O err %.3e, max |LSE err| %.3e vs fp64; CPU read %zu B, streamed %zu B, "
+                  "resident %zu B\n", what.c_str(), e.o, e.lse, st.cpu_bytes, st.streamed_bytes, st.resident_bytes);
+      EXPECT_LT(e.o, kCoAttnMaxRelOErr) << what << " (inf: not written)";
+      EXPECT_LT(e.lse, kCoAttnMaxLseErr) << what;
+      EXPECT_TRUE(same_bits(o, o2) && same_bits(l, l2)) << what << ": not repeatable (second engine, first step)";
+      EXPECT_GT(st.cpu_bytes, 0u) << what;
+      if (p == Placement::cpu_all) EXPECT_EQ(st.streamed_bytes + st.resident_bytes, 0u) << what;
+      else EXPECT_LT(st.streamed_bytes + st.resident_bytes, f.history_bytes()) << what;
+    }
+  }
+}
+
+// A page for the CPU must be one it can read: no device copy, not
+// lossless13, an int8s page only with its parsed view.
+TEST(CudaDecode, CoAttentionRejectsPagesTheCpuCannotRead) {
+  NEED_GPU();
+  Fixture f(cases()[0], 22);
+  DecodeEngine eng(f.config(2, 2));
+  auto expect_rejected = [&](auto edit, const char* needle) {
+    std::vector<SeqPages> t = f.seqs;
+    edit(t[1].tables[0][0]);
+    try {
+      eng.update(t);
+      ADD_FAILURE() << "accepted: " << needle;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  alignas(16) static const std::byte dummy[16] = {};
+  expect_rejected([](PageRef& r) { r.cpu = true; r.device = dummy; }, "device copy");
+  expect_rejected([](PageRef& r) { r.cpu = true; r.kind = PageKind::int8s; }, "int8s_view");
+  std::vector<SeqPages> ok = f.seqs;
+  ok[1].tables[0][0].cpu = true;
+  EXPECT_NO_THROW(eng.update(ok));
 }
 
 // Issue 9: update() is incremental. One engine follows a batch as it grows --

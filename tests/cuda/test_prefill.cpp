@@ -132,15 +132,16 @@ struct DevRun {
 // Poisons out/lse (NaN) and the guard rows, runs, and returns the rows as a
 // Partial; the guard rows must still be poison (nothing written past n_rows).
 // n_keys >= 0: run_keys over keys [0, n_keys) instead (pos0 unused).
+// window > 0: run with that sliding window; table: a page table other than h's.
 attention::Partial run_prefill(PrefillAttention& pf, const DevHistory& h, DevRun& d, int64_t pos0, int n_rows,
-                               int64_t n_keys = -1) {
+                               int64_t n_keys = -1, int window = 0, const void* const* table = nullptr) {
   check_cuda(cudaMemset(d.out, 0xff, (d.o_elems + d.row_o) * 4), "cudaMemset(out)");
   check_cuda(cudaMemset(d.lse, 0xff, (d.l_elems + d.row_l) * 4), "cudaMemset(lse)");
   check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   if (n_keys >= 0)
     pf.run_keys(h.table, h.n_pages, n_keys, n_rows, d.q, d.out, d.lse, d.stream);
   else
-    pf.run(h.table, h.n_pages, pos0, n_rows, d.q, d.out, d.lse, d.stream);
+    pf.run(table ? table : h.table, h.n_pages, pos0, n_rows, d.q, d.out, d.lse, d.stream, window);
   check_cuda(cudaStreamSynchronize(d.stream), "prefill run");
   attention::Partial p(n_rows, pf.shape().n_q_heads(), pf.shape().head_dim);
   std::vector<float> o(d.o_elems + d.row_o), l(d.l_elems + d.row_l);
@@ -229,6 +230,60 @@ TEST(CudaPrefill, MatchesFp64ReferenceForEveryTermCount) {
   for (int terms = 1; terms <= 3; ++terms)
     std::printf("terms %d: worst max rel O err %.3g, worst |LSE err| %.3g over %zu cases\n", terms, worst[terms],
                 worst_lse[terms], cases().size());
+}
+
+// Sliding window (run(..., window), Gemma 3's local layers): row p attends
+// keys (p - W, p] only. Against the fp64 reference with the same window, at
+// the 2-term bounds above, unsplit and with forced key splits (96 keys). The
+// table's pages wholly before pos0 - W - 31 point at a page of NaN, which the
+// kernel must never read: the runtime's rings hold only the last W + 32 +
+// rows tokens, and an older page's slot holds newer tokens.
+TEST(CudaPrefill, SlidingWindowMatchesReferenceAndReadsNothingBeforeIt) {
+  NEED_GPU();
+  struct W { const char* what; AttnShape sh; int64_t pos0; int rows; int window; };
+  const W cases_w[] = {
+      {"Gemma-3-270M shape, window 512, 128 rows at 1500", {1, 4, 256, 64, 64, 0.f}, 1500, 128, 512},
+      {"d128 g4, window 100 (mid-page), 300 rows from 0", {2, 4, 128, 64, 64, 0.f}, 0, 300, 100},
+      {"d64 g3, window 700, one row at 5000 (pages of 1024)", {3, 3, 64, 1024, 512, 0.f}, 5000, 1, 700},
+  };
+  std::byte* nan_page = nullptr;
+  uint64_t seed = 900;
+  for (const W& w : cases_w) {
+    const AttnShape& sh = w.sh;
+    const int64_t T = w.pos0 + w.rows;
+    DevHistory hist(sh, T, 1.0, ++seed);
+    const std::vector<float> q = random_q(size_t(w.rows) * sh.n_q_heads() * sh.head_dim, ++seed);
+    std::vector<int64_t> pos(static_cast<size_t>(w.rows));
+    std::iota(pos.begin(), pos.end(), w.pos0);
+    attention::AttentionOptions opt;
+    opt.window = w.window;
+    const attention::ReferencePartial ref =
+        attention::reference_attention(hist.dense(), {q.data(), w.rows, sh.n_q_heads(), pos.data()}, opt);
+    cudaFree(nan_page);
+    CUDA_OK(cudaMalloc(&nan_page, sh.page_bytes()));
+    CUDA_OK(cudaMemset(nan_page, 0xff, sh.page_bytes()));
+    std::vector<const void*> t = hist.page_ptrs;
+    const int64_t first = std::max<int64_t>(0, w.pos0 - w.window - 31) / sh.page_size;
+    for (int64_t p = 0; p < first; ++p) t[size_t(p)] = nan_page;
+    void** table = nullptr;
+    CUDA_OK(cudaMalloc(&table, t.size() * sizeof(void*)));
+    CUDA_OK(cudaMemcpy(table, t.data(), t.size() * sizeof(void*), cudaMemcpyHostToDevice));
+    DevRun d(q, w.rows, sh);
+    for (int split_keys : {0, 96}) {
+      PrefillConfig cfg;
+      cfg.split_keys = split_keys;
+      cfg.max_row_splits = size_t(w.rows) * size_t((T + 95) / 96 + 1);
+      PrefillAttention pf(sh, cfg);
+      const attention::Partial got = run_prefill(pf, hist, d, w.pos0, w.rows, -1, w.window, table);
+      const double e = attention::own_format_error(got, ref), el = lse_error(got, ref);
+      std::printf("%-55s split_keys %2d (%d splits): max rel O err %.3g, max |LSE err| %.3g (NaN pages 0..%lld)\n",
+                  w.what, split_keys, pf.plan(w.pos0, w.rows, w.window).n_splits, e, el, (long long)first - 1);
+      EXPECT_LT(e, kOErr[2]) << w.what << ", split_keys " << split_keys << " (inf: a NaN page was read)";
+      EXPECT_LT(el, kLseErr[2]) << w.what << ", split_keys " << split_keys;
+    }
+    cudaFree(table);
+  }
+  cudaFree(nan_page);
 }
 
 // Forced key splits (96 keys: 3 blocks, so the split edges fall inside pages

@@ -230,21 +230,19 @@ INSTANTIATE_TEST_SUITE_P(Placements, GpuRuntimeQwen2Greedy,
                          ::testing::Values(route::KvPlacement::host, route::KvPlacement::gpu),
                          [](const auto& info) { return route::placement_name(info.param); });
 
-// gemma3 is CPU-only until issue 11 part 2: the runtime refuses its config in
-// one line before any GPU work (the config alone decides; the tiny qwen2 file
-// stands in for the weights, which are never read).
-TEST(GpuRuntimeGemma3, RefusedInOneLine) {
+// Only the global layers' history lives in host pages: a model without one
+// has nothing to page and is refused in one line before any GPU work (the
+// tiny qwen2 file with every layer given a window).
+TEST(GpuRuntimeSliding, AModelWithoutAGlobalLayerIsRefusedInOneLine) {
   model::ModelConfig c = testing::qwen2_model().config();
-  c.arch = "gemma3";
-  c.qk_norm = true;
-  c.layer_attention[0].window = 4;
+  for (model::LayerAttention& a : c.layer_attention) a.window = 4;
+  c.sliding_window = 4;
   try {
     runtime::GpuRuntime rt(testing::qwen2_file(), c, options(8, route::KvPlacement::host));
     ADD_FAILURE() << "expected activekv::Error";
   } catch (const Error& e) {
     EXPECT_EQ(std::string(e.what()),
-              "architecture gemma3 is supported on the CPU only for now (sliding-window layers, QK-norm, GeGLU): "
-              "use --device cpu");
+              "the GPU runtime needs a layer that attends the whole history; this model's are " + c.layer_split());
   }
 }
 

@@ -106,7 +106,7 @@ TEST(ModelConfig, TinyLlamaReadsAndLoads) {
   EXPECT_NO_THROW(Weights::load(f, c));  // the file is a whole model, not just metadata
 }
 
-TEST(ModelConfig, Gemma3LayersAndGpuRefusal) {
+TEST(ModelConfig, Gemma3Layers) {
   const std::vector<uint8_t> bytes = tiny_model("gemma3").set("gemma3.rope.freq_base", val_f32(1e6f)).bytes();
   const gguf::File f = gguf::File::from_memory(bytes);
   const ModelConfig c = ModelConfig::from_gguf(f);
@@ -117,17 +117,13 @@ TEST(ModelConfig, Gemma3LayersAndGpuRefusal) {
   }
   EXPECT_EQ(c.layer_split(), "5 sliding (window 3) + 1 global");
   EXPECT_FLOAT_EQ(c.embed_scale, std::sqrt(8.0f));
-  EXPECT_EQ(c.gpu_unsupported_reason(),
-            "architecture gemma3 is supported on the CPU only for now (sliding-window layers, QK-norm, GeGLU): "
-            "use --device cpu");
   EXPECT_NO_THROW(Weights::load(f, c));
   // The local RoPE base, when the file has one.
   const std::vector<uint8_t> b2 = tiny_model("gemma3").set("gemma3.rope.freq_base_swa", val_f32(500.0f)).bytes();
   EXPECT_EQ(ModelConfig::from_gguf(gguf::File::from_memory(b2)).layer_attention[0].rope_base, 500.0f);
-  // llama needs nothing of this and runs on the GPU.
+  // llama has no sliding layer.
   const std::vector<uint8_t> b3 = tiny_llama().bytes();
   const ModelConfig llama = ModelConfig::from_gguf(gguf::File::from_memory(b3));
-  EXPECT_EQ(llama.gpu_unsupported_reason(), "");
   EXPECT_EQ(llama.layer_split(), "2 global");
 }
 

@@ -128,6 +128,45 @@ TEST(Qwen2, ChunkedForwardEqualsOnePass) {
   EXPECT_LE(delta, 2e-5);
 }
 
+// ForwardOptions::on_stage (what the GPU tests compare the GPU forward with,
+// stage by stage): the embedding, then per layer queries, attention output
+// and layer output, in that order, with their widths; observing changes no
+// logit; the last layer's output is the residual the head reads (its last
+// row differs from the embedding, so it is not a stale buffer).
+TEST(Qwen2, StageObserverSeesEveryStageInOrder) {
+  model::LlamaModel& m = testing::qwen2_model();
+  const model::ModelConfig& c = m.config();
+  const std::vector<int32_t> ids = golden_ids();
+  const std::vector<float> plain = testing::all_position_logits(m, ids, 16, PageFormat::f32);
+  struct Seen { int layer; model::Stage stage; int T, width; float last; };
+  std::vector<Seen> seen;
+  model::ForwardOptions fo = m.options();
+  const model::ForwardOptions saved = fo;
+  fo.on_stage = [&](int layer, model::Stage stage, int T, int width, const float* rows) {
+    seen.push_back({layer, stage, T, width, rows[size_t(T) * size_t(width) - 1]});
+  };
+  m.set_options(fo);
+  const std::vector<float> observed = testing::all_position_logits(m, ids, 16, PageFormat::f32);
+  m.set_options(saved);
+  EXPECT_EQ(plain, observed);
+  ASSERT_EQ(seen.size(), size_t(1 + 3 * c.n_layers));
+  const int qd = c.n_heads * c.head_dim, T = int(ids.size());
+  EXPECT_EQ(seen[0].layer, -1);
+  EXPECT_EQ(seen[0].stage, model::Stage::embedding);
+  EXPECT_EQ(seen[0].width, c.d_model);
+  for (int l = 0; l < c.n_layers; ++l) {
+    const model::Stage want[3] = {model::Stage::queries, model::Stage::attention, model::Stage::layer_output};
+    for (int k = 0; k < 3; ++k) {
+      const Seen& s = seen[size_t(1 + 3 * l + k)];
+      EXPECT_EQ(s.layer, l);
+      EXPECT_EQ(s.stage, want[k]) << "layer " << l << " stage " << k << ": " << model::stage_name(s.stage);
+      EXPECT_EQ(s.T, T);
+      EXPECT_EQ(s.width, k == 2 ? c.d_model : qd);
+    }
+  }
+  EXPECT_NE(seen.back().last, seen[0].last);
+}
+
 class Qwen2Greedy : public ::testing::TestWithParam<PageFormat> {};
 
 // 16 greedy tokens after a 24-token prompt equal transformers' (the prompt

@@ -83,6 +83,41 @@ TEST(Route, ReportCountsPagesAndTiles) {
   EXPECT_EQ(r.pages[size_t(ReadFormat::exact)], 3u);
   EXPECT_EQ(r.pages[size_t(ReadFormat::int8s)], 9u);
   EXPECT_EQ(r.segments[size_t(route::Kernel::int8s)], 3u);  // pages 1-3, 4-7, 8 (tiles of 4)
+  EXPECT_DOUBLE_EQ(r.compressed_fraction(), 9.0 / 12.0);
+  EXPECT_EQ(route::RouteReport{}.compressed_fraction(), 0.0);
+}
+
+// A sliding-window layer is read exact on every route (its window stays
+// resident on the GPU); a layer over the whole history keeps its route.
+TEST(Route, SlidingLayersAreReadExact) {
+  for (RouteKind k : {RouteKind::exact, RouteKind::lossless13, RouteKind::int8s, RouteKind::hybrid}) {
+    const RouteConfig c{k, 3, 8};
+    const RouteConfig global = route::layer_route(c, 0), local = route::layer_route(c, 512);
+    EXPECT_EQ(global.kind, k);
+    EXPECT_EQ(local.kind, RouteKind::exact);
+    EXPECT_EQ(local.recent_pages, 3);
+    EXPECT_EQ(local.tile_pages, 8);  // same tiles: the exact route's bits
+  }
+}
+
+// Route candidates (issue 11 part 5): named parameters of the hybrid split.
+TEST(Route, CandidatesCarryNamedParameters) {
+  RouteConfig defaults{RouteKind::exact, 2, 4};
+  const route::RouteCandidate plain = route::parse_candidate("int8s", defaults);
+  EXPECT_EQ(plain.name, "int8s");
+  EXPECT_EQ(plain.config.kind, RouteKind::int8s);
+  EXPECT_EQ(plain.config.recent_pages, 2);
+  EXPECT_EQ(plain.config.tile_pages, 4);
+  const route::RouteCandidate c = route::parse_candidate("hybrid:sink=2,recent=3", defaults);
+  EXPECT_EQ(c.name, "hybrid:recent=3,sink=2");  // canonical order
+  EXPECT_EQ(c.config.recent_pages, 3);
+  EXPECT_EQ(c.config.sink_pages, 2);
+  // 12 full pages: 2 sink + 3 recent exact, 7 int8s.
+  EXPECT_EQ(describe(route::plan_route(c.config, 12 * 16, 16, kAll)), "b0+2 i2+2 i4+4 i8+1 b9+3 ");
+  EXPECT_EQ(route::parse_candidate("hybrid:recent=0", defaults).config.recent_pages, 0);
+  for (const char* bad : {"hybrid:recent", "hybrid:recent=-1", "hybrid:recent=x", "hybrid:window=2",
+                          "hybrid:recent=1,recent=2", "int8s:recent=1", "int4", "hybrid:"})
+    EXPECT_THROW(route::parse_candidate(bad, defaults), InvalidArgument) << bad;
 }
 
 TEST(Route, BadArgumentsAndNames) {

@@ -108,6 +108,21 @@ struct CpuAttentionWorkspace {
 void attend_pages(const DecodeShape& shape, std::span<const PageRef> pages, const float* q,
                   const CpuAttentionOptions& opt, CpuAttentionWorkspace& ws, float* o, float* lse);
 
+/// Splits of `pages` at `split_tokens` (page-local boundaries; an empty page
+/// has none): the rows attend_pages_splits writes. InvalidArgument if
+/// split_tokens is not positive.
+size_t count_splits(std::span<const PageRef> pages, int split_tokens);
+
+/// The same attention left unmerged: one (O, LSE) partial per split, in token
+/// order, written to split_o [n_splits][n_q_heads][head_dim] (normalised) and
+/// split_lse [n_splits][n_q_heads] -- the layout of the GPU engine's partials
+/// for consecutive splits of one sequence, so a caller can place them among
+/// the GPU's and merge all of them in token order (co-attention, issue 12).
+/// Returns n_splits (count_splits). Same checks and errors as attend_pages.
+size_t attend_pages_splits(const DecodeShape& shape, std::span<const PageRef> pages, const float* q,
+                           const CpuAttentionOptions& opt, CpuAttentionWorkspace& ws, float* split_o,
+                           float* split_lse);
+
 /// Same, returning a one-row Partial (O [1][n_q_heads][head_dim], LSE [1][n_q_heads]).
 attention::Partial attend_pages(const DecodeShape& shape, std::span<const PageRef> pages, const float* q,
                                 const CpuAttentionOptions& opt = {});

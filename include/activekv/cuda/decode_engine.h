@@ -37,10 +37,33 @@
 //   numbered by token position whatever the format or place, and the merge
 //   takes them in ascending order.
 //
-// Exactness: wherever a page lies, the same kernel reads the same bytes at
-// the same split boundaries, and the merge runs in ascending split order, so
-// streamed (any tile size), resident and mixed placements give bitwise
-// identical outputs, repeatable run to run.
+// Sliding windows (EngineConfig::windows): a layer with window W attends, for
+//   a sequence of n tokens (its query at position n - 1), only the keys
+//   [max(0, n - W), n): pages before the one holding n - W are neither
+//   checked, copied nor read (their table entries may be empty), and the
+//   first visible page's splits start at n - W. Such a layer's splits are
+//   numbered from its first visible split, so its merge takes only them. A
+//   resident page needs no host bytes: a layer whose pages live only on the
+//   GPU (Gemma 3's sliding layers, a ring of device pages) gives entries
+//   with `device` set and `host` null.
+//
+// The host CPU's share (co-attention, issue 12): entries marked `cpu` are
+//   attended in place by the CPU kernels (activekv/cpu/decode_attention.h)
+//   while the GPU attends the rest; no history byte of them crosses the bus,
+//   only their split partials, which land in the same split slots and go
+//   through the same merge. Per layer, on a side stream: q is copied to the
+//   host after it is ready, a host function runs the CPU attention, the
+//   partials are copied back, and the compute stream waits for that one
+//   event just before the layer's merge (details: src/cuda/cpu_share.h).
+//
+// Exactness: wherever a page lies on the GPU, the same kernel reads the same
+// bytes at the same split boundaries, and the merge runs in ascending split
+// order, so streamed (any tile size), resident and mixed placements give
+// bitwise identical outputs, repeatable run to run. A CPU-attended split is
+// fp32 attention over the same keys by a different kernel (bf16 q.k with the
+// query in two bf16 terms; int8s integer q.k as on the GPU): equal within
+// fp32 summation order, bitwise repeatable for a fixed plan (the CPU result
+// does not depend on its thread count).
 //
 // Not thread-safe. All device pointers are of the current CUDA device.
 #pragma once
@@ -50,12 +73,15 @@
 #include <memory>
 #include <vector>
 
+#include "activekv/cpu/decode_attention.h"
 #include "activekv/cuda/decode_attention.h"
 #include "activekv/cuda/format_kernels.h"
+#include "activekv/kv/codec_int8s.h"
 
 namespace activekv::cuda {
 
 struct JobPlan;  // internal: one job of one layer (decode_engine.cpp)
+class CpuShare;  // internal: the CPU's share of a step (cpu_share.h)
 
 /// How a page is stored (SPEC §3).
 enum class PageKind : uint8_t {
@@ -68,10 +94,16 @@ const char* page_kind_name(PageKind k);
 
 /// Where one page of the history lies.
 struct PageRef {
-  const std::byte* host = nullptr;  ///< pinned host bytes (page store slot or blob), 16-byte aligned
+  const std::byte* host = nullptr;  ///< pinned host bytes (page store slot or blob), 16-byte aligned; may be
+                                    ///< null for a bf16 page with a device copy (a GPU-only page)
   const void* device = nullptr;     ///< a device copy of the same bytes, or null: streamed
   uint64_t bytes = 0;               ///< page_bytes() for bf16; the blob size for the codecs
   PageKind kind = PageKind::bf16;
+  /// Attended in place by the host CPU (bf16 pages and int8s blobs; `device`
+  /// must be null). An int8s page needs `int8s_view`, the view its publisher
+  /// parsed and validated once (kv::parse_int8s_page), alive as long as the page.
+  bool cpu = false;
+  const kv::Int8sPageView* int8s_view = nullptr;
   bool operator==(const PageRef&) const = default;
 };
 
@@ -85,8 +117,16 @@ struct EngineConfig {
   int n_layers = 0;
   AttnShape attn;
   int tile_pages = 32;  ///< streamed pages per job; 0 = a layer's streamed pages in one job
+  /// [n_layers] sliding window of each layer in tokens (a query at p sees keys
+  /// in (p - window, p]); 0 = the whole history. Empty: no layer slides.
+  std::vector<int> windows;
   int ring_slots = 3;   ///< staging buffers (>= 2)
-  Int8sKernelOptions int8s;  ///< switches of the int8s kernel
+  /// Switches of the int8s kernel; with Int8sKernel::tc the constructor
+  /// throws InvalidArgument for a group the tc kernel is not instantiated for.
+  Int8sKernelOptions int8s;
+  /// The CPU kernels for `cpu` pages: threads (0 = all OpenMP threads) and
+  /// ISA. split_tokens and int8s_query_terms are taken from `attn` and `int8s`.
+  cpu::CpuAttentionOptions cpu_kernels;
 };
 
 class DecodeEngine {
@@ -99,8 +139,10 @@ class DecodeEngine {
   DecodeEngine& operator=(const DecodeEngine&) = delete;
 
   /// Sets the batch of the next step: one SeqPages per sequence. Entries that
-  /// are new or changed since the last update are checked, without reading a
-  /// codec payload: host pointer present, 16-byte aligned, a bf16 page of
+  /// are new or changed since the last update (a windowed layer: only those
+  /// from its first visible page on) are checked, without reading a codec
+  /// payload: host pointer present (or, bf16 only, a device copy), 16-byte
+  /// aligned, a bf16 page of
   /// page_bytes(), a codec blob whose header matches its kind and the shape,
   /// an int8s page that is full, enough pages for n_tokens, and at most
   /// kMaxMergeSplits splits. Throws InvalidArgument naming sequence, layer and
@@ -123,15 +165,24 @@ class DecodeEngine {
 
   cudaStream_t compute_stream() const { return compute_; }
   cudaStream_t copy_stream() const { return copy_; }
-  /// Waits for all enqueued work (host sync; between steps only).
+  /// Waits for all enqueued work (host sync; between steps only). Rethrows an
+  /// error the CPU share hit in a step (that step's output is NaN).
   void synchronize();
 
   /// Host -> device bytes one step moves, its cudaMemcpyAsync calls and the largest one.
   size_t bytes_per_step() const { return bytes_per_step_; }
   size_t copies_per_step() const { return copies_per_step_; }
   size_t largest_copy() const { return largest_copy_; }
-  /// Bytes of resident pages one step reads in place.
+  /// Bytes of resident pages one step reads in place (the whole page, but a
+  /// windowed layer's first visible page only from its first visible token).
   size_t resident_bytes_per_step() const { return resident_bytes_per_step_; }
+  /// Bytes of history the host CPU reads in one step (`cpu` pages).
+  size_t cpu_bytes_per_step() const;
+  /// The same two figures per layer: [n_layers] host -> device bytes, resident bytes.
+  const std::vector<size_t>& layer_streamed_bytes() const { return layer_streamed_; }
+  const std::vector<size_t>& layer_resident_bytes() const { return layer_resident_; }
+  /// Layer l's window (0: the whole history).
+  int window(int layer) const { return cfg_.windows.empty() ? 0 : cfg_.windows[size_t(layer)]; }
   /// Work-list entries the last update() rewrote (0 when nothing changed).
   size_t last_patch_entries() const { return last_patches_; }
   const EngineConfig& config() const { return cfg_; }
@@ -162,7 +213,9 @@ class DecodeEngine {
   std::vector<void*> events_copy_, events_compute_;  // cudaEvent_t, per ring slot
   std::unique_ptr<Plan> plan_;                       // of the last successful update()
   std::unique_ptr<Device> dev_;
+  std::unique_ptr<CpuShare> cpu_;                    // made by the first update() with a `cpu` page
   size_t bytes_per_step_ = 0, copies_per_step_ = 0, largest_copy_ = 0, resident_bytes_per_step_ = 0;
+  std::vector<size_t> layer_streamed_, layer_resident_;
   size_t last_patches_ = 0;
   int next_layer_ = 0;
   int64_t ring_job_ = 0;         // streamed jobs attended in this step

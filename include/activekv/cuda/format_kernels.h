@@ -12,13 +12,34 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "activekv/cuda/decode_attention.h"
 
 namespace activekv::cuda {
 
+/// Which int8s split kernel runs (both: the contract of launch_split_attention_int8s).
+enum class Int8sKernel {
+  /// int8s_attention.cu: CTA-wide staged 128-token blocks, scores through
+  /// shared memory, P.V on CUDA cores; any group 1..8.
+  legacy,
+  /// int8s_tc_attention.cu (issue 13): per-warp cp.async rings, no CTA
+  /// barrier in the main loop, q.k on int8 tensor cores and P.V on f16 tensor
+  /// cores (V codes converted in registers, exact); group 3, 4, 6, 7 or 8
+  /// (compile-time), split_tokens <= 4096. Ignores `tensor_cores`.
+  tc,
+};
+
+/// "legacy" or "tc"; anything else throws InvalidArgument naming the value.
+Int8sKernel parse_int8s_kernel(const std::string& name);
+/// The name parse_int8s_kernel takes.
+const char* int8s_kernel_name(Int8sKernel k);
+
 /// Switches of the int8s kernel. Defaults are the measured choice.
 struct Int8sKernelOptions {
+  /// The kernel (legacy until the tc kernel is measured on the H200; `bench
+  /// decode --int8s-kernel tc|legacy` picks it).
+  Int8sKernel kernel = Int8sKernel::legacy;
   /// int8 terms the channel-scaled query is split into: 1 = SPEC §3.3 as
   /// written; 2 = plus the rounding residual on a 127x finer grid (two dp4a
   /// dot products per key word; see docs/routing.md for why it is the default).
@@ -30,7 +51,7 @@ struct Int8sKernelOptions {
   /// up to an integer, so every rescale factor is an exact power of two and
   /// LSE = (reference + log2 l) ln 2. Off by default (measured: no gain).
   bool pow2_reference = false;
-  /// q.k on int8 tensor cores (mma.m16n8k32; the 8 query heads x 2 terms fill
+  /// Legacy kernel only: q.k on int8 tensor cores (mma.m16n8k32; the 8 query heads x 2 terms fill
   /// the 16 rows) instead of __dp4a on the CUDA cores. Integer sums are exact,
   /// so both give the same bits (tested); the faster is the default (measured
   /// on the H200, docs/formats-gpu.md).
@@ -40,17 +61,19 @@ struct Int8sKernelOptions {
 /// int8s split attention: same work list, grid, partial layout and merge as
 /// launch_split_attention, but `SplitWork::page` points at an int8s blob
 /// (header first) holding `shape.page_size` tokens, `shape.n_kv_heads` heads
-/// of `shape.head_dim` channels. Per CTA (one split x one KV head, 128
-/// threads): the channel scales c_j fold into each query head's row, the row
+/// of `shape.head_dim` channels. Per CTA (one split x one KV head; legacy:
+/// 128 threads, tc: 2 warps for head_dim 256, 4 for 64): the channel scales c_j fold into each query head's row, the row
 /// is quantised to int8 (one scale per row and page, round half to even,
 /// clipped to +-127; the residual as a second term when query_terms == 2),
 /// q.k runs in int32 on the raw key codes (int8 mma or __dp4a, see
 /// Int8sKernelOptions::tensor_cores), the token scale s_t and the row
 /// scale multiply after; online softmax in base 2 in fp32; P.V accumulates
-/// p * value code in fp32 and the page's value scale v_j multiplies once at
+/// p * value code in fp32 (tc: p as two f16 terms on the tensor cores, V
+/// codes exact in f16) and the page's value scale v_j multiplies once at
 /// the end (a split never crosses a page, so this is SPEC §3.3's page-boundary
 /// rescale). Output: O normalised fp32 and LSE fp32 (natural log) per query head.
-/// head_dim 64 or 256; page_size a multiple of 16.
+/// head_dim 64 or 256; page_size a multiple of 16; the tc kernel: group 3, 4,
+/// 6, 7 or 8 and split_tokens <= 4096 (else InvalidArgument naming the value).
 void launch_split_attention_int8s(const AttnShape& shape, const SplitWork* work, int n_work, const float* q,
                                   Partials partials, const Int8sKernelOptions& opt, cudaStream_t stream);
 

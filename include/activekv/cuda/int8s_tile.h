@@ -31,7 +31,8 @@ class Int8sTileRunner {
 
   /// Same arguments and result as attention::attend_int8s_tile, and its
   /// errors, within the GPU kernel's limits, each an InvalidArgument naming
-  /// the value: head_dim 64 or 256, at most 8 query heads per KV head, a page
+  /// the value: head_dim 64 or 256, at most 8 query heads per KV head (the
+  /// tc kernel: 3, 4, 6, 7 or 8), a page
   /// size that is a multiple of 16, softmax_scale >= 0, and only full pages
   /// (the CPU kernel also reads a partly written last page; the engine keeps
   /// such a page exact). CudaError from the GPU.

@@ -3,7 +3,7 @@
 // history before the chunk AND the chunk's own K/V, written before the call).
 //
 // Row r of the chunk sits at absolute position pos0 + r and attends tokens
-// [0, pos0 + r]. Query head i uses KV head i / group. Scores are
+// [0, pos0 + r] -- or, with a sliding window W, (pos0 + r - W, pos0 + r]. Query head i uses KV head i / group. Scores are
 // (q . k) * softmax_scale (0 = 1/sqrt(head_dim)); outputs are the normalised
 // O and the natural-log LSE of each (row, query head), fp32.
 //
@@ -86,8 +86,8 @@ class PrefillAttention {
   PrefillAttention(const PrefillAttention&) = delete;
   PrefillAttention& operator=(const PrefillAttention&) = delete;
 
-  /// The launch geometry run(pos0, n_rows, ...) uses. Throws as run does for bad pos0 / n_rows.
-  PrefillLaunch plan(int64_t pos0, int n_rows) const;
+  /// The launch geometry run(pos0, n_rows, ..., window) uses. Throws as run does for bad pos0 / n_rows.
+  PrefillLaunch plan(int64_t pos0, int n_rows, int window = 0) const;
 
   /// Enqueues the attention of rows [0, n_rows) at positions pos0 + r on `stream`.
   ///   pages:   DEVICE array of n_pages device page pointers, in token order
@@ -97,13 +97,19 @@ class PrefillAttention {
   ///   q:       device fp32 [n_rows][n_q_heads][head_dim] (RoPE applied), 8-byte aligned
   ///   out:     device fp32 [n_rows][n_q_heads][head_dim], 8-byte aligned
   ///   out_lse: device fp32 [n_rows][n_q_heads] (natural log), or null
+  ///   window:  0, or a sliding window W > 0: row p attends keys (p - W, p]
+  ///            only. Pages (table entries) wholly before pos0 - W - 31 are
+  ///            never read, so a table may map page i to a ring of device
+  ///            pages (i mod ring) that holds the last W + 32 + n_rows tokens.
+  ///            Automatic planning never splits a windowed run's keys (a window
+  ///            is short); a forced split_keys still applies.
   /// Asynchronous: the caller keeps pages, q and the table valid until the
   /// stream has passed this call. Throws InvalidArgument (bad pointer, pos0 <
-  /// 0, n_rows <= 0, history not covered, pos0 + n_rows >= 2^31, a forced split
-  /// that does not fit the workspace) before enqueueing anything; CudaError if
-  /// a launch fails.
+  /// 0, n_rows <= 0, window < 0, history not covered, pos0 + n_rows >= 2^31, a
+  /// forced split that does not fit the workspace) before enqueueing anything;
+  /// CudaError if a launch fails.
   void run(const void* const* pages, int64_t n_pages, int64_t pos0, int n_rows, const float* q, float* out,
-           float* out_lse, cudaStream_t stream);
+           float* out_lse, cudaStream_t stream, int window = 0);
 
   /// Enqueues the attention of rows [0, n_rows) to every key of [0, n_keys),
   /// with no causal mask: a segment of history that lies wholly before the
@@ -123,10 +129,10 @@ class PrefillAttention {
   size_t workspace_bytes() const { return ws_bytes_; }
 
  private:
-  PrefillLaunch plan_keys(int64_t kv, int n_rows) const;
+  PrefillLaunch plan_keys(int64_t kv, int n_rows, bool may_split = true) const;
   void check_pointers(const void* const* pages, const float* q, const float* out) const;
   void check_coverage(int64_t n_pages, int64_t tokens, const std::string& what) const;
-  void launch(const PrefillLaunch& L, const void* const* pages, int64_t pos0, int n_rows, int key_end,
+  void launch(const PrefillLaunch& L, const void* const* pages, int64_t pos0, int n_rows, int key_end, int window,
               const float* q, float* out, float* out_lse, cudaStream_t stream);
 
   AttnShape sh_;

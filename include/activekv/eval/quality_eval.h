@@ -27,19 +27,22 @@
 
 namespace activekv::eval {
 
+/// lossless13, int8s and hybrid with RouteConfig's defaults (recent 2, sink 1, tiles of 32).
+std::vector<route::RouteCandidate> default_candidates();
+
 struct EvalConfig {
   std::vector<std::string> text_files;  ///< real text, UTF-8
   int context = 8192;                   ///< window tokens (prefix + scored)
   int scored = 512;                     ///< tokens scored at the window's end
   int page_size = 1024;
-  int tile_pages = 32;
-  int recent_pages = 2;
+  int tile_pages = 32;                   ///< the exact baseline's and the synthetic case's tiles
+  int recent_pages = 2;                  ///< the synthetic case's hybrid (each route carries its own)
   int chunk = 64;                        ///< rows per teacher-forced forward
   int layers_per_text = 16;              ///< own-format samples per text (layers spread evenly)
   int query_rows = 8;                    ///< query rows per sample
   int synthetic_tokens = 65536;          ///< 0 skips the synthetic case
-  std::vector<route::RouteKind> routes{route::RouteKind::lossless13, route::RouteKind::int8s,
-                                       route::RouteKind::hybrid};
+  /// Routes scored against exact, each with its own parameters (route::parse_candidate).
+  std::vector<route::RouteCandidate> routes{default_candidates()};
   /// If set, the own-format samples and the synthetic case compute their
   /// int8s tiles with it (e.g. the GPU kernel, `eval --device cuda`); the
   /// teacher-forced scoring keeps the CPU kernels.
@@ -64,7 +67,7 @@ struct SyntheticErrors {
 
 /// Model-level figures of one route on one text.
 struct RouteQuality {
-  std::string route;
+  std::string route;           ///< the candidate's name, e.g. "hybrid" or "hybrid:recent=8"
   std::string text;
   double ppl = 0;
   double ppl_increase_pct = 0;
@@ -72,6 +75,7 @@ struct RouteQuality {
   double mean_kl = 0;          ///< nats
   bool bitwise_equal_to_exact = false;
   double bytes_per_step = 0;   ///< history bytes one forward step reads (all layers), mean over the scored steps
+  double bytes_per_token = 0;  ///< bytes_per_step per history token the step reads (all layers): the route's cost
   double compressed_page_fraction = 0;  ///< of the history pages the scored steps read, the share read compressed
 };
 

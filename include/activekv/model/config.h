@@ -24,7 +24,7 @@ enum class FfnActivation {
   GeluTanh,  ///< GeGLU with the tanh approximation of GELU (gemma3)
 };
 
-/// How one layer attends (what part 2's GPU ring needs per layer).
+/// How one layer attends (the GPU runtime keeps a sliding layer's history in a GPU ring).
 struct LayerAttention {
   int window = 0;          ///< sliding window in tokens (keys in (p - window, p]); 0 = the whole history
   float rope_base = 0.0f;  ///< RoPE base of this layer
@@ -78,11 +78,6 @@ struct ModelConfig {
   /// (l + 1) % 6 == 0 and sliding otherwise -- the pattern of llama.cpp and
   /// transformers (sliding_window_pattern 6); the GGUF does not store it.
   static ModelConfig from_gguf(const gguf::File& f);
-
-  /// Why the GPU runtime cannot run this model yet ("" if it can): gemma3
-  /// (sliding-window layers, QK-norm, post-norms, GeGLU) is CPU-only until
-  /// issue 11 part 2. One line, for an Error.
-  std::string gpu_unsupported_reason() const;
 
   /// Layers with a sliding window / over the whole history.
   int n_sliding_layers() const;

@@ -29,10 +29,26 @@ namespace activekv::model {
 /// positions pos[T]. For evaluation tools (collecting real attention samples).
 using QueryObserver = std::function<void(int layer, int T, const float* q, const int64_t* pos)>;
 
+/// Where a forward pass's activations are observed, in the order they occur.
+/// The GPU forward (activekv/runtime/gpu_forward.h) reports the same stages,
+/// so a test can name the first layer and stage where the two part.
+enum class Stage {
+  embedding,     ///< layer -1: the scaled embedding rows x [T][d_model]
+  queries,       ///< q [T][n_heads*head_dim] after the projection, QK-norm and RoPE
+  attention,     ///< the attention output [T][n_heads*head_dim], before Wo
+  layer_output,  ///< the residual stream x [T][d_model] after the layer
+};
+/// "embedding", "queries", "attention", "layer output".
+const char* stage_name(Stage s);
+/// Sees T rows of `width` floats (host memory, valid during the call) of
+/// `layer` at `stage`. For tests.
+using StageObserver = std::function<void(int layer, Stage stage, int T, int width, const float* rows)>;
+
 struct ForwardOptions {
   int prefill_chunk = 256;  ///< tokens per forward call during prefill
   attention::AttentionOptions attention;
   QueryObserver on_queries;  ///< optional
+  StageObserver on_stage;    ///< optional
 };
 
 /// Called after each prefill chunk with (tokens done, tokens total).
@@ -50,6 +66,10 @@ class LlamaModel {
   /// Replaces the forward options (chunking, tiling). Throws InvalidArgument
   /// for a non-positive prefill_chunk or tile_pages.
   void set_options(const ForwardOptions& opt);
+  /// The attention options layer `layer` runs with: options().attention,
+  /// its sliding window (ModelConfig::layer_attention) and, unless set, the
+  /// model's query scale. `activekv eval` measures with the same options.
+  attention::AttentionOptions attention_options(int layer) const;
   /// The KV shape a PageStore for this model must have, for a given page
   /// size (tokens) and page format.
   kv::KvShape kv_shape(int page_size, kv::PageFormat format = kv::PageFormat::bf16) const;

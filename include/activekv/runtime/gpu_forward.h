@@ -1,12 +1,19 @@
-// The Llama-family forward pass on the GPU (llama, qwen2), for a block of T
-// token rows: T = 1 (or a few, batched) in decode, a chunk in prefill.
+// The Llama-family forward pass on the GPU (llama, qwen2, gemma3), for a
+// block of T token rows: T = 1 (or a few, batched) in decode, a chunk in
+// prefill.
 //
 // Per layer, as the CPU reference (activekv/model/llama_model.h):
-//   n = RMSNorm(x); q,k,v = W{q,k,v} n (+ bias for qwen2); RoPE(q, k);
+//   n = RMSNorm(x); q,k,v = W{q,k,v} n (+ bias for qwen2);
+//   gemma3: q, k = RMSNorm per head (QK-norm); RoPE(q, k) with the layer's base;
 //   a = attention(q, k, v)  -- the caller's LayerAttention: it stores k, v in
-//                              the history and attends over it;
-//   x += Wo a; m = RMSNorm(x); x += W_down (silu(W_gate m) * (W_up m)).
-// Then the head: logits = W_out RMSNorm(x) for the last row (or every row).
+//                              the history and attends over it (a sliding
+//                              layer only its window);
+//   x += Wo a; m = RMSNorm(x); x += W_down (act(W_gate m) * (W_up m)),
+//   act = silu (SwiGLU) or tanh-GELU (GeGLU, gemma3); gemma3 normalises each
+//   of the two outputs (post-attention and post-FFN RMSNorm) before its add.
+// The embedding rows are scaled by ModelConfig::embed_scale (gemma3:
+// sqrt(d_model)). Then the head: logits = W_out RMSNorm(x) for the last row
+// (or every row); W_out is the embedding table when tied.
 // Projections read the weights in their GGUF types: a quantised matvec with
 // int8 activations for up to kMatvecRows rows, a bf16 cuBLAS GEMM above
 // (activekv/cuda/quant_matvec.h, weight_gemm.h). With f32_activations every
@@ -20,10 +27,12 @@
 #include <initializer_list>
 #include <utility>
 #include <memory>
+#include <vector>
 
 #include "activekv/cuda/model_ops.h"
 #include "activekv/cuda/weight_gemm.h"
 #include "activekv/model/config.h"
+#include "activekv/model/llama_model.h"
 #include "activekv/runtime/gpu_weights.h"
 
 typedef struct CUstream_st* cudaStream_t;
@@ -48,8 +57,12 @@ class GpuForward {
   /// Buffers for up to `max_rows` rows. `f32_activations`: every projection
   /// multiplies dequantised weights by fp32 activations
   /// (launch_matvec_f32_activations), no int8 or bf16 rounding of them.
+  /// `observer` (tests; may be empty): sees the stages of model::Stage as the
+  /// CPU forward reports them, copied to the host -- each one synchronises
+  /// the stream, so it cannot run inside a CUDA graph capture.
   /// Throws CudaError when the buffers do not fit (having freed what it took).
-  GpuForward(const model::ModelConfig& c, const GpuWeights& w, int max_rows, bool f32_activations = false);
+  GpuForward(const model::ModelConfig& c, const GpuWeights& w, int max_rows, bool f32_activations = false,
+             model::StageObserver observer = {});
   ~GpuForward();
   GpuForward(const GpuForward&) = delete;
   GpuForward& operator=(const GpuForward&) = delete;
@@ -71,6 +84,8 @@ class GpuForward {
   void norm_project(const float* in, const float* norm_w, int T,
                     std::initializer_list<std::pair<const cuda::DeviceMatrix*, float*>> outs, cudaStream_t s);
   void layer(int l, int T, const int64_t* pos, const LayerAttention& attend, cudaStream_t s);
+  void residual_add(const cuda::DeviceMatrix& w, const float* in, const float* post_norm, int T, cudaStream_t s);
+  void observe(int layer, model::Stage stage, const float* rows, int T, int width, cudaStream_t s);
   void allocate();
   void release();
 
@@ -82,7 +97,10 @@ class GpuForward {
   float *gate_ = nullptr, *up_ = nullptr, *logits_ = nullptr;
   void* matvec_ws_ = nullptr;
   std::unique_ptr<cuda::WeightGemm> gemm_;
-  std::unique_ptr<cuda::RopeFreqs> rope_;
+  std::vector<std::unique_ptr<cuda::RopeFreqs>> ropes_;  // one per distinct RoPE base
+  std::vector<const cuda::RopeFreqs*> layer_rope_;      // [layer] its base's frequencies
+  model::StageObserver observer_;
+  std::vector<float> observed_;  // host copy for the observer
 };
 
 }  // namespace activekv::runtime

@@ -30,6 +30,15 @@
 // kernel's split-dependent rounding (tests/cuda/test_runtime.cpp). Streamed
 // chunks are larger (opt.stream_chunk): every chunk re-reads the history.
 //
+// Sliding-window layers (ModelConfig::layer_attention, Gemma 3's local
+// layers): a layer with window W attends keys (p - W, p] only, so its
+// history is kept only as a ring of device pages holding the last W tokens
+// and a chunk (src/runtime/sliding_ring.h) -- never in host pages, never
+// streamed, converted or routed; prefill and decode attend it in place with
+// the window. Only the global layers' history is in the page store (store
+// layer g = the g-th global layer) and streams, converts and routes as for
+// llama. stats() says how many layers slide and what their rings cost.
+//
 // Exactness: the decode engine reads the same bytes with the same kernels
 // and split boundaries whatever the placement, so `host` and `gpu` decode
 // steps give bitwise identical attention, and the same tokens.
@@ -54,6 +63,7 @@
 
 #include "activekv/gguf/gguf.h"
 #include "activekv/model/config.h"
+#include "activekv/model/llama_model.h"
 #include "activekv/model/sampler.h"
 #include "activekv/route/placement.h"
 #include "activekv/route/route.h"
@@ -78,8 +88,19 @@ struct RuntimeOptions {
                               ///< per step, the instantiated graph updated: src/runtime/step_graph.h);
                               ///< bitwise the same results. `host` placement (copy stream, events) and
                               ///< prefill always launch kernel by kernel.
+  /// Co-attention (host placement; issue 12): the fraction of each layer's
+  /// pages, oldest first, that the host CPU attends in place each decode step
+  /// while the GPU streams the rest (never the tail page, never a lossless13
+  /// page); 0 = none, in [0, 1); -1 = auto: the pages the planner
+  /// (route/co_attention_plan.h) chooses each step from rates measured when
+  /// the runtime starts (cuda/co_attention_rates.h, ~1 s).
+  double cpu_share = 0;
+  int cpu_threads = 0;        ///< CPU attention threads; 0 = hardware concurrency - 1
   model::SamplerParams sampling;
   int device = 0;
+  /// Tests: sees every layer's activations as the CPU forward reports them
+  /// (model::StageObserver; GpuForward's constructor says how). Not with cuda_graphs.
+  model::StageObserver observer;
 };
 
 /// What the summary reports.
@@ -89,6 +110,13 @@ struct RuntimeStats {
   size_t weight_bytes = 0;         ///< on the GPU, in GGUF types
   size_t streamed_bytes = 0;       ///< host -> device history bytes, all decode steps
   size_t resident_bytes = 0;       ///< history bytes read in place on the GPU, all decode steps
+  size_t cpu_bytes = 0;            ///< history bytes the host CPU attended in place, all decode steps
+  std::string co_attention;        ///< cpu_share auto: the measured rates and the last step's plan
+  // Sliding-window layers (Gemma 3's local layers): their history is only a GPU ring.
+  int sliding_layers = 0;          ///< layers with a window (the others are global: host pages)
+  int window = 0;                  ///< their window, tokens
+  size_t ring_bytes = 0;           ///< device bytes of their rings and page tables
+  size_t sliding_bytes = 0;        ///< of resident_bytes: read from the rings, all decode steps
   size_t copies = 0;               ///< host -> device copies, all decode steps
   size_t decode_steps = 0;
   size_t graph_steps = 0;          ///< decode steps run as a CUDA graph (opt.cuda_graphs)
@@ -106,10 +134,12 @@ using ProgressFn = std::function<void(int64_t done, int64_t total)>;
 class GpuRuntime {
  public:
   /// Loads the weights onto GPU `opt.device` in their GGUF types, sizes the
-  /// page store (pinned) for opt.n_ctx tokens and chooses the placement.
-  /// Throws Error with one line naming what does not fit (weights, pinned
-  /// history, GPU history) or is unsupported (architecture, weight type,
-  /// head dim, GQA group, page format) and CudaError for other GPU failures.
+  /// page store (pinned, global layers) for opt.n_ctx tokens, allocates the
+  /// sliding layers' rings and chooses the placement. Throws Error with one
+  /// line naming what does not fit (weights, pinned history, rings, GPU
+  /// history) or is unsupported (weight type, head dim, GQA group, page
+  /// format, a model without a global layer, opt.observer with
+  /// cuda_graphs) and CudaError for other GPU failures.
   GpuRuntime(const gguf::File& f, const model::ModelConfig& c, const RuntimeOptions& opt);
   ~GpuRuntime();
   GpuRuntime(const GpuRuntime&) = delete;

@@ -27,6 +27,11 @@ struct GpuLayerWeights {
   const float* bv = nullptr;
   const float* ffn_norm = nullptr;
   cuda::DeviceMatrix w_gate, w_up, w_down;
+  // gemma3 (null otherwise), fp32, used as stored (the GGUF holds 1 + w).
+  const float* q_norm = nullptr;          ///< [head_dim]
+  const float* k_norm = nullptr;          ///< [head_dim]
+  const float* post_attn_norm = nullptr;  ///< [d_model]
+  const float* post_ffn_norm = nullptr;   ///< [d_model]
 };
 
 class GpuWeights {

@@ -1,0 +1,64 @@
+// How many of a layer's pages the host CPU should attend while the GPU
+// streams the rest (co-attention, issue 12 parts 4-5). Pure host arithmetic,
+// tested without a GPU.
+//
+// Model. Per layer and decode step the two paths run side by side and the
+// layer's merge waits for both, so a layer costs
+//     max(link bytes / link rate, CPU latency + sum over kinds of CPU bytes / CPU rate)
+// and a step costs the sum over layers. The rates are the ones measured with
+// both paths busy at once (cuda/co_attention_rates.h): host memory is shared,
+// so the DMA slows while the CPU reads and the CPU slows while the DMA reads.
+// The CPU takes the oldest pages first (their position does not matter to
+// the cost; oldest-first keeps the recent, GPU-written pages on the GPU);
+// pages it cannot read (lossless13) and pages already on the GPU stay there.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+
+namespace activekv::route {
+
+/// GB/s (1e9 bytes per second) of each path with the other one busy.
+struct CoAttentionRates {
+  double link_gbps = 0;       ///< pinned host -> device copies of the streamed pages
+  double cpu_bf16_gbps = 0;   ///< CPU attention over bf16 pages (bytes of K and V read)
+  double cpu_int8s_gbps = 0;  ///< CPU attention over int8s pages (codes and token scales)
+  int cpu_threads = 0;        ///< the thread count they were measured with
+  /// Fixed cost of a layer's CPU share, paid when it has any page: q down,
+  /// the host function and its thread team, the partials up (ms).
+  double cpu_layer_latency_ms = 0;
+  /// Throws InvalidArgument naming a rate that is not positive and finite.
+  void validate() const;
+};
+
+/// One page of a layer, oldest first, as the planner sees it.
+struct PlanPage {
+  uint64_t bytes = 0;        ///< bytes either path reads (the page's K/V, or its blob)
+  enum Kind : uint8_t { bf16, int8s, other } kind = bf16;  ///< other: the CPU cannot attend it
+  bool resident = false;     ///< has a device copy: costs neither path (HBM time, ignored)
+};
+
+struct CoAttentionPlan {
+  size_t cpu_pages = 0;        ///< the first cpu_pages CPU-readable pages go to the CPU
+  double share = 0;            ///< cpu_pages / pages of the layer
+  double link_ms = 0;          ///< predicted per step (all layers)
+  double cpu_ms = 0;           ///< predicted per step (all layers)
+  double predicted_ms = 0;     ///< max(link, cpu) per layer, summed over layers
+  double link_only_ms = 0;     ///< the same step with no CPU share, at the rate the link reaches alone
+  std::string describe() const;  ///< "CPU 31 of 64 pages (48 %): link 40.1 ms, CPU 39.8 ms -> 40.1 ms"
+};
+
+/// The CPU page count that minimises the predicted step for `n_layers`
+/// layers shaped like `layer` (ties: fewer CPU pages). `link_alone_gbps`
+/// (the link with the CPU idle) prices link_only_ms. Throws InvalidArgument
+/// for bad rates.
+CoAttentionPlan plan_co_attention(std::span<const PlanPage> layer, int n_layers, const CoAttentionRates& rates,
+                                  double link_alone_gbps);
+
+/// The prediction for a given CPU page count (the first `cpu_pages` pages
+/// the CPU can read, as many as there are): what a fixed share costs.
+CoAttentionPlan predict_co_attention(std::span<const PlanPage> layer, int n_layers, const CoAttentionRates& rates,
+                                     double link_alone_gbps, size_t cpu_pages);
+
+}  // namespace activekv::route

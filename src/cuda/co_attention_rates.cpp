@@ -1,0 +1,244 @@
+// Measurement of the co-attention rates: see
+// include/activekv/cuda/co_attention_rates.h.
+#include "activekv/cuda/co_attention_rates.h"
+
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "activekv/cpu/decode_attention.h"
+#include "activekv/kv/codec_int8s.h"
+#include "activekv/kv/page_store.h"
+#include "cuda_check.h"
+#include "device_buffer.h"
+
+namespace activekv::cuda {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr size_t kCopyBytes = size_t(64) << 20;
+constexpr int kCopySources = 8;  // 512 MiB of sources in turn: a source the caches hold would hide the contention
+constexpr size_t kHistoryBytes = size_t(256) << 20;  // past any last-level cache
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// Pinned host memory freed on scope exit.
+struct Pinned {
+  void* p = nullptr;
+  explicit Pinned(size_t bytes) {
+    const cudaError_t st = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
+    if (st != cudaSuccess) {
+      (void)cudaGetLastError();
+      throw CudaError(fmt::format("co-attention calibration: pinning {} bytes failed: {}", bytes, cudaGetErrorString(st)));
+    }
+  }
+  ~Pinned() { cudaFreeHost(p); }
+  Pinned(const Pinned&) = delete;
+  Pinned& operator=(const Pinned&) = delete;
+};
+
+// Random bf16 history of unit scale (finite, as real K/V).
+void fill_history(bf16* p, size_t n) {
+  uint64_t x = 0x9e3779b97f4a7c15ull;
+  for (size_t i = 0; i < n; ++i) {
+    x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+    p[i] = f32_to_bf16(float(int64_t(x >> 40) - (int64_t(1) << 23)) / float(1 << 23));
+  }
+}
+
+// The link: 64 MiB copies back to back, from 8 sources in turn, until `stop`
+// (or `seconds`). GB/s.
+double copy_loop(const void* host, void* dev, cudaStream_t s, double seconds, const std::atomic<bool>* stop) {
+  size_t bytes = 0;
+  int next = 0;
+  const auto t0 = Clock::now();
+  do {
+    for (int i = 0; i < 4; ++i, next = (next + 1) % kCopySources)
+      AKV_CUDA(cudaMemcpyAsync(dev, static_cast<const std::byte*>(host) + size_t(next) * kCopyBytes, kCopyBytes,
+                               cudaMemcpyHostToDevice, s));
+    AKV_CUDA(cudaStreamSynchronize(s));
+    bytes += 4 * kCopyBytes;
+  } while (stop ? !stop->load() : seconds_since(t0) < seconds);
+  return double(bytes) / seconds_since(t0) / 1e9;
+}
+
+// The CPU kernel over `pages`, call after call, for `seconds`. GB/s of history.
+double cpu_loop(const cpu::DecodeShape& ds, const std::vector<cpu::PageRef>& pages, const cpu::CpuAttentionOptions& o,
+                double seconds) {
+  std::vector<float> q(size_t(ds.n_q_heads()) * size_t(ds.head_dim), 0.5f), out(q.size()), lse(size_t(ds.n_q_heads()));
+  cpu::CpuAttentionWorkspace ws;
+  const size_t per_call = cpu::history_bytes(ds, pages);
+  cpu::attend_pages(ds, pages, q.data(), o, ws, out.data(), lse.data());  // warm: workspace, first touch
+  size_t bytes = 0;
+  const auto t0 = Clock::now();
+  do {
+    cpu::attend_pages(ds, pages, q.data(), o, ws, out.data(), lse.data());
+    bytes += per_call;
+  } while (seconds_since(t0) < seconds);
+  return double(bytes) / seconds_since(t0) / 1e9;
+}
+
+// Runs the CPU loop while a second thread copies; returns {link, cpu} GB/s.
+std::pair<double, double> together(const cpu::DecodeShape& ds, const std::vector<cpu::PageRef>& pages,
+                                   const cpu::CpuAttentionOptions& o, double seconds, const void* host, void* dev,
+                                   cudaStream_t s) {
+  std::atomic<bool> stop{false};
+  double link = 0;
+  std::exception_ptr err;
+  std::thread copier([&] {
+    try {
+      link = copy_loop(host, dev, s, seconds, &stop);
+    } catch (...) {
+      err = std::current_exception();
+    }
+  });
+  double cpu_rate = 0;
+  try {
+    cpu_rate = cpu_loop(ds, pages, o, seconds);
+  } catch (...) {
+    stop = true;
+    copier.join();
+    throw;
+  }
+  stop = true;
+  copier.join();
+  if (err) std::rethrow_exception(err);
+  return {link, cpu_rate};
+}
+
+struct LatencyProbe {
+  const cpu::DecodeShape* ds;
+  const std::vector<cpu::PageRef>* page;
+  const cpu::CpuAttentionOptions* o;
+  std::vector<float> q, out, lse;
+  cpu::CpuAttentionWorkspace ws;
+};
+
+void CUDART_CB probe_fn(void* p) {
+  auto* x = static_cast<LatencyProbe*>(p);
+  try {
+    cpu::attend_pages(*x->ds, *x->page, x->q.data(), *x->o, x->ws, x->out.data(), x->lse.data());
+  } catch (...) {  // shapes were checked by the loops before: nothing to report here
+  }
+}
+
+// What one layer's CPU share costs beyond its bytes, as the engine runs it:
+// q down, a host function with the kernel's thread team over 16 tokens, the
+// partials up, in one stream. ms per round, median of 5 batches of 10.
+double layer_latency_ms(const cpu::DecodeShape& ds, const cpu::PageRef& first_page, const cpu::CpuAttentionOptions& o,
+                        cudaStream_t s) {
+  const size_t nq = size_t(ds.n_q_heads()), hd = size_t(ds.head_dim);
+  const std::vector<cpu::PageRef> page{cpu::PageRef::from_bf16(first_page.bf16_page, std::min(16, ds.page_size))};
+  LatencyProbe probe{&ds, &page, &o, std::vector<float>(nq * hd, 0.5f), std::vector<float>(nq * hd),
+                     std::vector<float>(nq), {}};
+  Pinned host(nq * hd * sizeof(float) * 2);
+  DevBuf dev(nq * hd * sizeof(float) * 2, "co-attention calibration: latency probe");
+  std::vector<double> per_round;
+  for (int batch = 0; batch < 6; ++batch) {
+    const auto t0 = Clock::now();
+    for (int i = 0; i < 10; ++i) {
+      AKV_CUDA(cudaMemcpyAsync(host.p, dev.p, nq * hd * sizeof(float), cudaMemcpyDeviceToHost, s));
+      AKV_CUDA(cudaLaunchHostFunc(s, probe_fn, &probe));
+      AKV_CUDA(cudaMemcpyAsync(dev.p, host.p, nq * hd * sizeof(float) * 2, cudaMemcpyHostToDevice, s));
+    }
+    AKV_CUDA(cudaStreamSynchronize(s));
+    if (batch > 0) per_round.push_back(seconds_since(t0) * 1e3 / 10);  // the first batch warms up
+  }
+  std::sort(per_round.begin(), per_round.end());
+  return per_round[per_round.size() / 2];
+}
+
+}  // namespace
+
+std::vector<route::PlanPage> plan_pages(const std::vector<PageRef>& table) {
+  std::vector<route::PlanPage> out;
+  out.reserve(table.size());
+  for (const PageRef& r : table)
+    out.push_back({r.bytes,
+                   r.kind == PageKind::bf16    ? route::PlanPage::bf16
+                   : r.kind == PageKind::int8s ? route::PlanPage::int8s
+                                               : route::PlanPage::other,
+                   r.device != nullptr});
+  return out;
+}
+
+std::string CoAttentionCalibration::describe() const {
+  return fmt::format("link {:.1f} GB/s alone, {:.1f} with the CPU busy; CPU bf16 {:.1f} / {:.1f}, int8s {:.1f} / {:.1f} "
+                     "GB/s alone / with the link busy ({} threads, {:.0f} MiB of history); CPU layer latency {:.3f} ms",
+                     link_alone_gbps, together.link_gbps, cpu_bf16_alone_gbps, together.cpu_bf16_gbps,
+                     cpu_int8s_alone_gbps, together.cpu_int8s_gbps, together.cpu_threads,
+                     double(history_bytes) / double(1 << 20), together.cpu_layer_latency_ms);
+}
+
+CoAttentionCalibration measure_co_attention_rates(const AttnShape& sh, int cpu_threads, double seconds) {
+  sh.validate();
+  if (cpu_threads <= 0) throw InvalidArgument("co-attention calibration: cpu_threads must be positive");
+  const kv::KvShape ks{1, sh.n_kv_heads, sh.head_dim, sh.page_size, kv::PageFormat::bf16};
+  const cpu::DecodeShape ds{sh.n_kv_heads, sh.group, sh.head_dim, sh.page_size, sh.softmax_scale};
+  cpu::CpuAttentionOptions o;
+  o.threads = cpu_threads;
+  o.split_tokens = sh.split_tokens;
+
+  const size_t n_pages = std::max<size_t>(8, (kHistoryBytes + sh.page_bytes() - 1) / sh.page_bytes());
+  Pinned history(n_pages * sh.page_bytes());
+  bf16* h = static_cast<bf16*>(history.p);
+  fill_history(h, n_pages * ks.page_elements());
+  std::vector<kv::EncodedPage> blobs(n_pages);
+  std::vector<kv::Int8sPageView> views(n_pages);
+  std::vector<cpu::PageRef> bf16_pages, int8s_pages;
+  auto page_of = [&](size_t p) { return std::span<const bf16>(h + p * ks.page_elements(), ks.page_elements()); };
+  {  // encode and validate on every core: the int8s half is the encoding of the bf16 half
+    std::atomic<size_t> next{0};
+    std::vector<std::thread> pool;
+    std::exception_ptr err;
+    std::mutex err_mutex;
+    auto work = [&] {
+      try {
+        for (size_t p = next++; p < n_pages; p = next++) {
+          blobs[p] = kv::encode_int8s_page(ks, page_of(p), sh.page_size);
+          views[p] = kv::parse_int8s_page(blobs[p]);
+        }
+      } catch (...) {
+        const std::lock_guard<std::mutex> lock(err_mutex);
+        err = std::current_exception();
+      }
+    };
+    for (int t = 1; t < cpu_threads; ++t) pool.emplace_back(work);
+    work();
+    for (auto& t : pool) t.join();
+    if (err) std::rethrow_exception(err);
+  }
+  for (size_t p = 0; p < n_pages; ++p) bf16_pages.push_back(cpu::PageRef::from_bf16(page_of(p).data(), sh.page_size));
+  for (const kv::Int8sPageView& v : views) int8s_pages.push_back(cpu::PageRef::from_int8s(v, sh.page_size));
+
+  Pinned src(kCopySources * kCopyBytes);
+  std::memset(src.p, 1, kCopySources * kCopyBytes);
+  DevBuf dst(kCopyBytes, "co-attention calibration: copy target");
+  cudaStream_t s = nullptr;
+  AKV_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const std::unique_ptr<CUstream_st, void (*)(cudaStream_t)> stream(s, [](cudaStream_t x) { cudaStreamDestroy(x); });
+
+  CoAttentionCalibration c;
+  c.together.cpu_threads = cpu_threads;
+  c.history_bytes = n_pages * sh.page_bytes();
+  c.together.cpu_layer_latency_ms = layer_latency_ms(ds, bf16_pages[0], o, s);
+  copy_loop(src.p, dst.p, s, 0.02, nullptr);  // warm-up
+  c.link_alone_gbps = copy_loop(src.p, dst.p, s, seconds, nullptr);
+  c.cpu_bf16_alone_gbps = cpu_loop(ds, bf16_pages, o, seconds);
+  c.cpu_int8s_alone_gbps = cpu_loop(ds, int8s_pages, o, seconds);
+  const auto [link_a, cpu_b] = together(ds, bf16_pages, o, seconds, src.p, dst.p, s);
+  const auto [link_b, cpu_i] = together(ds, int8s_pages, o, seconds, src.p, dst.p, s);
+  c.together.link_gbps = 0.5 * (link_a + link_b);
+  c.together.cpu_bf16_gbps = cpu_b;
+  c.together.cpu_int8s_gbps = cpu_i;
+  return c;
+}
+
+}  // namespace activekv::cuda

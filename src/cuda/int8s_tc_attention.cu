@@ -1,0 +1,310 @@
+// int8s split attention, tensor-core kernel (Int8sKernel::tc; issue 13).
+// Contract: launch_split_attention_int8s in include/activekv/cuda/format_kernels.h
+// (same work list, partials, merge and arithmetic contract as the legacy
+// kernel of int8s_attention.cu). Fragment layouts: int8s_tc_fragments.cuh.
+//
+// Designed like the bf16 split kernel (decode_attention.cu): CTA = one split
+// x one KV head, W warps; warp w takes the split's 16-token blocks w, w + W,
+// ... through its own cp.async ring (K and V codes of a block per stage), so
+// the main loop has no CTA barrier, only __syncwarp. Per block and warp:
+//   S = Q . K^T     mma.m16n8k32.s8: rows g / g + 8 = head g's two int8
+//                   query terms, exact int32 dot products; the token scale
+//                   and row scale multiply the accumulator fragment:
+//                   s_t = ((hi + lo / 127) * s_t) * a_g * scale * log2 e
+//                   (the legacy kernel's expression, so the same bits);
+//   online softmax in registers, base 2 (4 lanes per head, butterflies);
+//   O += P . V      mma.m16n8k16.f16: P as f16 hi + lo terms (rows g / g + 8)
+//                   of p * 2^12, V codes converted to f16 in registers (exact);
+//                   fp32 accumulation on raw codes.
+// The W warp states merge in shared memory in fixed order after the loop,
+// then O = (acc * 2^-12 * v_j) / l: the page's value scale once (a split
+// never crosses a page). No atomics: bitwise repeatable.
+// The group size is a template parameter (prologue and epilogue loops);
+// the main loop always computes 8 heads x 2 terms, the rows of the mma.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "activekv/kv/int8s_layout.h"
+#include "int8s_query.cuh"
+#include "int8s_tc.h"
+#include "int8s_tc_fragments.cuh"
+#include "mma_util.cuh"
+#include "once_per_device.h"
+
+namespace activekv::cuda {
+namespace {
+
+using namespace detail;  // mma_util.cuh, int8s_tc_fragments.cuh, int8s_query.cuh
+
+constexpr int kRows = 8;  // query heads per KV head the mma rows hold
+
+// head_dim 256: 2 warps, 3 stages of 8 KiB per warp (48 KiB ring, 4 CTAs per SM);
+// head_dim 64: 4 warps, 4 stages of 2 KiB (32 KiB).
+template <int HD> __host__ __device__ constexpr int tc_warps() { return HD >= 256 ? 2 : 4; }
+template <int HD> __host__ __device__ constexpr int tc_stages() { return HD >= 256 ? 3 : 4; }
+template <int HD> __host__ __device__ constexpr int tc_stage_bytes() { return 2 * kTcBlk * HD; }  // K then V codes
+
+// Shared memory: [ring | merge area aliasing it] [query fragments] [row scales] [token scales of the split].
+template <int HD>
+__host__ __device__ constexpr size_t tc_ring_bytes() {
+  const size_t ring = size_t(tc_warps<HD>()) * tc_stages<HD>() * tc_stage_bytes<HD>();
+  const size_t merge = size_t(tc_warps<HD>()) * kRows * (HD + 2) * 4;
+  return ring > merge ? ring : merge;
+}
+template <int HD> constexpr size_t tc_fixed_smem() { return tc_ring_bytes<HD>() + size_t(HD) * 16 + kRows * 4; }
+constexpr int kMaxTcSplit = 4096;  // token scales of a split held in shared memory
+template <int HD> constexpr size_t tc_smem(int split_tokens) {
+  return tc_fixed_smem<HD>() + size_t((split_tokens + kTcBlk - 1) / kTcBlk * kTcBlk) * 4;
+}
+
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+
+// Prologue of one KV head: each warp takes query heads warp, warp + W, ... of
+// the 8 mma rows: q'_j = q_j c_j, a = max|q'| / 127, codes of q' (and of the
+// residual when two terms) written into the q.k A fragments; rows of heads
+// >= G get zero codes and a zero row scale (their scores are 0, discarded).
+template <int HD, int G, int W>
+__device__ __forceinline__ void quantise_queries(const float* qrow0, const __half* c_scale, int terms,
+                                                 float scale_log2, unsigned char* sq, float* row_scale, int warp,
+                                                 int lane) {
+  for (int g = warp; g < kRows; g += W) {
+    float x[HD / 32];
+    float mx = 0.f;
+#pragma unroll
+    for (int i = 0; i < HD / 32; ++i) {
+      const int j = lane + 32 * i;
+      x[i] = g < G ? qrow0[size_t(g) * HD + j] * __half2float(c_scale[j]) : 0.f;
+      mx = fmaxf(mx, fabsf(x[i]));
+    }
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    const float a = mx / 127.f;
+#pragma unroll
+    for (int i = 0; i < HD / 32; ++i) {
+      const int j = lane + 32 * i;
+      const int8_t hi = quantise_int8(x[i], a);
+      sq[q_frag_byte(g, j)] = uint8_t(hi);
+      sq[q_frag_byte(g + 8, j)] = uint8_t(terms == 2 ? quantise_int8_residual(x[i], a, hi) : int8_t(0));
+    }
+    if (lane == 0) row_scale[g] = g < G ? a * scale_log2 : 0.f;
+  }
+}
+
+template <int HD, int G>
+__global__ void __launch_bounds__(tc_warps<HD>() * 32)
+int8s_tc_kernel(const SplitWork* __restrict__ work, const float* __restrict__ q, float* __restrict__ part_o,
+                float* __restrict__ part_lse, int max_splits, int n_kv, int page_size, float scale_log2,
+                Int8sKernelOptions opt) {
+  constexpr int W = tc_warps<HD>(), NS = tc_stages<HD>(), SB = tc_stage_bytes<HD>();
+  constexpr int CH = HD / 16;  // 16-byte chunks per row
+  static_assert(G >= 1 && G <= kRows, "the mma rows hold 8 heads x 2 query terms");
+  extern __shared__ __align__(128) unsigned char smem[];
+  unsigned char* sq_bytes = smem + tc_ring_bytes<HD>();
+  const uint4* sq = reinterpret_cast<const uint4*>(sq_bytes);
+  float* row_scale = reinterpret_cast<float*>(sq_bytes + HD * 16);
+  float* s_tok = row_scale + kRows;
+
+  const SplitWork w = work[blockIdx.x];
+  const int h = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, q4 = lane & 3;
+  const kv::Int8sSectionLayout lay{size_t(HD), size_t(page_size)};  // full pages only (the engine checks)
+  const unsigned char* base = static_cast<const unsigned char*>(w.page) + lay.head_offset(h);
+  const unsigned char* kq = base + lay.key_codes() + size_t(w.tok0) * HD;
+  const unsigned char* vq = base + lay.value_codes() + size_t(w.tok0) * HD;
+
+  // --- the warp's ring: stage it % NS holds block (warp + it W) -------------
+  const uint32_t ring = smem_u32(smem) + uint32_t(warp * NS * SB);
+  const int nblk = (w.ntok + kTcBlk - 1) / kTcBlk;
+  const int n_it = warp < nblk ? (nblk - warp + W - 1) / W : 0;
+  auto issue = [&](int it) {
+    const uint32_t sk = ring + uint32_t((it % NS) * SB), sv = sk + kTcBlk * HD;
+    const int t0 = (warp + it * W) * kTcBlk;
+#pragma unroll
+    for (int i = 0; i < kTcBlk * CH / 32; ++i) {
+      const int idx = lane + 32 * i, r = idx / CH, c = idx % CH;
+      const bool ok = t0 + r < w.ntok;  // rows past the split are zero-filled
+      const size_t off = size_t(ok ? t0 + r : t0) * HD + size_t(c) * 16;
+      cp_async16(sk + stage_offset<HD>(r, c), kq + off, ok ? 16 : 0);
+      cp_async16(sv + stage_offset<HD>(r, c), vq + off, ok ? 16 : 0);
+    }
+  };
+#pragma unroll
+  for (int i = 0; i < NS - 1; ++i) {
+    if (i < n_it) issue(i);
+    cp_async_commit();
+  }
+
+  // --- prologue (overlaps the first copies): query codes, token scales ------
+  const __half* c_scale = reinterpret_cast<const __half*>(base + lay.key_channel_scales());
+  const __half* t_scale = reinterpret_cast<const __half*>(base + lay.key_token_scales()) + w.tok0;
+  const int nq = n_kv * G;
+  quantise_queries<HD, G, W>(q + (size_t(w.seq) * nq + size_t(h) * G) * HD, c_scale, opt.query_terms, scale_log2,
+                             sq_bytes, row_scale, warp, lane);
+  for (int t = threadIdx.x; t < nblk * kTcBlk; t += W * 32) s_tok[t] = t < w.ntok ? __half2float(t_scale[t]) : 0.f;
+  __syncthreads();
+  const float rs = row_scale[g];
+
+  float m_run = -INFINITY, l_run = 0.f;  // head g; l_run: this lane's tokens only
+  float acc[CH][2][4];                   // P.V C fragments: [chunk][parity][entry] (pv_channel)
+#pragma unroll
+  for (int c = 0; c < CH; ++c)
+#pragma unroll
+    for (int e = 0; e < 2; ++e)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[c][e][i] = 0.f;
+
+  for (int it = 0; it < n_it; ++it) {
+    if (it + NS - 1 < n_it) issue(it + NS - 1);
+    cp_async_commit();
+    cp_async_wait<NS - 1>();
+    __syncwarp();  // every lane's copies of this stage are visible to the whole warp
+    const uint32_t sk = ring + uint32_t((it % NS) * SB), sv = sk + kTcBlk * HD;
+    const int t0 = (warp + it * W) * kTcBlk;
+
+    int dots[2][4];
+    qk_block<HD>(sq, sk, lane, dots);
+    float s[2][2];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int t = t0 + score_token(nt, q4, j);
+        const float v = ((float(dots[nt][j]) + float(dots[nt][2 + j]) / 127.f) * s_tok[t]) * rs;
+        s[nt][j] = t < w.ntok ? v : -INFINITY;
+      }
+    // --- online softmax, base 2 ---------------------------------------------
+    const float bm = quad_max(fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1])));
+    float mx = fmaxf(m_run, bm);
+    if (opt.pow2_reference) {
+      if (mx != -INFINITY) mx = ceilf(mx);
+      mx = fmaxf(mx, m_run);  // the reference never moves down
+    }
+    const bool none = mx == -INFINITY;
+    const float alpha = none ? 1.f : exp2f(m_run - mx);  // m_run = -inf -> 0
+    float p[2][2];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) p[nt][j] = none ? 0.f : exp2f(s[nt][j] - mx);
+    l_run = fmaf(l_run, alpha, (p[0][0] + p[0][1]) + (p[1][0] + p[1][1]));
+    m_run = mx;
+    // Both accumulator rows of this lane are head g's: its own alpha, no shuffle.
+    // SPEC §4 trick 1: skipped when every factor of the warp is 1 (x 1.0 changes no bit).
+    if (!(opt.skip_unit_rescale && __all_sync(0xffffffffu, alpha == 1.f))) {
+#pragma unroll
+      for (int c = 0; c < CH; ++c)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc[c][e][i] *= alpha;
+    }
+    uint32_t pa[4];
+    p_frag(p, pa);
+    pv_block<HD>(sv, pa, lane, acc);
+    __syncwarp();  // all lanes done reading this stage before it is refilled
+  }
+  cp_async_wait<0>();
+  l_run += __shfl_xor_sync(0xffffffffu, l_run, 1);  // row sum over the 4 lanes of head g
+  l_run += __shfl_xor_sync(0xffffffffu, l_run, 2);
+  __syncthreads();  // the merge area aliases every warp's ring
+
+  // --- merge the W warp states in fixed order, then the partial -------------
+  float* sm_acc = reinterpret_cast<float*>(smem);  // [W][kRows][HD]
+  float* sm_m = sm_acc + size_t(W) * kRows * HD;   // [W][kRows]
+  float* sm_l = sm_m + W * kRows;                  // [W][kRows]
+  if (g < G) {
+    if (q4 == 0) { sm_m[warp * kRows + g] = m_run; sm_l[warp * kRows + g] = l_run; }
+    float* dst = sm_acc + (size_t(warp) * kRows + g) * HD;
+#pragma unroll
+    for (int c = 0; c < CH; ++c) {
+      // hi + lo term of the lane's 4 adjacent channels 16c + 4q4 + {0, 1, 2, 3}
+      const float4 v = make_float4(acc[c][0][0] + acc[c][0][2], acc[c][1][0] + acc[c][1][2],
+                                   acc[c][0][1] + acc[c][0][3], acc[c][1][1] + acc[c][1][3]);
+      static_assert(pv_channel(0, 1, 0, 0) == 1 && pv_channel(0, 0, 1, 0) == 2 && pv_channel(0, 1, 3, 1) == 7,
+                    "the float4 above lists channels 16c + 4q4 + 0..3 in order");
+      *reinterpret_cast<float4*>(dst + pv_channel(c, 0, 0, q4)) = v;
+    }
+  }
+  __syncthreads();
+
+  const __half* v_scale = reinterpret_cast<const __half*>(base + lay.value_channel_scales());
+  const size_t out_base = (size_t(w.seq) * max_splits + w.split) * nq + size_t(h) * G;
+  for (int idx = threadIdx.x; idx < G * HD; idx += W * 32) {
+    const int gg = idx / HD, c = idx % HD;
+    float M = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < W; ++i) M = fmaxf(M, sm_m[i * kRows + gg]);
+    float L = 0.f, O = 0.f;
+    if (M != -INFINITY) {
+#pragma unroll
+      for (int i = 0; i < W; ++i) {
+        const float mi = sm_m[i * kRows + gg];
+        if (mi == -INFINITY) continue;
+        const float sc = exp2f(mi - M);  // an exact power of two under trick 2
+        L = fmaf(sc, sm_l[i * kRows + gg], L);
+        O = fmaf(sc, sm_acc[(size_t(i) * kRows + gg) * HD + c], O);
+      }
+    }
+    const bool empty = M == -INFINITY || !(L > 0.f);
+    part_o[(out_base + gg) * HD + c] = empty ? 0.f : ((O * kPUnscale) * __half2float(v_scale[c])) / L;
+    if (c == 0) part_lse[out_base + gg] = empty ? -INFINITY : (M + log2f(L)) * kLn2;
+  }
+}
+
+template <int HD, int G>
+void launch_tc(const AttnShape& sh, const SplitWork* work, int n_work, const float* q, Partials p, float sl2,
+               const Int8sKernelOptions& opt, cudaStream_t st) {
+  // Over the 48 KiB default: the limit is raised (to the largest split) per device and instantiation.
+  static OncePerDevice smem_limit_set;
+  smem_limit_set([] {
+    check_cuda(cudaFuncSetAttribute(int8s_tc_kernel<HD, G>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    int(tc_smem<HD>(kMaxTcSplit))),
+               "cudaFuncSetAttribute(int8s_tc_kernel)");
+  });
+  int8s_tc_kernel<HD, G><<<dim3(n_work, sh.n_kv_heads), tc_warps<HD>() * 32, tc_smem<HD>(sh.split_tokens), st>>>(
+      work, q, p.o, p.lse, p.max_splits, sh.n_kv_heads, sh.page_size, sl2, opt);
+}
+
+template <int HD>
+void launch_tc_group(const AttnShape& sh, const SplitWork* work, int n_work, const float* q, Partials p, float sl2,
+                     const Int8sKernelOptions& opt, cudaStream_t st) {
+  switch (sh.group) {
+    case 3: return launch_tc<HD, 3>(sh, work, n_work, q, p, sl2, opt, st);
+    case 4: return launch_tc<HD, 4>(sh, work, n_work, q, p, sl2, opt, st);
+    case 6: return launch_tc<HD, 6>(sh, work, n_work, q, p, sl2, opt, st);
+    case 7: return launch_tc<HD, 7>(sh, work, n_work, q, p, sl2, opt, st);
+    case 8: return launch_tc<HD, 8>(sh, work, n_work, q, p, sl2, opt, st);
+    default: break;
+  }
+  throw InvalidArgument(tc_group_error(sh.group));
+}
+
+}  // namespace
+
+bool int8s_tc_supports_group(int group) {
+  return group == 3 || group == 4 || group == 6 || group == 7 || group == 8;
+}
+
+std::string tc_group_error(int group) {
+  return "int8s tc kernel: " + std::to_string(group) +
+         " query heads per KV head is not instantiated (3, 4, 6, 7 or 8; the legacy kernel takes 1..8)";
+}
+
+void launch_split_attention_int8s_tc(const AttnShape& shape, const SplitWork* work, int n_work, const float* q,
+                                     Partials partials, const Int8sKernelOptions& opt, float scale_log2,
+                                     cudaStream_t stream) {
+  if (!int8s_tc_supports_group(shape.group)) throw InvalidArgument(tc_group_error(shape.group));
+  if (shape.split_tokens > kMaxTcSplit)
+    throw InvalidArgument("int8s tc kernel: split_tokens must be at most " + std::to_string(kMaxTcSplit) + ", got " +
+                          std::to_string(shape.split_tokens));
+  if (shape.head_dim == 256) launch_tc_group<256>(shape, work, n_work, q, partials, scale_log2, opt, stream);
+  else launch_tc_group<64>(shape, work, n_work, q, partials, scale_log2, opt, stream);
+  check_cuda(cudaGetLastError(), "int8s_tc_kernel launch");
+}
+
+}  // namespace activekv::cuda

@@ -1,0 +1,84 @@
+// The co-attention planner: see include/activekv/route/co_attention_plan.h.
+#include "activekv/route/co_attention_plan.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "activekv/core/error.h"
+
+namespace activekv::route {
+
+void CoAttentionRates::validate() const {
+  auto positive = [](double v, const char* what) {
+    if (!(v > 0 && std::isfinite(v)))
+      throw InvalidArgument(fmt::format("co-attention rates: {} is {} GB/s, not a positive rate", what, v));
+  };
+  positive(link_gbps, "the link");
+  positive(cpu_bf16_gbps, "the CPU over bf16 pages");
+  positive(cpu_int8s_gbps, "the CPU over int8s pages");
+  if (!(cpu_layer_latency_ms >= 0 && std::isfinite(cpu_layer_latency_ms)))
+    throw InvalidArgument(fmt::format("co-attention rates: a CPU layer latency of {} ms", cpu_layer_latency_ms));
+}
+
+std::string CoAttentionPlan::describe() const {
+  return fmt::format("CPU {} pages per layer ({:.0f} %): link {:.2f} ms, CPU {:.2f} ms -> {:.2f} ms predicted "
+                     "(link alone {:.2f} ms)",
+                     cpu_pages, 100 * share, link_ms, cpu_ms, predicted_ms, link_only_ms);
+}
+
+namespace {
+
+// Walks the CPU page count up from 0; keeps the step `keep` prefers.
+template <class Keep>
+CoAttentionPlan walk(std::span<const PlanPage> layer, int n_layers, const CoAttentionRates& rates,
+                     double link_alone_gbps, Keep keep) {
+  rates.validate();
+  if (!(link_alone_gbps > 0 && std::isfinite(link_alone_gbps)))
+    throw InvalidArgument(fmt::format("co-attention plan: the link alone at {} GB/s is not a positive rate", link_alone_gbps));
+  if (n_layers <= 0) throw InvalidArgument("co-attention plan: n_layers must be positive");
+  const double L = double(n_layers);
+  double streamed = 0;  // bytes per layer over the link with no CPU share
+  for (const PlanPage& p : layer)
+    if (!p.resident) streamed += double(p.bytes);
+  auto ms = [](double bytes, double gbps) { return bytes / (gbps * 1e6); };
+
+  CoAttentionPlan best;
+  best.link_only_ms = L * ms(streamed, link_alone_gbps);
+  best.link_ms = best.predicted_ms = best.link_only_ms;  // zero CPU pages: the link alone
+  double link_bytes = streamed, cpu_ms = rates.cpu_layer_latency_ms;
+  size_t taken = 0;
+  for (const PlanPage& p : layer) {
+    if (p.resident || p.kind == PlanPage::other) continue;
+    link_bytes -= double(p.bytes);
+    cpu_ms += ms(double(p.bytes), p.kind == PlanPage::bf16 ? rates.cpu_bf16_gbps : rates.cpu_int8s_gbps);
+    ++taken;
+    const double link_ms = ms(link_bytes, rates.link_gbps);
+    const double step = L * std::max(link_ms, cpu_ms);
+    if (keep(taken, step, best.predicted_ms)) {
+      best.cpu_pages = taken;
+      best.link_ms = L * link_ms;
+      best.cpu_ms = L * cpu_ms;
+      best.predicted_ms = step;
+    }
+  }
+  best.share = layer.empty() ? 0.0 : double(best.cpu_pages) / double(layer.size());
+  return best;
+}
+
+}  // namespace
+
+CoAttentionPlan plan_co_attention(std::span<const PlanPage> layer, int n_layers, const CoAttentionRates& rates,
+                                  double link_alone_gbps) {
+  return walk(layer, n_layers, rates, link_alone_gbps,
+              [](size_t, double step, double best) { return step < best; });
+}
+
+CoAttentionPlan predict_co_attention(std::span<const PlanPage> layer, int n_layers, const CoAttentionRates& rates,
+                                     double link_alone_gbps, size_t cpu_pages) {
+  return walk(layer, n_layers, rates, link_alone_gbps,
+              [cpu_pages](size_t taken, double, double) { return taken <= cpu_pages; });
+}
+
+}  // namespace activekv::route

@@ -1,0 +1,98 @@
+// The co-attention planner (activekv/route/co_attention_plan.h): the CPU page
+// count that balances the link and the CPU, its predicted step, and the pages
+// it must leave alone.
+#include "activekv/route/co_attention_plan.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "activekv/core/error.h"
+
+namespace activekv::route {
+namespace {
+
+constexpr uint64_t kPage = 4 << 20;  // a 27B-shape bf16 page: 4 KV heads x 1024 tokens x 256 x K,V x 2 bytes
+
+std::vector<PlanPage> pages(size_t n, PlanPage::Kind kind = PlanPage::bf16, uint64_t bytes = kPage) {
+  return std::vector<PlanPage>(n, PlanPage{bytes, kind, false});
+}
+
+TEST(CoAttentionPlan, EqualRatesSplitTheLayerInHalf) {
+  const CoAttentionRates r{50, 50, 40, 15};
+  const CoAttentionPlan p = plan_co_attention(pages(64), 16, r, 55);
+  EXPECT_EQ(p.cpu_pages, 32u);
+  EXPECT_DOUBLE_EQ(p.share, 0.5);
+  // 32 pages x 4 MiB x 16 layers at 50 GB/s on each path.
+  EXPECT_NEAR(p.predicted_ms, 16 * 32 * double(kPage) / 50e6, 1e-9);
+  EXPECT_NEAR(p.link_only_ms, 16 * 64 * double(kPage) / 55e6, 1e-9);
+  EXPECT_NE(p.describe().find("32 pages"), std::string::npos) << p.describe();
+}
+
+TEST(CoAttentionPlan, ASlowerCpuTakesFewerPagesAndTheStepIsTheSlowerPath) {
+  const CoAttentionRates r{50, 25, 20, 15};
+  const CoAttentionPlan p = plan_co_attention(pages(60), 1, r, 55);
+  EXPECT_EQ(p.cpu_pages, 20u);  // 40 pages / 50 = 20 pages / 25: balanced
+  EXPECT_NEAR(p.predicted_ms, std::max(p.link_ms, p.cpu_ms), 1e-12);
+  EXPECT_LT(p.predicted_ms, p.link_only_ms);
+}
+
+TEST(CoAttentionPlan, Int8sPagesArePricedAtTheirOwnRate) {
+  // Half the bytes per page, read by the CPU at 20 GB/s against the link's 50.
+  std::vector<PlanPage> layer = pages(70, PlanPage::int8s, kPage / 2);
+  const CoAttentionRates r{50, 60, 20, 15};
+  const CoAttentionPlan p = plan_co_attention(layer, 1, r, 55);
+  EXPECT_EQ(p.cpu_pages, 20u);  // 50 pages / 50 = 20 pages / 20
+}
+
+TEST(CoAttentionPlan, LeavesPagesTheCpuCannotReadAndResidentPagesAlone) {
+  std::vector<PlanPage> layer = pages(10, PlanPage::other);  // lossless13
+  layer.push_back(PlanPage{kPage, PlanPage::bf16, true});    // the tail, on the GPU
+  const CoAttentionRates r{50, 50, 50, 4};
+  CoAttentionPlan p = plan_co_attention(layer, 4, r, 55);
+  EXPECT_EQ(p.cpu_pages, 0u);
+  EXPECT_DOUBLE_EQ(p.predicted_ms, p.link_only_ms);
+  // A fast CPU never takes more than balance: with nothing to stream, no page
+  // moves (a tie keeps the CPU idle).
+  p = plan_co_attention(pages(0), 4, r, 55);
+  EXPECT_EQ(p.cpu_pages, 0u);
+  EXPECT_DOUBLE_EQ(p.predicted_ms, 0.0);
+}
+
+TEST(CoAttentionPlan, AFixedCountIsPricedTheSameWay) {
+  const CoAttentionRates r{50, 25, 20, 15};
+  const std::vector<PlanPage> layer = pages(60);
+  const CoAttentionPlan best = plan_co_attention(layer, 2, r, 55);
+  EXPECT_DOUBLE_EQ(predict_co_attention(layer, 2, r, 55, best.cpu_pages).predicted_ms, best.predicted_ms);
+  const CoAttentionPlan ten = predict_co_attention(layer, 2, r, 55, 10);
+  EXPECT_EQ(ten.cpu_pages, 10u);
+  EXPECT_NEAR(ten.predicted_ms, 2 * 50 * double(kPage) / 50e6, 1e-9);  // the link's 50 pages dominate
+  EXPECT_EQ(predict_co_attention(layer, 2, r, 55, 1000).cpu_pages, 60u);  // no more than there are
+  EXPECT_EQ(predict_co_attention(layer, 2, r, 55, 0).predicted_ms, best.link_only_ms);
+}
+
+TEST(CoAttentionPlan, TheCpuLatencyIsPaidOncePerLayerAndCanMakeSharingNotPay) {
+  CoAttentionRates r{50, 50, 40, 15};
+  r.cpu_layer_latency_ms = 0.5;
+  // 4 pages of 4 MiB: the link alone takes 0.34 ms per layer, less than the CPU's latency.
+  EXPECT_EQ(plan_co_attention(pages(4), 16, r, 50).cpu_pages, 0u);
+  // 64 pages: sharing pays; the CPU side carries the latency once per layer.
+  const CoAttentionPlan p = plan_co_attention(pages(64), 16, r, 50);
+  EXPECT_GT(p.cpu_pages, 20u);
+  EXPECT_LT(p.cpu_pages, 32u);
+  EXPECT_NEAR(p.cpu_ms, 16 * (0.5 + double(p.cpu_pages) * double(kPage) / 50e6), 1e-9);
+}
+
+TEST(CoAttentionPlan, BadRatesNameTheirPath) {
+  for (const CoAttentionRates r : {CoAttentionRates{0, 1, 1, 1}, CoAttentionRates{1, -1, 1, 1},
+                                   CoAttentionRates{1, 1, std::nan(""), 1}}) {
+    EXPECT_THROW(plan_co_attention(pages(4), 1, r, 55), InvalidArgument);
+  }
+  EXPECT_THROW(plan_co_attention(pages(4), 0, CoAttentionRates{1, 1, 1, 1}, 55), InvalidArgument);
+  EXPECT_THROW(plan_co_attention(pages(4), 1, CoAttentionRates{1, 1, 1, 1}, 0), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace activekv::route
