@@ -5,8 +5,13 @@
 // weight-bound matvec can reach; a cudaMemcpy D2D, counting read + write, is
 // printed beside it). Not a test: it asserts nothing.
 //
-//   bench_matvec [--types Q4_0,Q4_K,...] [--shapes 5120x5120,...] [--nvec 1,8]
-//                [--batches 30] [--json out.json]
+//   bench_matvec [--types Q4_0,Q4_K,...] [--shapes 6144x5120,...] [--nvec 1,8]
+//                [--kernel tiled|chunked] [--batches 30] [--json out.json]
+//
+// The default shapes are the 27B-shape model's matrices (rows x cols): Q
+// 6144x5120, K/V 1024x5120, O 5120x6144, gate/up 17408x5120, down 5120x17408,
+// output 32000x5120. --kernel picks the block-type matvec kernel
+// (set_block_matvec_kernel; default tiled).
 //
 // Timing: CUDA events around a batch of back-to-back launches on one stream
 // (>= 20), rotating between enough copies of the matrix that their bytes are
@@ -100,13 +105,15 @@ std::vector<std::string> split(const std::string& s) {
 int main(int argc, char** argv) {
   CLI::App app{"Decode matvec on GGUF-typed weights vs the measured HBM read bandwidth"};
   std::string types = "Q4_0,Q4_K,Q6_K,Q8_0,Q4_1,Q5_K,F16,BF16,F32";
-  std::string shapes = "5120x5120,17408x5120,5120x17408,32000x5120";
+  std::string shapes = "6144x5120,1024x5120,5120x6144,17408x5120,5120x17408,32000x5120";
+  std::string kernel = "tiled";
   std::string nvecs = "1,2,8";
   std::string json_path;
   int batches = 30;
   app.add_option("--types", types, "weight types, comma-separated");
   app.add_option("--shapes", shapes, "rows x cols, comma-separated");
   app.add_option("--nvec", nvecs, "vectors per matvec (1..8), comma-separated");
+  app.add_option("--kernel", kernel, "block-type matvec kernel")->check(CLI::IsMember({"tiled", "chunked"}));
   app.add_option("--batches", batches, "timed batches per row (median)")->check(CLI::Range(1, 10000));
   app.add_option("--json", json_path, "write the results as JSON here");
   CLI11_PARSE(app, argc, argv);
@@ -115,6 +122,8 @@ int main(int argc, char** argv) {
 
   try {
     activekv::cuda::require_gpu(0, "bench_matvec");
+    activekv::cuda::set_block_matvec_kernel(kernel == "chunked" ? activekv::cuda::BlockMatvecKernel::Chunked
+                                                                : activekv::cuda::BlockMatvecKernel::Tiled);
     cudaDeviceProp prop{};
     check_cuda(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
     const size_t l2 = size_t(prop.l2CacheSize);
@@ -130,9 +139,9 @@ int main(int argc, char** argv) {
                  "cudaMemcpyAsync");
     });
     const double copy_gbs = double(big) / t_copy * 1e-9;
-    std::printf("device %s, %d SMs, L2 %.0f MB\nHBM floor: read-only kernel %.0f GB/s; cudaMemcpy D2D %.0f GB/s "
+    std::printf("block-type kernel: %s\ndevice %s, %d SMs, L2 %.0f MB\nHBM floor: read-only kernel %.0f GB/s; cudaMemcpy D2D %.0f GB/s "
                 "(read + write)\n\n",
-                prop.name, prop.multiProcessorCount, l2 / 1e6, read_gbs, copy_gbs);
+                kernel.c_str(), prop.name, prop.multiProcessorCount, l2 / 1e6, read_gbs, copy_gbs);
     std::printf("%-5s %13s %4s %10s %10s %9s %8s %12s\n", "type", "rows x cols", "nvec", "MB", "us", "GB/s",
                 "of read", "us +quant");
 
@@ -186,6 +195,7 @@ int main(int argc, char** argv) {
       nlohmann::json out = {{"command", command},
                             {"commit", commit ? commit : "unknown"},
                             {"device", prop.name},
+                            {"block_kernel", kernel},
                             {"sms", prop.multiProcessorCount},
                             {"l2_bytes", l2},
                             {"hbm_read_gbs", read_gbs},

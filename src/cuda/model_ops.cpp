@@ -65,17 +65,34 @@ RopeFreqs& RopeFreqs::operator=(RopeFreqs&&) noexcept = default;
 
 const double* RopeFreqs::freqs() const { return freqs_ ? freqs_->as<double>() : nullptr; }
 
-void rope(float* x, int T, int n_heads, int head_dim, const int64_t* pos, const RopeFreqs& freqs,
-          cudaStream_t stream) {
+namespace {
+
+void check_rope(float* x, int T, int n_heads, int head_dim, const int64_t* pos, const RopeFreqs& freqs,
+                std::string_view what) {
   need_size(T, "rope", "T");
   need_size(n_heads, "rope", "n_heads");
   need(freqs.freqs() != nullptr, "rope", "the RopeFreqs was moved from");
   need(freqs.rope_dim() <= head_dim, "rope",
        fmt::format("rope_dim {} exceeds head_dim {}", freqs.rope_dim(), head_dim));
   const int64_t work = int64_t(T) * n_heads;
-  need_ptr(x, work, "rope", "x");
+  need_ptr(x, work, "rope", what);
   need_ptr(pos, work, "rope", "pos");
-  kernels::rope(x, T, n_heads, head_dim, pos, freqs.freqs(), freqs.rope_dim(),
+}
+
+}  // namespace
+
+void rope(float* x, int T, int n_heads, int head_dim, const int64_t* pos, const RopeFreqs& freqs,
+          cudaStream_t stream) {
+  check_rope(x, T, n_heads, head_dim, pos, freqs, "x");
+  kernels::rope(x, n_heads, nullptr, 0, T, head_dim, pos, freqs.freqs(), freqs.rope_dim(),
+                freqs.layout() == model::RopeLayout::HalfSplit, stream);
+}
+
+void rope_qk(float* q, int n_heads, float* k, int n_kv_heads, int T, int head_dim, const int64_t* pos,
+             const RopeFreqs& freqs, cudaStream_t stream) {
+  check_rope(q, T, n_heads, head_dim, pos, freqs, "q");
+  check_rope(k, T, n_kv_heads, head_dim, pos, freqs, "k");
+  kernels::rope(q, n_heads, k, n_kv_heads, T, head_dim, pos, freqs.freqs(), freqs.rope_dim(),
                 freqs.layout() == model::RopeLayout::HalfSplit, stream);
 }
 

@@ -14,6 +14,7 @@
 
 #include "activekv/cuda/decode_attention.h"
 #include "model_ops_kernels.h"
+#include "quant_x.cuh"
 
 namespace activekv::cuda::kernels {
 namespace {
@@ -65,13 +66,25 @@ __device__ inline float4 apply4(const float4 a, const float4 b, Op op) {
 
 // b == nullptr: op ignores its second operand (scale). period > 0: b is one
 // row of `period` elements broadcast over a (bias); 0: b as long as a.
-template <class V, class Op>
-__global__ void binary_kernel(V* a, const V* b, int64_t n, int64_t period, Op op) {
+// kQuant (float4, n a multiple of 8 float4s): each 32-element block of the
+// output is also quantised for the matvec into qx/ds (block i / 8 of the
+// flat [rows][cols] workspace) by the 8 lanes that hold it; the grid stride
+// is a multiple of 8, so those lanes are always together.
+template <class V, class Op, bool kQuant = false>
+__global__ void binary_kernel(V* a, const V* b, int64_t n, int64_t period, Op op, int8_t* qx = nullptr,
+                              float2* ds = nullptr) {
   for (int64_t i = thread_index(); i < n; i += grid_stride()) {
     const V y = b == nullptr ? a[i] : b[period > 0 ? i % period : i];
     if constexpr (sizeof(V) == sizeof(float4)) {
-      a[i] = apply4(a[i], y, op);
+      const float4 r = apply4(a[i], y, op);
+      a[i] = r;
+      if constexpr (kQuant) {
+        const float v[4] = {r.x, r.y, r.z, r.w};
+        const int lane = threadIdx.x & 31;
+        qx::quantize_block<4>(v, 0xffu << (lane & 24), int(i & 7), qx + 32 * (i / 8), ds + i / 8);
+      }
     } else {
+      static_assert(!kQuant, "the quantising epilogue reads float4s");
       a[i] = op(a[i], y);
     }
   }
@@ -116,8 +129,14 @@ __global__ void bf16_kernel4(const float4* x, uint2* out, int64_t n4) {
 
 __device__ inline double sq(float v) { return double(v) * double(v); }  // exact in double
 
-template <bool kVec4>
-__global__ void rms_norm_kernel(const float* x, const float* w, int n, float eps, float* out) {
+// kQuant (needs kVec4, n % 32 == 0): each output block of 32 is also
+// quantised for the matvec into qx/ds (row blockIdx.x of the workspace) by the
+// 8 lanes that hold it (qx::quantize_block): the norm's output feeds the next
+// matvecs without a launch of its own to quantise it.
+template <bool kVec4, bool kQuant>
+__global__ void rms_norm_kernel(const float* x, const float* w, int n, float eps, float* out, int8_t* qx,
+                                float2* ds) {
+  static_assert(kVec4 || !kQuant, "the quantising epilogue reads float4s");
   using Reduce = cub::BlockReduce<double, kThreads>;
   __shared__ typename Reduce::TempStorage tmp;
   __shared__ float inv_s;
@@ -144,7 +163,16 @@ __global__ void rms_norm_kernel(const float* x, const float* w, int n, float eps
     const float4* w4 = reinterpret_cast<const float4*>(w);
     float4* o4 = reinterpret_cast<float4*>(o);
     auto f = [inv](float a, float b) { return __fmul_rn(__fmul_rn(a, inv), b); };
-    for (int i = threadIdx.x; i < n / 4; i += kThreads) o4[i] = apply4(x4[i], w4[i], f);
+    for (int i = threadIdx.x; i < n / 4; i += kThreads) {
+      const float4 r = apply4(x4[i], w4[i], f);
+      o4[i] = r;
+      if constexpr (kQuant) {  // i = 8 * block + g; the 8 lanes of a block are all here (n / 4 % 8 == 0)
+        const float v[4] = {r.x, r.y, r.z, r.w};
+        const int lane = threadIdx.x & 31;
+        qx::quantize_block<4>(v, 0xffu << (lane & 24), i & 7, qx + size_t(blockIdx.x) * n + 32 * (i / 8),
+                              ds + size_t(blockIdx.x) * (n / 32) + i / 8);
+      }
+    }
   } else {
     for (int i = threadIdx.x; i < n; i += kThreads) o[i] = __fmul_rn(__fmul_rn(xr[i], inv), w[i]);
   }
@@ -152,9 +180,11 @@ __global__ void rms_norm_kernel(const float* x, const float* w, int n, float eps
 
 // ---- RoPE: one thread per (row, pair), looping over the heads ----------------
 
+// x2 (n_heads2 heads) is a second tensor at the same positions, rotated by
+// the same thread (q and k in one launch); nullptr for none.
 template <bool kHalfSplit>
-__global__ void rope_kernel(float* x, int T, int n_heads, int head_dim, const int64_t* pos, const double* freqs,
-                            int half) {
+__global__ void rope_kernel(float* x, int n_heads, float* x2, int n_heads2, int T, int head_dim, const int64_t* pos,
+                            const double* freqs, int half) {
   const int64_t work = int64_t(T) * half;
   for (int64_t w = thread_index(); w < work; w += grid_stride()) {
     const int t = int(w / half), i = int(w % half);
@@ -162,12 +192,14 @@ __global__ void rope_kernel(float* x, int T, int n_heads, int head_dim, const in
     const float cs = float(cos(angle)), sn = float(sin(angle));
     const int a = kHalfSplit ? i : 2 * i;
     const int b = kHalfSplit ? i + half : 2 * i + 1;
-    for (int h = 0; h < n_heads; ++h) {
-      float* v = x + (size_t(t) * n_heads + h) * head_dim;
+    auto rotate = [&](float* v) {
       const float x0 = v[a], x1 = v[b];
       v[a] = __fsub_rn(__fmul_rn(x0, cs), __fmul_rn(x1, sn));
       v[b] = __fadd_rn(__fmul_rn(x0, sn), __fmul_rn(x1, cs));
-    }
+    };
+    for (int h = 0; h < n_heads; ++h) rotate(x + (size_t(t) * n_heads + h) * head_dim);
+    if (x2 != nullptr)
+      for (int h = 0; h < n_heads2; ++h) rotate(x2 + (size_t(t) * n_heads2 + h) * head_dim);
   }
 }
 
@@ -176,28 +208,51 @@ __global__ void rope_kernel(float* x, int T, int n_heads, int head_dim, const in
 void rms_norm(const float* x, const float* weight, int T, int n, float eps, float* out, cudaStream_t stream) {
   if (T == 0 || n == 0) return;
   if (n % 4 == 0 && aligned16(x) && aligned16(weight) && aligned16(out)) {
-    rms_norm_kernel<true><<<T, kThreads, 0, stream>>>(x, weight, n, eps, out);
+    rms_norm_kernel<true, false><<<T, kThreads, 0, stream>>>(x, weight, n, eps, out, nullptr, nullptr);
   } else {
-    rms_norm_kernel<false><<<T, kThreads, 0, stream>>>(x, weight, n, eps, out);
+    rms_norm_kernel<false, false><<<T, kThreads, 0, stream>>>(x, weight, n, eps, out, nullptr, nullptr);
   }
   check_launch("rms_norm kernel launch");
 }
 
-void rope(float* x, int T, int n_heads, int head_dim, const int64_t* pos, const double* freqs, int rope_dim,
-          bool half_split, cudaStream_t stream) {
+bool rms_norm_quantize(const float* x, const float* weight, int T, int n, float eps, float* out, void* workspace,
+                       cudaStream_t stream) {
+  if (n % 32 != 0 || !aligned16(x) || !aligned16(weight) || !aligned16(out)) return false;
+  if (T == 0 || n == 0) return true;
+  const qdot::XQuant xq = qx::xquant_of(workspace, n, T);
+  rms_norm_kernel<true, true><<<T, kThreads, 0, stream>>>(x, weight, n, eps, out, const_cast<int8_t*>(xq.qx),
+                                                          const_cast<float2*>(xq.ds));
+  check_launch("rms_norm (quantising) kernel launch");
+  return true;
+}
+
+void rope(float* x, int n_heads, float* x2, int n_heads2, int T, int head_dim, const int64_t* pos,
+          const double* freqs, int rope_dim, bool half_split, cudaStream_t stream) {
   const int half = rope_dim / 2;
-  if (T == 0 || n_heads == 0 || half == 0) return;
+  if (T == 0 || (n_heads == 0 && n_heads2 == 0) || half == 0) return;
   const int grid = grid_for(int64_t(T) * half);
   if (half_split) {
-    rope_kernel<true><<<grid, kThreads, 0, stream>>>(x, T, n_heads, head_dim, pos, freqs, half);
+    rope_kernel<true><<<grid, kThreads, 0, stream>>>(x, n_heads, x2, n_heads2, T, head_dim, pos, freqs, half);
   } else {
-    rope_kernel<false><<<grid, kThreads, 0, stream>>>(x, T, n_heads, head_dim, pos, freqs, half);
+    rope_kernel<false><<<grid, kThreads, 0, stream>>>(x, n_heads, x2, n_heads2, T, head_dim, pos, freqs, half);
   }
   check_launch("rope kernel launch");
 }
 
 void swiglu(float* gate, const float* up, int64_t n, cudaStream_t stream) {
   launch_binary(gate, up, n, 0, SwiGLUOp{}, stream, "swiglu kernel launch");
+}
+
+bool swiglu_quantize(float* gate, const float* up, int T, int n, void* workspace, cudaStream_t stream) {
+  if (n % 32 != 0 || !aligned16(gate) || !aligned16(up)) return false;
+  const int64_t n4 = int64_t(T) * n / 4;
+  if (n4 == 0) return true;
+  const qdot::XQuant xq = qx::xquant_of(workspace, n, T);
+  binary_kernel<float4, SwiGLUOp, true><<<grid_for(n4), kThreads, 0, stream>>>(
+      reinterpret_cast<float4*>(gate), reinterpret_cast<const float4*>(up), n4, 0, SwiGLUOp{},
+      const_cast<int8_t*>(xq.qx), const_cast<float2*>(xq.ds));
+  check_launch("swiglu (quantising) kernel launch");
+  return true;
 }
 
 void geglu_tanh(float* gate, const float* up, int64_t n, cudaStream_t stream) {

@@ -10,16 +10,20 @@
 //   kUnits                     32-element units per block (1 or 8)
 //   kPiece                     elements one dequantising thread handles (32)
 //   kHasMin                    value = A*code + B (else value = A*code)
-//   codes4(b, u, g)            codes of elements 4g..4g+3 of unit u, one signed
-//                              int8 per byte (element 4g in the low byte)
+//   kOffset, kScale16          see raw4; A changes every 16 elements (Q6_K)
+//   raw4(b, u, g)              codes of elements 4g..4g+3 of unit u plus kOffset,
+//                              one byte each (< 0x80; element 4g in the low byte)
 //   scale(b, u, g)             A of those elements (fp32, exactly as the CPU computes it)
 //   min(b, u)                  B of unit u (kHasMin only)
-// so element 32u + 4g + k of a block dequantises to A*code_k (+ B). The
+// and codes4<T>(b, u, g) = raw4 - kOffset per byte (signed int8 codes), so
+// element 32u + 4g + k of a block dequantises to A*code_k (+ B). `b` is a
+// byte source (a pointer, or a tile in registers: see "byte sources"). The
 // dequantisers evaluate exactly the CPU expression with explicitly rounded
 // operations (no FMA contraction); the matvec takes integer dot products of
 // the codes with int8 activations and applies A (and B) per unit.
 #pragma once
 
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -74,17 +78,6 @@ AKV_QHD float add_rn(float a, float b) {
   return __fadd_rn(a, b);
 #else
   return a + b;
-#endif
-}
-
-/// Byte-wise a - b (mod 256 per byte).
-AKV_QHD uint32_t vsub4(uint32_t a, uint32_t b) {
-#ifdef __CUDA_ARCH__
-  return __vsub4(a, b);
-#else
-  uint32_t r = 0;
-  for (int k = 0; k < 4; ++k) r |= (((a >> (8 * k)) - (b >> (8 * k))) & 0xffu) << (8 * k);
-  return r;
 #endif
 }
 
@@ -162,49 +155,124 @@ AKV_QHD uint16_t f32_to_bf16_bits(float f) {
 /// Byte k of a packed code word as a signed integer.
 AKV_QHD int code_at(uint32_t w, int k) { return int(int8_t(w >> (8 * k))); }
 
+/// Byte-wise c - k (mod 256 per byte) for c with every byte < 0x80 and k with
+/// every byte <= 0x80: setting each byte's top bit first means no byte borrows
+/// from the next, and flipping it back subtracts 0x80 again. Three integer
+/// operations where the device's __vsub4 takes several more.
+AKV_QHD uint32_t sub_bytes(uint32_t c, uint32_t k) { return ((c | 0x80808080u) - k) ^ 0x80808080u; }
+
 /// The low 4 bits of h spread to bit 4 of the four bytes (bit k -> byte k):
 /// the fifth bits of four 5-bit codes.
 AKV_QHD uint32_t fifth_bits4(uint32_t h) {
   return ((h & 1u) << 4) | ((h & 2u) << 11) | ((h & 4u) << 18) | ((h & 8u) << 25);
 }
 
-/// 6-bit scale and min of sub-block j of the 12-byte array of Q4_K/Q5_K
+/// Bytes (hi:lo) >> 8*k for k in 0..3 (a funnel shift).
+AKV_QHD uint32_t funnel_bytes(uint32_t lo, uint32_t hi, int k) {
+#ifdef __CUDA_ARCH__
+  return __funnelshift_r(lo, hi, 8 * k);
+#else
+  return uint32_t(((uint64_t(hi) << 32) | lo) >> (8 * k));
+#endif
+}
+
+// ---- byte sources ----------------------------------------------------------------
+// The traits read a block through a source: a pointer into memory (global or
+// shared; the gather/dequantise kernels and the chunked matvec), or a tile of
+// a row held in registers (the tiled matvec, quant_tile.cuh). Offsets are in
+// bytes from the block's start and even; reads of 4 bytes are from offsets
+// aligned to the traits' kAlign.
+
+template <int Align>
+AKV_QHD uint32_t src_u32(const uint8_t* p, int off) { return ld32<Align>(p + off); }
+AKV_QHD uint32_t src_u8(const uint8_t* p, int off) { return p[off]; }
+/// Exact binary16 (NaN payloads kept: the dequantisers are bitwise gguf::dequantize).
+AKV_QHD float src_half(const uint8_t* p, int off) { return ld_half(p + off); }
+
+/// N little-endian words of bytes in registers (indices are compile-time
+/// constants once the callers are unrolled, so nothing goes to local memory).
+template <int N>
+struct Words {
+  uint32_t w[N];
+};
+
+/// A block inside a Words tile: its bytes start at byte `base` of *t.
+template <int N>
+struct WordsAt {
+  const Words<N>* t;
+  int base;
+};
+
+template <int Align, int N>
+AKV_QHD uint32_t src_u32(const WordsAt<N>& s, int off) {
+  const int o = s.base + off, i = o >> 2;
+  if ((o & 3) == 0) return s.t->w[i];
+  return funnel_bytes(s.t->w[i], s.t->w[i + 1 < N ? i + 1 : N - 1], o & 3);
+}
+template <int N>
+AKV_QHD uint32_t src_u8(const WordsAt<N>& s, int off) {
+  const int o = s.base + off;
+  return (s.t->w[o >> 2] >> (8 * (o & 3))) & 0xffu;
+}
+/// binary16 -> binary32 by the hardware on the device (exact but for NaN
+/// payloads, which the matvec does not promise to keep), by bits on the host.
+template <int N>
+AKV_QHD float src_half(const WordsAt<N>& s, int off) {
+  const int o = s.base + off;
+  const uint16_t h = uint16_t(s.t->w[o >> 2] >> (8 * (o & 3)));
+#ifdef __CUDA_ARCH__
+  return __half2float(__ushort_as_half(h));
+#else
+  return half_bits_to_float(h);
+#endif
+}
+
+/// 6-bit scale and min of sub-block j of the 12-byte array at `off` of Q4_K/Q5_K
 /// (ggml's get_scale_min_k4).
-AKV_QHD void scale_min_k4(const uint8_t* q, int j, int& sc, int& m) {
+template <class S>
+AKV_QHD void scale_min_k4(const S& b, int off, int j, int& sc, int& m) {
   if (j < 4) {
-    sc = q[j] & 63;
-    m = q[j + 4] & 63;
+    sc = int(src_u8(b, off + j) & 63);
+    m = int(src_u8(b, off + j + 4) & 63);
   } else {
-    sc = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
-    m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    sc = int((src_u8(b, off + j + 4) & 0x0f) | ((src_u8(b, off + j - 4) >> 6) << 4));
+    m = int((src_u8(b, off + j + 4) >> 4) | ((src_u8(b, off + j) >> 6) << 4));
   }
 }
 
 // ---- 32-element block types --------------------------------------------------
+// Besides codes4 (the signed codes), each type gives raw4, the codes before
+// the constant kOffset is subtracted (bytes < 0x80), so that the matvec can
+// dot the raw codes and subtract kOffset * sum(x) once per unit. Q6_K, whose
+// scale changes every 16 elements, has kScale16 set and no raw4.
 
 /// f16 d, 16 bytes of nibbles: element j < 16 is the low nibble of qs[j],
 /// element 16 + j the high one; value = (nibble - 8) * d.
 struct Q4_0 {
   static constexpr gguf::TensorType kType = gguf::TensorType::Q4_0;
-  static constexpr int kElems = 32, kBytes = 18, kAlign = 2, kUnits = 1, kPiece = 32;
-  static constexpr bool kHasMin = false;
-  AKV_QHD static uint32_t codes4(const uint8_t* b, int /*u*/, int g) {
-    const uint32_t q = ld32<kAlign>(b + 2 + 4 * (g & 3));
-    return vsub4((q >> (4 * (g >> 2))) & 0x0f0f0f0fu, 0x08080808u);
+  static constexpr int kElems = 32, kBytes = 18, kAlign = 2, kUnits = 1, kPiece = 32, kOffset = 8;
+  static constexpr bool kHasMin = false, kScale16 = false;
+  template <class S>
+  AKV_QHD static uint32_t raw4(const S& b, int /*u*/, int g) {
+    return (src_u32<kAlign>(b, 2 + 4 * (g & 3)) >> (4 * (g >> 2))) & 0x0f0f0f0fu;
   }
-  AKV_QHD static float scale(const uint8_t* b, int, int) { return ld_half(b); }
+  template <class S>
+  AKV_QHD static float scale(const S& b, int, int) { return src_half(b, 0); }
 };
 
 /// f16 d, f16 m, 16 bytes of nibbles (as Q4_0); value = nibble * d + m.
 struct Q4_1 {
   static constexpr gguf::TensorType kType = gguf::TensorType::Q4_1;
-  static constexpr int kElems = 32, kBytes = 20, kAlign = 4, kUnits = 1, kPiece = 32;
-  static constexpr bool kHasMin = true;
-  AKV_QHD static uint32_t codes4(const uint8_t* b, int, int g) {
-    return (ld32<kAlign>(b + 4 + 4 * (g & 3)) >> (4 * (g >> 2))) & 0x0f0f0f0fu;
+  static constexpr int kElems = 32, kBytes = 20, kAlign = 4, kUnits = 1, kPiece = 32, kOffset = 0;
+  static constexpr bool kHasMin = true, kScale16 = false;
+  template <class S>
+  AKV_QHD static uint32_t raw4(const S& b, int, int g) {
+    return (src_u32<kAlign>(b, 4 + 4 * (g & 3)) >> (4 * (g >> 2))) & 0x0f0f0f0fu;
   }
-  AKV_QHD static float scale(const uint8_t* b, int, int) { return ld_half(b); }
-  AKV_QHD static float min(const uint8_t* b, int) { return ld_half(b + 2); }
+  template <class S>
+  AKV_QHD static float scale(const S& b, int, int) { return src_half(b, 0); }
+  template <class S>
+  AKV_QHD static float min(const S& b, int) { return src_half(b, 2); }
 };
 
 /// f16 d, 4 bytes qh, 16 bytes of nibbles (as Q4_0): bit j of qh (little-endian
@@ -212,22 +280,26 @@ struct Q4_1 {
 /// Q4_K_M file stores attn_q/attn_k/ffn_gate/ffn_up in Q5_0.
 struct Q5_0 {
   static constexpr gguf::TensorType kType = gguf::TensorType::Q5_0;
-  static constexpr int kElems = 32, kBytes = 22, kAlign = 2, kUnits = 1, kPiece = 32;
-  static constexpr bool kHasMin = false;
-  AKV_QHD static uint32_t codes4(const uint8_t* b, int /*u*/, int g) {
-    const uint32_t lo = (ld32<kAlign>(b + 6 + 4 * (g & 3)) >> (4 * (g >> 2))) & 0x0f0f0f0fu;
-    return vsub4(lo | fifth_bits4(ld32<kAlign>(b + 2) >> (4 * g)), 0x10101010u);
+  static constexpr int kElems = 32, kBytes = 22, kAlign = 2, kUnits = 1, kPiece = 32, kOffset = 16;
+  static constexpr bool kHasMin = false, kScale16 = false;
+  template <class S>
+  AKV_QHD static uint32_t raw4(const S& b, int /*u*/, int g) {
+    const uint32_t lo = (src_u32<kAlign>(b, 6 + 4 * (g & 3)) >> (4 * (g >> 2))) & 0x0f0f0f0fu;
+    return lo | fifth_bits4(src_u32<kAlign>(b, 2) >> (4 * g));
   }
-  AKV_QHD static float scale(const uint8_t* b, int, int) { return ld_half(b); }
+  template <class S>
+  AKV_QHD static float scale(const S& b, int, int) { return src_half(b, 0); }
 };
 
 /// f16 d, 32 int8; value = q * d.
 struct Q8_0 {
   static constexpr gguf::TensorType kType = gguf::TensorType::Q8_0;
-  static constexpr int kElems = 32, kBytes = 34, kAlign = 2, kUnits = 1, kPiece = 32;
-  static constexpr bool kHasMin = false;
-  AKV_QHD static uint32_t codes4(const uint8_t* b, int, int g) { return ld32<kAlign>(b + 2 + 4 * g); }
-  AKV_QHD static float scale(const uint8_t* b, int, int) { return ld_half(b); }
+  static constexpr int kElems = 32, kBytes = 34, kAlign = 2, kUnits = 1, kPiece = 32, kOffset = 0;
+  static constexpr bool kHasMin = false, kScale16 = false;
+  template <class S>
+  AKV_QHD static uint32_t raw4(const S& b, int, int g) { return src_u32<kAlign>(b, 2 + 4 * g); }
+  template <class S>
+  AKV_QHD static float scale(const S& b, int, int) { return src_half(b, 0); }
 };
 
 // ---- K-quants: 256-element super-blocks ------------------------------------------
@@ -237,20 +309,23 @@ struct Q8_0 {
 /// qs[32*(u/2) .. +32); value = (d*sc_u) * q - (dmin*m_u).
 struct Q4_K {
   static constexpr gguf::TensorType kType = gguf::TensorType::Q4_K;
-  static constexpr int kElems = 256, kBytes = 144, kAlign = 16, kUnits = 8, kPiece = 32;
-  static constexpr bool kHasMin = true;
-  AKV_QHD static uint32_t codes4(const uint8_t* b, int u, int g) {
-    return (ld32<4>(b + 16 + 32 * (u >> 1) + 4 * g) >> (4 * (u & 1))) & 0x0f0f0f0fu;
+  static constexpr int kElems = 256, kBytes = 144, kAlign = 16, kUnits = 8, kPiece = 32, kOffset = 0;
+  static constexpr bool kHasMin = true, kScale16 = false;
+  template <class S>
+  AKV_QHD static uint32_t raw4(const S& b, int u, int g) {
+    return (src_u32<4>(b, 16 + 32 * (u >> 1) + 4 * g) >> (4 * (u & 1))) & 0x0f0f0f0fu;
   }
-  AKV_QHD static float scale(const uint8_t* b, int u, int) {
+  template <class S>
+  AKV_QHD static float scale(const S& b, int u, int) {
     int sc, m;
-    scale_min_k4(b + 4, u, sc, m);
-    return mul_rn(ld_half(b), float(sc));
+    scale_min_k4(b, 4, u, sc, m);
+    return mul_rn(src_half(b, 0), float(sc));
   }
-  AKV_QHD static float min(const uint8_t* b, int u) {
+  template <class S>
+  AKV_QHD static float min(const S& b, int u) {
     int sc, m;
-    scale_min_k4(b + 4, u, sc, m);
-    return -mul_rn(ld_half(b + 2), float(m));
+    scale_min_k4(b, 4, u, sc, m);
+    return -mul_rn(src_half(b, 2), float(m));
   }
 };
 
@@ -258,15 +333,18 @@ struct Q4_K {
 /// the fifth bit of element l of sub-block u.
 struct Q5_K {
   static constexpr gguf::TensorType kType = gguf::TensorType::Q5_K;
-  static constexpr int kElems = 256, kBytes = 176, kAlign = 16, kUnits = 8, kPiece = 32;
-  static constexpr bool kHasMin = true;
-  AKV_QHD static uint32_t codes4(const uint8_t* b, int u, int g) {
-    const uint32_t lo = (ld32<4>(b + 48 + 32 * (u >> 1) + 4 * g) >> (4 * (u & 1))) & 0x0f0f0f0fu;
-    const uint32_t hi = ((ld32<4>(b + 16 + 4 * g) >> u) & 0x01010101u) << 4;
+  static constexpr int kElems = 256, kBytes = 176, kAlign = 16, kUnits = 8, kPiece = 32, kOffset = 0;
+  static constexpr bool kHasMin = true, kScale16 = false;
+  template <class S>
+  AKV_QHD static uint32_t raw4(const S& b, int u, int g) {
+    const uint32_t lo = (src_u32<4>(b, 48 + 32 * (u >> 1) + 4 * g) >> (4 * (u & 1))) & 0x0f0f0f0fu;
+    const uint32_t hi = ((src_u32<4>(b, 16 + 4 * g) >> u) & 0x01010101u) << 4;
     return lo | hi;
   }
-  AKV_QHD static float scale(const uint8_t* b, int u, int g) { return Q4_K::scale(b, u, g); }
-  AKV_QHD static float min(const uint8_t* b, int u) { return Q4_K::min(b, u); }
+  template <class S>
+  AKV_QHD static float scale(const S& b, int u, int g) { return Q4_K::scale(b, u, g); }
+  template <class S>
+  AKV_QHD static float min(const S& b, int u) { return Q4_K::min(b, u); }
 };
 
 /// 128 bytes ql, 64 bytes qh, 16 int8 scales, f16 d (at 208). Half h = u/4
@@ -275,26 +353,37 @@ struct Q5_K {
 /// 2 bits from qh[32h + l] >> 2k; value = (d * sc[8h + 2k + l/16]) * (q - 32).
 struct Q6_K {
   static constexpr gguf::TensorType kType = gguf::TensorType::Q6_K;
-  static constexpr int kElems = 256, kBytes = 210, kAlign = 2, kUnits = 8, kPiece = 32;
-  static constexpr bool kHasMin = false;
-  AKV_QHD static uint32_t codes4(const uint8_t* b, int u, int g) {
+  static constexpr int kElems = 256, kBytes = 210, kAlign = 2, kUnits = 8, kPiece = 32, kOffset = 32;
+  static constexpr bool kHasMin = false, kScale16 = true;
+  template <class S>
+  AKV_QHD static uint32_t raw4(const S& b, int u, int g) {
     const int h = u >> 2, k = u & 3;
-    const uint32_t lo = (ld32<kAlign>(b + 64 * h + 32 * (k & 1) + 4 * g) >> (4 * (k >> 1))) & 0x0f0f0f0fu;
-    const uint32_t hi = ((ld32<kAlign>(b + 128 + 32 * h + 4 * g) >> (2 * k)) & 0x03030303u) << 4;
-    return vsub4(lo | hi, 0x20202020u);
+    const uint32_t lo = (src_u32<kAlign>(b, 64 * h + 32 * (k & 1) + 4 * g) >> (4 * (k >> 1))) & 0x0f0f0f0fu;
+    const uint32_t hi = ((src_u32<kAlign>(b, 128 + 32 * h + 4 * g) >> (2 * k)) & 0x03030303u) << 4;
+    return lo | hi;
   }
-  AKV_QHD static float scale(const uint8_t* b, int u, int g) {
+  template <class S>
+  AKV_QHD static float scale(const S& b, int u, int g) {
     const int h = u >> 2, k = u & 3;
-    const int sc = int8_t(b[192 + 8 * h + 2 * k + (g >> 2)]);
-    return mul_rn(ld_half(b + 208), float(sc));
+    const int sc = int(int8_t(src_u8(b, 192 + 8 * h + 2 * k + (g >> 2))));
+    return mul_rn(src_half(b, 208), float(sc));
   }
 };
+
+/// Codes of elements 4g..4g+3 of unit u, one signed int8 per byte (element
+/// 4g in the low byte).
+template <class T, class S>
+AKV_QHD uint32_t codes4(const S& b, int u, int g) {
+  const uint32_t raw = T::raw4(b, u, g);
+  if constexpr (T::kOffset == 0) return raw;
+  return sub_bytes(raw, 0x01010101u * uint32_t(T::kOffset));
+}
 
 /// Dequantises elements 4g..4g+3 of unit u of block b into out[0..3],
 /// bit-identical to gguf::dequantize.
 template <class T>
 AKV_QHD void dequant4(const uint8_t* b, int u, int g, float* out) {
-  const uint32_t c = T::codes4(b, u, g);
+  const uint32_t c = codes4<T>(b, u, g);
   const float a = T::scale(b, u, g);
   if constexpr (T::kHasMin) {
     const float m = T::min(b, u);

@@ -41,7 +41,7 @@ template <class T, int NV>
 AKV_QHD void dot_unit(const uint8_t* b, int u, int64_t xb, XQuant xq, int64_t cols, float* acc) {
   uint32_t c[8];
   AKV_UNROLL
-  for (int g = 0; g < 8; ++g) c[g] = T::codes4(b, u, g);
+  for (int g = 0; g < 8; ++g) c[g] = codes4<T>(b, u, g);
   const float a = T::scale(b, u, 0);
   float mn = 0.f;
   if constexpr (T::kHasMin) mn = T::min(b, u);
@@ -68,8 +68,8 @@ AKV_QHD void dot_q6k_item(const uint8_t* b, int h, int j, int64_t xb0, XQuant xq
   float a[4];
   AKV_UNROLL
   for (int k = 0; k < 4; ++k) {
-    c[k][0] = Q6_K::codes4(b, 4 * h + k, 2 * j);
-    c[k][1] = Q6_K::codes4(b, 4 * h + k, 2 * j + 1);
+    c[k][0] = codes4<Q6_K>(b, 4 * h + k, 2 * j);
+    c[k][1] = codes4<Q6_K>(b, 4 * h + k, 2 * j + 1);
     a[k] = Q6_K::scale(b, 4 * h + k, 2 * j);
   }
   AKV_UNROLL

@@ -1,24 +1,35 @@
 // Decode matvec on weights in their GGUF types (quant_matvec.h).
 //
-// Block types: one warp per row. The warp streams its row through shared
-// memory in chunks of whole blocks (64 work items, two per lane) with
-// cp.async: 16-byte copies of the aligned granules covering the chunk, fully
-// coalesced whatever the block size (Q4_0's 18 bytes, Q6_K's 210), kStages
-// chunks in flight per warp so enough bytes are outstanding to cover HBM
-// latency. Lanes decode their items from shared memory (quant_blocks.cuh) and
-// dot them with int8 activations (__dp4a); x's int8 blocks are read through
-// L1 (every warp of the grid reads the same x). The warp's partial sums are
-// reduced with shuffles in a fixed order: deterministic, no atomics.
+// Block types, tiled kernel (the default; quant_tile.cuh): a thread takes a
+// 256-element tile of a row (8 blocks, or one K-quant super-block), reads all
+// of its bytes into registers with 16-byte loads first -- 144 to 272 bytes in
+// flight per thread -- then decodes it (quant_blocks.cuh, reading the
+// registers) and dots it with the int8 activations (__dp4a), x read through
+// L1 (every CTA reads the same x). A CTA holds R whole rows; its threads take
+// the R rows' tiles in order, so a 5120-column row (20 tiles) does not leave
+// 12 lanes of a warp idle. Each thread keeps one accumulator per row; the
+// rows are reduced with warp shuffles and then across the CTA's warps in
+// shared memory, in a fixed order: deterministic, no atomics.
+//
+// Block types, chunked kernel (the previous one, kept for A/B measurements:
+// set_block_matvec_kernel): one warp per row, streaming it through shared
+// memory in chunks of whole blocks with cp.async (quant_dot.cuh).
 //
 // Float types: one warp per row, 16-byte loads straight from global, fp32 FMA.
 #include <cuda_runtime.h>
 
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <type_traits>
 
 #include "activekv/core/error.h"
 #include "activekv/cuda/quant_matvec.h"
 #include "quant_dot.cuh"
+#include "quant_tile.cuh"
+#include "quant_x.cuh"
+#include "model_ops_kernels.h"
 
 namespace activekv::cuda {
 
@@ -27,7 +38,7 @@ namespace {
 constexpr int kWarps = 4;    // warps (rows) per CTA
 constexpr int kStages = 4;   // chunks in flight per warp
 
-size_t align256(size_t n) { return (n + 255) & ~size_t(255); }
+using qx::align256;
 
 std::string shape_str(const DeviceMatrix& w) {
   return gguf::type_name(w.type) + " matrix of " + std::to_string(w.rows) + " rows x " +
@@ -38,12 +49,7 @@ std::string shape_str(const DeviceMatrix& w) {
 
 using qdot::XQuant;
 
-/// The workspace's int8 x and its per-block {d, sum} (quant_dot.cuh's layout).
-XQuant xquant_of(const void* ws, int64_t cols, int n_vec) {
-  const auto* base = static_cast<const uint8_t*>(ws);
-  return {reinterpret_cast<const int8_t*>(base),
-          reinterpret_cast<const float2*>(base + align256(size_t(n_vec) * cols))};
-}
+using qx::xquant_of;
 
 /// One warp per 32-element block of x (blockIdx/threads cover n_vec * cols/32 blocks).
 __global__ void quantize_x_kernel(const float* __restrict__ x, int64_t n_blocks, int8_t* __restrict__ qx,
@@ -51,17 +57,8 @@ __global__ void quantize_x_kernel(const float* __restrict__ x, int64_t n_blocks,
   const int64_t blk = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   if (blk >= n_blocks) return;  // whole warps exit together (blockDim is a multiple of 32)
   const int lane = threadIdx.x & 31;
-  const float v = x[blk * 32 + lane];
-  float amax = fabsf(v);
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  const float id = amax == 0.f ? 0.f : __fdiv_rn(127.f, amax);
-  const int q = __float2int_rn(__fmul_rn(v, id));
-  int sum = q;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  qx[blk * 32 + lane] = int8_t(q);
-  if (lane == 0) ds[blk] = make_float2(__fdiv_rn(amax, 127.f), float(sum));
+  const float v[1] = {x[blk * 32 + lane]};
+  qx::quantize_block<1>(v, 0xffffffffu, lane, qx + blk * 32, ds + blk);
 }
 
 // ---- block-type matvec -------------------------------------------------------------
@@ -143,6 +140,66 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
   cp_async_wait<0>();  // nothing may be in flight into shared memory at exit
   write_row<NV>(acc, y, rows, row, accumulate);
+}
+
+// ---- block-type matvec, tiled ------------------------------------------------------
+
+/// Rows [blockIdx.x * R, + R) of y; thread j takes items j, j + blockDim, ...
+/// of the R rows' tiles (item i: row i / tiles, tile i % tiles).
+template <class T, int NV, bool kAligned>
+__global__ void __launch_bounds__(qtile::kMaxWarps * 32)
+    matvec_tiled_kernel(const uint8_t* __restrict__ w, int64_t rows, int64_t row_bytes, int tiles, int rows_per_cta,
+                        XQuant xq, int64_t cols, float* __restrict__ y, bool accumulate) {
+  constexpr int kR = qtile::max_rows_per_cta(NV);
+  using Ti = qtile::TileOf<T>;
+  __shared__ float red[qtile::kMaxWarps][kR][NV];
+  const int64_t row0 = int64_t(blockIdx.x) * rows_per_cta;
+  const int n_rows = int(min(int64_t(rows_per_cta), rows - row0));
+  const int n_items = n_rows * tiles;
+  const int64_t total = rows * row_bytes;
+  float acc[kR][NV];
+#pragma unroll
+  for (int r = 0; r < kR; ++r)
+#pragma unroll
+    for (int v = 0; v < NV; ++v) acc[r][v] = 0.f;
+
+  for (int i = threadIdx.x; i < n_items; i += blockDim.x) {
+    const int r = i / tiles, t = i - r * tiles;
+    qblk::Words<Ti::kWords> tw;
+    qtile::load_tile<T, kAligned>(w, (row0 + r) * row_bytes + int64_t(t) * Ti::kBytes, total, tw);
+    float part[NV];
+#pragma unroll
+    for (int v = 0; v < NV; ++v) part[v] = 0.f;
+    qtile::tile_dot<T, NV>(tw, t, kAligned ? qtile::kTileUnits : qtile::tile_units(t, cols), xq, cols, part);
+#pragma unroll
+    for (int rr = 0; rr < kR; ++rr)
+      if (rr == r) {
+#pragma unroll
+        for (int v = 0; v < NV; ++v) acc[rr][v] += part[v];
+      }
+  }
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+  for (int rr = 0; rr < kR; ++rr) {
+    if (rr >= n_rows) break;  // uniform over the CTA
+#pragma unroll
+    for (int v = 0; v < NV; ++v) {
+      float a = acc[rr][v];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+      if (lane == 0) red[warp][rr][v] = a;
+    }
+  }
+  __syncthreads();
+  if (int(threadIdx.x) < n_rows * NV) {
+    const int rr = threadIdx.x / NV, v = threadIdx.x % NV;
+    const int n_warps = blockDim.x >> 5;
+    float sum = red[0][rr][v];
+    for (int k = 1; k < n_warps; ++k) sum += red[k][rr][v];
+    float* p = y + v * rows + row0 + rr;
+    *p = accumulate ? *p + sum : sum;
+  }
 }
 
 // ---- float-type matvec ---------------------------------------------------------
@@ -255,6 +312,30 @@ void check_matvec_args(const DeviceMatrix& w, const float* x, bool need_x, int n
   }
 }
 
+BlockMatvecKernel initial_kernel() {
+  const char* e = std::getenv("ACTIVEKV_MATVEC_KERNEL");
+  return e != nullptr && std::strcmp(e, "chunked") == 0 ? BlockMatvecKernel::Chunked : BlockMatvecKernel::Tiled;
+}
+
+BlockMatvecKernel g_kernel = initial_kernel();
+
+template <class T, int NV>
+void launch_tiled(const DeviceMatrix& w, const XQuant& xq, float* y, bool accumulate, cudaStream_t stream) {
+  using Ti = qtile::TileOf<T>;
+  const qtile::Geometry g = qtile::tile_geometry(w.rows, w.cols, int64_t(w.row_bytes), NV, Ti::kCanAlign);
+  const dim3 grid(unsigned((w.rows + g.rows_per_cta - 1) / g.rows_per_cta)), block(32 * g.warps);
+  const auto* wp = static_cast<const uint8_t*>(w.data);
+  if constexpr (Ti::kCanAlign) {
+    if (g.aligned) {
+      matvec_tiled_kernel<T, NV, true><<<grid, block, 0, stream>>>(wp, w.rows, int64_t(w.row_bytes), g.tiles,
+                                                                   g.rows_per_cta, xq, w.cols, y, accumulate);
+      return;
+    }
+  }
+  matvec_tiled_kernel<T, NV, false><<<grid, block, 0, stream>>>(wp, w.rows, int64_t(w.row_bytes), g.tiles,
+                                                                g.rows_per_cta, xq, w.cols, y, accumulate);
+}
+
 void run_matvec(const DeviceMatrix& w, const float* x, int n_vec, float* y, bool accumulate, const void* ws,
                 cudaStream_t stream) {
   if (w.rows == 0) return;
@@ -265,8 +346,13 @@ void run_matvec(const DeviceMatrix& w, const float* x, int n_vec, float* y, bool
     const XQuant xq = xquant_of(ws, w.cols, n_vec);
     const int n_blocks = int(w.cols / T::kElems);
     with_nv(n_vec, [&](auto nv) {
-      matvec_blocks_kernel<T, decltype(nv)::value><<<grid, block, kWarps * kStages * qdot::Tiling<T>::kStageBytes, stream>>>(
-          wp, w.rows, int64_t(w.row_bytes), n_blocks, xq, w.cols, y, accumulate);
+      constexpr int NV = decltype(nv)::value;
+      if (g_kernel == BlockMatvecKernel::Tiled) {
+        launch_tiled<T, NV>(w, xq, y, accumulate, stream);
+      } else {
+        matvec_blocks_kernel<T, NV><<<grid, block, kWarps * kStages * qdot::Tiling<T>::kStageBytes, stream>>>(
+            wp, w.rows, int64_t(w.row_bytes), n_blocks, xq, w.cols, y, accumulate);
+      }
     });
   });
   if (!is_block) {
@@ -282,6 +368,9 @@ void run_matvec(const DeviceMatrix& w, const float* x, int n_vec, float* y, bool
 }
 
 }  // namespace
+
+void set_block_matvec_kernel(BlockMatvecKernel k) { g_kernel = k; }
+BlockMatvecKernel block_matvec_kernel() { return g_kernel; }
 
 bool has_gpu_kernel(gguf::TensorType t) {
   return qblk::dispatch_block_type(t, [](auto) {}) || qblk::dispatch_float_type(t, [](auto) {});
@@ -335,6 +424,32 @@ void launch_quantize_activations(const float* x, int64_t cols, int n_vec, void* 
   quantize_x_kernel<<<grid, kThreads, 0, stream>>>(x, n_blocks, const_cast<int8_t*>(xq.qx),
                                                     const_cast<float2*>(xq.ds));
   check_cuda(cudaGetLastError(), "quantize_x_kernel launch");
+}
+
+void launch_rms_norm_quantize(const float* x, const float* weight, int T, int n, float eps, float* out,
+                              void* workspace, cudaStream_t stream) {
+  (void)matvec_workspace_bytes(n, T);  // validates n and T
+  if (x == nullptr || weight == nullptr || out == nullptr || workspace == nullptr ||
+      reinterpret_cast<uintptr_t>(workspace) % 256 != 0) {
+    throw InvalidArgument("rms_norm_quantize: x, weight and out must be non-null, the workspace non-null and "
+                          "256-byte aligned");
+  }
+  if (!std::isfinite(eps) || eps < 0.f) {
+    throw InvalidArgument("rms_norm_quantize: eps must be finite and >= 0, got " + std::to_string(eps));
+  }
+  if (kernels::rms_norm_quantize(x, weight, T, n, eps, out, workspace, stream)) return;
+  kernels::rms_norm(x, weight, T, n, eps, out, stream);  // unaligned rows: the same bits in two launches
+  launch_quantize_activations(out, n, T, workspace, stream);
+}
+
+void launch_swiglu_quantize(float* gate, const float* up, int T, int n, void* workspace, cudaStream_t stream) {
+  (void)matvec_workspace_bytes(n, T);  // validates n and T
+  if (gate == nullptr || up == nullptr || workspace == nullptr || reinterpret_cast<uintptr_t>(workspace) % 256 != 0) {
+    throw InvalidArgument("swiglu_quantize: gate and up must be non-null, the workspace non-null and 256-byte aligned");
+  }
+  if (kernels::swiglu_quantize(gate, up, T, n, workspace, stream)) return;
+  kernels::swiglu(gate, up, int64_t(T) * n, stream);  // unaligned: the same bits in two launches
+  launch_quantize_activations(gate, n, T, workspace, stream);
 }
 
 void launch_matvec(const DeviceMatrix& w, const float* x, int n_vec, float* y, bool accumulate, void* workspace,

@@ -90,16 +90,20 @@ void GpuForward::project(const cuda::DeviceMatrix& w, const float* in, int T, fl
   }
 }
 
-// Several projections of the same rows: a matvec quantises `in` to int8 once
-// for all of them.
-void GpuForward::project_same_input(std::initializer_list<std::pair<const cuda::DeviceMatrix*, float*>> outs,
-                                    const float* in, int T, cudaStream_t s) {
-  if (T > kMatvecRows || f32_activations_) {
-    for (const auto& [w, out] : outs) project(*w, in, T, out, false, s);
+// RMSNorm of `in` into xn_, then several projections of xn_. For a matvec the
+// norm's kernel also quantises its output to int8 (launch_rms_norm_quantize),
+// once for all of them: no launch of its own.
+void GpuForward::norm_project(const float* in, const float* norm_w, int T,
+                              std::initializer_list<std::pair<const cuda::DeviceMatrix*, float*>> outs,
+                              cudaStream_t s) {
+  const int d = c_.d_model;
+  if (T > kMatvecRows || f32_activations_ || d % 32 != 0) {
+    cuda::rms_norm(in, norm_w, T, d, c_.rms_eps, xn_, s);
+    for (const auto& [w, out] : outs) project(*w, xn_, T, out, false, s);
     return;
   }
-  cuda::launch_quantize_activations(in, outs.begin()->first->cols, T, matvec_ws_, s);
-  for (const auto& [w, out] : outs) cuda::launch_matvec_prequantized(*w, in, T, out, false, matvec_ws_, s);
+  cuda::launch_rms_norm_quantize(in, norm_w, T, d, c_.rms_eps, xn_, matvec_ws_, s);
+  for (const auto& [w, out] : outs) cuda::launch_matvec_prequantized(*w, xn_, T, out, false, matvec_ws_, s);
 }
 
 // x += W in; with a post-norm (gemma3) x += RMSNorm(W in) * post_norm, the
@@ -126,9 +130,8 @@ void GpuForward::observe(int layer, model::Stage stage, const float* rows, int T
 
 void GpuForward::layer(int l, int T, const int64_t* pos, const LayerAttention& attend, cudaStream_t s) {
   const GpuLayerWeights& L = w_.layers[size_t(l)];
-  const int d = c_.d_model, qd = c_.n_heads * c_.head_dim, kvd = c_.n_kv_heads * c_.head_dim;
-  cuda::rms_norm(x_, L.attn_norm, T, d, c_.rms_eps, xn_, s);
-  project_same_input({{&L.wq, q_}, {&L.wk, k_}, {&L.wv, v_}}, xn_, T, s);
+  const int qd = c_.n_heads * c_.head_dim, kvd = c_.n_kv_heads * c_.head_dim;
+  norm_project(x_, L.attn_norm, T, {{&L.wq, q_}, {&L.wk, k_}, {&L.wv, v_}}, s);
   if (L.bq) {
     cuda::add_bias(q_, L.bq, T, qd, s);
     cuda::add_bias(k_, L.bk, T, kvd, s);
@@ -138,22 +141,24 @@ void GpuForward::layer(int l, int T, const int64_t* pos, const LayerAttention& a
     cuda::rms_norm(q_, L.q_norm, T * c_.n_heads, c_.head_dim, c_.rms_eps, q_, s);
     cuda::rms_norm(k_, L.k_norm, T * c_.n_kv_heads, c_.head_dim, c_.rms_eps, k_, s);
   }
-  const cuda::RopeFreqs& rope = *layer_rope_[size_t(l)];
-  cuda::rope(q_, T, c_.n_heads, c_.head_dim, pos, rope, s);
-  cuda::rope(k_, T, c_.n_kv_heads, c_.head_dim, pos, rope, s);
+  cuda::rope_qk(q_, c_.n_heads, k_, c_.n_kv_heads, T, c_.head_dim, pos, *layer_rope_[size_t(l)], s);
   observe(l, model::Stage::queries, q_, T, qd, s);
   attend(l, T, q_, k_, v_, att_);
   observe(l, model::Stage::attention, att_, T, qd, s);
   residual_add(L.wo, att_, L.post_attn_norm, T, s);
-  cuda::rms_norm(x_, L.ffn_norm, T, d, c_.rms_eps, xn_, s);
-  project_same_input({{&L.w_gate, gate_}, {&L.w_up, up_}}, xn_, T, s);
+  norm_project(x_, L.ffn_norm, T, {{&L.w_gate, gate_}, {&L.w_up, up_}}, s);
   if (c_.ffn_act == model::FfnActivation::GeluTanh) {
     cuda::geglu_tanh(gate_, up_, int64_t(T) * c_.ffn_dim, s);
+    residual_add(L.w_down, gate_, L.post_ffn_norm, T, s);
+  } else if (T <= kMatvecRows && !f32_activations_ && c_.ffn_dim % 32 == 0 && !L.post_ffn_norm) {
+    // the down matvec's int8 input written by the SwiGLU kernel itself
+    cuda::launch_swiglu_quantize(gate_, up_, T, c_.ffn_dim, matvec_ws_, s);
+    cuda::launch_matvec_prequantized(L.w_down, gate_, T, x_, true, matvec_ws_, s);
   } else {
     cuda::swiglu(gate_, up_, int64_t(T) * c_.ffn_dim, s);
+    residual_add(L.w_down, gate_, L.post_ffn_norm, T, s);
   }
-  residual_add(L.w_down, gate_, L.post_ffn_norm, T, s);
-  observe(l, model::Stage::layer_output, x_, T, d, s);
+  observe(l, model::Stage::layer_output, x_, T, c_.d_model, s);
 }
 
 void GpuForward::run(const int32_t* ids, const int64_t* pos, int T, const LayerAttention& attend, bool all_logits,
@@ -167,8 +172,7 @@ void GpuForward::run(const int32_t* ids, const int64_t* pos, int T, const LayerA
   for (int l = 0; l < c_.n_layers; ++l) layer(l, T, pos, attend, s);
   const int first = all_logits ? 0 : T - 1;
   const int rows = T - first;
-  cuda::rms_norm(x_ + size_t(first) * d, w_.output_norm, rows, d, c_.rms_eps, xn_, s);
-  project(w_.output, xn_, rows, logits_, false, s);
+  norm_project(x_ + size_t(first) * d, w_.output_norm, rows, {{&w_.output, logits_}}, s);
 }
 
 }  // namespace activekv::runtime

@@ -1,7 +1,8 @@
-// Host emulation of the matvec kernels (src/cuda/quant_matvec.cu), lane by
-// lane: the same activation quantisation, the same per-lane work items
-// (src/cuda/quant_dot.cuh, compiled here for the host), the same butterfly
-// reduction. Every float operation is an explicitly rounded one (or an
+// Host emulation of the matvec kernels (src/cuda/quant_matvec.cu), thread by
+// thread: the same activation quantisation, the same per-thread work (the
+// tiled kernel's tile loads and dots, src/cuda/quant_tile.cuh; the chunked
+// kernel's items, src/cuda/quant_dot.cuh; both compiled here for the host),
+// the same reductions in the same order. Every float operation is an explicitly rounded one (or an
 // explicit fma) on both sides, so the GPU must reproduce these bits exactly;
 // the emulation itself is checked against fp64 on the CPU (test_weights_host.cpp).
 #pragma once
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "quant_dot.cuh"
+#include "quant_tile.cuh"
 #include "weights_test_util.h"
 
 namespace activekv::cuda::wtest {
@@ -52,8 +54,9 @@ inline float butterfly_sum(std::array<float, 32> acc) {
   return acc[0];
 }
 
+/// The chunked kernel (a warp per row, 64-item chunks): row `row` of vector v.
 template <class T>
-float emulate_block_row(const HostMatrix& h, int64_t row, const QuantizedX& q, int v) {
+float emulate_chunked_row(const HostMatrix& h, int64_t row, const QuantizedX& q, int v) {
   using Tl = qdot::Tiling<T>;
   const int n_blocks = int(h.cols / T::kElems);
   const uint8_t* rp = h.bytes.data() + row * h.row_bytes;
@@ -72,6 +75,45 @@ float emulate_block_row(const HostMatrix& h, int64_t row, const QuantizedX& q, i
   return butterfly_sum(acc);
 }
 
+/// The tiled kernel for n_vec vectors: row `row` of vector v. Its CTA holds
+/// rows_per_cta rows; the row is the rr-th, so its tiles are the CTA's items
+/// rr*tiles + t, thread (item % threads) adding each tile's dot to its
+/// accumulator in item order; then a butterfly per warp and the warps' sums
+/// in warp order.
+template <class T>
+float emulate_tiled_row(const HostMatrix& h, int64_t row, const QuantizedX& q, int v, int n_vec) {
+  using Ti = qtile::TileOf<T>;
+  const qtile::Geometry g = qtile::tile_geometry(h.rows, h.cols, int64_t(h.row_bytes), n_vec, Ti::kCanAlign);
+  const qdot::XQuant xq{q.qx.data() + v * h.cols, q.ds.data() + v * (h.cols / 32)};
+  const int threads = 32 * g.warps, rr = int(row % g.rows_per_cta);
+  const int64_t total = h.rows * int64_t(h.row_bytes);
+  std::vector<float> acc(size_t(threads), 0.f);
+  for (int t = 0; t < g.tiles; ++t) {
+    qblk::Words<Ti::kWords> tw;
+    const int64_t off = row * int64_t(h.row_bytes) + int64_t(t) * Ti::kBytes;
+    if constexpr (Ti::kCanAlign) {
+      if (g.aligned) {
+        qtile::load_tile<T, true>(h.bytes.data(), off, total, tw);
+      } else {
+        qtile::load_tile<T, false>(h.bytes.data(), off, total, tw);
+      }
+    } else {
+      qtile::load_tile<T, false>(h.bytes.data(), off, total, tw);
+    }
+    float part = 0.f;
+    qtile::tile_dot<T, 1>(tw, t, qtile::tile_units(t, h.cols), xq, h.cols, &part);
+    acc[size_t((rr * g.tiles + t) % threads)] += part;
+  }
+  float y = 0.f;
+  for (int w = 0; w < g.warps; ++w) {
+    std::array<float, 32> lanes;
+    std::copy(acc.begin() + 32 * w, acc.begin() + 32 * (w + 1), lanes.begin());
+    const float s = butterfly_sum(lanes);
+    y = w == 0 ? s : y + s;
+  }
+  return y;
+}
+
 template <class T>
 float emulate_float_row(const HostMatrix& h, int64_t row, const std::vector<float>& x, int v) {
   const uint8_t* rp = h.bytes.data() + row * h.row_bytes;
@@ -87,8 +129,9 @@ float emulate_float_row(const HostMatrix& h, int64_t row, const std::vector<floa
   return butterfly_sum(acc);
 }
 
-/// y [n_vec][rows] as launch_matvec(accumulate = false) computes it.
-inline std::vector<float> emulate_matvec(const HostMatrix& h, const std::vector<float>& x, int n_vec) {
+/// y [n_vec][rows] as launch_matvec(accumulate = false) computes it with `kernel`.
+inline std::vector<float> emulate_matvec(const HostMatrix& h, const std::vector<float>& x, int n_vec,
+                                         BlockMatvecKernel kernel = BlockMatvecKernel::Tiled) {
   std::vector<float> y(size_t(n_vec * h.rows));
   auto fill = [&](auto row_fn) {
     for (int v = 0; v < n_vec; ++v)
@@ -96,7 +139,12 @@ inline std::vector<float> emulate_matvec(const HostMatrix& h, const std::vector<
   };
   const bool block = qblk::dispatch_block_type(h.type, [&](auto t) {
     const QuantizedX q = quantize_like_kernel(x, n_vec, h.cols);
-    fill([&](int64_t r, int v) { return emulate_block_row<decltype(t)>(h, r, q, v); });
+    using T = decltype(t);
+    if (kernel == BlockMatvecKernel::Tiled) {
+      fill([&](int64_t r, int v) { return emulate_tiled_row<T>(h, r, q, v, n_vec); });
+    } else {
+      fill([&](int64_t r, int v) { return emulate_chunked_row<T>(h, r, q, v); });
+    }
   });
   if (!block) {
     qblk::dispatch_float_type(h.type, [&](auto t) {
@@ -166,29 +214,38 @@ inline MatvecErrors compare_matvec(const HostMatrix& h, const std::vector<float>
 // so they were measured on the CPU: test_weights_host, every shape of
 // shapes_for below with n_vec 1, 2 and 8 (build/bin/test_cuda_weights_host).
 //  - rel_emul, |y - fp64 sum w*x_hat| / sum |w*x_hat|: measured max 2.5e-8
-//    (Q5_K) to 4.4e-8 (Q8_0, F32) for every type; asserted 1.5e-7 (~3x).
-//    Analysis: each unit's term d_x*(A*sum_int + B*sum_q) carries ~4 fp32
-//    roundings and is summed in a fixed order of depth <= 17 + 5 (items per
-//    lane at 17408 cols, then the butterfly); float weights chain cols/32 FMAs
-//    per lane. The worst case (gamma_30 ~ 1.8e-6, gamma_550 ~ 3.3e-5 for
-//    floats) is far above what random-sign rounding errors give (~sqrt(n) u).
+//    (Q5_K) to 4.4e-8 (Q8_0, F32) for the chunked kernel, 3.1e-8 (Q4_1) to
+//    7.1e-8 (Q8_0) for the tiled one (at 17408 cols a tile's 8 units sum
+//    first, then up to 68 tiles of a row over 68 threads and the warps);
+//    asserted 1.5e-7 (2-3x). Analysis: each unit's term d_x*(A*sum_int +
+//    B*sum_q) carries ~4 fp32 roundings and is summed in a fixed order of
+//    depth <= 17 + 5 (chunked) or 8 + 1 + 5 + 2 (tiled); float weights chain
+//    cols/32 FMAs per lane. The worst case (gamma_30 ~ 1.8e-6, gamma_550 ~
+//    3.3e-5 for floats) is far above what random-sign rounding errors give
+//    (~sqrt(n) u).
 //  - activation rounding: |x - x_hat| <= d/2 per element gives the hard bound
 //    sum |w| d/2, which cannot be exceeded (worst_ratio <= 1; measured max
-//    0.165, asserted 0.5); as independent uniform errors the sum has standard
-//    deviation sqrt(sum w^2 d^2 / 12): measured max z 3.7 over the ~7000
-//    (row, vector) pairs of a type, asserted 10.
+//    0.213 (Q5_0), asserted 0.5); as independent uniform errors the sum has
+//    standard deviation sqrt(sum w^2 d^2 / 12): measured max z 4.6 (Q5_0)
+//    over the ~40000 (row, vector) pairs of a type, asserted 10.
 constexpr double kEmulBoundQuant = 1.5e-7, kEmulBoundFloat = 1.5e-7, kWorstRatioBound = 0.5, kZBound = 10.0;
 
 struct Shape {
   int64_t rows, cols;
 };
 
-/// rows never a multiple of the 4-row CTA; cols span one partial chunk (256,
-/// 576), several (1536, 5120) and more chunks than the pipeline's 4 stages (17408).
+/// rows never a multiple of the chunked kernel's 4-row CTA; cols span one
+/// partial chunk (256, 576), several (1536, 5120) and more chunks than its
+/// pipeline's 4 stages (17408). For the tiled kernel: partial tiles (576),
+/// tiles not 16-byte aligned (576, and Q6_K always), and CTAs of several rows
+/// (2563 rows: 5 per CTA of 4 warps at 5120 cols, the last CTA partial) --
+/// fewer than 1024 rows get one row per CTA (the >= 512-CTA rule).
 inline std::vector<Shape> shapes_for(TensorType t) {
-  std::vector<Shape> s = {{133, 256}, {301, 1536}, {67, 5120}, {19, 17408}};
+  std::vector<Shape> s = {{133, 256}, {301, 1536}, {67, 5120}, {19, 17408}, {2563, 5120}};
   if (gguf::block_elements(t) <= 32) s.push_back({45, 576});  // SmolLM2's d_model
   return s;
 }
+
+inline const char* kernel_name(BlockMatvecKernel k) { return k == BlockMatvecKernel::Tiled ? "tiled" : "chunked"; }
 
 }  // namespace activekv::cuda::wtest

@@ -16,11 +16,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "activekv/core/bf16.h"
 #include "activekv/core/error.h"
 #include "activekv/cuda/model_ops.h"
+#include "activekv/cuda/quant_matvec.h"
 #include "activekv/model/ops.h"
 #include "device_array.h"
 
@@ -146,6 +148,86 @@ INSTANTIATE_TEST_SUITE_P(Shapes, RmsNorm,
                                            NormCase{9, 4099, 0, true}));   // n % 4 != 0: scalar path
 
 // ---------------------------------------------------------------------------
+// RMSNorm fused with the matvec's int8 quantisation of its output
+// (launch_rms_norm_quantize) against the two launches it replaces, rms_norm
+// then launch_quantize_activations: the same arithmetic, so bitwise -- the
+// normalised rows and every workspace byte (both poisoned alike first).
+
+struct NormQuantCase {
+  int T, n;
+  int offset;  // elements: 1 misaligns x and out (the two-launch fallback)
+  bool in_place;
+};
+
+class RmsNormQuantize : public ::testing::TestWithParam<NormQuantCase> {};
+
+TEST_P(RmsNormQuantize, BitwiseTheUnfusedPath) {
+  AKV_NEED_GPU();
+  const NormQuantCase c = GetParam();
+  std::mt19937_64 rng(7000 + c.T * 13 + c.n);
+  std::vector<float> x = random_rows(c.T, c.n, rng);
+  for (int i = 0; i < 32 && i < c.n; ++i) x[size_t(i)] = 0.f;  // an all-zero block: amax 0
+  std::vector<float> w = random_rows(1, c.n, rng);
+  for (auto& v : w) v = 1.f + 0.1f * v / (std::abs(v) + 1.f);
+  const float eps = 1e-6f;
+  const size_t off = size_t(c.offset);
+  std::vector<float> xp(off, 0.f);
+  xp.insert(xp.end(), x.begin(), x.end());
+  const size_t ws_bytes = matvec_workspace_bytes(c.n, c.T);
+  Stream s;
+
+  // Unfused: rms_norm into out, then quantise out.
+  DeviceArray<float> dw(w), dx_ref(xp), dout_ref(xp.size());
+  DeviceArray<uint8_t> ws_ref(ws_bytes);
+  dout_ref.poison();
+  ws_ref.poison();
+  float* out_ref = c.in_place ? dx_ref.get() + off : dout_ref.get() + off;
+  rms_norm(dx_ref.get() + off, dw.get(), c.T, c.n, eps, out_ref, s.get());
+  launch_quantize_activations(out_ref, c.n, c.T, ws_ref.get(), s.get());
+
+  // Fused.
+  DeviceArray<float> dx(xp), dout(xp.size());
+  DeviceArray<uint8_t> ws(ws_bytes);
+  dout.poison();
+  ws.poison();
+  float* out = c.in_place ? dx.get() + off : dout.get() + off;
+  launch_rms_norm_quantize(dx.get() + off, dw.get(), c.T, c.n, eps, out, ws.get(), s.get());
+  s.sync();
+
+  const std::vector<float> got = (c.in_place ? dx : dout).download(), want = (c.in_place ? dx_ref : dout_ref).download();
+  EXPECT_EQ(compare(got, want).differ, 0u) << "normalised rows";
+  const std::vector<uint8_t> wsg = ws.download(), wsw = ws_ref.download();
+  size_t bytes_differ = 0;
+  for (size_t i = 0; i < wsg.size(); ++i) bytes_differ += wsg[i] != wsw[i];
+  EXPECT_EQ(bytes_differ, 0u) << "workspace bytes (int8 x and its {d, sum q})";
+  // The workspace was written at all: the first block (all zero) has d = 0, the second a positive d.
+  EXPECT_NE(wsg, std::vector<uint8_t>(wsg.size(), 0xff));
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, RmsNormQuantize,
+                         ::testing::Values(NormQuantCase{1, 5120, 0, false},  // the 27B shape, decode
+                                           NormQuantCase{8, 5120, 0, true},   // batch of 8, in place
+                                           NormQuantCase{1, 576, 0, false},   // SmolLM2-135M
+                                           NormQuantCase{3, 896, 0, true},    // Qwen2-0.5B
+                                           NormQuantCase{5, 640, 1, false},   // misaligned: two launches
+                                           NormQuantCase{2, 17408, 0, false}));
+
+TEST(RmsNormQuantizeErrors, BadArgumentsThrow) {
+  AKV_NEED_GPU();
+  Stream s;
+  DeviceArray<float> a(1024);
+  DeviceArray<uint8_t> ws(matvec_workspace_bytes(512, 8));
+  EXPECT_THROW(launch_rms_norm_quantize(a.get(), a.get(), 1, 100, 1e-5f, a.get(), ws.get(), s.get()),
+               InvalidArgument);  // n not a multiple of 32
+  EXPECT_THROW(launch_rms_norm_quantize(a.get(), a.get(), 9, 64, 1e-5f, a.get(), ws.get(), s.get()),
+               InvalidArgument);  // more rows than a matvec takes
+  EXPECT_THROW(launch_rms_norm_quantize(a.get(), a.get(), 1, 64, 1e-5f, a.get(), ws.get() + 1, s.get()),
+               InvalidArgument);  // workspace not 256-byte aligned
+  EXPECT_THROW(launch_rms_norm_quantize(a.get(), a.get(), 1, 64, -1.f, a.get(), ws.get(), s.get()),
+               InvalidArgument);  // eps
+}
+
+// ---------------------------------------------------------------------------
 // RoPE. The frequencies are the CPU's own doubles (RopeFreqs computes them on
 // the host), the angle is the same double product; cos/sin are CUDA's double
 // functions (<= 2 ulp) vs glibc's (< 1 ulp), so their fp32 roundings differ
@@ -242,6 +324,58 @@ TEST(SwiGLU, MatchesCpu) {
     EXPECT_LE(d.max_ulp, 8) << "n " << n;
     EXPECT_LE(double(d.differ), 1e-3 * double(n) + 1) << "n " << n;
   }
+}
+
+// rope_qk: q and k in one launch, bitwise two rope calls (the same per-pair
+// arithmetic in the same thread).
+TEST(RopeQK, BitwiseTwoRopes) {
+  AKV_NEED_GPU();
+  for (const auto layout : {model::RopeLayout::Interleaved, model::RopeLayout::HalfSplit}) {
+    const int T = 5, nq = 24, nk = 4, hd = 256;  // the 27B shape's heads
+    std::mt19937_64 rng(8000 + int(layout));
+    const std::vector<float> q = random_rows(T, nq * hd, rng), k = random_rows(T, nk * hd, rng);
+    const std::vector<int64_t> pos = {0, 1, 4097, 131071, 999999};
+    const RopeFreqs freqs(hd, 1000000.f, layout);
+    DeviceArray<float> dq(q), dk(k), dq2(q), dk2(k);
+    DeviceArray<int64_t> dpos(pos);
+    Stream s;
+    rope(dq.get(), T, nq, hd, dpos.get(), freqs, s.get());
+    rope(dk.get(), T, nk, hd, dpos.get(), freqs, s.get());
+    rope_qk(dq2.get(), nq, dk2.get(), nk, T, hd, dpos.get(), freqs, s.get());
+    s.sync();
+    EXPECT_EQ(compare(dq2.download(), dq.download()).differ, 0u) << "q";
+    EXPECT_EQ(compare(dk2.download(), dk.download()).differ, 0u) << "k";
+    EXPECT_NE(compare(dk2.download(), k).differ, 0u) << "k was rotated at all";
+  }
+}
+
+// launch_swiglu_quantize: swiglu and the matvec's int8 quantisation of its
+// output in one kernel, bitwise the two launches it replaces (gate and every
+// workspace byte).
+TEST(SwiGLUQuantize, BitwiseTheUnfusedPath) {
+  AKV_NEED_GPU();
+  for (const auto& [T, n, off] : {std::tuple{1, 17408, 0}, std::tuple{8, 1536, 0}, std::tuple{3, 4864, 1}}) {
+    std::mt19937_64 rng(9000 + T + n);
+    const std::vector<float> gate = random_uniform(size_t(T) * n + 1, -20.f, 20.f, rng);
+    const std::vector<float> up = random_rows(1, T * n + 1, rng);
+    const size_t ws_bytes = matvec_workspace_bytes(n, T);
+    DeviceArray<float> dg(gate), du(up), dg2(gate);
+    DeviceArray<uint8_t> ws(ws_bytes), ws2(ws_bytes);
+    ws.poison();
+    ws2.poison();
+    Stream s;
+    swiglu(dg.get() + off, du.get() + off, int64_t(T) * n, s.get());
+    launch_quantize_activations(dg.get() + off, n, T, ws.get(), s.get());
+    launch_swiglu_quantize(dg2.get() + off, du.get() + off, T, n, ws2.get(), s.get());  // off 1: two launches
+    s.sync();
+    EXPECT_EQ(compare(dg2.download(), dg.download()).differ, 0u) << "gate, n " << n;
+    EXPECT_EQ(ws2.download(), ws.download()) << "workspace, n " << n;
+  }
+  Stream s;
+  DeviceArray<float> a(64);
+  DeviceArray<uint8_t> ws(matvec_workspace_bytes(64, 1));
+  EXPECT_THROW(launch_swiglu_quantize(a.get(), a.get(), 1, 48, ws.get(), s.get()), InvalidArgument);
+  EXPECT_THROW(launch_swiglu_quantize(a.get(), nullptr, 1, 64, ws.get(), s.get()), InvalidArgument);
 }
 
 // ---------------------------------------------------------------------------

@@ -46,83 +46,102 @@ template <class T>
   return ::testing::AssertionSuccess();
 }
 
+/// Selects a block-type matvec kernel for one scope (the default, Tiled, after).
+struct KernelScope {
+  explicit KernelScope(BlockMatvecKernel k) { set_block_matvec_kernel(k); }
+  ~KernelScope() { set_block_matvec_kernel(BlockMatvecKernel::Tiled); }
+};
+
+/// Both block-type kernels (float types have one).
+std::vector<BlockMatvecKernel> kernels_for(TensorType t) {
+  if (is_float_type(t)) return {BlockMatvecKernel::Tiled};
+  return {BlockMatvecKernel::Tiled, BlockMatvecKernel::Chunked};
+}
+
 TEST_P(WeightKernels, MatvecMatchesCpu) {
   NEED_GPU();
   const TensorType t = GetParam();
   const double emul_bound = is_float_type(t) ? kEmulBoundFloat : kEmulBoundQuant;
-  MatvecErrors worst;
-  uint64_t seed = 1000 + uint64_t(t);
-  for (const Shape& s : shapes_for(t)) {
-    const HostMatrix h = random_matrix(t, s.rows, s.cols, seed++);
-    const std::vector<float> wd = h.dequant();
-    DeviceCopy dw(h);
-    for (int n_vec : {1, 2, 8}) {
-      const std::vector<float> x = random_x(n_vec, s.cols, seed++);
-      DevMem dx(x.size() * 4), dy(size_t(n_vec * s.rows) * 4), ws(matvec_workspace_bytes(s.cols, n_vec));
-      upload(dx, x);
-      dy.poison();
-      ws.poison();
-      launch_matvec(dw.m, dx.as<float>(), n_vec, dy.as<float>(), false, ws.p, nullptr);
-      ck(cudaDeviceSynchronize(), "matvec");
-      const auto y = download<float>(dy, size_t(n_vec * s.rows));
-      SCOPED_TRACE(gguf::type_name(t) + " " + std::to_string(s.rows) + "x" + std::to_string(s.cols) +
-                   " n_vec " + std::to_string(n_vec));
-      // The kernel's arithmetic, replayed on the CPU (matvec_emulation.h): equal bits.
-      const std::vector<float> want = emulate_matvec(h, x, n_vec);
-      EXPECT_TRUE(same_bits(y.data(), want.data(), y.size())) << "GPU matvec vs its CPU emulation";
-      const MatvecErrors e = compare_matvec(h, wd, x, n_vec, y, emul_bound);
-      EXPECT_LE(e.rel_emul, emul_bound);
-      if (!is_float_type(t)) {
-        EXPECT_LE(e.worst_ratio, kWorstRatioBound);
-        EXPECT_LE(e.z, kZBound);
+  for (const BlockMatvecKernel kernel : kernels_for(t)) {
+    const KernelScope scope(kernel);
+    MatvecErrors worst;
+    uint64_t seed = 1000 + uint64_t(t);
+    for (const Shape& s : shapes_for(t)) {
+      const HostMatrix h = random_matrix(t, s.rows, s.cols, seed++);
+      const std::vector<float> wd = h.dequant();
+      DeviceCopy dw(h);
+      for (int n_vec : {1, 2, 8}) {
+        const std::vector<float> x = random_x(n_vec, s.cols, seed++);
+        DevMem dx(x.size() * 4), dy(size_t(n_vec * s.rows) * 4), ws(matvec_workspace_bytes(s.cols, n_vec));
+        upload(dx, x);
+        dy.poison();
+        ws.poison();
+        launch_matvec(dw.m, dx.as<float>(), n_vec, dy.as<float>(), false, ws.p, nullptr);
+        ck(cudaDeviceSynchronize(), "matvec");
+        const auto y = download<float>(dy, size_t(n_vec * s.rows));
+        SCOPED_TRACE(gguf::type_name(t) + " " + kernel_name(kernel) + " " + std::to_string(s.rows) + "x" +
+                     std::to_string(s.cols) + " n_vec " + std::to_string(n_vec));
+        // The kernel's arithmetic, replayed on the CPU (matvec_emulation.h): equal bits.
+        const std::vector<float> want = emulate_matvec(h, x, n_vec, kernel);
+        EXPECT_TRUE(same_bits(y.data(), want.data(), y.size())) << "GPU matvec vs its CPU emulation";
+        const MatvecErrors e = compare_matvec(h, wd, x, n_vec, y, emul_bound);
+        EXPECT_LE(e.rel_emul, emul_bound);
+        if (!is_float_type(t)) {
+          EXPECT_LE(e.worst_ratio, kWorstRatioBound);
+          EXPECT_LE(e.z, kZBound);
+        }
+        worst.merge(e);
       }
-      worst.merge(e);
     }
+    std::printf("[measured] %-5s %-7s matvec: max rel err vs CPU emulation %.3g (bound %.3g); vs fp64 with exact "
+                "x: %.3g of the hard bound (bound %.3g), max z %.3g (bound %.3g)\n",
+                gguf::type_name(t).c_str(), kernel_name(kernel), worst.rel_emul, emul_bound, worst.worst_ratio,
+                kWorstRatioBound, worst.z, kZBound);
   }
-  std::printf("[measured] %-5s matvec: max rel err vs CPU emulation %.3g (bound %.3g); vs fp64 with exact x: "
-              "%.3g of the hard bound (bound %.3g), max z %.3g (bound %.3g)\n",
-              gguf::type_name(t).c_str(), worst.rel_emul, emul_bound, worst.worst_ratio, kWorstRatioBound, worst.z,
-              kZBound);
 }
 
 TEST_P(WeightKernels, EveryBatchSizeAccumulateAndPrequantized) {
   NEED_GPU();
   const TensorType t = GetParam();
-  const Shape s{133, 512};
+  // 1101 rows: the tiled kernel puts 2 rows in a CTA (the last CTA has 1 row).
+  const Shape s{1101, 512};
   const HostMatrix h = random_matrix(t, s.rows, s.cols, 77 + uint64_t(t));
   DeviceCopy dw(h);
-  for (int n_vec = 1; n_vec <= kMaxMatvecVectors; ++n_vec) {
-    SCOPED_TRACE("n_vec " + std::to_string(n_vec));
-    const size_t ny = size_t(n_vec * s.rows);
-    const std::vector<float> x = random_x(n_vec, s.cols, 500 + n_vec);
-    std::vector<float> y0(ny);
-    Rng rng(900 + n_vec);
-    for (auto& v : y0) v = float(rng.uniform(-4, 4));
-    DevMem dx(x.size() * 4), dy(ny * 4), dy2(ny * 4), ws(matvec_workspace_bytes(s.cols, n_vec));
-    upload(dx, x);
-    dy.poison();
-    ws.poison();
-    launch_matvec(dw.m, dx.as<float>(), n_vec, dy.as<float>(), false, ws.p, nullptr);
-    upload(dy2, y0);
-    launch_matvec(dw.m, dx.as<float>(), n_vec, dy2.as<float>(), true, ws.p, nullptr);
-    ck(cudaDeviceSynchronize(), "matvec");
-    const auto y = download<float>(dy, ny), yacc = download<float>(dy2, ny);
-    const std::vector<float> want = emulate_matvec(h, x, n_vec);
-    ASSERT_TRUE(same_bits(y.data(), want.data(), ny)) << "GPU matvec vs its CPU emulation";
-    // Accumulate adds the same (deterministic) dot to y in place: fp32 y0 + dot, bitwise.
-    for (size_t i = 0; i < ny; ++i) {
-      ASSERT_EQ(yacc[i], y0[i] + y[i]) << "accumulate, element " << i;
-    }
-    // Prequantised: quantise once, then the weight kernel alone gives the same bits.
-    if (!is_float_type(t)) {
-      DevMem ws2(matvec_workspace_bytes(s.cols, n_vec)), dy3(ny * 4);
-      ws2.poison();
-      dy3.poison();
-      launch_quantize_activations(dx.as<float>(), s.cols, n_vec, ws2.p, nullptr);
-      launch_matvec_prequantized(dw.m, nullptr, n_vec, dy3.as<float>(), false, ws2.p, nullptr);
-      ck(cudaDeviceSynchronize(), "prequantized matvec");
-      const auto y3 = download<float>(dy3, ny);
-      ASSERT_EQ(0, std::memcmp(y.data(), y3.data(), ny * 4)) << "prequantized differs from launch_matvec";
+  for (const BlockMatvecKernel kernel : kernels_for(t)) {
+    const KernelScope scope(kernel);
+    for (int n_vec = 1; n_vec <= kMaxMatvecVectors; ++n_vec) {
+      SCOPED_TRACE(std::string(kernel_name(kernel)) + " n_vec " + std::to_string(n_vec));
+      const size_t ny = size_t(n_vec * s.rows);
+      const std::vector<float> x = random_x(n_vec, s.cols, 500 + n_vec);
+      std::vector<float> y0(ny);
+      Rng rng(900 + n_vec);
+      for (auto& v : y0) v = float(rng.uniform(-4, 4));
+      DevMem dx(x.size() * 4), dy(ny * 4), dy2(ny * 4), ws(matvec_workspace_bytes(s.cols, n_vec));
+      upload(dx, x);
+      dy.poison();
+      ws.poison();
+      launch_matvec(dw.m, dx.as<float>(), n_vec, dy.as<float>(), false, ws.p, nullptr);
+      upload(dy2, y0);
+      launch_matvec(dw.m, dx.as<float>(), n_vec, dy2.as<float>(), true, ws.p, nullptr);
+      ck(cudaDeviceSynchronize(), "matvec");
+      const auto y = download<float>(dy, ny), yacc = download<float>(dy2, ny);
+      const std::vector<float> want = emulate_matvec(h, x, n_vec, kernel);
+      ASSERT_TRUE(same_bits(y.data(), want.data(), ny)) << "GPU matvec vs its CPU emulation";
+      // Accumulate adds the same (deterministic) dot to y in place: fp32 y0 + dot, bitwise.
+      for (size_t i = 0; i < ny; ++i) {
+        ASSERT_EQ(yacc[i], y0[i] + y[i]) << "accumulate, element " << i;
+      }
+      // Prequantised: quantise once, then the weight kernel alone gives the same bits.
+      if (!is_float_type(t)) {
+        DevMem ws2(matvec_workspace_bytes(s.cols, n_vec)), dy3(ny * 4);
+        ws2.poison();
+        dy3.poison();
+        launch_quantize_activations(dx.as<float>(), s.cols, n_vec, ws2.p, nullptr);
+        launch_matvec_prequantized(dw.m, nullptr, n_vec, dy3.as<float>(), false, ws2.p, nullptr);
+        ck(cudaDeviceSynchronize(), "prequantized matvec");
+        const auto y3 = download<float>(dy3, ny);
+        ASSERT_EQ(0, std::memcmp(y.data(), y3.data(), ny * 4)) << "prequantized differs from launch_matvec";
+      }
     }
   }
 }

@@ -70,27 +70,31 @@ TEST_P(WeightKernelsHost, DeviceDecodersMatchCpuDequantizer) {
 TEST_P(WeightKernelsHost, EmulatedMatvecVsFp64) {
   const TensorType t = GetParam();
   const double emul_bound = is_float_type(t) ? kEmulBoundFloat : kEmulBoundQuant;
-  MatvecErrors worst;
-  uint64_t seed = 1000 + uint64_t(t);
-  for (const Shape& s : shapes_for(t)) {
-    const HostMatrix h = random_matrix(t, s.rows, s.cols, seed++);
-    const std::vector<float> wd = h.dequant();
-    for (int n_vec : {1, 2, 8}) {
-      const std::vector<float> x = random_x(n_vec, s.cols, seed++);
-      const MatvecErrors e = compare_matvec(h, wd, x, n_vec, emulate_matvec(h, x, n_vec), emul_bound);
-      SCOPED_TRACE(std::to_string(s.rows) + "x" + std::to_string(s.cols) + " n_vec " + std::to_string(n_vec));
-      EXPECT_LE(e.rel_emul, emul_bound);
-      if (!is_float_type(t)) {
-        EXPECT_LE(e.worst_ratio, kWorstRatioBound);
-        EXPECT_LE(e.z, kZBound);
+  for (const BlockMatvecKernel kernel : {BlockMatvecKernel::Tiled, BlockMatvecKernel::Chunked}) {
+    if (is_float_type(t) && kernel == BlockMatvecKernel::Chunked) continue;  // one float kernel
+    MatvecErrors worst;
+    uint64_t seed = 1000 + uint64_t(t);
+    for (const Shape& s : shapes_for(t)) {
+      const HostMatrix h = random_matrix(t, s.rows, s.cols, seed++);
+      const std::vector<float> wd = h.dequant();
+      for (int n_vec : {1, 2, 8}) {
+        const std::vector<float> x = random_x(n_vec, s.cols, seed++);
+        const MatvecErrors e = compare_matvec(h, wd, x, n_vec, emulate_matvec(h, x, n_vec, kernel), emul_bound);
+        SCOPED_TRACE(std::string(kernel_name(kernel)) + " " + std::to_string(s.rows) + "x" +
+                     std::to_string(s.cols) + " n_vec " + std::to_string(n_vec));
+        EXPECT_LE(e.rel_emul, emul_bound);
+        if (!is_float_type(t)) {
+          EXPECT_LE(e.worst_ratio, kWorstRatioBound);
+          EXPECT_LE(e.z, kZBound);
+        }
+        worst.merge(e);
       }
-      worst.merge(e);
     }
+    std::printf("[measured] %-5s %-7s emulated matvec: rel err vs fp64 with x_hat %.3g (bound %.3g); vs exact x "
+                "%.3g of the hard bound (bound %.3g), max z %.3g (bound %.3g)\n",
+                gguf::type_name(t).c_str(), kernel_name(kernel), worst.rel_emul, emul_bound, worst.worst_ratio,
+                kWorstRatioBound, worst.z, kZBound);
   }
-  std::printf("[measured] %-5s emulated matvec: rel err vs fp64 with x_hat %.3g (bound %.3g); vs exact x %.3g of "
-              "the hard bound (bound %.3g), max z %.3g (bound %.3g)\n",
-              gguf::type_name(t).c_str(), worst.rel_emul, emul_bound, worst.worst_ratio, kWorstRatioBound, worst.z,
-              kZBound);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTypes, WeightKernelsHost, ::testing::ValuesIn(all_types()),

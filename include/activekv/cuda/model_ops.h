@@ -71,6 +71,12 @@ class RopeFreqs {
 void rope(float* x, int T, int n_heads, int head_dim, const int64_t* pos, const RopeFreqs& freqs,
           cudaStream_t stream);
 
+/// rope(q, T, n_heads, ...) and rope(k, T, n_kv_heads, ...) in one launch,
+/// bitwise the same (one thread rotates a pair of q's heads and of k's):
+/// q [T][n_heads][head_dim], k [T][n_kv_heads][head_dim]. Errors as rope.
+void rope_qk(float* q, int n_heads, float* k, int n_kv_heads, int T, int head_dim, const int64_t* pos,
+             const RopeFreqs& freqs, cudaStream_t stream);
+
 /// gate[i] = silu(gate[i]) * up[i] = gate / (1 + exp(-gate)) * up over n
 /// elements (SwiGLU, as model::swiglu; exp in double rounded to fp32, i.e.
 /// a correctly rounded expf but for ~1 in 10^8, where glibc's is off by an

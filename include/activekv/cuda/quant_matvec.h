@@ -52,6 +52,18 @@ struct DeviceMatrix {
 /// Most vectors one matvec launch takes (batched decode).
 inline constexpr int kMaxMatvecVectors = 8;
 
+/// The block-type matvec kernel launch_matvec and launch_matvec_prequantized
+/// use. Tiled (the default): a thread per 256-element tile, all of its bytes
+/// loaded before any use, R rows per CTA. Chunked: the previous kernel (a warp
+/// per row streamed through shared memory), kept for A/B measurements
+/// (bench_matvec --kernel). The two sum in different orders, so their y differ
+/// in the last bits; each is deterministic. The process starts with Chunked if
+/// the environment has ACTIVEKV_MATVEC_KERNEL=chunked, else Tiled.
+/// Process-wide: set it before launching, not while other threads launch.
+enum class BlockMatvecKernel { Tiled, Chunked };
+void set_block_matvec_kernel(BlockMatvecKernel k);
+BlockMatvecKernel block_matvec_kernel();
+
 /// True for the types listed above.
 bool has_gpu_kernel(gguf::TensorType t);
 
@@ -89,6 +101,25 @@ void launch_quantize_activations(const float* x, int64_t cols, int n_vec, void* 
                                  cudaStream_t stream);
 void launch_matvec_prequantized(const DeviceMatrix& w, const float* x, int n_vec, float* y,
                                 bool accumulate, const void* workspace, cudaStream_t stream);
+
+/// cuda::rms_norm (model_ops.h) of x [T][n] into out and, in the same
+/// kernel, out's int8 blocks into `workspace` as launch_quantize_activations(
+/// out, n, T, workspace) writes them -- both bitwise -- so the matvecs that
+/// read the normalised rows (launch_matvec_prequantized) need no quantising
+/// launch of their own. 1 <= T <= kMaxMatvecVectors, n a positive multiple of
+/// 32, eps finite >= 0, pointers non-null, the workspace 256-byte aligned and
+/// >= matvec_workspace_bytes(n, T) bytes (else InvalidArgument); out may
+/// alias x. One launch when x, weight and out are 16-byte aligned, else two.
+void launch_rms_norm_quantize(const float* x, const float* weight, int T, int n, float eps, float* out,
+                              void* workspace, cudaStream_t stream);
+
+/// cuda::swiglu (model_ops.h) of gate, up [T][n] in place into gate and, in
+/// the same kernel, gate's int8 blocks into `workspace` as
+/// launch_quantize_activations(gate, n, T, workspace) writes them (both
+/// bitwise): the FFN's down projection then needs no quantising launch.
+/// Requirements as launch_rms_norm_quantize (T, n, workspace); gate and up
+/// non-null and not overlapping. One launch when both are 16-byte aligned, else two.
+void launch_swiglu_quantize(float* gate, const float* up, int T, int n, void* workspace, cudaStream_t stream);
 
 /// The same y as launch_matvec, with the CPU reference's arithmetic for block
 /// types too: each weight dequantised (bit-identical to gguf::dequantize) and

@@ -81,8 +81,8 @@ class GpuForward {
 
  private:
   void project(const cuda::DeviceMatrix& w, const float* in, int T, float* out, bool accumulate, cudaStream_t s);
-  void project_same_input(std::initializer_list<std::pair<const cuda::DeviceMatrix*, float*>> outs, const float* in,
-                          int T, cudaStream_t s);
+  void norm_project(const float* in, const float* norm_w, int T,
+                    std::initializer_list<std::pair<const cuda::DeviceMatrix*, float*>> outs, cudaStream_t s);
   void layer(int l, int T, const int64_t* pos, const LayerAttention& attend, cudaStream_t s);
   void residual_add(const cuda::DeviceMatrix& w, const float* in, const float* post_norm, int T, cudaStream_t s);
   void observe(int layer, model::Stage stage, const float* rows, int T, int width, cudaStream_t s);
