@@ -62,9 +62,9 @@ t0=$(date +%s)
 
 # Model parts carried in this call are kept in /tmp/akv-model (any phase):
 # part_* of the default model, g3_* of Gemma 3 (the eval phase).
-if ls .mp/part_* .mp/g3_* > /dev/null 2>&1; then
-  mkdir -p /tmp/akv-model && cp .mp/part_* .mp/g3_* /tmp/akv-model/ 2>/dev/null; ls -la /tmp/akv-model
-fi
+for f in .mp/part_* .mp/g3_*; do  # an unmatched glob stays literal: skipped by -f
+  [ -f "$f" ] && mkdir -p /tmp/akv-model && cp "$f" /tmp/akv-model/ && ls -la "/tmp/akv-model/${f#.mp/}"
+done
 [ "$PHASE" = part ] && exit 0
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv

@@ -314,7 +314,7 @@ void check_matvec_args(const DeviceMatrix& w, const float* x, bool need_x, int n
 
 BlockMatvecKernel initial_kernel() {
   const char* e = std::getenv("ACTIVEKV_MATVEC_KERNEL");
-  return e != nullptr && std::strcmp(e, "chunked") == 0 ? BlockMatvecKernel::Chunked : BlockMatvecKernel::Tiled;
+  return e != nullptr && std::strcmp(e, "tiled") == 0 ? BlockMatvecKernel::Tiled : BlockMatvecKernel::Chunked;
 }
 
 BlockMatvecKernel g_kernel = initial_kernel();

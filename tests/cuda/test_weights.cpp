@@ -46,10 +46,11 @@ template <class T>
   return ::testing::AssertionSuccess();
 }
 
-/// Selects a block-type matvec kernel for one scope (the default, Tiled, after).
+/// Selects a block-type matvec kernel for one scope (the one before, after).
 struct KernelScope {
+  BlockMatvecKernel before = block_matvec_kernel();
   explicit KernelScope(BlockMatvecKernel k) { set_block_matvec_kernel(k); }
-  ~KernelScope() { set_block_matvec_kernel(BlockMatvecKernel::Tiled); }
+  ~KernelScope() { set_block_matvec_kernel(before); }
 };
 
 /// Both block-type kernels (float types have one).

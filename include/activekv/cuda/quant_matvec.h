@@ -53,12 +53,16 @@ struct DeviceMatrix {
 inline constexpr int kMaxMatvecVectors = 8;
 
 /// The block-type matvec kernel launch_matvec and launch_matvec_prequantized
-/// use. Tiled (the default): a thread per 256-element tile, all of its bytes
-/// loaded before any use, R rows per CTA. Chunked: the previous kernel (a warp
-/// per row streamed through shared memory), kept for A/B measurements
-/// (bench_matvec --kernel). The two sum in different orders, so their y differ
-/// in the last bits; each is deterministic. The process starts with Chunked if
-/// the environment has ACTIVEKV_MATVEC_KERNEL=chunked, else Tiled.
+/// use. Chunked (the default): a warp per row streamed through shared memory.
+/// Tiled: a thread per 256-element tile, all of its bytes loaded before any
+/// use, R rows per CTA -- measured slower on the H200 at af92df1 (Q4_0 at
+/// 18-28 % of HBM read against the chunked kernel's 26-49 %; the 27B-shape
+/// model at depth 0 3.88 ms/token against 2.73: bench/results/
+/// h200_bench_matvec_tiled.json, h200_model_bench_d0_tiled.json), kept for
+/// that work to continue (bench_matvec --kernel tiled). The two sum in
+/// different orders, so their y differ in the last bits; each is
+/// deterministic. The process starts with Tiled if the environment has
+/// ACTIVEKV_MATVEC_KERNEL=tiled, else Chunked.
 /// Process-wide: set it before launching, not while other threads launch.
 enum class BlockMatvecKernel { Tiled, Chunked };
 void set_block_matvec_kernel(BlockMatvecKernel k);
