@@ -72,7 +72,7 @@ void add_serve(CLI::App& app, std::function<int()>& run_fn) {
   app.add_option("--max-seqs", a->max_seqs, "Requests decoded at once (one batched step)")->capture_default_str()
       ->check(CLI::Range(1, 4096));
   app.add_option("--max-queue", a->max_queue, "Requests waiting for admission; past it, 429")->capture_default_str()
-      ->check(CLI::Range(0, 1 << 16));
+      ->check(CLI::Range(1, 1 << 16));
   app.add_option("--host-kv-mem", a->host_kv_mem_gib, "GiB of host memory all running histories may hold (0: half of "
                  "MemAvailable at start)")->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--kv-format", a->kv_format, "History format, as generate")->capture_default_str()

@@ -72,11 +72,11 @@ std::shared_ptr<Job> make_job(const State& s, const CompletionRequest& r) {
   if (prompt.empty()) throw ApiError::bad_request("the prompt is empty", r.chat ? "messages" : "prompt");
   const int64_t n = int64_t(prompt.size());
   const int64_t max_tokens = r.max_tokens.value_or(r.chat ? s.n_ctx - n : 16);
-  if (n >= s.n_ctx || n + max_tokens > s.n_ctx)
+  if (n >= s.n_ctx || max_tokens > s.n_ctx - n)  // not n + max_tokens: max_tokens may be near INT64_MAX
     throw ApiError::bad_request(
-        fmt::format("this model's maximum context length is {} tokens; the request asks for {} ({} in the prompt, "
-                    "{} to generate)",
-                    s.n_ctx, n + std::max<int64_t>(max_tokens, 0), n, max_tokens),
+        fmt::format("this model's maximum context length is {} tokens; the request asks for {} in the prompt and "
+                    "{} to generate",
+                    s.n_ctx, n, max_tokens),
         r.chat ? "messages" : "prompt", "context_length_exceeded");
   model::SamplerParams sp = r.sampling;
   if (!r.seed_given) sp.seed = uint64_t(std::random_device{}()) << 32 | std::random_device{}();

@@ -13,6 +13,7 @@ was expected and what came."""
 import json
 import os
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -37,10 +38,22 @@ TOPICS = ["the sea", "a mountain village", "the history of bread", "a robot lear
 
 
 def prompt(i):
-    # ~40 tokens: with 16-token pages and 16 generated, 3 full pages, so the
-    # compressed formats read converted pages (hybrid: page 1 as int8s).
+    # ~40 tokens: with 8-token pages, 5 full pages before the first decode
+    # step, so the compressed formats read converted pages (hybrid: the sink
+    # page 0 and the recent page exact, the pages between as int8s).
     return ("Here is a short story about %s, told in simple words for children, with a surprising ending that "
             "nobody expects and a lesson about friendship. Once upon a time," % TOPICS[i])
+
+
+def settled(port, names=("num_requests_running", "num_requests_waiting", "kv_host_bytes"), timeout=30):
+    """True once every gauge in `names` reads 0 (the scheduler updates them at
+    the end of its tick, just after the last token went out)."""
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if all(metric(port, n) == 0 for n in names):
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def completion_tokens(port, i, n_tokens):
@@ -54,12 +67,15 @@ def completion_tokens(port, i, n_tokens):
     return pieces, usage[0]["completion_tokens"] if usage else -1
 
 
-def isolation(kv_format, n_clients, n_tokens=16):
-    srv = Server(BIN, "--kv-format", kv_format, "--page-size", "16", "--recent-pages", "1", "--max-seqs", "8",
+def isolation(kv_format, n_clients, n_tokens=10):
+    srv = Server(BIN, "--kv-format", kv_format, "--page-size", "8", "--recent-pages", "1", "--max-seqs", "8",
                  "-c", "256", "--sync-conversion")
     srv.wait_ready()
-    alone = [completion_tokens(srv.port, i, n_tokens) for i in range(n_clients)]
-    read_alone = metric(srv.port, "history_bytes_read_total")
+    alone = []
+    for i in range(n_clients):
+        alone.append(completion_tokens(srv.port, i, n_tokens))
+        if i == 7:  # what the first 8 prompts read alone, the same work for every format
+            read_alone = metric(srv.port, "history_bytes_read_total")
     together = [None] * n_clients
     go = threading.Barrier(n_clients)
 
@@ -79,10 +95,9 @@ def isolation(kv_format, n_clients, n_tokens=16):
         check(alone[i][1] == n_tokens or "".join(alone[i][0]) != "", "%s prompt %d: empty output" % (kv_format, i))
     texts = {"".join(p) for p, _ in alone}
     check(len(texts) == n_clients, "%s: %d distinct outputs for %d prompts" % (kv_format, len(texts), n_clients))
-    check(metric(srv.port, "kv_host_bytes") == 0, "%s: KV bytes still held after all finished" % kv_format)
-    check(metric(srv.port, "num_requests_running") == 0, "%s: requests still running" % kv_format)
+    check(settled(srv.port), "%s: requests running or KV bytes held 30 s after all finished" % kv_format)
     print("[isolation] %s: %d concurrent streaming clients x %d tokens identical to solo runs (%.1f s); "
-          "history read alone %.0f bytes" % (kv_format, n_clients, n_tokens, wall, read_alone), flush=True)
+          "history read by the first 8 alone %.0f bytes" % (kv_format, n_clients, n_tokens, wall, read_alone), flush=True)
     check(srv.stop() == 0, "%s: server exit code" % kv_format)
     return read_alone
 
@@ -92,11 +107,9 @@ def run_isolation():
     for fmt in ("lossless13", "int8s", "hybrid"):
         read[fmt] = isolation(fmt, 8)
     # The compressed formats must really have read converted pages: fewer
-    # history bytes than bf16 for the same first 8 prompts would be, which
-    # is at most 8/16 of bf16's 16-prompt total (the prompts differ a little in length).
+    # history bytes than bf16 for the same 8 prompts alone.
     for fmt in ("lossless13", "int8s", "hybrid"):
-        check(read[fmt] < read["bf16"] * 8 / 16, "%s read %.0f bytes, not fewer than bf16's share %.0f"
-              % (fmt, read[fmt], read["bf16"] * 8 / 16))
+        check(read[fmt] < read["bf16"], "%s read %.0f bytes, not fewer than bf16's %.0f" % (fmt, read[fmt], read["bf16"]))
 
 
 def expect_error(port, status, body, path="/v1/completions", param=None, code=None, raw=None, headers=None):
@@ -133,6 +146,13 @@ def run_hostile():
     ok, _ = post_json(port, "/v1/completions", {"prompt": "Hello", "max_tokens": 4})
     check(ok == 200, "a plain request: %d" % ok)
     rss_idle = srv.rss_bytes()
+    # Bad command lines: one line naming the problem, exit 1.
+    for args, words in ([["--port", str(port)], "cannot listen"], [["--device", "cuda"], "--device cuda"],
+                        [["-m", "/nonexistent.gguf"], "nonexistent"]):
+        r = subprocess.run([BIN, "serve", "--port", "0", *args], capture_output=True, text=True, timeout=60)
+        last = r.stderr.strip().splitlines()[-2:] if r.stderr.strip() else [""]
+        check(r.returncode == 1 and any(words in line for line in last),
+              "serve %s: exit %d, %r" % (" ".join(args), r.returncode, r.stderr[-300:]))
 
     expect_error(port, 400, None, raw='{"prompt": "a", ')
     expect_error(port, 400, None, raw=b'{"prompt": "\xff\xfe bad utf-8"}')
@@ -141,6 +161,7 @@ def run_hostile():
     expect_error(port, 400, {"prompt": "a", "max_tokens": -5}, param="max_tokens")
     expect_error(port, 400, {"prompt": "a", "max_tokens": "ten"}, param="max_tokens")
     expect_error(port, 400, {"prompt": "a", "max_tokens": 10 ** 12}, code="context_length_exceeded")
+    expect_error(port, 400, {"prompt": "a", "max_tokens": 2 ** 63 - 1}, code="context_length_exceeded")
     expect_error(port, 400, {"prompt": "a", "max_tokens": 2 ** 70}, param="max_tokens")
     expect_error(port, 400, {"prompt": "word " * 400, "max_tokens": 4}, code="context_length_exceeded")
     expect_error(port, 400, {"prompt": "a", "temperature": -1}, param="temperature")
@@ -158,11 +179,7 @@ def run_hostile():
     status, events, done, _ = stream(port, "/v1/completions", {"prompt": "Count to a hundred:", "max_tokens": 100},
                                      max_events=2)
     check(status == 200 and len(events) == 2 and not done, "mid-stream disconnect setup: %d %d" % (status, len(events)))
-    t0 = time.time()
-    while time.time() - t0 < 30 and (metric(port, "num_requests_running") or metric(port, "kv_host_bytes")):
-        time.sleep(0.1)
-    check(metric(port, "num_requests_running") == 0 and metric(port, "kv_host_bytes") == 0,
-          "disconnected stream still running after 30 s")
+    check(settled(port), "disconnected stream still running after 30 s")
     check('finished_reason="abort"} 1' in metric_text(port), "the disconnected request is not counted as aborted")
 
     # A full queue: 2 run, 3 wait, the rest get 429; all that were taken finish.
@@ -210,8 +227,7 @@ def run_hostile():
     for s in idle:
         s.close()
 
-    check(metric(port, "kv_host_bytes") == 0 and metric(port, "num_requests_running") == 0
-          and metric(port, "num_requests_waiting") == 0, "pages or requests left after the hostile run")
+    check(settled(port), "pages or requests left after the hostile run")
     rss_end = srv.rss_bytes()
     print("[hostile] RSS after the first request %.1f MiB, after everything %.1f MiB"
           % (rss_idle / 2 ** 20, rss_end / 2 ** 20))
