@@ -89,7 +89,7 @@ void respond_whole(httplib::Response& res, const std::shared_ptr<Job>& job, cons
   Job::Update u;
   do {
     u = job->wait(std::chrono::milliseconds(1000));
-    text += u.text;
+    for (const std::string& p : u.pieces) text += p;
   } while (!u.finished);
   if (!u.error.empty()) return send_error(res, ApiError(500, u.error, "internal_server_error"));
   res.set_content(dump(completion_json(head, text, u.finish_reason, int64_t(job->prompt().size()), u.completion_tokens)),
@@ -120,7 +120,7 @@ void respond_stream(httplib::Response& res, const std::shared_ptr<Job>& job, con
         if (!st->started && st->head.chat) write(sse(chunk_json(st->head, "", "", true)));
         st->started = true;
         const Job::Update u = st->job->wait(std::chrono::milliseconds(250));
-        if (!u.text.empty()) write(sse(chunk_json(st->head, u.text, "")));
+        for (const std::string& p : u.pieces) write(sse(chunk_json(st->head, p, "")));
         if (u.finished) {
           if (!u.error.empty()) {
             write("data: " + error_body(ApiError(500, u.error, "internal_server_error")) + "\n\n");

@@ -9,11 +9,8 @@ Job::Job(std::vector<int32_t> prompt, int64_t max_tokens, model::SamplerParams s
 Job::Update Job::wait(std::chrono::milliseconds timeout) {
   std::unique_lock lock(mu_);
   Update u;
-  cv_.wait_for(lock, timeout, [&] {
-    u.text += stream_.take();
-    return !u.text.empty() || finished_;
-  });
-  if (finished_) u.text += stream_.finish();
+  cv_.wait_for(lock, timeout, [&] { return !pieces_.empty() || finished_; });
+  u.pieces.swap(pieces_);
   u.finished = finished_;
   u.finish_reason = reason_;
   u.error = error_;
@@ -27,6 +24,7 @@ bool Job::push_token(const std::string& piece) {
     std::lock_guard lock(mu_);
     ++tokens_;
     stopped = stream_.push(piece);
+    if (std::string t = stream_.take(); !t.empty()) pieces_.push_back(std::move(t));
   }
   cv_.notify_all();
   return stopped;
@@ -35,6 +33,7 @@ bool Job::push_token(const std::string& piece) {
 void Job::finish(const std::string& reason) {
   {
     std::lock_guard lock(mu_);
+    if (std::string t = stream_.finish(); !t.empty()) pieces_.push_back(std::move(t));  // what was held back
     finished_ = true;
     reason_ = reason;
   }

@@ -32,7 +32,10 @@ class Job {
 
   /// What the HTTP side sees at one look.
   struct Update {
-    std::string text;            ///< new text since the last look (whole UTF-8 characters)
+    /// New text since the last look, one entry per token that released text
+    /// (whole UTF-8 characters), so a stream sends a chunk per token however
+    /// late its thread looks.
+    std::vector<std::string> pieces;
     bool finished = false;
     std::string finish_reason;   ///< "stop" or "length" once finished without error
     std::string error;           ///< non-empty: the request failed inside the server
@@ -61,6 +64,7 @@ class Job {
   std::mutex mu_;
   std::condition_variable cv_;
   TextStream stream_;
+  std::vector<std::string> pieces_;  // released by the stream, not yet looked at
   int64_t tokens_ = 0;
   bool finished_ = false;
   std::string reason_, error_;

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "api_error.h"
+#include "job.h"
 #include "metrics.h"
 #include "openai_request.h"
 #include "openai_response.h"
@@ -48,6 +49,25 @@ TEST(TextStream, WithoutStopStringsEverythingCompleteGoesAtOnce) {
   EXPECT_EQ(s.take(), "abc");
   EXPECT_EQ(complete_utf8_prefix("x\xF0\x9F\x98"), 1u);
   EXPECT_EQ(complete_utf8_prefix("x\xF0\x9F\x98\x80"), 5u);
+}
+
+TEST(Job, OnePiecePerTokenHoweverLateTheReaderLooks) {
+  Job job({1, 2, 3}, 10, model::SamplerParams{}, {"STOP"});
+  EXPECT_FALSE(job.push_token("Hello"));
+  EXPECT_FALSE(job.push_token(" world"));
+  EXPECT_FALSE(job.push_token("\xC3"));  // half a character
+  EXPECT_FALSE(job.push_token("\xA9!"));
+  Job::Update u = job.wait(std::chrono::milliseconds(0));
+  // Held back: the last 3 bytes could begin "STOP" (longest stop - 1).
+  EXPECT_EQ(u.pieces, (std::vector<std::string>{"He", "llo wo", "r", "ld"}));
+  EXPECT_FALSE(u.finished);
+  EXPECT_TRUE(job.push_token(" STOP and more"));
+  job.finish("stop");
+  u = job.wait(std::chrono::milliseconds(0));
+  EXPECT_EQ(u.pieces, (std::vector<std::string>{"\xC3\xA9! "}));  // the held-back rest, up to the stop string
+  EXPECT_TRUE(u.finished);
+  EXPECT_EQ(u.finish_reason, "stop");
+  EXPECT_EQ(u.completion_tokens, 5);
 }
 
 // The ApiError a body gets, or a failure if it parses.
