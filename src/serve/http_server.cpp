@@ -5,6 +5,7 @@
 #include <httplib.h>
 #include <omp.h>
 #include <signal.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <chrono>
@@ -272,8 +273,18 @@ int run_server(const ServeOptions& o) {
   svr.set_read_timeout(5);    // a client that says nothing holds a worker for at most this long
   svr.set_write_timeout(30);  // a client that stops reading its stream: then cancelled
   add_routes(svr, s);
+  // cpp-httplib 0.11 listens with a backlog of 5 (compiled into Debian's
+  // library): 16 clients connecting at once on a busy machine overflowed it
+  // and one saw its connection reset. Keep the socket's id as it is made,
+  // and listen again with a deep backlog once bound (Linux updates it).
+  int listen_fd = -1;
+  svr.set_socket_options([&listen_fd](socket_t sock) {
+    httplib::default_socket_options(sock);
+    listen_fd = sock;
+  });
   const int port = o.port == 0 ? svr.bind_to_any_port(o.host) : (svr.bind_to_port(o.host, o.port) ? o.port : -1);
   if (port < 0) throw Error(fmt::format("cannot listen on {}:{} (in use, or not an address of this machine)", o.host, o.port));
+  if (listen_fd >= 0) ::listen(listen_fd, 4096);
   fmt::print(stderr, "activekv serve: listening on http://{}:{}\n", o.host, port);
 
   std::thread listener([&] { svr.listen_after_bind(); });
