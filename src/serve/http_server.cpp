@@ -278,8 +278,11 @@ int run_server(const ServeOptions& o) {
   // and one saw its connection reset. Keep the socket's id as it is made,
   // and listen again with a deep backlog once bound (Linux updates it).
   int listen_fd = -1;
+  // SO_REUSEADDR only: the library's default adds SO_REUSEPORT, with which a
+  // second server bound the same port silently instead of failing.
   svr.set_socket_options([&listen_fd](socket_t sock) {
-    httplib::default_socket_options(sock);
+    const int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
     listen_fd = sock;
   });
   const int port = o.port == 0 ? svr.bind_to_any_port(o.host) : (svr.bind_to_port(o.host, o.port) ? o.port : -1);

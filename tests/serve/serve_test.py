@@ -147,9 +147,9 @@ def run_hostile():
     check(ok == 200, "a plain request: %d" % ok)
     rss_idle = srv.rss_bytes()
     # Bad command lines: one line naming the problem, exit 1.
-    for args, words in ([["--port", str(port)], "cannot listen"], [["--device", "cuda"], "--device cuda"],
-                        [["-m", "/nonexistent.gguf"], "nonexistent"]):
-        r = subprocess.run([BIN, "serve", "--port", "0", *args], capture_output=True, text=True, timeout=60)
+    for args, words in ([["--port", str(port)], "cannot listen"], [["--port", "0", "--device", "cuda"], "--device cuda"],
+                        [["--port", "0", "-m", "/nonexistent.gguf"], "nonexistent"]):
+        r = subprocess.run([BIN, "serve", *args], capture_output=True, text=True, timeout=60)
         last = r.stderr.strip().splitlines()[-2:] if r.stderr.strip() else [""]
         check(r.returncode == 1 and any(words in line for line in last),
               "serve %s: exit %d, %r" % (" ".join(args), r.returncode, r.stderr[-300:]))
