@@ -41,6 +41,9 @@
 #   (mkdir -p .debs && cd .debs && apt-get download libopenblas0-openmp libopenblas-openmp-dev \
 #      libopenblas-dev libgfortran5 libicu72 libicu-dev libfmt9 libfmt-dev libcli11-dev \
 #      nlohmann-json3-dev libgtest-dev libgmock-dev)
+# Optional: `activekv serve` is built only where cpp-httplib is found (it runs
+# on the CPU path only so far); to build it there too, add libcpp-httplib0.11
+# libcpp-httplib-dev libssl-dev libbrotli-dev zlib1g-dev to that list.
 # The default model (98 MB) is over one call's 64 MiB: split -n 2 models/*.gguf .mp/part_
 # and carry one part per call; this script joins them and checks the sha256.
 # Gemma 3 270M (253 MB; test_cuda_runtime_gemma3 and the eval phase) likewise:

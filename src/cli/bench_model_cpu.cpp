@@ -13,7 +13,7 @@
 #include "activekv/model/llama_model.h"
 #include "activekv/model/sampler.h"
 #include "bench_model.h"
-#include "cpu_history.h"
+#include "cpu_session.h"
 #include "memory.h"
 #include "stats.h"
 
@@ -47,28 +47,26 @@ double measure_host_read_gbps(size_t bytes, int threads, int reps) {
   return double(n * sizeof(uint64_t)) * loops / (quantile(ms, 0.5) * 1e6);
 }
 
-class CpuSession final : public BenchSession {
+// A greedy generate session (cpu_session.h) that counts what it reads.
+class CpuBenchSession final : public BenchSession {
  public:
-  CpuSession(model::LlamaModel& lm, const CpuHistoryOptions& o, int64_t n_ctx)
-      : lm_(lm), h_(lm, o, n_ctx), sampler_(greedy()), logits_(size_t(lm.config().vocab_size)) {
-    h_.view().report = &report_;
+  CpuBenchSession(model::LlamaModel& lm, const CpuHistoryOptions& o, int64_t n_ctx) : s_(lm, o, n_ctx, greedy()) {
+    s_.history().view().report = &report_;
   }
-  int64_t n_tokens() const override { return h_.seq().n_tokens(); }
+  int64_t n_tokens() const override { return s_.n_tokens(); }
   int32_t prefill(std::span<const int32_t> tokens) override {
-    logits_ = lm_.prefill(tokens, h_.seq(), {}, &h_.view());
-    return sampler_.sample(logits_);
+    s_.prefill(tokens);
+    return s_.sample();
   }
   int32_t decode(int32_t token) override {
-    const int32_t one[1] = {token};
-    lm_.forward(one, h_.seq(), logits_, false, &h_.view());
-    h_.schedule();
-    return sampler_.sample(logits_);
+    s_.step(token);
+    return s_.sample();
   }
-  void wait_conversions() override { h_.wait(); }
+  void wait_conversions() override { s_.wait_conversions(); }
   // Counts what every forward call read (prefill included); the driver takes
   // differences around the timed decode steps.
   double history_bytes() const override { return report_.bytes; }
-  std::vector<float> last_logits() const override { return logits_; }
+  std::vector<float> last_logits() const override { return {s_.logits().begin(), s_.logits().end()}; }
 
  private:
   static model::SamplerParams greedy() {
@@ -76,10 +74,7 @@ class CpuSession final : public BenchSession {
     p.temperature = 0;
     return p;
   }
-  model::LlamaModel& lm_;
-  CpuHistory h_;
-  model::Sampler sampler_;
-  std::vector<float> logits_;
+  CpuSession s_;
   route::RouteReport report_;
 };
 
@@ -103,7 +98,7 @@ BenchDevice cpu_bench_device(const ModelBenchArgs& a, const gguf::File& f) {
   d.open = [lm, base](const std::string& format, const std::string&, int64_t n_ctx) {
     CpuHistoryOptions o = base;
     o.kv_format = format;
-    return std::unique_ptr<BenchSession>(std::make_unique<CpuSession>(*lm, o, n_ctx));
+    return std::unique_ptr<BenchSession>(std::make_unique<CpuBenchSession>(*lm, o, n_ctx));
   };
   return d;
 }

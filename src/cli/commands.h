@@ -23,6 +23,9 @@ void add_gate(CLI::App& app, std::function<int()>& run);
 /// `activekv bench -m MODEL ...`: the whole model's speed in llama-bench's
 /// form (bench_model.h); in every build (--device cpu without CUDA).
 void add_bench(CLI::App& app, std::function<int()>& run);
+/// `activekv serve`: the OpenAI-compatible server (src/serve); in every build
+/// (without cpp-httplib it says so).
+void add_serve(CLI::App& app, std::function<int()>& run);
 #ifdef ACTIVEKV_HAVE_CUDA
 /// `bench decode` and `calibrate`: the GPU decode engine alone (bench/gpu).
 void add_bench_decode(CLI::App& app, std::function<int()>& run);

@@ -22,7 +22,7 @@
 #include "activekv/core/text_file.h"
 #include "activekv/model/llama_model.h"
 #include "commands.h"
-#include "cpu_history.h"
+#include "cpu_session.h"
 #include "memory.h"
 #include "provenance.h"
 #include "stats.h"
@@ -189,16 +189,13 @@ void check_args(const GenerateArgs& a, const std::string& device) {
 }
 
 // Samples, streams and runs one forward step per token; times each step.
-void decode_loop(const GenerateArgs& a, model::LlamaModel& lm, const Tokenizer& tok, CpuHistory& h,
-                 model::Sampler& sampler, std::vector<float>& logits, GenerationReport& r) {
+void decode_loop(const GenerateArgs& a, const Tokenizer& tok, CpuSession& session, GenerationReport& r) {
   for (int i = 0; i < a.n_predict; ++i) {
     const auto ts = std::chrono::steady_clock::now();
-    const int32_t id = sampler.sample(logits);
+    const int32_t id = session.sample();
     if (!emit_token(tok, id, r)) break;
     if (i + 1 == a.n_predict) break;  // the last token needs no forward pass
-    const int32_t one[1] = {id};
-    lm.forward(one, h.seq(), logits, false, &h.view());
-    h.schedule();
+    session.step(id);
     r.step_ms.push_back(ms_since(ts));
   }
 }
@@ -228,8 +225,7 @@ int run_cpu(const GenerateArgs& a) {
   if (n_ctx > c.context_length) {
     fmt::print(stderr, "warning: context {} exceeds the model's trained context {}\n", n_ctx, c.context_length);
   }
-  CpuHistory h(lm, history_options(a), n_ctx);
-  model::Sampler sampler(sampler_params(a));
+  CpuSession session(lm, history_options(a), n_ctx, sampler_params(a));
 
   fmt::print(stderr, "activekv: {} | cpu, {} threads | {} layers ({}), {} KV heads x {} | {} history, page {} tokens, "
              "tile {} pages | {} prompt tokens\n",
@@ -237,11 +233,11 @@ int run_cpu(const GenerateArgs& a) {
              a.tile_pages, prompt.size());
   r.prompt_tokens = int64_t(prompt.size());
   t0 = std::chrono::steady_clock::now();
-  std::vector<float> logits = lm.prefill(prompt, h.seq(), prefill_progress(t0), &h.view());
+  session.prefill(prompt, prefill_progress(t0));
   r.prefill_ms = ms_since(t0);
   if (!a.chat) fmt::print("{}", !a.prompt && a.prompt_file.empty() ? "[...] " : "");
-  h.view().report = &r.decode_route;
-  decode_loop(a, lm, tok, h, sampler, logits, r);
+  session.history().view().report = &r.decode_route;
+  decode_loop(a, tok, session, r);
   report(a, r);
   return 0;
 }

@@ -93,6 +93,10 @@ int main(int argc, char** argv) {
   std::function<int()> run_gate;
   auto* gate = app.add_subcommand("gate", "Economic gate (SPEC 6): accept a format per context from bench + eval results");
   activekv::cli::add_gate(*gate, run_gate);
+  std::function<int()> run_serve;
+  auto* srv = app.add_subcommand("serve", "OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, "
+                                          "/v1/models, /health, /metrics)");
+  activekv::cli::add_serve(*srv, run_serve);
   std::function<int()> run_bench, run_bench_decode, run_calibrate;
   auto* bench = app.add_subcommand("bench", "A model's prompt and decode speed in llama-bench's form (bench -m MODEL "
                                             "-p 512 -n 128 -d 0,32k -ctk bf16,hybrid --kv-placement host,gpu); "
@@ -114,6 +118,7 @@ int main(int argc, char** argv) {
     if (*ins) return run_inspect();
     if (*ev) return run_eval();
     if (*gate) return run_gate();
+    if (*srv) return run_serve();
     if (*bench) return *bench_dec ? run_bench_decode() : run_bench();
     if (*cal) return run_calibrate();
     return run_generate();  // `generate` or no subcommand

@@ -45,12 +45,12 @@ attention::AttentionOptions LlamaModel::attention_options(int layer) const {
   return a;
 }
 
-void LlamaModel::layer_forward(int l, int T, const int64_t* pos, kv::SequenceKv& seq,
-                               const route::RoutedView& view) {
+void LlamaModel::layer_forward(int l, int T, std::span<const BatchItem> items) {
   const ModelConfig& c = config_;
   const LayerWeights& L = w_.layers[size_t(l)];
   const LayerAttention& la = c.layer_attention[size_t(l)];
   const int d = c.d_model, q_dim = c.n_heads * c.head_dim, kv_dim = c.n_kv_heads * c.head_dim;
+  const int64_t* pos = pos_.data();
 
   rms_norm(x_.data(), L.attn_norm.data(), T, d, c.rms_eps, norm_.data());
   gemm_nt(T, q_dim, d, 1.0f, norm_.data(), d, L.wq.data(), d, 0.0f, q_.data(), q_dim);
@@ -67,23 +67,34 @@ void LlamaModel::layer_forward(int l, int T, const int64_t* pos, kv::SequenceKv&
   }
   rope(q_.data(), T, c.n_heads, c.head_dim, pos, c, la.rope_base);
   rope(k_.data(), T, c.n_kv_heads, c.head_dim, pos, c, la.rope_base);
-  seq.write(l, pos[0], T, k_.data(), v_.data());
-  if (opt_.on_queries) opt_.on_queries(l, T, q_.data(), pos);
-  if (opt_.on_stage) opt_.on_stage(l, Stage::queries, T, q_dim, q_.data());
 
-  const attention::LayerHistory history{&seq.store(), seq.page_table(l), pos[T - 1] + 1};
-  const attention::QueryRows rows{q_.data(), T, c.n_heads, pos};
+  // Each sequence writes and reads only its own pages: its rows' K/V go into
+  // its page tables, its queries attend over those tables and nothing else.
   const attention::AttentionOptions aopt = attention_options(l);
-  // A sliding layer reads its window exact whatever the route (route::layer_route says why).
-  const bool reroute = la.sliding() && view.config.kind != route::RouteKind::exact;
-  route::RoutedView sliding_view;
-  if (reroute) {
-    sliding_view = view;
-    sliding_view.config = route::layer_route(view.config, la.window);
+  route::RoutedView exact;
+  exact.config.tile_pages = opt_.attention.tile_pages;
+  for (size_t i = 0; i < items.size(); ++i) {
+    kv::SequenceKv& seq = *items[i].seq;
+    const int r0 = row0_[i], n = int(items[i].tokens.size());
+    const int64_t* ipos = pos + r0;
+    seq.write(l, ipos[0], n, k_.data() + size_t(r0) * kv_dim, v_.data() + size_t(r0) * kv_dim);
+    float* q = q_.data() + size_t(r0) * q_dim;
+    if (opt_.on_queries) opt_.on_queries(l, n, q, ipos);
+    const attention::LayerHistory history{&seq.store(), seq.page_table(l), ipos[n - 1] + 1};
+    const attention::QueryRows rows{q, n, c.n_heads, ipos};
+    const route::RoutedView& given = items[i].view ? *items[i].view : exact;
+    // A sliding layer reads its window exact whatever the route (route::layer_route says why).
+    route::RoutedView view = given;
+    if (la.sliding() && given.config.kind != route::RouteKind::exact) view.config = route::layer_route(given.config, la.window);
+    const attention::Partial out = route::attend_routed(history, l, view, rows, aopt, ws_);
+    std::copy_n(out.o.data(), size_t(n) * q_dim, attn_.data() + size_t(r0) * q_dim);
   }
-  const attention::Partial out = route::attend_routed(history, l, reroute ? sliding_view : view, rows, aopt, ws_);
-  if (opt_.on_stage) opt_.on_stage(l, Stage::attention, T, q_dim, out.o.data());
-  gemm_nt(T, d, q_dim, 1.0f, out.o.data(), q_dim, L.wo.data(), q_dim, 0.0f, tmp_.data(), d);
+  // The stage observer (one sequence: the GPU comparison) sees every row's queries and attention.
+  if (opt_.on_stage) {
+    opt_.on_stage(l, Stage::queries, T, q_dim, q_.data());
+    opt_.on_stage(l, Stage::attention, T, q_dim, attn_.data());
+  }
+  gemm_nt(T, d, q_dim, 1.0f, attn_.data(), q_dim, L.wo.data(), q_dim, 0.0f, tmp_.data(), d);
   if (c.post_norms) rms_norm(tmp_.data(), L.post_attn_norm.data(), T, d, c.rms_eps, tmp_.data());
   add_inplace(x_.data(), tmp_.data(), int64_t(T) * d);
 
@@ -102,50 +113,85 @@ void LlamaModel::layer_forward(int l, int T, const int64_t* pos, kv::SequenceKv&
   if (opt_.on_stage) opt_.on_stage(l, Stage::layer_output, T, d, x_.data());
 }
 
-void LlamaModel::forward(std::span<const int32_t> tokens, kv::SequenceKv& seq,
-                         std::span<float> logits, bool all_logits, const route::RoutedView* view) {
+int LlamaModel::prepare_rows(std::span<const BatchItem> items, size_t logits_size, bool all_logits) {
   const ModelConfig& c = config_;
-  const int T = int(tokens.size());
-  if (T == 0) throw InvalidArgument("forward: no tokens");
-  const size_t need = size_t(all_logits ? T : 1) * size_t(c.vocab_size);
-  if (logits.size() < need) {
-    throw InvalidArgument(fmt::format("forward: logits buffer holds {} floats, {} needed", logits.size(), need));
-  }
-  for (int32_t id : tokens) {
-    if (id < 0 || id >= c.vocab_size) {
-      throw InvalidArgument(fmt::format("forward: token id {} outside vocabulary of {}", id, c.vocab_size));
+  if (items.empty()) throw InvalidArgument("forward: no tokens");
+  int T = 0;
+  row0_.resize(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    const BatchItem& it = items[i];
+    if (it.tokens.empty()) throw InvalidArgument("forward: no tokens");
+    if (!it.seq) throw InvalidArgument(fmt::format("forward_batch: item {} has no sequence", i));
+    for (size_t j = 0; j < i; ++j) {
+      if (items[j].seq == it.seq) throw InvalidArgument(fmt::format("forward_batch: items {} and {} share a sequence", j, i));
     }
+    for (int32_t id : it.tokens) {
+      if (id < 0 || id >= c.vocab_size) {
+        throw InvalidArgument(fmt::format("forward: token id {} outside vocabulary of {}", id, c.vocab_size));
+      }
+    }
+    row0_[i] = T;
+    T += int(it.tokens.size());
+  }
+  const size_t need = size_t(all_logits ? T : int(items.size())) * size_t(c.vocab_size);
+  if (logits_size < need) {
+    throw InvalidArgument(fmt::format("forward: logits buffer holds {} floats, {} needed", logits_size, need));
   }
   const int d = c.d_model;
   x_.resize(size_t(T) * d);
   norm_.resize(size_t(T) * d);
   tmp_.resize(size_t(T) * d);
   q_.resize(size_t(T) * c.n_heads * c.head_dim);
+  attn_.resize(size_t(T) * c.n_heads * c.head_dim);
   k_.resize(size_t(T) * c.n_kv_heads * c.head_dim);
   v_.resize(size_t(T) * c.n_kv_heads * c.head_dim);
   gate_.resize(size_t(T) * c.ffn_dim);
   up_.resize(size_t(T) * c.ffn_dim);
   pos_.resize(size_t(T));
-  const int64_t start = seq.n_tokens();
-  for (int t = 0; t < T; ++t) {
-    pos_[size_t(t)] = start + t;
-    std::copy_n(w_.token_embd.data() + size_t(tokens[size_t(t)]) * d, d, x_.data() + size_t(t) * d);
+  for (size_t i = 0; i < items.size(); ++i) {
+    const int64_t start = items[i].seq->n_tokens();
+    for (size_t t = 0; t < items[i].tokens.size(); ++t) {
+      const size_t row = size_t(row0_[i]) + t;
+      pos_[row] = start + int64_t(t);
+      std::copy_n(w_.token_embd.data() + size_t(items[i].tokens[t]) * d, d, x_.data() + row * d);
+    }
   }
   if (c.embed_scale != 1.0f) scale_inplace(x_.data(), c.embed_scale, int64_t(T) * d);
   if (opt_.on_stage) opt_.on_stage(-1, Stage::embedding, T, d, x_.data());
+  return T;
+}
 
-  route::RoutedView exact;
-  exact.config.tile_pages = opt_.attention.tile_pages;
-  const route::RoutedView& v = view ? *view : exact;
-  seq.reserve(T);  // may throw (store full): nothing written yet
-  for (int l = 0; l < c.n_layers; ++l) layer_forward(l, T, pos_.data(), seq, v);
-  seq.commit(T);
+void LlamaModel::run_rows(std::span<const BatchItem> items, int T) {
+  for (const BatchItem& it : items) it.seq->reserve(int64_t(it.tokens.size()));  // may throw (store full): nothing written yet
+  for (int l = 0; l < config_.n_layers; ++l) layer_forward(l, T, items);
+  for (const BatchItem& it : items) it.seq->commit(int64_t(it.tokens.size()));
+}
 
+void LlamaModel::forward(std::span<const int32_t> tokens, kv::SequenceKv& seq,
+                         std::span<float> logits, bool all_logits, const route::RoutedView* view) {
+  const BatchItem item{tokens, &seq, view};
+  const std::span<const BatchItem> items(&item, 1);
+  const int T = prepare_rows(items, logits.size(), all_logits);
+  run_rows(items, T);
+  const ModelConfig& c = config_;
+  const int d = c.d_model;
   const int first = all_logits ? 0 : T - 1;
   const int rows = T - first;
   rms_norm(x_.data() + size_t(first) * d, w_.output_norm.data(), rows, d, c.rms_eps, norm_.data());
   gemm_nt(rows, c.vocab_size, d, 1.0f, norm_.data(), d, w_.head().data(), d, 0.0f, logits.data(),
           c.vocab_size);
+}
+
+void LlamaModel::forward_batch(std::span<const BatchItem> items, std::span<float> logits) {
+  const int T = prepare_rows(items, logits.size(), false);
+  run_rows(items, T);
+  const ModelConfig& c = config_;
+  const int d = c.d_model, B = int(items.size());
+  for (int i = 0; i < B; ++i) {  // each item's last row
+    const size_t last = size_t(row0_[size_t(i)]) + items[size_t(i)].tokens.size() - 1;
+    rms_norm(x_.data() + last * d, w_.output_norm.data(), 1, d, c.rms_eps, norm_.data() + size_t(i) * d);
+  }
+  gemm_nt(B, c.vocab_size, d, 1.0f, norm_.data(), d, w_.head().data(), d, 0.0f, logits.data(), c.vocab_size);
 }
 
 std::vector<float> LlamaModel::prefill(std::span<const int32_t> tokens, kv::SequenceKv& seq,

@@ -54,6 +54,15 @@ struct ForwardOptions {
 /// Called after each prefill chunk with (tokens done, tokens total).
 using ProgressFn = std::function<void(int64_t done, int64_t total)>;
 
+/// One sequence's share of a batched forward pass (LlamaModel::forward_batch):
+/// `tokens` are appended at positions seq->n_tokens() .. + n-1 of `seq`,
+/// whose history is read along `view` (nullptr: exact).
+struct BatchItem {
+  std::span<const int32_t> tokens;
+  kv::SequenceKv* seq = nullptr;
+  const route::RoutedView* view = nullptr;
+};
+
 class LlamaModel {
  public:
   /// Reads config and weights from an opened GGUF file (the file may be
@@ -83,6 +92,18 @@ class LlamaModel {
   void forward(std::span<const int32_t> tokens, kv::SequenceKv& seq, std::span<float> logits,
                bool all_logits = false, const route::RoutedView* view = nullptr);
 
+  /// Runs several sequences in one pass (a server's decode step): the
+  /// projections and the FFN over all their rows together (one GEMM per
+  /// weight matrix: with more than 8 rows OpenBLAS sgemm reads each matrix
+  /// once for the whole batch; up to 8 rows it is one sgemv per row, bitwise
+  /// the single-sequence result), attention per sequence over its own page
+  /// tables only. Writes each item's last-row logits to logits[i][vocab].
+  /// Throws InvalidArgument for no items, an item without tokens or
+  /// sequence, the same sequence twice, a bad token id or a short logits
+  /// buffer, and Error if a sequence's store is full; every sequence is
+  /// unchanged on those errors.
+  void forward_batch(std::span<const BatchItem> items, std::span<float> logits);
+
   /// Runs a long prompt in chunks of options().prefill_chunk, returning the
   /// last token's logits [vocab]. `progress` (may be empty) is called per
   /// chunk; `view` as in forward(); if it has a compressed history, pages
@@ -91,15 +112,20 @@ class LlamaModel {
                              const ProgressFn& progress = {}, const route::RoutedView* view = nullptr);
 
  private:
-  void layer_forward(int l, int T, const int64_t* pos, kv::SequenceKv& seq, const route::RoutedView& view);
+  // Checks `items` and sizes the activations for their rows; returns the row count.
+  int prepare_rows(std::span<const BatchItem> items, size_t logits_size, bool all_logits);
+  void run_rows(std::span<const BatchItem> items, int T);
+  void layer_forward(int l, int T, std::span<const BatchItem> items);
 
   ModelConfig config_;
   Weights w_;
   ForwardOptions opt_;
   // Activations, reused across calls: x [T][d], norm [T][d], q [T][nh*hd],
   // k,v [T][nkv*hd], gate/up [T][ffn], tmp [T][d].
-  std::vector<float> x_, norm_, q_, k_, v_, gate_, up_, tmp_;
+  // attn [T][nh*hd]: the attention outputs of a batch's sequences side by side.
+  std::vector<float> x_, norm_, q_, k_, v_, gate_, up_, tmp_, attn_;
   std::vector<int64_t> pos_;
+  std::vector<int> row0_;  // first row of each batch item
   attention::Workspace ws_;
 };
 

@@ -1,0 +1,41 @@
+// `activekv serve`: an OpenAI-compatible HTTP server over the CPU path
+// (docs/serve.md). Endpoints: POST /v1/completions, POST /v1/chat/completions
+// (stream: true as server-sent events ending in `data: [DONE]`), GET
+// /v1/models, GET /health (503 while the model loads, then 200), GET /metrics
+// (Prometheus text, names prefixed `activekv:`). Errors in OpenAI's shape
+// {"error": {"message", "type", "param", "code"}} with the HTTP status.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace activekv::serve {
+
+struct ServeOptions {
+  std::string model_path;           ///< GGUF file
+  std::string model_name;           ///< the id clients name; empty: the file name without .gguf
+  std::string host = "127.0.0.1";
+  int port = 8080;                  ///< 0: any free port (printed)
+  std::string api_key;              ///< non-empty: /v1/* need "Authorization: Bearer <key>"
+  int threads = 1;                  ///< OpenMP and OpenBLAS threads of the model
+  int64_t n_ctx = 0;                ///< tokens a request may hold (prompt + max_tokens); 0: the model's context
+  int max_seqs = 8;                 ///< requests decoded at once
+  int max_queue = 64;               ///< requests waiting; past it, 429
+  double host_kv_mem_gib = 0;       ///< host memory for all running histories; 0: half of MemAvailable at start
+  std::string kv_format = "bf16";   ///< bf16, f32, lossless13, int8s, hybrid
+  int page_size = 1024;
+  int recent_pages = 2;
+  int tile_pages = 32;
+  int convert_threads = 1;
+  int prefill_chunk = 256;
+  bool sync_conversion = false;     ///< wait for page conversion every step (deterministic compressed reads; tests)
+  int http_threads = 0;             ///< HTTP worker threads; 0: max_seqs + max_queue + 8
+};
+
+/// Binds host:port (printing "activekv serve: listening on http://HOST:PORT"
+/// to stderr), loads the model while /health answers 503, then serves until
+/// SIGINT or SIGTERM. Returns the exit code. Throws Error for a port that
+/// cannot be bound and for a model that cannot be loaded.
+int run_server(const ServeOptions& o);
+
+}  // namespace activekv::serve

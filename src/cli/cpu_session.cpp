@@ -1,0 +1,39 @@
+// See cpu_session.h.
+#include "cpu_session.h"
+
+#include <fmt/format.h>
+
+namespace activekv::cli {
+
+CpuSession::CpuSession(model::LlamaModel& lm, const CpuHistoryOptions& o, int64_t n_ctx,
+                       const model::SamplerParams& sampling)
+    : lm_(lm), history_(lm, o, n_ctx), sampler_(sampling), logits_(size_t(lm.config().vocab_size)) {}
+
+void CpuSession::prefill(std::span<const int32_t> tokens, const model::ProgressFn& progress) {
+  logits_ = lm_.prefill(tokens, history_.seq(), progress, &history_.view());
+}
+
+void CpuSession::step(int32_t token) {
+  const int32_t one[1] = {token};
+  lm_.forward(one, history_.seq(), logits_, false, &history_.view());
+  history_.schedule();
+}
+
+void CpuSession::step_batch(model::LlamaModel& lm, std::span<CpuSession* const> sessions,
+                            std::span<const int32_t> tokens) {
+  if (sessions.size() != tokens.size())
+    throw InvalidArgument(fmt::format("step_batch: {} sessions but {} tokens", sessions.size(), tokens.size()));
+  if (sessions.empty()) return;
+  std::vector<model::BatchItem> items(sessions.size());
+  for (size_t i = 0; i < sessions.size(); ++i)
+    items[i] = {tokens.subspan(i, 1), &sessions[i]->history_.seq(), &sessions[i]->history_.view()};
+  const size_t vocab = size_t(lm.config().vocab_size);
+  std::vector<float> logits(sessions.size() * vocab);
+  lm.forward_batch(items, logits);
+  for (size_t i = 0; i < sessions.size(); ++i) {
+    std::copy_n(logits.data() + i * vocab, vocab, sessions[i]->logits_.data());
+    sessions[i]->history_.schedule();
+  }
+}
+
+}  // namespace activekv::cli

@@ -1,0 +1,226 @@
+// See scheduler.h.
+#include "scheduler.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "api_error.h"
+#include "memory.h"
+
+namespace activekv::serve {
+
+struct Scheduler::Running {
+  std::shared_ptr<Job> job;
+  std::unique_ptr<cli::CpuSession> session;
+  uint64_t bytes = 0;         // its history's host bytes (counted against the budget)
+  size_t prefilled = 0;       // prompt tokens appended so far
+  int64_t generated = 0;      // tokens sampled and sent (end of text not counted)
+  Clock::time_point last_token;
+  route::RouteReport read;    // what its decode steps read since the last tick
+  bool done = false;
+};
+
+Scheduler::Scheduler(model::LlamaModel& lm, const Tokenizer& tok, const SchedulerOptions& o, Metrics& metrics)
+    : lm_(lm), tok_(tok), opt_(o), metrics_(metrics), thread_([this] { loop(); }) {}
+
+Scheduler::~Scheduler() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+  for (auto& j : waiting_) j->fail("the server is shutting down");
+  for (auto& r : running_) r->job->fail("the server is shutting down");
+}
+
+uint64_t Scheduler::history_bytes(int64_t n_ctx) const {
+  const cli::HistoryPlan plan = cli::plan_history(opt_.history.kv_format);
+  return cli::page_store_bytes(lm_.kv_shape(opt_.history.page_size, plan.page_format), n_ctx);
+}
+
+void Scheduler::submit(std::shared_ptr<Job> job) {
+  const int64_t n_ctx = int64_t(job->prompt().size()) + job->max_tokens();
+  const uint64_t bytes = history_bytes(n_ctx);
+  if (opt_.host_kv_budget > 0 && bytes > opt_.host_kv_budget)
+    throw ApiError::bad_request(fmt::format("a history of {} tokens needs {} of KV memory, over the server's "
+                                            "--host-kv-mem of {}; ask for fewer max_tokens",
+                                            n_ctx, cli::describe_bytes(bytes), cli::describe_bytes(opt_.host_kv_budget)),
+                                "max_tokens");
+  {
+    std::lock_guard lock(mu_);
+    if (int(waiting_.size()) >= opt_.max_queue)
+      throw ApiError(429, fmt::format("the queue is full ({} requests waiting); retry later", waiting_.size()),
+                     "rate_limit_error", "", "rate_limit_exceeded");
+    waiting_.push_back(std::move(job));
+    metrics_.waiting = int64_t(waiting_.size());
+  }
+  cv_.notify_all();
+}
+
+void Scheduler::loop() {
+  for (;;) {
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !waiting_.empty() || !running_.empty(); });
+      if (stop_) return;
+    }
+    drop_cancelled();
+    admit();
+    prefill_one();
+    decode_all();
+    remove_done();
+    update_gauges();
+  }
+}
+
+void Scheduler::drop_cancelled() {
+  {
+    std::lock_guard lock(mu_);
+    std::erase_if(waiting_, [&](const std::shared_ptr<Job>& j) {
+      if (j->cancelled()) ++metrics_.finished_abort;
+      return j->cancelled();
+    });
+  }
+  for (auto& r : running_) {
+    if (r->job->cancelled() && !r->done) {
+      r->job->finish("abort");
+      r->done = true;
+      ++metrics_.finished_abort;
+    }
+  }
+  remove_done();
+}
+
+void Scheduler::admit() {
+  for (;;) {
+    std::shared_ptr<Job> job;
+    uint64_t bytes = 0;
+    {
+      std::lock_guard lock(mu_);
+      if (waiting_.empty() || int(running_.size()) >= opt_.max_seqs) return;
+      bytes = history_bytes(int64_t(waiting_.front()->prompt().size()) + waiting_.front()->max_tokens());
+      if (opt_.host_kv_budget > 0 && running_bytes_ + bytes > opt_.host_kv_budget) return;  // waits for room
+      job = std::move(waiting_.front());
+      waiting_.pop_front();
+    }
+    auto r = std::make_unique<Running>();
+    r->job = job;
+    r->bytes = bytes;
+    try {
+      const int64_t n_ctx = int64_t(job->prompt().size()) + job->max_tokens();
+      r->session = std::make_unique<cli::CpuSession>(lm_, opt_.history, n_ctx, job->sampling());
+    } catch (const std::exception& e) {  // e.g. not enough memory for its page store: this request alone fails
+      job->fail(e.what());
+      ++metrics_.failed;
+      continue;
+    }
+    running_bytes_ += bytes;
+    running_.push_back(std::move(r));
+  }
+}
+
+void Scheduler::prefill_one() {
+  for (auto& r : running_) {
+    const auto& prompt = r->job->prompt();
+    if (r->done || r->prefilled == prompt.size()) continue;
+    const size_t n = std::min(prompt.size() - r->prefilled, size_t(lm_.options().prefill_chunk));
+    try {
+      r->session->prefill(std::span(prompt).subspan(r->prefilled, n));
+      if (opt_.sync_conversion) r->session->wait_conversions();
+    } catch (const std::exception& e) {
+      fail(*r, e.what());
+      return;
+    }
+    r->prefilled += n;
+    if (r->prefilled == prompt.size()) {
+      metrics_.prompt_tokens += prompt.size();
+      r->session->history().view().report = &r->read;  // count decode reads only
+    }
+    return;  // one chunk per tick: the decoding requests are not held up longer
+  }
+}
+
+void Scheduler::decode_all() {
+  std::vector<Running*> batch;
+  std::vector<int32_t> tokens;
+  for (auto& rp : running_) {
+    Running& r = *rp;
+    if (r.done || r.prefilled < r.job->prompt().size()) continue;
+    const int32_t id = r.session->sample();
+    if (tok_.is_end_of_generation(id)) {
+      finish(r, "stop");
+      continue;
+    }
+    const Clock::time_point now = Clock::now();
+    const std::chrono::duration<double> since = now - (r.generated == 0 ? r.job->arrival() : r.last_token);
+    (r.generated == 0 ? metrics_.ttft : metrics_.itl).observe(since.count());
+    r.last_token = now;
+    ++r.generated;
+    ++metrics_.generation_tokens;
+    if (r.job->push_token(tok_.token_to_piece(id))) {
+      finish(r, "stop");
+    } else if (r.generated >= r.job->max_tokens()) {
+      finish(r, "length");
+    } else {
+      batch.push_back(&r);
+      tokens.push_back(id);
+    }
+  }
+  if (!batch.empty()) step(batch, tokens);
+}
+
+void Scheduler::step(std::vector<Running*>& batch, std::vector<int32_t>& tokens) {
+  std::vector<cli::CpuSession*> sessions;
+  for (Running* r : batch) sessions.push_back(r->session.get());
+  try {
+    cli::CpuSession::step_batch(lm_, sessions, tokens);
+  } catch (const std::exception&) {
+    // Find the culprit: each alone; only those that fail again fail.
+    for (size_t i = 0; i < batch.size(); ++i) {
+      try {
+        batch[i]->session->step(tokens[i]);
+      } catch (const std::exception& e) {
+        fail(*batch[i], e.what());
+      }
+    }
+  }
+  ++metrics_.decode_steps;
+  for (Running* r : batch) {
+    if (opt_.sync_conversion && !r->done) r->session->wait_conversions();
+    metrics_.history_bytes_read.fetch_add(r->read.bytes);
+    r->read = {};
+  }
+}
+
+void Scheduler::finish(Running& r, const std::string& reason) {
+  r.job->finish(reason);
+  r.done = true;
+  ++(reason == "length" ? metrics_.finished_length : metrics_.finished_stop);
+  const std::chrono::duration<double> e2e = Clock::now() - r.job->arrival();
+  metrics_.e2e.observe(e2e.count());
+}
+
+void Scheduler::fail(Running& r, const std::string& error) {
+  r.job->fail(error);
+  r.done = true;
+  ++metrics_.failed;
+}
+
+void Scheduler::remove_done() {
+  // Destroying a Running frees its session: its pages go back at once.
+  std::erase_if(running_, [&](const std::unique_ptr<Running>& r) {
+    if (r->done) running_bytes_ -= r->bytes;
+    return r->done;
+  });
+}
+
+void Scheduler::update_gauges() {
+  metrics_.running = int64_t(running_.size());
+  metrics_.kv_host_bytes = int64_t(running_bytes_);
+  std::lock_guard lock(mu_);
+  metrics_.waiting = int64_t(waiting_.size());
+}
+
+}  // namespace activekv::serve

@@ -1,0 +1,254 @@
+#!/usr/bin/env python3
+"""`activekv serve` over HTTP on loopback, CPU path, the default model.
+
+  serve_test.py ACTIVEKV isolation   distinct prompts streamed concurrently vs
+                                     each alone (greedy), every kv-format
+  serve_test.py ACTIVEKV hostile     bad input, auth, disconnects, a full queue,
+                                     many connections; the server keeps serving
+                                     and frees every page
+
+Sizes fit CI's 2 cores: 16 concurrent streaming clients for bf16 (8 decoded
+at once, 8 queued), 8 for each compressed format. Every failure prints what
+was expected and what came."""
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from serve_client import Server, metric, metric_text, post_json, request, stream  # noqa: E402
+
+BIN = sys.argv[1]
+FAILURES = []
+
+
+def check(cond, what):
+    if not cond:
+        FAILURES.append(what)
+        print("FAIL:", what, flush=True)
+
+
+TOPICS = ["the sea", "a mountain village", "the history of bread", "a robot learning to paint", "winter in Oslo",
+          "a chess tournament", "the life of bees", "an old lighthouse", "jazz in New Orleans", "the moon landing",
+          "a desert caravan", "the first computers", "a rainy night in Tokyo", "medieval castles", "coral reefs",
+          "a violin maker"]
+
+
+def prompt(i):
+    # ~40 tokens: with 8-token pages, 5 full pages before the first decode
+    # step, so the compressed formats read converted pages (hybrid: the sink
+    # page 0 and the recent page exact, the pages between as int8s).
+    return ("Here is a short story about %s, told in simple words for children, with a surprising ending that "
+            "nobody expects and a lesson about friendship. Once upon a time," % TOPICS[i])
+
+
+def settled(port, names=("num_requests_running", "num_requests_waiting", "kv_host_bytes"), timeout=30):
+    """True once every gauge in `names` reads 0 (the scheduler updates them at
+    the end of its tick, just after the last token went out)."""
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if all(metric(port, n) == 0 for n in names):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def completion_tokens(port, i, n_tokens):
+    """Streams prompt i greedily; returns (pieces, completion_tokens)."""
+    body = {"prompt": prompt(i), "max_tokens": n_tokens, "temperature": 0, "stream_options": {"include_usage": True}}
+    status, events, done, _ = stream(port, "/v1/completions", body)
+    if status != 200 or not done:
+        return ("error", status, events), -1
+    pieces = [e["choices"][0]["text"] for e in events if e.get("choices")]
+    usage = [e["usage"] for e in events if e.get("usage")]
+    return pieces, usage[0]["completion_tokens"] if usage else -1
+
+
+def isolation(kv_format, n_clients, n_tokens=10):
+    srv = Server(BIN, "--kv-format", kv_format, "--page-size", "8", "--recent-pages", "1", "--max-seqs", "8",
+                 "-c", "256", "--sync-conversion")
+    srv.wait_ready()
+    alone = []
+    for i in range(n_clients):
+        alone.append(completion_tokens(srv.port, i, n_tokens))
+        if i == 7:  # what the first 8 prompts read alone, the same work for every format
+            read_alone = metric(srv.port, "history_bytes_read_total")
+    together = [None] * n_clients
+    go = threading.Barrier(n_clients)
+
+    def client(i):
+        go.wait()
+        together[i] = completion_tokens(srv.port, i, n_tokens)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(n_clients)]
+    t0 = time.time()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.time() - t0
+    for i in range(n_clients):
+        check(together[i] == alone[i], "%s prompt %d: concurrent %r != alone %r" % (kv_format, i, together[i], alone[i]))
+        check(alone[i][1] == n_tokens or "".join(alone[i][0]) != "", "%s prompt %d: empty output" % (kv_format, i))
+    texts = {"".join(p) for p, _ in alone}
+    check(len(texts) == n_clients, "%s: %d distinct outputs for %d prompts" % (kv_format, len(texts), n_clients))
+    check(settled(srv.port), "%s: requests running or KV bytes held 30 s after all finished" % kv_format)
+    print("[isolation] %s: %d concurrent streaming clients x %d tokens identical to solo runs (%.1f s); "
+          "history read by the first 8 alone %.0f bytes" % (kv_format, n_clients, n_tokens, wall, read_alone), flush=True)
+    check(srv.stop() == 0, "%s: server exit code" % kv_format)
+    return read_alone
+
+
+def run_isolation():
+    read = {"bf16": isolation("bf16", 16)}
+    for fmt in ("lossless13", "int8s", "hybrid"):
+        read[fmt] = isolation(fmt, 8)
+    # The compressed formats must really have read converted pages: fewer
+    # history bytes than bf16 for the same 8 prompts alone.
+    for fmt in ("lossless13", "int8s", "hybrid"):
+        check(read[fmt] < read["bf16"], "%s read %.0f bytes, not fewer than bf16's %.0f" % (fmt, read[fmt], read["bf16"]))
+
+
+def expect_error(port, status, body, path="/v1/completions", param=None, code=None, raw=None, headers=None):
+    got, data = request(port, "POST", path, raw if raw is not None else body, headers)
+    try:
+        err = json.loads(data)["error"]
+        shape = all(k in err for k in ("message", "type", "param", "code"))
+    except (ValueError, KeyError, TypeError):
+        err, shape = None, False
+    what = "%s -> %d %s" % ((raw if raw is not None else json.dumps(body))[:80], got, data[:200])
+    check(got == status, "expected %d: %s" % (status, what))
+    check(shape, "not OpenAI's error shape: " + what)
+    if shape and param is not None:
+        check(err["param"] == param, "param %r expected: %s" % (param, what))
+    if shape and code is not None:
+        check(err["code"] == code, "code %r expected: %s" % (code, what))
+
+
+def oversized_body_status(port):
+    """Announces a 17 MiB body, sends 1 KiB of it, reads the status line."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n" % (17 << 20) + b"x" * 1024)
+    head = s.recv(4096).decode(errors="replace")
+    s.close()
+    return int(head.split()[1]) if head.startswith("HTTP/") else head
+
+
+def run_hostile():
+    srv = Server(BIN, "-c", "128", "--max-seqs", "2", "--max-queue", "3")
+    seen = srv.wait_ready()
+    check(seen[0] == 503, "/health answered %d before the model loaded (503 expected)" % seen[0])
+    port = srv.port
+    ok, _ = post_json(port, "/v1/completions", {"prompt": "Hello", "max_tokens": 4})
+    check(ok == 200, "a plain request: %d" % ok)
+    rss_idle = srv.rss_bytes()
+    # Bad command lines: one line naming the problem, exit 1.
+    for args, words in ([["--port", str(port)], "cannot listen"], [["--port", "0", "--device", "cuda"], "--device cuda"],
+                        [["--port", "0", "-m", "/nonexistent.gguf"], "nonexistent"]):
+        r = subprocess.run([BIN, "serve", *args], capture_output=True, text=True, timeout=60)
+        last = r.stderr.strip().splitlines()[-2:] if r.stderr.strip() else [""]
+        check(r.returncode == 1 and any(words in line for line in last),
+              "serve %s: exit %d, %r" % (" ".join(args), r.returncode, r.stderr[-300:]))
+
+    expect_error(port, 400, None, raw='{"prompt": "a", ')
+    expect_error(port, 400, None, raw=b'{"prompt": "\xff\xfe bad utf-8"}')
+    expect_error(port, 400, None, raw="[1,2,3]")
+    expect_error(port, 400, {"prompt": 12}, param="prompt")
+    expect_error(port, 400, {"prompt": "a", "max_tokens": -5}, param="max_tokens")
+    expect_error(port, 400, {"prompt": "a", "max_tokens": "ten"}, param="max_tokens")
+    expect_error(port, 400, {"prompt": "a", "max_tokens": 10 ** 12}, code="context_length_exceeded")
+    expect_error(port, 400, {"prompt": "a", "max_tokens": 2 ** 63 - 1}, code="context_length_exceeded")
+    expect_error(port, 400, {"prompt": "a", "max_tokens": 2 ** 70}, param="max_tokens")
+    expect_error(port, 400, {"prompt": "word " * 400, "max_tokens": 4}, code="context_length_exceeded")
+    expect_error(port, 400, {"prompt": "a", "temperature": -1}, param="temperature")
+    expect_error(port, 400, {"prompt": [10 ** 9]}, param="prompt")
+    expect_error(port, 400, {"messages": "hi"}, path="/v1/chat/completions", param="messages")
+    expect_error(port, 400, {"messages": [{"role": "user", "content": "x" * 2000}], "max_tokens": 4},
+                 path="/v1/chat/completions", code="context_length_exceeded")
+    expect_error(port, 404, {"prompt": "a", "model": "gpt-4"}, code="model_not_found")
+    expect_error(port, 404, {"prompt": "a"}, path="/v1/embeddings")
+    check(oversized_body_status(port) == 413, "a 17 MiB body: %r (413 expected)" % oversized_body_status(port))
+    got, data = request(port, "GET", "/v1/nothing")
+    check(got == 404 and b'"error"' in data, "unknown route: %d %s" % (got, data[:100]))
+
+    # A client that goes away mid-stream: its request is cancelled, its pages freed.
+    status, events, done, _ = stream(port, "/v1/completions", {"prompt": "Count to a hundred:", "max_tokens": 100},
+                                     max_events=2)
+    check(status == 200 and len(events) == 2 and not done, "mid-stream disconnect setup: %d %d" % (status, len(events)))
+    check(settled(port), "disconnected stream still running after 30 s")
+    check('finished_reason="abort"} 1' in metric_text(port), "the disconnected request is not counted as aborted")
+
+    # A full queue: 2 run, 3 wait, the rest get 429; all that were taken finish.
+    results = [None] * 8
+    go = threading.Barrier(8)
+
+    def client(i):
+        go.wait()
+        results[i] = stream(port, "/v1/completions", {"prompt": "Tell me about %s." % TOPICS[i], "max_tokens": 24})
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    codes = sorted(r[0] for r in results)
+    # 3 always fit the queue, up to 2 more if admitted before the rest arrive; 8 > 2 + 3 always overflows.
+    check(codes.count(429) >= 1 and codes.count(200) >= 3, "queue of 3 + 2 running, 8 clients: statuses %s" % codes)
+    check(all(r[2] for r in results if r[0] == 200), "an admitted stream did not end with [DONE]")
+    check(all(r[1][0]["error"]["code"] == "rate_limit_exceeded" for r in results if r[0] == 429), "429 body")
+
+    # Many connections at once: 200 sockets each asking /health; then idle ones.
+    answered = [0]
+    lock = threading.Lock()
+
+    def health():
+        try:
+            s, _ = request(port, "GET", "/health", timeout=120)
+            with lock:
+                answered[0] += s == 200
+        except OSError:
+            pass
+
+    threads = [threading.Thread(target=health) for _ in range(200)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    check(answered[0] == 200, "200 concurrent /health: %d answered 200" % answered[0])
+    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(50)]  # connect, say nothing
+    t0 = time.time()
+    ok, _ = post_json(port, "/v1/completions", {"prompt": "Still there?", "max_tokens": 4})
+    check(ok == 200, "a request beside 50 silent connections: %d" % ok)
+    print("[hostile] request beside 50 silent connections answered in %.1f s" % (time.time() - t0))
+    for s in idle:
+        s.close()
+
+    check(settled(port), "pages or requests left after the hostile run")
+    rss_end = srv.rss_bytes()
+    print("[hostile] RSS after the first request %.1f MiB, after everything %.1f MiB"
+          % (rss_idle / 2 ** 20, rss_end / 2 ** 20))
+    check(rss_end < rss_idle + 64 * 2 ** 20, "RSS grew from %d to %d bytes" % (rss_idle, rss_end))
+    check(srv.stop() == 0, "server exit code")
+
+    # An API key: /v1/* need it, /health and /metrics do not.
+    srv = Server(BIN, "-c", "128", "--api-key", "sk-test")
+    srv.wait_ready()
+    expect_error(srv.port, 401, {"prompt": "a", "max_tokens": 2}, code="invalid_api_key")
+    expect_error(srv.port, 401, {"prompt": "a", "max_tokens": 2}, headers={"Authorization": "Bearer nope"})
+    ok, _ = post_json(srv.port, "/v1/completions", {"prompt": "a", "max_tokens": 2},
+                      headers={"Authorization": "Bearer sk-test"})
+    check(ok == 200, "the right key: %d" % ok)
+    check(request(srv.port, "GET", "/metrics")[0] == 200, "/metrics needs no key")
+    check(srv.stop() == 0, "server exit code")
+
+
+if __name__ == "__main__":
+    {"isolation": run_isolation, "hostile": run_hostile}[sys.argv[2]]()
+    if FAILURES:
+        print("%d failure(s)" % len(FAILURES))
+        sys.exit(1)
+    print("all passed")
