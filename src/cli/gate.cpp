@@ -20,7 +20,8 @@ namespace {
 struct GateArgs {
   std::string bench = ACTIVEKV_SOURCE_DIR "/bench/results/h200_bench_formats.json";
   std::vector<std::string> eval{ACTIVEKV_SOURCE_DIR "/bench/results/eval-SmolLM2-135M-Instruct.Q4_1.json",
-                                ACTIVEKV_SOURCE_DIR "/bench/results/h200_eval_gpu_int8s.json"};
+                                ACTIVEKV_SOURCE_DIR "/bench/results/h200_eval_gpu_int8s.json",
+                                ACTIVEKV_SOURCE_DIR "/bench/results/h200_eval_gemma3_8k.json"};
   int batch = 1;
   std::string json_out;
 };
