@@ -451,7 +451,9 @@ TEST(FormatRoutes, TcKernelPlacementsSwitchesAndLegacyDistance) {
     // differs from the legacy one by fp32 rounding only (below).
     EXPECT_LE(err, 4.5e-4) << route;
 
-    const std::vector<float> legacy = f.run(route, Placement::resident, 0);
+    Int8sKernelOptions legacy_kernel;  // named: the default is auto (tc here)
+    legacy_kernel.kernel = Int8sKernel::legacy;
+    const std::vector<float> legacy = f.run(route, Placement::resident, 0, legacy_kernel);
     const size_t n_o = f.q.size();
     double d_o = 0, o_max = 0, d_lse = 0;
     for (size_t i = 0; i < n_o; ++i) {
