@@ -51,6 +51,45 @@ nlohmann::json evidence_json(const cost::Quality& q) {
   return out;
 }
 
+// Contexts to choose a route at: every one the bench measured, and every one an eval measured.
+std::vector<int64_t> choice_contexts(const std::vector<cost::GateRow>& rows, const cost::QualityEvidence& q) {
+  std::set<int64_t> n;
+  for (const auto& r : rows) n.insert(r.context);
+  for (const auto& r : q.records)
+    if (!r.synthetic()) n.insert(r.context);
+  return {n.begin(), n.end()};
+}
+
+std::string fraction(const std::optional<double>& f) { return f ? fmt::format("{:.3f}x", *f) : "-"; }
+
+void print_choices(const std::vector<cost::RouteChoice>& choices) {
+  fmt::print("\nroute per context (issue 11 part 5): the usable route with the fewest history bytes per token "
+             "(x exact's, measured by eval); a route bench measured must also win on the bus.\n");
+  for (const auto& c : choices) {
+    fmt::print("{:>6}K  chosen: {} ({}){}\n", c.context / 1024, c.chosen, fraction(c.chosen_bytes_fraction),
+               c.options.empty() ? "  -- no route's quality is measured this far" : "");
+    for (const auto& o : c.options)
+      fmt::print("          {:<26} {:>8}  {}\n", o.route, fraction(o.bytes_fraction),
+                 o.usable() ? "usable: " + o.quality.describe() : o.why_not());
+  }
+}
+
+nlohmann::json choices_json(const std::vector<cost::RouteChoice>& choices) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& c : choices) {
+    nlohmann::json opts = nlohmann::json::array();
+    for (const auto& o : c.options)
+      opts.push_back({{"route", o.route},
+                      {"bytes_fraction", o.bytes_fraction ? nlohmann::json(*o.bytes_fraction) : nullptr},
+                      {"usable", o.usable()}, {"why_not", o.why_not()}, {"quality", o.quality.describe()},
+                      {"quality_evidence", evidence_json(o.quality)}, {"bench_measured", o.gate != nullptr}});
+    out.push_back({{"context", c.context}, {"chosen", c.chosen},
+                   {"chosen_bytes_fraction", c.chosen_bytes_fraction ? nlohmann::json(*c.chosen_bytes_fraction) : nullptr},
+                   {"options", opts}});
+  }
+  return out;
+}
+
 nlohmann::json to_json(const std::vector<cost::GateRow>& rows, const GateArgs& a) {
   nlohmann::json out = {{"commit", git_commit()}, {"command", command_line()}, {"bench", a.bench},
                         {"eval", a.eval}, {"batch", a.batch}};
@@ -98,11 +137,15 @@ void add_gate(CLI::App& app, std::function<int()>& run) {
       wrong += !r.sign_matches;
       false_rejects += r.accept && !r.withdrawn_rule_accept;
     }
+    const auto choices = cost::choose_routes(quality, rows, choice_contexts(rows, quality));
+    print_choices(choices);
     fmt::print("\n{} of {} verdicts match the sign of the measured net time; the withdrawn 0.7x kernel-speed rule "
                "would have rejected {} accepted (format, size) pairs that save time (marked !).\n", rows.size() - size_t(wrong), rows.size(),
                false_rejects);
     if (!a->json_out.empty()) {
-      write_text_file(a->json_out, to_json(rows, *a).dump(2) + "\n", "gate --json output");
+      nlohmann::json out = to_json(rows, *a);
+      out["choices"] = choices_json(choices);
+      write_text_file(a->json_out, out.dump(2) + "\n", "gate --json output");
       fmt::print("JSON written to {}\n", a->json_out);
     }
     return wrong == 0 ? 0 : 1;

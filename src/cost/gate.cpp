@@ -5,6 +5,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <map>
 #include <fstream>
@@ -174,6 +175,51 @@ std::vector<GateRow> run_gate(const std::vector<BenchPoint>& points, const Quali
   return rows;
 }
 
+bool RouteOption::usable() const { return why_not().empty(); }
+
+std::string RouteOption::why_not() const {
+  if (!quality.pass()) return "quality: " + quality.describe();
+  if (!bytes_fraction) return "no bytes measured";
+  if (gate && !gate->bus_accept) return fmt::format("loses on the bus (net {:+.3f} ms)", gate->net_ms);
+  return "";
+}
+
+std::vector<RouteChoice> choose_routes(const QualityEvidence& quality, const std::vector<GateRow>& rows,
+                                       const std::vector<int64_t>& contexts) {
+  std::vector<std::string> routes;
+  for (const QualityRecord& r : quality.records)
+    if (!r.synthetic() && std::find(routes.begin(), routes.end(), r.format) == routes.end()) routes.push_back(r.format);
+  std::vector<RouteChoice> out;
+  for (int64_t n : contexts) {
+    RouteChoice c;
+    c.context = n;
+    c.chosen_bytes_fraction = 1.0;
+    for (const std::string& route : routes) {
+      RouteOption o{route, std::nullopt, judge_quality(quality, route, n)};
+      if (o.quality.evidence.empty()) continue;  // nothing measured this far: not an option here
+      // The costliest model's bytes among those that recorded them (the fraction
+      // depends on context, page size and route, not on the model's weights).
+      for (const QualityRecord& r : o.quality.evidence)
+        if (r.bytes_fraction) o.bytes_fraction = std::max(o.bytes_fraction.value_or(0.0), *r.bytes_fraction);
+      for (const GateRow& g : rows)
+        if (g.format == route && g.context == n) o.gate = &g;
+      c.options.push_back(o);
+    }
+    std::stable_sort(c.options.begin(), c.options.end(), [](const RouteOption& a, const RouteOption& b) {
+      return a.bytes_fraction.value_or(INFINITY) < b.bytes_fraction.value_or(INFINITY);
+    });
+    for (const RouteOption& o : c.options) {
+      if (o.usable() && *o.bytes_fraction < 1.0) {
+        c.chosen = o.route;
+        c.chosen_bytes_fraction = o.bytes_fraction;
+        break;
+      }
+    }
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
 std::vector<BenchPoint> read_bench_json(const std::string& path) {
   const nlohmann::json j = load(path);
   if (!j.is_object() || !j.contains("records") || !j["records"].is_array())
@@ -198,8 +244,17 @@ std::vector<BenchPoint> read_bench_json(const std::string& path) {
 QualityEvidence read_eval_json(const std::string& path) {
   const nlohmann::json j = load(path);
   if (!j.is_array()) throw Error("gate: " + path + " is not `activekv eval --json` output (expected an array)");
+  // The exact route's bytes per token per (model, context): each route's cost is relative to it.
+  std::map<std::pair<std::string, int64_t>, double> exact_bytes;
+  for (const auto& r : j) {
+    if (!r.is_object() || !r.contains("format") || r["format"] != "exact" || !r.contains("text") || r["text"] != "all")
+      continue;
+    const auto b = optional_number(r, "history_bytes_per_token", path);
+    if (b && *b > 0) exact_bytes[{field<std::string>(r, "model", path), field<int64_t>(r, "context", path)}] = *b;
+  }
   QualityEvidence out;
   for (const auto& r : j) {
+    if (!r.is_object()) throw Error("gate: " + path + ": a record is not an object (is it `activekv eval --json` output?)");
     QualityRecord q;
     q.text = field<std::string>(r, "text", path);
     q.format = field<std::string>(r, "format", path);
@@ -212,6 +267,9 @@ QualityEvidence read_eval_json(const std::string& path) {
     q.model = field<std::string>(r, "model", path);
     q.context = field<int64_t>(r, "context", path);
     if (q.context <= 0) throw Error(fmt::format("gate: {}: a record has context {}", path, q.context));
+    const auto bytes = optional_number(r, "history_bytes_per_token", path);
+    const auto exact = exact_bytes.find({q.model, q.context});
+    if (bytes && exact != exact_bytes.end()) q.bytes_fraction = *bytes / exact->second;
     out.records.push_back(q);
   }
   return out;

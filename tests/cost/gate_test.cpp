@@ -112,9 +112,10 @@ TEST(Gate, ReadersNameTheProblem) {
   EXPECT_THROW(read_bench_json(path + ".missing"), Error);
   {
     std::ofstream(path) << R"([{"text": "all", "format": "exact", "own_format_error": null, "ppl_increase_pct": 0,
-                                "top1_agreement": 1, "model": "m", "context": 8192},
+                                "top1_agreement": 1, "model": "m", "context": 8192, "history_bytes_per_token": 4000},
                                {"text": "all", "format": "hybrid", "own_format_error": 0.0002, "model": "m",
-                                "context": 8192, "ppl_increase_pct": -0.02, "top1_agreement": 0.996},
+                                "context": 8192, "ppl_increase_pct": -0.02, "top1_agreement": 0.996,
+                                "history_bytes_per_token": 3000},
                                {"text": "x", "format": "int8s", "own_format_error": 0.001, "model": "m",
                                 "context": 8192, "ppl_increase_pct": 0.1, "top1_agreement": 0.98},
                                {"text": "synthetic-outliers", "format": "int8s", "own_format_error": 1e-6,
@@ -124,6 +125,9 @@ TEST(Gate, ReadersNameTheProblem) {
   ASSERT_EQ(q.records.size(), 2u) << "exact and one text's row are not evidence";
   EXPECT_TRUE(judge_quality(q, "hybrid", 8192).pass());
   EXPECT_TRUE(q.records[1].synthetic());
+  ASSERT_TRUE(q.records[0].bytes_fraction.has_value()) << "relative to the exact row of the same model and context";
+  EXPECT_DOUBLE_EQ(*q.records[0].bytes_fraction, 0.75);
+  EXPECT_FALSE(q.records[1].bytes_fraction.has_value()) << "the synthetic case records no bytes";
   {
     std::ofstream(path) << R"([{"text": "all", "format": "int8s", "own_format_error": 0.001,
                                 "ppl_increase_pct": 0.1, "top1_agreement": 0.999, "context": 8192}])";
@@ -190,6 +194,46 @@ TEST(GateQuality, MergeReplacesTheSameMeasurement) {
   e.merge(evidence({rec("int8s", 8192, 0.995), rec("int8s", 16384)}));
   ASSERT_EQ(e.records.size(), 2u);
   EXPECT_TRUE(judge_quality(e, "int8s", 8192).pass());
+}
+
+// Issue 11 part 5: per context, the cheapest route that passes.
+QualityRecord costed(const std::string& route, int64_t ctx, double bytes, double top1 = 0.999) {
+  QualityRecord r = rec(route, ctx, top1);
+  r.bytes_fraction = bytes;
+  return r;
+}
+
+TEST(GateRouteChoice, PicksTheCheapestUsableRoutePerContext) {
+  // int8s is cheapest but fails top-1 at 32K; the hybrid with more exact pages passes there at more bytes.
+  const auto e = evidence({costed("int8s", 8192, 0.55), costed("int8s", 32768, 0.53, 0.98),
+                           costed("hybrid", 8192, 0.80), costed("hybrid", 32768, 0.56, 0.985),
+                           costed("hybrid:recent=8,sink=2", 32768, 0.60), costed("lossless13", 32768, 0.89)});
+  const auto choices = choose_routes(e, {}, {8192, 32768, 65536});
+  ASSERT_EQ(choices.size(), 3u);
+  EXPECT_EQ(choices[0].chosen, "int8s") << "8K is judged by its own 8K evidence";
+  EXPECT_EQ(choices[1].chosen, "hybrid:recent=8,sink=2");
+  ASSERT_EQ(choices[1].options.size(), 4u);
+  EXPECT_EQ(choices[1].options[0].route, "int8s") << "options are listed cheapest first";
+  EXPECT_NE(choices[1].options[0].why_not().find("top-1 < 99 %"), std::string::npos) << choices[1].options[0].why_not();
+  EXPECT_DOUBLE_EQ(*choices[1].chosen_bytes_fraction, 0.60);
+  EXPECT_EQ(choices[2].chosen, "exact") << "nothing measured at 64K: only exact";
+  EXPECT_TRUE(choices[2].options.empty());
+}
+
+TEST(GateRouteChoice, ABenchMeasuredRouteMustWinOnTheBusAndUnknownBytesAreUnusable) {
+  GateRow losing;
+  losing.format = "int8s";
+  losing.context = 8192;
+  losing.net_ms = -1.5;
+  losing.bus_accept = false;
+  QualityRecord no_bytes = rec("lossless13", 8192);
+  const auto choices = choose_routes(evidence({costed("int8s", 8192, 0.55), costed("hybrid", 8192, 0.8), no_bytes}),
+                                     {losing}, {8192});
+  ASSERT_EQ(choices.size(), 1u);
+  EXPECT_EQ(choices[0].chosen, "hybrid");
+  EXPECT_NE(choices[0].options[0].why_not().find("loses on the bus"), std::string::npos);
+  EXPECT_EQ(choices[0].options.back().why_not(), "no bytes measured");
+  EXPECT_EQ(choose_routes(evidence({costed("int8s", 8192, 0.55, 0.9)}), {}, {8192})[0].chosen, "exact");
 }
 
 }  // namespace

@@ -52,6 +52,10 @@ struct QualityRecord {
   std::optional<double> own_format_error;  ///< worst over the samples
   std::optional<double> ppl_increase_pct;
   std::optional<double> top1_agreement;    ///< fraction, 0..1
+  /// History bytes per token the route read, over the exact route's in the same
+  /// eval (model, context): its cost (issue 11 part 5). Empty when the eval
+  /// recorded no bytes or no exact row.
+  std::optional<double> bytes_fraction;
   bool synthetic() const { return text != "all"; }
   /// SPEC §5: own-format error <= 0.005, perplexity increase <= 1 %, top-1 >= 99 %, every one measured.
   bool pass() const;
@@ -113,6 +117,35 @@ struct GateRow {
 /// accepted.
 std::vector<GateRow> run_gate(const std::vector<BenchPoint>& points, const QualityEvidence& quality, int batch = 1);
 
+/// One candidate route at one context: what it costs and whether it may be used.
+struct RouteOption {
+  std::string route;                     ///< eval's format name: "int8s", "hybrid:recent=8,sink=2", ...
+  std::optional<double> bytes_fraction;  ///< largest over the evidence records that have one; empty: none has
+  Quality quality;                       ///< judge_quality at the context
+  const GateRow* gate = nullptr;         ///< the bus verdict at this context when bench measured the route
+  /// Usable: quality passes, its bytes are known, and a bench-measured route also wins on the bus.
+  bool usable() const;
+  /// "" when usable, else why not ("quality: ...", "no bytes measured", "loses on the bus (net -1.2 ms)").
+  std::string why_not() const;
+};
+
+/// The route the gate picks at one context (issue 11 part 5).
+struct RouteChoice {
+  int64_t context = 0;
+  std::vector<RouteOption> options;  ///< every route with real-text evidence, cheapest first
+  std::string chosen = "exact";      ///< the cheapest usable option; "exact" (bf16) when none is usable
+  std::optional<double> chosen_bytes_fraction;  ///< of the chosen route (1 for exact)
+};
+
+/// Per context in `contexts` (ascending): every route in `quality` with
+/// real-text evidence at or beyond that context, costed by its measured bytes
+/// per token relative to exact, and the cheapest usable one. A route that
+/// `rows` measured on the bus (same name and context) must also win there; a
+/// route without bench records (an eval-only candidate such as a hybrid with
+/// more exact pages) is costed by its bytes alone.
+std::vector<RouteChoice> choose_routes(const QualityEvidence& quality, const std::vector<GateRow>& rows,
+                                       const std::vector<int64_t>& contexts);
+
 /// Reads `bench decode --json` output. Throws activekv::Error naming the file
 /// and the missing field when it is not one.
 std::vector<BenchPoint> read_bench_json(const std::string& path);
@@ -120,6 +153,8 @@ std::vector<BenchPoint> read_bench_json(const std::string& path);
 /// Reads `activekv eval --json` output: the rows whose "text" is "all" and
 /// the synthetic own-format cases (rows with an own_format_error but no
 /// perplexity), of every format but "exact" (the reference, never judged).
+/// A row's bytes_fraction is its history_bytes_per_token over that of the
+/// file's exact row of the same model and context (empty if either is missing).
 /// Throws activekv::Error naming the file and field when a row lacks its
 /// format, text, model or context, or is not eval output.
 QualityEvidence read_eval_json(const std::string& path);
