@@ -128,6 +128,40 @@ def random_texts(n: int = 4, length: int = 300, seed: int = 1234):
     return out
 
 
+def encode_cases(texts, encode, decode):
+    """[{"text", "ids"}] for each text, warning when the reference does not round-trip."""
+    cases = []
+    for text in texts:
+        ids = encode(text)
+        if decode(ids) != text:
+            print(f"warning: reference does not round-trip {text[:40]!r}", file=sys.stderr)
+        cases.append({"text": text, "ids": ids})
+    return cases
+
+
+def corpus_hashes(encode):
+    """Whole-corpus checks: token count and an FNV-1a hash of the ids (as
+    little-endian int32), so the C++ tests can compare long encodings cheaply."""
+    corpora = []
+    for name, limit in (("pride-and-prejudice.txt", None), ("tinyshakespeare.txt", 20000),
+                        ("wikitext2-test.raw", None)):
+        with open(os.path.join(TEXTS, name), "rb") as f:
+            raw = f.read()
+        if limit is not None:
+            raw = raw[:limit]
+        ids = encode(raw.decode("utf-8"))
+        corpora.append({"file": name, "bytes": len(raw), "n_tokens": len(ids), "fnv1a64": fnv1a64_ids(ids)})
+    return corpora
+
+
+def write_golden(path, out):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(out, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+    print(f"wrote {len(out['cases'])} cases to {path}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
@@ -143,13 +177,8 @@ def main() -> int:
     v = load_gguf_vocab(args.model)
     ref = build_reference(v)
 
-    cases = []
-    for text in golden_texts(ROOT):
-        ids = ref.encode(text, add_special_tokens=False).ids
-        back = ref.decode(ids, skip_special_tokens=False)
-        if back != text:
-            print(f"warning: reference does not round-trip {text!r}", file=sys.stderr)
-        cases.append({"text": text, "ids": ids})
+    encode = lambda text: ref.encode(text, add_special_tokens=False).ids  # noqa: E731
+    cases = encode_cases(golden_texts(ROOT), encode, lambda ids: ref.decode(ids, skip_special_tokens=False))
 
     # Chat template: render the model's own template with jinja2.
     env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
@@ -179,18 +208,7 @@ def main() -> int:
     except Exception as e:  # transformers is optional here
         hf_note = f"transformers check skipped: {e}"
 
-    # Whole-corpus checks: token count and an FNV-1a hash of the ids (as
-    # little-endian int32), so the C++ test can compare long encodings cheaply.
-    corpora = []
-    for name, limit in (("pride-and-prejudice.txt", None), ("tinyshakespeare.txt", 20000),
-                        ("wikitext2-test.raw", None)):
-        with open(os.path.join(TEXTS, name), "rb") as f:
-            raw = f.read()
-        if limit is not None:
-            raw = raw[:limit]
-        ids = ref.encode(raw.decode("utf-8"), add_special_tokens=False).ids
-        corpora.append({"file": name, "bytes": len(raw), "n_tokens": len(ids),
-                        "fnv1a64": fnv1a64_ids(ids)})
+    corpora = corpus_hashes(encode)
 
     out = {
         "model": os.path.basename(args.model),
@@ -205,11 +223,7 @@ def main() -> int:
         "cases": cases,
         "corpora": corpora,
     }
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as f:
-        json.dump(out, f, ensure_ascii=False, indent=1)
-        f.write("\n")
-    print(f"wrote {len(cases)} cases to {args.out}")
+    write_golden(args.out, out)
     return 0
 
 

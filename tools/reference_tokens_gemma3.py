@@ -22,12 +22,11 @@ Usage (needs transformers>=5, tokenizers, gguf):
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from reference_tokens import ROOT, TEXTS, fnv1a64_ids, golden_texts  # noqa: E402
+from reference_tokens import ROOT, TEXTS, corpus_hashes, encode_cases, golden_texts, write_golden  # noqa: E402
 
 GEMMA_TEXTS = [
     "<start_of_turn>user\nWhat is 2+2?<end_of_turn>\n<start_of_turn>model\n",
@@ -60,24 +59,9 @@ def main() -> int:
         with open(os.path.join(TEXTS, name), "rb") as f:
             texts.append(f.read(2000).decode("utf-8", errors="ignore"))
 
-    cases = []
-    for text in texts:
-        ids = tok.encode(text, add_special_tokens=False)
-        back = tok.decode(ids, skip_special_tokens=False)
-        if back != text:
-            print(f"warning: reference does not round-trip {text[:40]!r}", file=sys.stderr)
-        cases.append({"text": text, "ids": ids})
-
-    corpora = []
-    for name, limit in (("pride-and-prejudice.txt", None), ("tinyshakespeare.txt", 20000),
-                        ("wikitext2-test.raw", None)):
-        with open(os.path.join(TEXTS, name), "rb") as f:
-            raw = f.read()
-        if limit is not None:
-            raw = raw[:limit]
-        ids = tok.encode(raw.decode("utf-8"), add_special_tokens=False)
-        corpora.append({"file": name, "bytes": len(raw), "n_tokens": len(ids),
-                        "fnv1a64": fnv1a64_ids(ids)})
+    encode = lambda text: tok.encode(text, add_special_tokens=False)  # noqa: E731
+    cases = encode_cases(texts, encode, lambda ids: tok.decode(ids, skip_special_tokens=False))
+    corpora = corpus_hashes(encode)
 
     msgs = [{"role": "user", "content": "What is the capital of France?"}]
     chat = f"<start_of_turn>user\n{msgs[0]['content']}<end_of_turn>\n<start_of_turn>model\n"
@@ -92,11 +76,7 @@ def main() -> int:
         "cases": cases,
         "corpora": corpora,
     }
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as f:
-        json.dump(out, f, ensure_ascii=False, indent=1)
-        f.write("\n")
-    print(f"wrote {len(cases)} cases to {args.out}")
+    write_golden(args.out, out)
     for c in corpora:
         print(c)
     return 0
