@@ -258,8 +258,8 @@ void add_bench(CLI::App& app, std::function<int()>& run) {
       ->delimiter(',')->capture_default_str();
   app.add_option("--kv-placement", a->placements,
                  "auto (gpu if the history fits --gpu-kv-mem, else partial), host (streamed from pinned host memory), "
-                 "gpu (resident), partial (the hot pages resident within --gpu-kv-mem, the rest streamed); all but "
-                 "host: CUDA")
+                 "gpu (resident), partial (the hot pages resident within --gpu-kv-mem, the rest streamed); gpu and "
+                 "partial: CUDA only (the CPU runs auto as host)")
       ->delimiter(',')->capture_default_str();
   app.add_option("--gpu-kv-mem", a->gpu_kv_mem_gib,
                  "CUDA: GiB the history's device pages may use (0: free memory after weights less a margin)")
