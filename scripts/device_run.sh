@@ -36,6 +36,12 @@
 #           runs `activekv bench` on it (pp512, tg32 at depths 0, 32K, 128K;
 #           bf16 and hybrid; host and gpu placement; 3 repetitions) into
 #           $OUT/model_bench.json, and plots it ($OUT/model_bench.png)
+#   partial the partial-residency checks (issue 12 part 3): the runtime's
+#           PartialResidency / PlacementExactness / CoAttention GPU tests, the
+#           bench CLI test (partial rows), then `activekv bench` on the 27B-shape
+#           GGUF at 128K with --gpu-kv-mem 4 (about half the bf16 history):
+#           host (link only) against partial (+ --cpu-share auto) for bf16 and
+#           hybrid into $OUT/partial_bench.json (each row's plan line in it)
 #
 # The image lacks our Debian libraries: fetch them here (ignored via .git/info/exclude):
 #   (mkdir -p .debs && cd .debs && apt-get download libopenblas0-openmp libopenblas-openmp-dev \
@@ -184,6 +190,20 @@ EOF
     || echo "-- no plot here (matplotlib?): run bench/plot_model_bench.py on the JSON"
 }
 
+run_partial() {
+  echo "== partial residency: GPU tests, then host vs partial on the 27B shape at 128K with a 4 GiB budget"
+  local rc=0
+  build-device/bin/test_cuda_runtime --gtest_filter='Routes/PartialResidency.*:Routes/PlacementExactness.*:Routes/CoAttention.*' \
+    --gtest_output=json:"$OUT/partial_gtest.json" > /tmp/test_partial.log 2>&1 || rc=1
+  grep -E "FAILED|PASSED|measured|Failure|error" /tmp/test_partial.log | head -80
+  ctest --test-dir build-device -R cli_bench_gpu --output-on-failure | tail -5
+  local G=/tmp/akv-27b-q4_0.gguf
+  [ -f "$G" ] || python3 tools/make_synthetic_gguf.py "$G" || return 1
+  $AKV bench -m "$G" -p 0 -n 32 -d 131072 -ctk bf16,hybrid --kv-placement host,partial --gpu-kv-mem 4 -r 3 \
+    --json "$OUT/partial_bench.json" || rc=1
+  return $rc
+}
+
 # eval_one NAME PROJECTED_S ARGS...: one `activekv eval` run into $OUT/NAME.json
 # if PROJECTED_S fits the time left (else the log says it was skipped);
 # prints its wall time on the last line ("== NAME took S s").
@@ -242,6 +262,7 @@ case "$PHASE" in
   bench) run_bench ;;
   all) run_tests || RC=1; run_bench ;;
   modelbench) run_modelbench || RC=1 ;;
+  partial) run_partial || RC=1 ;;
   eval) run_eval || RC=1 ;;
 esac
 echo "== done in $(( $(date +%s) - t0 )) s, rc=$RC"

@@ -60,14 +60,18 @@ void check_args(const ModelBenchArgs& a, const std::string& device) {
     if (!kFormats.count(f)) throw Error(fmt::format("bench: -ctk {}: unknown kv format (bf16, lossless13, int8s, hybrid)", f));
   }
   for (const std::string& p : a.placements) {
-    if (p != "host" && p != "gpu") throw Error(fmt::format("bench: --kv-placement {}: host or gpu", p));
-    if (p == "gpu" && device == "cpu")
-      throw Error("bench: --kv-placement gpu needs --device cuda (the CPU path reads the history in host memory)");
+    if (p != "host" && p != "gpu" && p != "partial" && p != "auto")
+      throw Error(fmt::format("bench: --kv-placement {}: auto, host, gpu or partial", p));
+    if ((p == "gpu" || p == "partial") && device == "cpu")
+      throw Error(fmt::format("bench: --kv-placement {} needs --device cuda (the CPU path reads the history in host "
+                              "memory)", p));
   }
   if (a.cuda_graphs != "off" && device == "cpu")
     throw Error("bench: --cuda-graphs applies to --device cuda only");
-  if (a.cpu_share != 0 && device == "cpu")
+  if (a.cpu_share != kCpuShareUnset && device == "cpu")
     throw Error("bench: --cpu-share applies to --device cuda only (the CPU path attends every page on the CPU)");
+  if (a.gpu_kv_mem_gib != 0 && device == "cpu") throw Error("bench: --gpu-kv-mem applies to --device cuda only");
+  if (!(a.gpu_kv_mem_gib >= 0)) throw Error(fmt::format("bench: --gpu-kv-mem {}: GiB >= 0", a.gpu_kv_mem_gib));
   if (a.reps < 1) throw Error(fmt::format("bench: -r {}: at least one repetition", a.reps));
   if (a.output != "md" && a.output != "json") throw Error(fmt::format("bench: -o {}: md or json", a.output));
   if (a.threads < 1 || a.page_size < 1 || a.tile_pages < 1 || a.prefill_chunk < 1 || a.recent_pages < 0 ||
@@ -112,7 +116,7 @@ void fill_depth(BenchSession& s, int64_t depth, TokenSource& tokens, const std::
 
 // n decode steps per repetition, each after conversion caught up and one warm-up step.
 BenchRow run_tg(BenchSession& s, const ModelBenchArgs& a, const BenchDevice& dev, BenchRow row, TokenSource& tokens) {
-  double bytes = 0;
+  double bytes = 0, resident = 0;
   for (int r = 0; r < a.reps; ++r) {
     s.wait_conversions();
     // The warm-up step (an empty history's first token goes through prefill,
@@ -123,15 +127,19 @@ BenchRow run_tg(BenchSession& s, const ModelBenchArgs& a, const BenchDevice& dev
     // next instantiates the step's graph (once per session): untimed too.
     if (dev.cuda_graphs) next = s.decode(next);
     row.depth_start.push_back(s.n_tokens());
-    const double b0 = s.history_bytes();
+    const double b0 = s.history_bytes(), r0 = s.resident_history_bytes();
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < row.n_tokens; ++i) next = s.decode(next);
     row.ms.push_back(ms_since(t0));
     bytes += s.history_bytes() - b0;
+    resident += s.resident_history_bytes() - r0;
   }
   row.history_bytes_per_token = bytes / double(a.reps) / row.n_tokens;
+  row.resident_bytes_per_token = resident / double(a.reps) / row.n_tokens;
+  // partial: the streamed bytes over the link (history_gbps of a placement other than gpu) plus the resident ones in HBM.
   row.floor_ms = dev.weight_bytes / (dev.weight_gbps * 1e6) +
-                 row.history_bytes_per_token / (dev.history_gbps(row.placement) * 1e6);
+                 row.history_bytes_per_token / (dev.history_gbps(row.placement) * 1e6) +
+                 row.resident_bytes_per_token / (dev.weight_gbps * 1e6);
   return row;
 }
 
@@ -168,12 +176,15 @@ void run_rows(const ModelBenchArgs& a, const BenchDevice& dev, int vocab, std::v
       for (int64_t depth : a.depths) {
         const std::string where = fmt::format("{} {} d{}", format, placement, depth);
         std::unique_ptr<BenchSession> s = dev.open(format, placement, depth + row_tokens);
+        if (!s->plan().empty()) stage(fmt::format("{}: {}", where, s->plan()));
         fill_depth(*s, depth, tokens, where);
         BenchRow base;
         base.depth = depth;
         base.format = format;
-        base.placement = placement;
-        base.cpu_share = placement == "host" ? a.cpu_share : 0;  // -1: auto
+        base.requested = placement;
+        base.placement = s->placement();
+        base.plan = s->plan();
+        base.cpu_share = s->cpu_share();  // -1: auto
         if (a.n_gen > 0) {
           BenchRow row = base;
           row.kind = "tg";
@@ -245,8 +256,14 @@ void add_bench(CLI::App& app, std::function<int()>& run) {
       ->delimiter(',')->transform(CLI::AsSizeValue(false))->capture_default_str();
   app.add_option("--cache-type-k", a->formats, "KV formats (-ctk): bf16, lossless13, int8s, hybrid")
       ->delimiter(',')->capture_default_str();
-  app.add_option("--kv-placement", a->placements, "host (streamed from pinned host memory), gpu (resident); CUDA")
+  app.add_option("--kv-placement", a->placements,
+                 "auto (gpu if the history fits --gpu-kv-mem, else partial), host (streamed from pinned host memory), "
+                 "gpu (resident), partial (the hot pages resident within --gpu-kv-mem, the rest streamed); gpu and "
+                 "partial: CUDA only (the CPU runs auto as host)")
       ->delimiter(',')->capture_default_str();
+  app.add_option("--gpu-kv-mem", a->gpu_kv_mem_gib,
+                 "CUDA: GiB the history's device pages may use (0: free memory after weights less a margin)")
+      ->capture_default_str();
   app.add_option("-r,--repetitions", a->reps, "Repetitions per row (t/s mean ± stddev)")->capture_default_str();
   app.add_option("-o,--output", a->output, "md (markdown table) or json, on stdout")->capture_default_str();
   app.add_option("--device", a->device, "auto, cuda (runtime::GpuRuntime) or cpu (generate's CPU path)")

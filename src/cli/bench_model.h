@@ -27,7 +27,7 @@ struct ModelBenchArgs {
   int n_gen = 128;                          ///< -n: tokens per decode row (0: no tg rows)
   std::vector<int64_t> depths{0};           ///< -d: history tokens before each row
   std::vector<std::string> formats{"bf16"}; ///< -ctk: bf16, lossless13, int8s, hybrid
-  std::vector<std::string> placements{"host"};  ///< --kv-placement: host, gpu (CUDA only)
+  std::vector<std::string> placements{"auto"};  ///< --kv-placement: auto, host, gpu, partial (gpu/partial: CUDA only)
   int reps = 3;                             ///< -r
   std::string output = "md";                ///< -o: md | json (stdout)
   std::string device = "auto";              ///< auto | cuda | cpu
@@ -39,7 +39,9 @@ struct ModelBenchArgs {
   int convert_threads = 0;                  ///< 0: half the hardware threads, at least 1
   int prefill_chunk = 512;
   std::string cuda_graphs = "off";          ///< --cuda-graphs on|off: gpu-placement decode steps as CUDA graphs
-  double cpu_share = 0;                     ///< --cpu-share: host-placement rows with co-attention (CUDA)
+  double cpu_share = kCpuShareUnset;        ///< --cpu-share: rows whose pages stream, co-attention (CUDA);
+                                            ///< unset: resolve_cpu_share per placement
+  double gpu_kv_mem_gib = 0;                ///< --gpu-kv-mem: the GPU budget for the history (0: free less a margin)
 };
 
 /// One history on the device under test, sized for a row's tokens.
@@ -60,6 +62,15 @@ class BenchSession {
   /// The last step's logits, [vocab] (checked finite after every row: a
   /// random model with bad scales, or a kernel gone wrong, is not timed on).
   virtual std::vector<float> last_logits() const = 0;
+  /// GPU partial placement: the history bytes all decode steps read in place
+  /// on the GPU (history_bytes() then counts the streamed ones); else 0.
+  virtual double resident_history_bytes() const { return 0; }
+  /// The placement the session runs ("host", "gpu", "partial"; the CPU: "host").
+  virtual std::string placement() const { return "host"; }
+  /// One line: which plan the session chose and why (empty on the CPU).
+  virtual std::string plan() const { return {}; }
+  /// The host CPU's share of the streamed pages (co-attention; -1 auto; 0: none, and on the CPU).
+  virtual double cpu_share() const { return 0; }
 };
 
 /// The device under test: its bandwidths (measured in this run) and how to open a session.
@@ -71,9 +82,10 @@ struct BenchDevice {
   double h2d_gbps = 0;         ///< GPU: pinned host -> device copies (0 on the CPU)
   std::string depth_fill = "prefill";
   bool cuda_graphs = false;    ///< GPU decode steps with gpu placement ran as CUDA graphs (--cuda-graphs on)
-  /// GB/s of the history path for a placement (host: H2D; gpu: HBM; cpu: host read).
+  /// GB/s of the history path for a placement (host and partial -- its
+  /// streamed pages --: H2D; gpu: HBM; cpu: host read).
   double history_gbps(const std::string& placement) const {
-    return placement == "host" && h2d_gbps > 0 ? h2d_gbps : weight_gbps;
+    return placement != "gpu" && h2d_gbps > 0 ? h2d_gbps : weight_gbps;
   }
   std::function<std::unique_ptr<BenchSession>(const std::string& format, const std::string& placement, int64_t n_ctx)>
       open;
@@ -103,6 +115,9 @@ struct BenchRow {
   std::vector<double> ms;      ///< per repetition: wall time of the n_tokens
   std::vector<int64_t> depth_start;  ///< per repetition: history tokens when it began
   double history_bytes_per_token = 0;  ///< tg: measured over the timed steps
+  double resident_bytes_per_token = 0; ///< tg, partial placement: read in place on the GPU (HBM) per token
+  std::string requested;       ///< --kv-placement as given (placement: what the session ran)
+  std::string plan;            ///< the session's plan line (BenchSession::plan)
   double floor_ms = 0;         ///< tg: weight + history bytes over the measured bandwidths (0: none)
 
   std::string label() const;   ///< "pp512", "tg128 @ d32768"

@@ -19,19 +19,28 @@ namespace {
 class GpuSession final : public BenchSession {
  public:
   GpuSession(const gguf::File& f, const model::ModelConfig& c, const runtime::RuntimeOptions& o)
-      : rt_(f, c, o), host_(rt_.stats().placement.placement == route::KvPlacement::host) {}
+      : rt_(f, c, o), gpu_(rt_.stats().placement.placement == route::KvPlacement::gpu),
+        plan_(placement_line(rt_.stats(), o.cpu_share)), cpu_share_(gpu_ ? 0.0 : o.cpu_share) {}
   int64_t n_tokens() const override { return rt_.n_tokens(); }
   int32_t prefill(std::span<const int32_t> tokens) override { return rt_.prefill(tokens); }
   int32_t decode(int32_t token) override { return rt_.decode(token); }
   void wait_conversions() override { rt_.wait_conversions(); }
   double history_bytes() const override {
-    return double(host_ ? rt_.stats().streamed_bytes : rt_.stats().resident_bytes);
+    return double(gpu_ ? rt_.stats().resident_bytes : rt_.stats().streamed_bytes);
   }
+  double resident_history_bytes() const override {
+    return rt_.stats().placement.placement == route::KvPlacement::partial ? double(rt_.stats().resident_bytes) : 0.0;
+  }
+  std::string placement() const override { return route::placement_name(rt_.stats().placement.placement); }
+  std::string plan() const override { return plan_; }
+  double cpu_share() const override { return cpu_share_; }
   std::vector<float> last_logits() const override { return rt_.last_logits(); }
 
  private:
   runtime::GpuRuntime rt_;
-  bool host_;
+  bool gpu_;
+  std::string plan_;
+  double cpu_share_;
 };
 
 }  // namespace
@@ -58,13 +67,13 @@ BenchDevice gpu_bench_device(const ModelBenchArgs& a, const gguf::File& f, const
   g.convert_threads = a.convert_threads;
   g.prefill_chunk = a.prefill_chunk;
   g.cuda_graphs = a.cuda_graphs;
-  const double cpu_share = a.cpu_share;
+  g.cpu_share = a.cpu_share;  // resolved per placement by runtime_options (resolve_cpu_share)
+  g.gpu_kv_mem_gib = a.gpu_kv_mem_gib;
   g.sampling.temperature = 0;  // greedy: no sampling cost beyond an argmax, and repeatable
-  d.open = [&f, c, g, cpu_share](const std::string& format, const std::string& placement, int64_t n_ctx) {
+  d.open = [&f, c, g](const std::string& format, const std::string& placement, int64_t n_ctx) {
     GenerateArgs o = g;
     o.kv_format = format;
     o.kv_placement = placement;
-    o.cpu_share = placement == "host" ? cpu_share : 0;
     return std::unique_ptr<BenchSession>(std::make_unique<GpuSession>(f, c, runtime_options(o, n_ctx)));
   };
   return d;

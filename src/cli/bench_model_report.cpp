@@ -106,6 +106,14 @@ std::string markdown_table(const BenchRun& run) {
                        ref.ms > 0 ? fmt::format("{:.2f} ({})", ref.ms, ref.cache) : "—",
                        ref.ms > 0 ? fmt::format("{:.2f}x", ref.ms / ms) : "—");
   }
+  // Which plan each history ran and why (GPU sessions; once per format, placement and depth).
+  std::string last;
+  for (const BenchRow& r : run.rows) {
+    if (r.plan.empty()) continue;
+    const std::string line = fmt::format("- {} {} d{}: {}\n", r.format, r.requested, r.depth, r.plan);
+    if (line != last) out += line;
+    last = line;
+  }
   return out;
 }
 
@@ -123,6 +131,9 @@ std::string json_report(const BenchRun& run) {
                     {"depth", r.depth},
                     {"kv_format", r.format},
                     {"kv_placement", r.placement},
+                    {"kv_placement_requested", r.requested},
+                    {"plan", r.plan},
+                    {"resident_bytes_per_token", opt(r.kind == "tg" && r.placement == "partial", r.resident_bytes_per_token)},
                     {"cpu_share", r.cpu_share < 0 ? nlohmann::json("auto") : nlohmann::json(r.cpu_share)},
                     {"reps_ms", r.ms},
                     {"reps_tokens_per_s", tps_of(r)},
@@ -152,7 +163,8 @@ std::string json_report(const BenchRun& run) {
                  {"head_dim", c.head_dim}, {"ffn_dim", c.ffn_dim}, {"vocab", c.vocab_size},
                  {"params", run.params}, {"file_bytes", run.file_bytes}, {"shape_27b", run.shape_27b}}},
       {"floor", "tg rows: weight_bytes_per_token / weights_gbps + history_bytes_per_token / (h2d_gbps for host "
-                "placement on the GPU, else weights_gbps); pp rows: none. Rows with cpu_share > 0 (co-attention) "
+                "placement on the GPU, else weights_gbps) + resident_bytes_per_token / weights_gbps (partial "
+                "placement); pp rows: none. Rows with cpu_share > 0 (co-attention) "
                 "count only the streamed history bytes: the link's floor, not the floor of link and CPU together"},
       {"llama_cpp", "SPEC §1 figures (H200, random-Q4_0 GGUF of the 27B attention shape), only for that shape"},
       {"rows", rows}};

@@ -119,6 +119,12 @@ void print_summary(const GenerationReport& r) {
                                 : std::string(),
                r.cpu_bytes > 0 ? fmt::format(", {:.2f} MiB attended by the host CPU", r.cpu_bytes / steps / MiB)
                                : std::string());
+  if (r.pages_resident >= 0)
+    fmt::print(stderr, "kv pages/step        {:.1f} resident, {:.1f} streamed, {:.1f} host CPU (global layers){}\n",
+               r.pages_resident / steps, r.pages_streamed / steps, r.pages_cpu / steps,
+               r.residency_upload_bytes > 0
+                   ? fmt::format("; {:.1f} MiB uploaded once to make pages resident", r.residency_upload_bytes / MiB)
+                   : std::string());
   if (!r.co_attention.empty()) fmt::print(stderr, "co-attention         {}\n", r.co_attention);
   if (r.end_of_text) fmt::print(stderr, "stopped at end of text after {} tokens\n", r.generated);
   fmt::print(stderr, "peak RSS             {:10.1f} MiB\n", double(peak_rss_bytes()) / MiB);
@@ -154,6 +160,12 @@ nlohmann::json report_json(const GenerationReport& r) {
           {"cpu_attended_bytes_per_token", or_null(r.cpu_bytes < 0 ? -1 : r.cpu_bytes / steps)},
           {"cpu_share", r.cpu_bytes < 0 ? nlohmann::json(nullptr)
                                         : r.cpu_share < 0 ? nlohmann::json("auto") : nlohmann::json(r.cpu_share)},
+          {"pages_per_step_by_place",
+           r.pages_resident < 0 ? nlohmann::json(nullptr)
+                                : nlohmann::json{{"resident", r.pages_resident / steps},
+                                                 {"streamed", r.pages_streamed / steps},
+                                                 {"cpu", r.pages_cpu / steps}}},
+          {"residency_upload_bytes", or_null(r.residency_upload_bytes)},
           {"co_attention", r.co_attention},
           {"sliding_ring_bytes_per_token", or_null(r.sliding_bytes < 0 ? -1 : r.sliding_bytes / steps)},
           {"ring_bytes_gpu", or_null(r.ring_bytes)},
@@ -182,7 +194,7 @@ void check_args(const GenerateArgs& a, const std::string& device) {
   if (device == "cuda" && a.kv_format == "f32")
     throw Error("--kv-format f32 is the CPU path's reference format; on the GPU use bf16, lossless13, int8s or hybrid");
   if (device == "cpu" && (a.kv_placement != "auto" || a.gpu_kv_mem_gib > 0 || a.matvec_activations != "int8" ||
-                          a.cuda_graphs != "off" || a.cpu_share != 0))
+                          a.cuda_graphs != "off" || a.cpu_share != kCpuShareUnset))
     throw Error("--kv-placement, --gpu-kv-mem, --matvec-activations, --cuda-graphs and --cpu-share apply to --device "
                 "cuda only");
   if (!a.json_out.empty()) check_writable(a.json_out, "generate --json output");
@@ -302,8 +314,9 @@ void add_generate(CLI::App& app, std::function<int()>& run_fn) {
       ->capture_default_str()->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   app.add_option("--kv-placement", a->kv_placement,
                  "GPU: where the history is read each step: host (streamed from pinned host memory), gpu (a "
-                 "copy resident on the GPU), auto (gpu if it fits --gpu-kv-mem)")
-      ->capture_default_str()->check(CLI::IsMember({"auto", "host", "gpu"}));
+                 "copy resident on the GPU), partial (the hot pages resident within --gpu-kv-mem, the rest "
+                 "streamed), auto (gpu if it fits --gpu-kv-mem, else partial, with --cpu-share auto)")
+      ->capture_default_str()->check(CLI::IsMember({"auto", "host", "gpu", "partial"}));
   app.add_option("--gpu-kv-mem", a->gpu_kv_mem_gib, "GPU: GiB the history's device pages may use (0: free memory less a margin); a prompt whose history does not fit streams during prefill")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--matvec-activations", a->matvec_activations,

@@ -35,11 +35,12 @@ struct GenerateArgs {
   int tile_pages = 32;
   int prefill_chunk = 256;
   std::string device = "auto";        // auto | cpu | cuda
-  std::string kv_placement = "auto";  // host | gpu | auto (GPU only)
+  std::string kv_placement = "auto";  // host | gpu | partial | auto (GPU only)
   double gpu_kv_mem_gib = 0;          // GPU budget for the history; 0 = free memory less a margin
   std::string matvec_activations = "int8";  // int8 | f32 (GPU only)
   std::string cuda_graphs = "off";    // on | off: gpu-placement decode steps as CUDA graphs (GPU only)
-  double cpu_share = 0;               // GPU, host placement: share of each layer's pages the CPU attends (issue 12)
+  double cpu_share = kCpuShareUnset;  // GPU, host/partial placement: share of each layer's pages the CPU attends
+                                      // (issue 12); -1 auto; unset: resolve_cpu_share
   std::string json_out;               // --json: the report as JSON
 };
 
@@ -60,6 +61,10 @@ struct GenerationReport {
   double cpu_share = 0;         ///< GPU: --cpu-share (-1: auto)
   std::string co_attention;     ///< GPU, --cpu-share auto: measured rates and the last step's plan
   double sliding_bytes = -1;    ///< GPU: of resident_bytes, read by the sliding layers from their GPU rings
+  /// GPU: page-table entries of the global layers, all decode steps: with a
+  /// device copy, streamed, attended by the host CPU (-1: n/a).
+  double pages_resident = -1, pages_streamed = -1, pages_cpu = -1;
+  double residency_upload_bytes = -1;  ///< GPU, partial placement: bytes uploaded to make pages resident
   double ring_bytes = -1;       ///< GPU: device bytes of the sliding layers' rings
   double weight_bytes = -1;     ///< GPU: weights on the GPU, in their GGUF types
   std::string prefill_history;  ///< GPU: where the prompt's history lived during prefill (one line)
@@ -91,6 +96,10 @@ std::string resolve_device(const std::string& device);
 int run_generate_gpu(const GenerateArgs& a);
 /// The runtime's options as `a` asks, for a history of n_ctx tokens.
 runtime::RuntimeOptions runtime_options(const GenerateArgs& a, int64_t n_ctx);
+/// The summary's one line on where the history is read and why: the
+/// placement's reason (partial: the resident pages per layer) and the host
+/// CPU's share (runtime cpu_share: -1 auto).
+std::string placement_line(const runtime::RuntimeStats& st, double cpu_share);
 /// True if a usable CUDA GPU is present (for --device auto).
 bool gpu_present();
 #endif

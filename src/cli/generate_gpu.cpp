@@ -36,7 +36,7 @@ runtime::RuntimeOptions runtime_options(const GenerateArgs& a, int64_t n_ctx) {
   o.prefill_chunk = a.prefill_chunk;
   o.f32_activations = a.matvec_activations == "f32";
   o.cuda_graphs = a.cuda_graphs == "on";
-  o.cpu_share = a.cpu_share;
+  o.cpu_share = resolve_cpu_share(a.cpu_share, a.kv_placement);
   o.sampling = sampler_params(a);
   return o;
 }
@@ -53,6 +53,15 @@ std::string prefill_history(const runtime::RuntimeStats& st) {
 }
 
 }  // namespace
+
+std::string placement_line(const runtime::RuntimeStats& st, double cpu_share) {
+  if (st.placement.placement == route::KvPlacement::gpu) return st.placement.reason;
+  const std::string cpu = cpu_share < 0   ? "the streamed pages split between the link and the host CPU by the planner "
+                                            "(--cpu-share auto)"
+                          : cpu_share > 0 ? fmt::format("{:.0f} % of each layer's pages to the host CPU", 100 * cpu_share)
+                                          : "no host CPU share (--cpu-share 0)";
+  return st.placement.reason + "; " + cpu;
+}
 
 int run_generate_gpu(const GenerateArgs& a) {
   GenerationReport r;
@@ -78,7 +87,7 @@ int run_generate_gpu(const GenerateArgs& a) {
   r.ring_bytes = double(st.ring_bytes);
   r.device = st.device;
   r.kv_format = a.kv_format;
-  r.placement = st.placement.reason;
+  r.placement = placement_line(st, resolve_cpu_share(a.cpu_share, a.kv_placement));
   r.weight_bytes = double(st.weight_bytes);
   r.prompt_tokens = int64_t(prompt.size());
   fmt::print(stderr, "activekv: {} | {}, weights {:.1f} MiB in GGUF types | {} layers, {} KV heads x {} | {} history, "
@@ -107,7 +116,11 @@ int run_generate_gpu(const GenerateArgs& a) {
   r.streamed_bytes = double(st.streamed_bytes);
   r.resident_bytes = double(st.resident_bytes);
   r.cpu_bytes = double(st.cpu_bytes);
-  r.cpu_share = a.cpu_share;
+  r.cpu_share = st.placement.placement == route::KvPlacement::gpu ? 0.0 : resolve_cpu_share(a.cpu_share, a.kv_placement);
+  r.pages_resident = double(st.resident_pages);
+  r.pages_streamed = double(st.streamed_pages);
+  r.pages_cpu = double(st.cpu_pages);
+  r.residency_upload_bytes = double(st.residency_upload_bytes);
   r.co_attention = st.co_attention;
   r.sliding_bytes = double(st.sliding_bytes);
   report(a, r);

@@ -49,11 +49,24 @@ inline CLI::Option* add_cuda_graphs_option(CLI::App& app, std::string& cuda_grap
       ->capture_default_str()->check(CLI::IsMember({"on", "off"}));
 }
 
-/// --cpu-share F: with the history streamed (host placement), the share of
-/// each layer's pages, oldest first, that the host CPU attends in place while
-/// the GPU streams the rest (co-attention; runtime::RuntimeOptions::cpu_share).
+/// --cpu-share not given: auto where pages stream by default (placement auto
+/// or partial), none with an explicit --kv-placement host (today's link-only
+/// streaming: `--kv-placement host` alone keeps meaning what it meant).
+constexpr double kCpuShareUnset = -2;
+
+/// The runtime's cpu_share (runtime::RuntimeOptions::cpu_share: -1 auto) for
+/// a --cpu-share value and a --kv-placement name.
+inline double resolve_cpu_share(double cpu_share, const std::string& placement) {
+  if (cpu_share != kCpuShareUnset) return cpu_share;
+  return placement == "host" || placement == "gpu" ? 0.0 : -1.0;
+}
+
+/// --cpu-share F: with pages streamed (host or partial placement), the share
+/// of each layer's pages, oldest first, that the host CPU attends in place
+/// while the GPU streams the rest (co-attention; runtime::RuntimeOptions::cpu_share).
 /// "auto" (the planner balances the link and the CPU from rates measured at
-/// start: route/co_attention_plan.h) is stored as -1.
+/// start: route/co_attention_plan.h) is stored as -1; not given: kCpuShareUnset
+/// (resolve_cpu_share).
 inline CLI::Option* add_cpu_share_option(CLI::App& app, double& cpu_share) {
   return app
       .add_option_function<std::string>(
@@ -69,9 +82,10 @@ inline CLI::Option* add_cpu_share_option(CLI::App& app, double& cpu_share) {
               throw CLI::ValidationError("--cpu-share", "'" + v + "' is neither auto nor a share in [0, 1)");
             cpu_share = f;
           },
-          "GPU, host placement: share of each layer's history pages (oldest first) the host CPU attends in place "
-          "while the GPU streams the rest (co-attention), in [0, 1), or auto (balanced from rates measured at start)")
-      ->default_str("0");
+          "GPU, host or partial placement: share of each layer's streamed history pages (oldest first) the host CPU "
+          "attends in place while the GPU streams the rest (co-attention), in [0, 1), or auto (balanced from rates "
+          "measured at start)")
+      ->default_str("auto with --kv-placement auto|partial, 0 with host");
 }
 
 }  // namespace activekv::cli

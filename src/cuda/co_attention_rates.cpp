@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "activekv/cpu/decode_attention.h"
+#include "activekv/cuda/device_pages.h"
 #include "activekv/kv/codec_int8s.h"
 #include "activekv/kv/page_store.h"
 #include "cuda_check.h"
@@ -155,6 +156,38 @@ double layer_latency_ms(const cpu::DecodeShape& ds, const cpu::PageRef& first_pa
   return per_round[per_round.size() / 2];
 }
 
+// The GPU over resident pages as the decode engine reads them: one layer
+// of the shape, every page of `table` with a device copy, step after step for
+// `seconds`. GB/s of history read in place (DecodeEngine::resident_bytes_per_step).
+double resident_rate(const AttnShape& sh, const std::vector<PageRef>& table, double seconds) {
+  EngineConfig ec;
+  ec.n_layers = 1;
+  ec.attn = sh;
+  ec.tile_pages = 0;
+  DecodeEngine engine(ec);
+  uint64_t largest = 0;
+  for (const PageRef& r : table) largest = std::max(largest, r.bytes);
+  ResidentPages resident(size_t(largest), table.size());
+  SeqPages seq;
+  seq.n_tokens = int64_t(table.size()) * sh.page_size;
+  seq.tables = {table};
+  engine.update(resident.place({seq}));
+  const size_t q_floats = size_t(sh.n_q_heads()) * size_t(sh.head_dim);
+  DevBuf q(q_floats * sizeof(float), "co-attention calibration: resident q");
+  DevBuf out(q_floats * sizeof(float), "co-attention calibration: resident out");
+  AKV_CUDA(cudaMemset(q.p, 0, q_floats * sizeof(float)));
+  engine.enqueue_step(static_cast<const float*>(q.p), static_cast<float*>(out.p), nullptr);  // warm-up
+  engine.synchronize();
+  size_t steps = 0;
+  const auto t0 = Clock::now();
+  do {
+    for (int i = 0; i < 10; ++i, ++steps)
+      engine.enqueue_step(static_cast<const float*>(q.p), static_cast<float*>(out.p), nullptr);
+    engine.synchronize();
+  } while (seconds_since(t0) < seconds);
+  return double(engine.resident_bytes_per_step()) * double(steps) / seconds_since(t0) / 1e9;
+}
+
 }  // namespace
 
 std::vector<route::PlanPage> plan_pages(const std::vector<PageRef>& table) {
@@ -171,10 +204,12 @@ std::vector<route::PlanPage> plan_pages(const std::vector<PageRef>& table) {
 
 std::string CoAttentionCalibration::describe() const {
   return fmt::format("link {:.1f} GB/s alone, {:.1f} with the CPU busy; CPU bf16 {:.1f} / {:.1f}, int8s {:.1f} / {:.1f} "
-                     "GB/s alone / with the link busy ({} threads, {:.0f} MiB of history); CPU layer latency {:.3f} ms",
+                     "GB/s alone / with the link busy ({} threads, {:.0f} MiB of history); CPU layer latency {:.3f} ms; "
+                     "GPU resident bf16 {:.0f}, int8s {:.0f} GB/s",
                      link_alone_gbps, together.link_gbps, cpu_bf16_alone_gbps, together.cpu_bf16_gbps,
                      cpu_int8s_alone_gbps, together.cpu_int8s_gbps, together.cpu_threads,
-                     double(history_bytes) / double(1 << 20), together.cpu_layer_latency_ms);
+                     double(history_bytes) / double(1 << 20), together.cpu_layer_latency_ms,
+                     together.resident_bf16_gbps, together.resident_int8s_gbps);
 }
 
 CoAttentionCalibration measure_co_attention_rates(const AttnShape& sh, int cpu_threads, double seconds) {
@@ -238,6 +273,16 @@ CoAttentionCalibration measure_co_attention_rates(const AttnShape& sh, int cpu_t
   c.together.link_gbps = 0.5 * (link_a + link_b);
   c.together.cpu_bf16_gbps = cpu_b;
   c.together.cpu_int8s_gbps = cpu_i;
+  {  // the same pages resident on the GPU (HBM time: the planner's price of a resident page)
+    std::vector<PageRef> bf16_table, int8s_table;
+    for (size_t p = 0; p < n_pages; ++p) {
+      bf16_table.push_back(PageRef{reinterpret_cast<const std::byte*>(page_of(p).data()), nullptr, sh.page_bytes(),
+                                   PageKind::bf16});
+      int8s_table.push_back(PageRef{blobs[p].bytes.data(), nullptr, blobs[p].bytes.size(), PageKind::int8s});
+    }
+    c.together.resident_bf16_gbps = resident_rate(sh, bf16_table, seconds);
+    c.together.resident_int8s_gbps = resident_rate(sh, int8s_table, seconds);
+  }
   return c;
 }
 

@@ -20,12 +20,16 @@ void CoAttentionRates::validate() const {
   positive(cpu_int8s_gbps, "the CPU over int8s pages");
   if (!(cpu_layer_latency_ms >= 0 && std::isfinite(cpu_layer_latency_ms)))
     throw InvalidArgument(fmt::format("co-attention rates: a CPU layer latency of {} ms", cpu_layer_latency_ms));
+  for (const double r : {resident_bf16_gbps, resident_int8s_gbps})
+    if (!(r >= 0 && std::isfinite(r)))
+      throw InvalidArgument(fmt::format("co-attention rates: a resident rate of {} GB/s (0: not measured)", r));
 }
 
 std::string CoAttentionPlan::describe() const {
-  return fmt::format("CPU {} pages per layer ({:.0f} %): link {:.2f} ms, CPU {:.2f} ms -> {:.2f} ms predicted "
+  const std::string resident = resident_ms > 0 ? fmt::format(", resident {:.2f} ms", resident_ms) : std::string();
+  return fmt::format("CPU {} pages per layer ({:.0f} %): link {:.2f} ms{}, CPU {:.2f} ms -> {:.2f} ms predicted "
                      "(link alone {:.2f} ms)",
-                     cpu_pages, 100 * share, link_ms, cpu_ms, predicted_ms, link_only_ms);
+                     cpu_pages, 100 * share, link_ms, resident, cpu_ms, predicted_ms, link_only_ms);
 }
 
 namespace {
@@ -39,14 +43,22 @@ CoAttentionPlan walk(std::span<const PlanPage> layer, int n_layers, const CoAtte
     throw InvalidArgument(fmt::format("co-attention plan: the link alone at {} GB/s is not a positive rate", link_alone_gbps));
   if (n_layers <= 0) throw InvalidArgument("co-attention plan: n_layers must be positive");
   const double L = double(n_layers);
-  double streamed = 0;  // bytes per layer over the link with no CPU share
-  for (const PlanPage& p : layer)
-    if (!p.resident) streamed += double(p.bytes);
   auto ms = [](double bytes, double gbps) { return bytes / (gbps * 1e6); };
+  double streamed = 0;     // bytes per layer over the link with no CPU share
+  double resident_ms = 0;  // per layer: the GPU over the resident pages (0 where the rate was not measured)
+  for (const PlanPage& p : layer) {
+    if (!p.resident) {
+      streamed += double(p.bytes);
+      continue;
+    }
+    const double rate = p.kind == PlanPage::int8s ? rates.resident_int8s_gbps : rates.resident_bf16_gbps;
+    if (rate > 0) resident_ms += ms(double(p.bytes), rate);
+  }
 
   CoAttentionPlan best;
-  best.link_only_ms = L * ms(streamed, link_alone_gbps);
-  best.link_ms = best.predicted_ms = best.link_only_ms;  // zero CPU pages: the link alone
+  best.resident_ms = L * resident_ms;
+  best.link_ms = L * ms(streamed, link_alone_gbps);
+  best.link_only_ms = best.predicted_ms = std::max(best.link_ms, best.resident_ms);  // zero CPU pages
   double link_bytes = streamed, cpu_ms = rates.cpu_layer_latency_ms;
   size_t taken = 0;
   for (const PlanPage& p : layer) {
@@ -55,7 +67,7 @@ CoAttentionPlan walk(std::span<const PlanPage> layer, int n_layers, const CoAtte
     cpu_ms += ms(double(p.bytes), p.kind == PlanPage::bf16 ? rates.cpu_bf16_gbps : rates.cpu_int8s_gbps);
     ++taken;
     const double link_ms = ms(link_bytes, rates.link_gbps);
-    const double step = L * std::max(link_ms, cpu_ms);
+    const double step = L * std::max({link_ms, resident_ms, cpu_ms});
     if (keep(taken, step, best.predicted_ms)) {
       best.cpu_pages = taken;
       best.link_ms = L * link_ms;

@@ -59,9 +59,14 @@ HistoryView::HistoryView(kv::SequenceKv& seq, const std::vector<int>& windows, i
   const cuda::GpuMemory mem = cuda::gpu_memory();
   const size_t budget = opt.gpu_kv_mem > 0 ? opt.gpu_kv_mem : route::default_gpu_kv_budget(mem.free, mem.total);
   budget_ = budget;
-  stats.placement = route::choose_placement(opt.placement, history, budget);
+  stats.placement = route::choose_placement(opt.placement, history, budget, size_t(L) * shape.page_bytes());
   placement_ = stats.placement.placement;
-  if (host_placement()) {
+  if (partial_placement()) {  // the pools are taken at the first decode step (prefill runs as host)
+    residency_ = route::plan_residency(opt.route, opt.n_ctx, shape.page_size, L, shape.page_bytes(), enc_slot, budget);
+    stats.residency = residency_;
+    stats.placement.reason += "; " + residency_.describe();
+  }
+  if (!gpu_placement()) {
     pages_ = std::make_unique<cuda::DevicePagePool>(shape.page_bytes(), size_t(L), "the tail pages");
   } else {
     pages_ = std::make_unique<cuda::DevicePagePool>(shape.page_bytes(), n_pages, "the resident history");
@@ -73,7 +78,7 @@ HistoryView::HistoryView(kv::SequenceKv& seq, const std::vector<int>& windows, i
   tables_dev_ = static_cast<const void**>(cuda::device_malloc(n_pages * sizeof(void*), "the prefill page tables"));
   cuda::check_cuda(cudaMemset(tables_dev_, 0, n_pages * sizeof(void*)), "clear the prefill page tables");
   dev_encoded_.assign(size_t(L), std::vector<DevPage>(size_t(pages_per_layer_)));
-  if (opt.cpu_share < 0 && host_placement()) {  // co-attention, auto: the planner's rates, measured once
+  if (opt.cpu_share < 0 && !gpu_placement()) {  // co-attention, auto: the planner's rates, measured once
     const int threads = opt.cpu_threads > 0 ? opt.cpu_threads : std::max(1, int(std::thread::hardware_concurrency()) - 1);
     calibration_ = cuda::measure_co_attention_rates(attn, threads, 0.1);
     stats.co_attention = calibration_->describe();
@@ -136,7 +141,7 @@ void HistoryView::drop_copy(int layer, size_t page) {
 }
 
 route::PrefillPlan HistoryView::plan_prefill(int64_t n_new, int chunk, int stream_chunk, bool allow_resident) const {
-  if (!host_placement()) {  // every page has a device copy already
+  if (gpu_placement()) {  // every page has a device copy already
     route::PrefillPlan p;
     p.chunk = chunk;
     return p;
@@ -157,8 +162,12 @@ route::PrefillPlan HistoryView::plan_prefill(int64_t n_new, int chunk, int strea
 }
 
 void HistoryView::begin_prefill(const route::PrefillPlan& plan, cudaStream_t s) {
-  if (!host_placement()) return;
+  if (gpu_placement()) return;
   if (prompt_) prefill_done(s);  // an earlier prefill stopped by an error: keep its tails, free the rest
+  if (partial_placement()) {  // the budget goes to the prompt while it runs: the next decode step re-takes the pools
+    cuda::check_cuda(cudaStreamSynchronize(s), "before giving back the resident pages");
+    release_residency();
+  }
   const kv::KvShape& shape = seq_.shape();
   if (!plan.streamed) {
     prompt_ = std::make_unique<cuda::DevicePagePool>(shape.page_bytes(), plan.device_bytes / shape.page_bytes(),
@@ -180,9 +189,10 @@ void HistoryView::begin_prefill(const route::PrefillPlan& plan, cudaStream_t s) 
 void HistoryView::prepare(int64_t pos0, int T, bool prefill, cudaStream_t s) {
   const int ps = seq_.shape().page_size;
   const size_t last = size_t((pos0 + T - 1) / ps);
+  if (partial_placement() && !prefill) take_residency();
   for (int l = 0; l < seq_.shape().n_layers; ++l) {
     std::vector<DevPage>& d = dev_[size_t(l)];
-    if (!host_placement()) {
+    if (gpu_placement()) {
       for (size_t p = 0; p <= last; ++p)
         if (!d[p].ptr) give_copy(l, p, *pages_, int64_t(p) * ps < pos0, s);
       continue;
@@ -195,6 +205,10 @@ void HistoryView::prepare(int64_t pos0, int T, bool prefill, cudaStream_t s) {
       }
       for (size_t p = 0; p <= last; ++p)
         if (!d[p].ptr) give_copy(l, p, *prompt_, int64_t(p) * ps < pos0, s);
+      continue;
+    }
+    if (partial_placement()) {  // the tail and the hot pages the budget holds
+      place_layer(l, pos0, pos0 + T, s);
       continue;
     }
     // host decode: only the tail page lives on the GPU.
@@ -271,10 +285,7 @@ std::vector<cuda::SeqPages> HistoryView::engine_tables(int64_t n_tokens, cudaStr
       continue;
     }
     const int l = store_of_[ml];
-    route::PublishedFn published;
-    if (compressed_)
-      published = [&](size_t page, route::ReadFormat f) { return !compressed_->published(l, page, codec_of(f)).empty(); };
-    const route::RoutePlan plan = route::plan_route(opt_.route, n_tokens, shape.page_size, published);
+    const route::RoutePlan plan = route_plan(l, n_tokens);
     stats_.pages.add(plan);
     for (size_t p = 0; p < n_pages; ++p) {
       const route::ReadFormat f = plan.page_format[p];
@@ -286,7 +297,7 @@ std::vector<cuda::SeqPages> HistoryView::engine_tables(int64_t n_tokens, cudaStr
       }
       const std::span<const std::byte> e = compressed_->published(l, p, codec_of(f));
       DevPage& d = dev_encoded_[size_t(l)][p];
-      if (encoded_ && !d.ptr) {  // gpu placement: the encoded page is read on the GPU too
+      if (gpu_placement() && !d.ptr) {  // the encoded page is read on the GPU too (partial: place_layer chose)
         d.ptr = encoded_->acquire();
         d.pool = encoded_.get();
         cuda::check_cuda(cudaMemcpyAsync(d.ptr, e.data(), e.size(), cudaMemcpyHostToDevice, s),
@@ -295,9 +306,114 @@ std::vector<cuda::SeqPages> HistoryView::engine_tables(int64_t n_tokens, cudaStr
       table[p] = cuda::PageRef{e.data(), d.ptr, e.size(), kind_of(f)};
       stats_.pages.bytes += double(e.size());
     }
-    if (opt_.cpu_share != 0 && host_placement()) share_with_cpu(l, table);
+    if (opt_.cpu_share != 0 && !gpu_placement()) share_with_cpu(l, table);
+    for (const cuda::PageRef& r : table) ++(r.cpu ? stats_.cpu_pages : r.device ? stats_.resident_pages : stats_.streamed_pages);
   }
   return out;
+}
+
+route::RoutePlan HistoryView::route_plan(int l, int64_t n_tokens) const {
+  route::PublishedFn published;
+  if (compressed_)
+    published = [&](size_t page, route::ReadFormat f) { return !compressed_->published(l, page, codec_of(f)).empty(); };
+  return route::plan_route(opt_.route, n_tokens, seq_.shape().page_size, published);
+}
+
+// Partial placement: the pools plan_residency sized, taken at the first
+// decode step after a prefill (which had the budget for the prompt).
+void HistoryView::take_residency() {
+  const size_t L = size_t(seq_.shape().n_layers);
+  if (!resident_ && residency_.bf16_slots > 0)
+    resident_ = std::make_unique<cuda::DevicePagePool>(seq_.shape().page_bytes(), L * residency_.bf16_slots,
+                                                       "the resident pages (partial placement)");
+  if (!encoded_ && residency_.encoded_slots > 0)
+    encoded_ = std::make_unique<cuda::DevicePagePool>(max_encoded_bytes(codecs_.at(0), seq_.shape()),
+                                                      L * residency_.encoded_slots,
+                                                      "the resident encoded pages (partial placement)");
+}
+
+// Gives back every resident copy but the tails (pages_), and the pools.
+void HistoryView::release_residency() {
+  for (int l = 0; l < seq_.shape().n_layers; ++l)
+    for (size_t p = 0; p < dev_[size_t(l)].size(); ++p) {
+      if (resident_ && dev_[size_t(l)][p].pool == resident_.get()) drop_copy(l, p);
+      drop_encoded(l, p);
+    }
+  resident_.reset();
+  encoded_.reset();
+}
+
+void HistoryView::drop_encoded(int layer, size_t page) {
+  DevPage& d = dev_encoded_[size_t(layer)][page];
+  if (!d.ptr) return;
+  d.pool->release(d.ptr);
+  d = DevPage{};
+}
+
+// Partial placement, one store layer, before a decode step over n_tokens
+// tokens (rows from pos0 on): route/residency.h chooses the pages to keep,
+// in the format the route reads them now, within the layer's share of the
+// budget and the pools' slots. Copies it no longer wants go first, so the
+// slots they free serve the pages it wants; the last tail (a full page now)
+// moves from the tail pool to the resident one on the GPU (no upload).
+void HistoryView::place_layer(int l, int64_t pos0, int64_t n_tokens, cudaStream_t s) {
+  const kv::KvShape& shape = seq_.shape();
+  const route::RoutePlan plan = route_plan(l, n_tokens);
+  const size_t n = plan.page_format.size(), last = n - 1;
+  std::vector<route::ResidencyPage> pages(n);
+  for (size_t p = 0; p < n; ++p) {
+    const route::ReadFormat f = plan.page_format[p];
+    pages[p] = f == route::ReadFormat::exact
+                   ? route::ResidencyPage{shape.page_bytes(), false}
+                   : route::ResidencyPage{compressed_->published(l, p, codec_of(f)).size(), true};
+  }
+  const route::ResidencyLimits limits{budget_ / uint64_t(shape.n_layers), residency_.bf16_slots,
+                                      residency_.encoded_slots};
+  const std::vector<bool> want = route::choose_resident_pages(pages, opt_.route.sink_pages, opt_.route.recent_pages, limits);
+  std::vector<DevPage>& d = dev_[size_t(l)];
+  for (size_t p = 0; p < last; ++p) {
+    if (d[p].ptr && !(want[p] && !pages[p].encoded)) drop_copy(l, p);
+    if (!(want[p] && pages[p].encoded)) drop_encoded(l, p);
+  }
+  for (size_t p = 0; p < last; ++p)  // the former tail, first: its tail slot goes to the new tail
+    if (d[p].pool == pages_.get()) keep_resident(l, p, false, plan.page_format[p], s);
+  if (!d[last].ptr) give_copy(l, last, *pages_, int64_t(last) * shape.page_size < pos0, s);
+  for (size_t p = 0; p < last; ++p)
+    if (want[p]) keep_resident(l, p, pages[p].encoded, plan.page_format[p], s);
+}
+
+// Page `page` of store layer l keeps a device copy in the resident pools:
+// bf16 (moved on the GPU from the tail pool, else uploaded) or encoded
+// (uploaded once: a published page never changes). A full pool leaves it
+// streamed.
+void HistoryView::keep_resident(int l, size_t page, bool encoded, route::ReadFormat f, cudaStream_t s) {
+  if (encoded) {
+    DevPage& e = dev_encoded_[size_t(l)][page];
+    if (e.ptr || !encoded_ || encoded_->free_slots() == 0) return;
+    const std::span<const std::byte> blob = compressed_->published(l, page, codec_of(f));
+    e = DevPage{encoded_->acquire(), encoded_.get()};
+    cuda::check_cuda(cudaMemcpyAsync(e.ptr, blob.data(), blob.size(), cudaMemcpyHostToDevice, s),
+                     "upload an encoded page (partial placement)");
+    stats_.residency_upload_bytes += blob.size();
+    return;
+  }
+  DevPage& d = dev_[size_t(l)][page];
+  if (resident_ && d.ptr && d.pool == resident_.get()) return;
+  if (!resident_ || resident_->free_slots() == 0) {
+    drop_copy(l, page);  // no room: it streams (a tail copy leaves the tail pool either way)
+    return;
+  }
+  std::byte* slot = resident_->acquire();
+  const size_t bytes = seq_.shape().page_bytes();
+  if (d.ptr) {
+    cuda::check_cuda(cudaMemcpyAsync(slot, d.ptr, bytes, cudaMemcpyDeviceToDevice, s), "keep a full tail page resident");
+    drop_copy(l, page);
+  } else {
+    cuda::check_cuda(cudaMemcpyAsync(slot, host_page(l, page), bytes, cudaMemcpyHostToDevice, s),
+                     "upload a page (partial placement)");
+    stats_.residency_upload_bytes += bytes;
+  }
+  set_copy(l, page, DevPage{slot, resident_.get()});
 }
 
 // The oldest pages the CPU can read go to the host CPU (co-attention): as

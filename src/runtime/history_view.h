@@ -5,6 +5,13 @@
 // prefill keeps the prompt's history (resident, or streamed per chunk through
 // a staging area when it does not fit the GPU budget: prefill_stream.h).
 //
+// Placements: gpu (every page has a device copy), host (only each layer's
+// tail page), partial (the tail plus the hot pages route/residency.h chooses
+// each decode step within the budget: a bf16 copy for a page read exact, an
+// encoded copy for a page read compressed; the rest streams). With partial,
+// prefill runs as with host (the resident copies are given back first) and
+// the resident pools are taken again by the next decode step.
+//
 // Layers: the model's layers that attend the whole history ("global") keep
 // it in the page store -- store layer g is the g-th global model layer; the
 // sliding-window layers (Gemma 3's local ones) keep theirs only in a GPU ring
@@ -24,6 +31,7 @@
 #include "activekv/cuda/prefill.h"
 #include "activekv/kv/page_store.h"
 #include "activekv/route/prefill_plan.h"
+#include "activekv/route/residency.h"
 #include "activekv/runtime/gpu_runtime.h"
 #include "prefill_stream.h"
 #include "sliding_ring.h"
@@ -97,10 +105,18 @@ class HistoryView {
   void set_table(int layer, size_t page, const void* ptr);
   void submit_tables(cudaStream_t s);
   void prepare_streamed(int l, int64_t pos0, size_t last, cudaStream_t s);
+  route::RoutePlan route_plan(int layer, int64_t n_tokens) const;  // layer: a store layer
+  void take_residency();
+  void place_layer(int l, int64_t pos0, int64_t n_tokens, cudaStream_t s);
+  void keep_resident(int l, size_t page, bool encoded, route::ReadFormat f, cudaStream_t s);
+  void drop_encoded(int layer, size_t page);
+  void release_residency();
   void share_with_cpu(int layer, std::vector<cuda::PageRef>& table);
   int store_layer(int layer) const;  // the global model layer's store layer
   const std::byte* host_page(int layer, size_t page) const;
   bool host_placement() const { return placement_ == route::KvPlacement::host; }
+  bool gpu_placement() const { return placement_ == route::KvPlacement::gpu; }
+  bool partial_placement() const { return placement_ == route::KvPlacement::partial; }
 
   kv::SequenceKv& seq_;
   std::vector<int> windows_;   // [model layer]
@@ -111,12 +127,14 @@ class HistoryView {
   RuntimeStats& stats_;
   route::KvPlacement placement_ = route::KvPlacement::host;
   int64_t pages_per_layer_ = 0;
-  std::unique_ptr<cuda::DevicePagePool> pages_;    // gpu: every page; host: each layer's tail page
+  std::unique_ptr<cuda::DevicePagePool> pages_;    // gpu: every page; host, partial: each layer's tail page
+  std::unique_ptr<cuda::DevicePagePool> resident_; // partial: full bf16 pages kept (taken at decode, freed at prefill)
+  route::ResidencyPlan residency_;                 // partial: the pools' sizes per layer
   size_t budget_ = 0;                              // GPU budget for the history's device pages
   std::unique_ptr<cuda::DevicePagePool> prompt_;   // host: the prompt's pages (streamed: the chunk's) while prefill runs
   std::unique_ptr<PrefillStream> stream_;          // host, streamed prefill: the staging
   bool streamed_ = false;                          // the prefill in progress streams its history
-  std::unique_ptr<cuda::DevicePagePool> encoded_;  // gpu: encoded pages the route reads
+  std::unique_ptr<cuda::DevicePagePool> encoded_;  // gpu: encoded pages the route reads; partial: those kept
   std::vector<std::vector<DevPage>> dev_;          // [layer][page] device copy of the bf16 page
   std::vector<std::vector<DevPage>> dev_encoded_;  // [layer][page] device copy of the encoded page
   std::vector<kv::CodecFormat> codecs_;            // the route's compressed format, if any

@@ -76,6 +76,11 @@ for key, r in rows.items():
         assert r["history_bytes_per_token"] > 0 or r["depth"] == 0, key
     else:
         assert r["floor_ms"] is None, key
+    # The plan line names the placement that ran (GPU); partial says what stays resident.
+    if r["kv_placement"] == "partial":
+        assert r["plan"].startswith("partial") and "resident" in r["plan"], (key, r["plan"])
+        if r["kind"] == "tg" and r["depth"] > 0:
+            assert r["resident_bytes_per_token"] > 0 and r["history_bytes_per_token"] > 0, key
 print("ok: bench JSON,", len(rows), "rows")
 EOF
   "$AKV" bench -m "$model" $1 --kv-placement "$2" -p 16 -n 4 -d 64 -r 1 -o md > "$TMP/bench.md" 2> "$TMP/bench.log" \
@@ -93,7 +98,10 @@ case $CASE in
     expect 1 "bench: -r 0: at least one repetition" -- bench -m "$m" --device cpu -r 0
     expect 1 "bench: nothing to run" -- bench -m "$m" --device cpu -n 0 -p 0
     expect 1 "bench: --kv-placement gpu needs --device cuda" -- bench -m "$m" --device cpu --kv-placement host,gpu
-    expect 1 "bench: --kv-placement disk: host or gpu" -- bench -m "$m" --device cpu --kv-placement disk
+    expect 1 "bench: --kv-placement disk: auto, host, gpu or partial" -- bench -m "$m" --device cpu --kv-placement disk
+    expect 1 "bench: --kv-placement partial needs --device cuda" -- bench -m "$m" --device cpu --kv-placement partial
+    expect 1 "bench: --gpu-kv-mem applies to --device cuda only" -- bench -m "$m" --device cpu --gpu-kv-mem 1
+    expect 1 "bench: --cpu-share applies to --device cuda only" -- bench -m "$m" --device cpu --cpu-share 0
     expect 1 "bench: --cuda-graphs applies to --device cuda only" -- bench -m "$m" --device cpu --cuda-graphs on
     expect 1 "not enough memory for the KV page store" -- bench -m "$m" --device cpu -d 1000000000 -p 0 -n 1
     expect 1 "cannot write bench --json output" -- bench -m "$m" --device cpu --json /nonexistent_dir/x.json
@@ -105,6 +113,9 @@ case $CASE in
   bench_gpu)  # the same through runtime::GpuRuntime, streamed (host) and resident (gpu)
     check_bench "--device cuda" host,gpu
     check_bench "--device cuda --cuda-graphs on" host,gpu  # gpu placement's decode steps as CUDA graphs
+    # A budget of ~3 of the 7 pages per layer the rows need (the tiny model's page: 8 KiB): partial residency,
+    # the rest streamed and split with the host CPU by the planner (--cpu-share auto, the default there).
+    check_bench "--device cuda --gpu-kv-mem 0.00005" partial
     ;;
   bad_args)  # rejected by the same validators in generate and eval, before any work
     expect 105 "--threads: Value 0 not in range" -- generate -t 0

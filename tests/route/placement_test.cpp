@@ -9,11 +9,11 @@ namespace {
 
 constexpr size_t GiB = size_t(1) << 30;
 
-TEST(Placement, AutoPicksGpuOnlyWhenTheHistoryFits) {
+TEST(Placement, AutoPicksGpuOnlyWhenTheHistoryFits) {  // else partial (room past the tails: none counted here)
   EXPECT_EQ(choose_placement(KvPlacement::automatic, 2 * GiB, 3 * GiB).placement, KvPlacement::gpu);
   EXPECT_EQ(choose_placement(KvPlacement::automatic, 3 * GiB, 3 * GiB).placement, KvPlacement::gpu);
   const PlacementChoice c = choose_placement(KvPlacement::automatic, 3 * GiB + 1, 3 * GiB);
-  EXPECT_EQ(c.placement, KvPlacement::host);
+  EXPECT_EQ(c.placement, KvPlacement::partial);
   EXPECT_NE(c.reason.find("exceeds"), std::string::npos) << c.reason;
 }
 
@@ -38,7 +38,7 @@ TEST(Placement, DefaultBudgetKeepsAMargin) {
 }
 
 TEST(Placement, NamesRoundTrip) {
-  for (KvPlacement p : {KvPlacement::host, KvPlacement::gpu, KvPlacement::automatic})
+  for (KvPlacement p : {KvPlacement::host, KvPlacement::gpu, KvPlacement::partial, KvPlacement::automatic})
     EXPECT_EQ(parse_placement(placement_name(p)), p);
   EXPECT_THROW(parse_placement("cpu"), InvalidArgument);
 }

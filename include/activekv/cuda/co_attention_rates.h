@@ -13,7 +13,10 @@
 // kernel runs. Bytes of history per second (cpu::history_bytes), 1e9 bytes
 // per GB. The CPU layer latency: a small copy down, a host function running
 // the kernel over 16 tokens, a small copy up, on one stream, timed over 50
-// rounds. About 5 x `seconds` plus the encoding (a fraction of a second).
+// rounds. The GPU over resident pages (the planner's price of a page with a
+// device copy): the decode engine over device copies of the same bf16 pages,
+// then of their int8s encoding, one layer, step after step for `seconds`
+// each. About 7 x `seconds` plus the encoding (a fraction of a second).
 #pragma once
 
 #include <vector>

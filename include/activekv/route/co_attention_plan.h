@@ -4,13 +4,17 @@
 //
 // Model. Per layer and decode step the two paths run side by side and the
 // layer's merge waits for both, so a layer costs
-//     max(link bytes / link rate, CPU latency + sum over kinds of CPU bytes / CPU rate)
-// and a step costs the sum over layers. The rates are the ones measured with
+//     max(GPU path, CPU latency + sum over kinds of CPU bytes / CPU rate)
+//     GPU path = max(link bytes / link rate, sum over kinds of resident bytes / resident rate)
+// and a step costs the sum over layers. Resident pages (a device copy:
+// partial residency, route/residency.h) cost HBM time and no link bytes; the
+// engine attends them first while the copy stream brings the streamed
+// tiles, so the two overlap (max, not sum). The rates are the ones measured with
 // both paths busy at once (cuda/co_attention_rates.h): host memory is shared,
 // so the DMA slows while the CPU reads and the CPU slows while the DMA reads.
 // The CPU takes the oldest pages first (their position does not matter to
 // the cost; oldest-first keeps the recent, GPU-written pages on the GPU);
-// pages it cannot read (lossless13) and pages already on the GPU stay there.
+// pages it cannot read (lossless13) and resident pages stay on the GPU.
 #pragma once
 
 #include <cstdint>
@@ -28,7 +32,13 @@ struct CoAttentionRates {
   /// Fixed cost of a layer's CPU share, paid when it has any page: q down,
   /// the host function and its thread team, the partials up (ms).
   double cpu_layer_latency_ms = 0;
-  /// Throws InvalidArgument naming a rate that is not positive and finite.
+  /// GPU attention over resident pages, bytes of history read per second
+  /// (HBM), bf16 (lossless13 too: unpacked to bf16) and int8s; 0 = not
+  /// measured: resident pages are priced at nothing, as before they were.
+  double resident_bf16_gbps = 0;
+  double resident_int8s_gbps = 0;
+  /// Throws InvalidArgument naming a rate that is not positive and finite
+  /// (a resident rate: negative or not finite).
   void validate() const;
 };
 
@@ -36,7 +46,7 @@ struct CoAttentionRates {
 struct PlanPage {
   uint64_t bytes = 0;        ///< bytes either path reads (the page's K/V, or its blob)
   enum Kind : uint8_t { bf16, int8s, other } kind = bf16;  ///< other: the CPU cannot attend it
-  bool resident = false;     ///< has a device copy: costs neither path (HBM time, ignored)
+  bool resident = false;     ///< has a device copy: HBM time on the GPU path, no link bytes, never the CPU's
 };
 
 struct CoAttentionPlan {
@@ -44,8 +54,10 @@ struct CoAttentionPlan {
   double share = 0;            ///< cpu_pages / pages of the layer
   double link_ms = 0;          ///< predicted per step (all layers)
   double cpu_ms = 0;           ///< predicted per step (all layers)
+  double resident_ms = 0;      ///< predicted per step (all layers): the GPU over the resident pages
   double predicted_ms = 0;     ///< max(link, cpu) per layer, summed over layers
   double link_only_ms = 0;     ///< the same step with no CPU share, at the rate the link reaches alone
+                               ///< (and the resident pages' time, when that is longer)
   std::string describe() const;  ///< "CPU 31 of 64 pages (48 %): link 40.1 ms, CPU 39.8 ms -> 40.1 ms"
 };
 

@@ -17,7 +17,11 @@
 // Placement (activekv/route/placement.h): `gpu` keeps a device copy of every
 // page (and of every published encoded page the route reads); `host` keeps
 // only each layer's tail page on the GPU and streams every full page every
-// step. Prefill runs on the GPU in chunks of full-model GEMMs, the chunk's
+// step; `partial` (auto's choice when the history does not fit the budget)
+// keeps the tail and, within the budget, the hot pages route/residency.h
+// chooses each step (sink, recent window, then the newest others; an int8s
+// page as its encoded copy) and streams the rest -- or gives its oldest
+// pages to the host CPU with co-attention (cpu_share). Prefill runs on the GPU in chunks of full-model GEMMs, the chunk's
 // attention over device copies of the history (with `host`, those copies are
 // freed once the prompt is done). With `host`, a prompt whose history does
 // not fit the GPU budget streams instead (activekv/route/prefill_plan.h):
@@ -66,6 +70,7 @@
 #include "activekv/model/llama_model.h"
 #include "activekv/model/sampler.h"
 #include "activekv/route/placement.h"
+#include "activekv/route/residency.h"
 #include "activekv/route/route.h"
 
 namespace activekv::runtime {
@@ -88,12 +93,13 @@ struct RuntimeOptions {
                               ///< per step, the instantiated graph updated: src/runtime/step_graph.h);
                               ///< bitwise the same results. `host` placement (copy stream, events) and
                               ///< prefill always launch kernel by kernel.
-  /// Co-attention (host placement; issue 12): the fraction of each layer's
+  /// Co-attention (host or partial placement; issue 12): the fraction of each layer's
   /// pages, oldest first, that the host CPU attends in place each decode step
   /// while the GPU streams the rest (never the tail page, never a lossless13
   /// page); 0 = none, in [0, 1); -1 = auto: the pages the planner
   /// (route/co_attention_plan.h) chooses each step from rates measured when
-  /// the runtime starts (cuda/co_attention_rates.h, ~1 s).
+  /// the runtime starts (cuda/co_attention_rates.h, ~1 s). Resident pages
+  /// (partial placement) are never the CPU's. Ignored with gpu placement.
   double cpu_share = 0;
   int cpu_threads = 0;        ///< CPU attention threads; 0 = hardware concurrency - 1
   model::SamplerParams sampling;
@@ -112,6 +118,14 @@ struct RuntimeStats {
   size_t resident_bytes = 0;       ///< history bytes read in place on the GPU, all decode steps
   size_t cpu_bytes = 0;            ///< history bytes the host CPU attended in place, all decode steps
   std::string co_attention;        ///< cpu_share auto: the measured rates and the last step's plan
+  // Where the global layers' pages were read, page-table entries summed over
+  // all decode steps and layers (divide by decode_steps for one step).
+  size_t resident_pages = 0;       ///< a device copy (gpu, partial, and every layer's tail page)
+  size_t streamed_pages = 0;       ///< copied host -> device
+  size_t cpu_pages = 0;            ///< attended by the host CPU (co-attention)
+  route::ResidencyPlan residency;  ///< partial placement: the resident pools per layer (else empty)
+  size_t residency_upload_bytes = 0;  ///< partial: host -> device bytes that made pages resident (once per page
+                                      ///< and prefill; a tail page turned full moves on the GPU), all decode steps
   // Sliding-window layers (Gemma 3's local layers): their history is only a GPU ring.
   int sliding_layers = 0;          ///< layers with a window (the others are global: host pages)
   int window = 0;                  ///< their window, tokens
