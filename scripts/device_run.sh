@@ -24,7 +24,7 @@
 #   eval    the quality contract at long context (issue 11 part 3) through
 #           the GPU runtime (eval --device cuda): activekv eval on Gemma 3
 #           270M at 8K (+ the 64K synthetic outlier case), 16K and 32K, every
-#           route and the hybrid:recent=8 candidate; the passkey check at 32K
+#           route and the hybrid:recent=8,sink=2 candidate; the passkey check at 32K
 #           (depths 0.1..0.9); SmolLM2 at 8K; then a CPU cross-check of Gemma
 #           3 at 8K on one text. One JSON per run in $OUT. Bounded to one
 #           10-minute call: runs go in priority order, each only if its
@@ -221,8 +221,8 @@ run_eval() {
   # prefill of the prefix, the scored tokens one decode step each. Scored
   # positions: 256 per text x 3 texts; own-format samples: the 3 global
   # layers x 8 rows. Routes: the defaults plus the hybrid candidate with 8
-  # exact recent pages (one parameter per candidate: --routes splits at commas).
-  local routes=lossless13,int8s,hybrid,hybrid:recent=8
+  # exact recent pages and 2 sink pages (docs/routing.md).
+  local routes=lossless13,int8s,hybrid,hybrid:recent=8,sink=2
   local common=(-m "$G3" --device cuda --scored 256 --layers-per-text 3 --routes "$routes")
   if [ "${AKV_EVAL_TESTS:-1}" = 1 ]; then  # the GPU eval path against the CPU's first (tests/cuda/test_eval_gpu.cpp)
     local e0=$(date +%s)

@@ -131,7 +131,13 @@ int run(EvalArgs& a) {
   route::RouteConfig defaults;
   defaults.recent_pages = a.cfg.recent_pages;
   defaults.tile_pages = a.cfg.tile_pages;
-  for (const auto& r : a.routes) {
+  std::vector<std::string> specs;
+  try {
+    specs = route::join_candidate_parts(a.routes);  // "hybrid:recent=8", "sink=2" arrive split at the comma
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(std::string("eval: --routes: ") + e.what());
+  }
+  for (const auto& r : specs) {
     try {
       a.cfg.routes.push_back(route::parse_candidate(r, defaults));
     } catch (const InvalidArgument& e) {
