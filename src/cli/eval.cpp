@@ -69,7 +69,9 @@ route::Int8sTileFn int8s_kernel(const std::string& kernel) {
 void check_device(const EvalArgs& a) {
   if (a.device != "cpu" && a.device != "cuda")
     throw InvalidArgument("eval: --device must be cpu or cuda, got '" + a.device + "'");
-#ifndef ACTIVEKV_HAVE_CUDA
+#ifdef ACTIVEKV_HAVE_CUDA
+  if (a.device == "cuda") cuda::require_gpu(0, "eval --device cuda");  // before loading and tokenizing, not after
+#else
   if (a.device == "cuda") throw InvalidArgument(std::string("eval: --device cuda") + kNoCuda);
 #endif
   if (a.device == "cpu" && a.f32_activations)
