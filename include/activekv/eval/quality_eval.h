@@ -45,8 +45,8 @@ struct EvalConfig {
   /// Routes scored against exact, each with its own parameters (route::parse_candidate).
   std::vector<route::RouteCandidate> routes{default_candidates()};
   /// If set, the own-format samples and the synthetic case compute their
-  /// int8s tiles with it (e.g. the GPU kernel, `eval --device cuda`); the
-  /// teacher-forced scoring keeps the CPU kernels.
+  /// int8s tiles with it (e.g. the GPU kernel, `eval --int8s-kernel cuda`); the
+  /// teacher-forced scoring is the backend's (CPU kernels, or the GPU runtime's).
   route::Int8sTileFn int8s_tile = {};
 };
 
