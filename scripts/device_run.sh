@@ -21,14 +21,16 @@
 #   cpu     (build) + CPU decode attention on this host: its tests, then
 #           bench_cpu_attention (27B shape, 8K/32K x 16 layers, threads 1..all)
 #           against the host's read bandwidth -> cpu_attention.json
-#   eval    the quality contract at long context (issue 11 part 3) on this
-#           host's CPU, all cores: activekv eval on Gemma 3 270M at 8K (+ the
-#           64K synthetic outlier case), 16K and 32K, every route; the passkey
-#           check at 32K; SmolLM2 at 8K. One JSON per run in $OUT. Bounded to one
+#   eval    the quality contract at long context (issue 11 part 3) through
+#           the GPU runtime (eval --device cuda): activekv eval on Gemma 3
+#           270M at 8K (+ the 64K synthetic outlier case), 16K and 32K, every
+#           route and the hybrid:recent=8,sink=2 candidate; the passkey check at 32K
+#           (depths 0.1..0.9); SmolLM2 at 8K; then a CPU cross-check of Gemma
+#           3 at 8K on one text. One JSON per run in $OUT. Bounded to one
 #           10-minute call: runs go in priority order, each only if its
 #           projection (from the 8K run's measured time) fits the time left
 #           (AKV_EVAL_BUDGET_S, default 540 s from the script's start); the log
-#           names every run it skipped. Needs the Gemma GGUF: carry its parts
+#           names every run it skipped and each run's seconds. Needs the Gemma GGUF: carry its parts
 #           (split -b 50M models/gemma-3-270m-q4_k_m.gguf .mp/g3_: g3_aa..g3_ae,
 #           one per `part` call, carry .mp/g3_aa etc.), joined and sha256-checked here.
 #   modelbench  the llama.cpp comparison (issue 10): writes the 27B-shape GGUF
@@ -106,7 +108,7 @@ fi
 run_tests() {
   echo "== GPU tests: every gpu binary; one JSON of all results with the commit and command"
   local rc=0 T
-  for T in decode formats model_ops weights runtime runtime_qwen2 runtime_gemma3; do
+  for T in decode formats model_ops weights runtime runtime_qwen2 runtime_gemma3 eval; do
     [ -x build-device/bin/test_cuda_$T ] || { echo "-- test_cuda_$T not built"; continue; }
     echo "-- test_cuda_$T"
     # [measured] lines and failures reach the log; the rest is in the JSON.
@@ -234,24 +236,41 @@ run_eval() {
   fi
   EVAL_END=$(( t0 + ${AKV_EVAL_BUDGET_S:-540} ))
   export OMP_PROC_BIND=close OMP_PLACES=cores
-  # Scored positions: 256 per text x 3 texts (768 top-1 positions per route
-  # and context); the own-format samples are the 3 global layers x 8 rows.
-  local common=(-m "$G3" --scored 256 --layers-per-text 3)
+  # --device cuda: the model runs through the GPU runtime, as `generate
+  # --device cuda` decodes (src/eval/gpu): per text and route a runtime,
+  # prefill of the prefix, the scored tokens one decode step each. Scored
+  # positions: 256 per text x 3 texts; own-format samples: the 3 global
+  # layers x 8 rows. Routes: the defaults plus the hybrid candidate with 8
+  # exact recent pages and 2 sink pages (docs/routing.md).
+  local routes=lossless13,int8s,hybrid,hybrid:recent=8,sink=2
+  local common=(-m "$G3" --device cuda --scored 256 --layers-per-text 3 --routes "$routes")
+  if [ "${AKV_EVAL_TESTS:-1}" = 1 ]; then  # the GPU eval path against the CPU's first (tests/cuda/test_eval_gpu.cpp)
+    local e0=$(date +%s)
+    echo "== test_cuda_eval (GPU eval vs CPU eval at 2K; AKV_EVAL_TESTS=0 skips)"
+    timeout 150 build-device/bin/test_cuda_eval > /tmp/test_eval.log 2>&1; echo "-- rc $?"
+    grep -E "^\[measured\]|Failure|FAILED|PASSED|SKIPPED|^\[  +(OK|FAILED|SKIPPED) " /tmp/test_eval.log | head -60
+    echo "== test_cuda_eval took $(( $(date +%s) - e0 )) s"
+  fi
   local s0=$(date +%s)
-  eval_one eval_gemma3_8k 300 "${common[@]}" -c 8192 --synthetic-tokens 65536 || return 1
-  # Projections from the 8K run's time T8. On the 2-core VM the 8K run of one
-  # text spent 52 % in its prefill, 48 % scoring and sampling. Per token,
-  # prefill costs ~200 MFLOP of weights + 12288 p FLOP of global attention at
-  # position p (+ 31 MFLOP sliding): x2.35 at 16K, x6.1 at 32K; scoring
-  # (256 tokens x 4 routes, 336 MFLOP of output head each) grows ~x1.4 / x2.5.
-  # So 16K ~ 1.9 T8, 32K ~ 4.4 T8; the passkey (3 prefills of 32K, no
-  # scoring) ~ 3.2 T8; SmolLM2 at 8K (its default 512 scored tokens) ~ T8.
-  # Rounded up for the projections below.
+  eval_one eval_gemma3_8k 150 "${common[@]}" -c 8192 --synthetic-tokens 65536 || return 1
+  # Projections from the 8K run's time T8 (estimated, not yet measured: per
+  # text and route one runtime -- weights upload and pinned store ~0.5 s, a
+  # GPU prefill of the prefix ~0.3-2 s (8K-32K), 256 decode steps at ~3-4
+  # ms (Gemma 3 270M's history fits the GPU: gpu placement), 256 rows of
+  # log-softmax over 262K logits on one host core ~1 s; 15 runs per context,
+  # so T8 ~60 s, 16K ~1.3 T8, 32K ~2 T8; the passkey: 5 depths x 5 routes
+  # prefills of 32K and ~20 decode steps each ~1.5 T8; SmolLM2 at 8K (4
+  # routes, 512 scored, 49K vocabulary) ~0.6 T8). Rounded up below.
   local t8=$(( $(date +%s) - s0 ))
-  eval_one eval_gemma3_16k $(( t8 * 22 / 10 )) "${common[@]}" -c 16384 --synthetic-tokens 0
-  eval_one eval_gemma3_32k $(( t8 * 5 )) "${common[@]}" -c 32768 --synthetic-tokens 0
-  eval_one passkey_gemma3_32k $(( t8 * 7 / 2 )) -m "$G3" --passkey -c 32768 --depths 0.1,0.5,0.9 --seed 1
-  eval_one eval_smollm2_8k $t8 -m "$MODEL" -c 8192 --synthetic-tokens 0
+  eval_one eval_gemma3_16k $(( t8 * 3 / 2 + 5 )) "${common[@]}" -c 16384 --synthetic-tokens 0
+  eval_one eval_gemma3_32k $(( t8 * 5 / 2 + 5 )) "${common[@]}" -c 32768 --synthetic-tokens 0
+  eval_one passkey_gemma3_32k $(( t8 * 2 + 5 )) -m "$G3" --device cuda --passkey -c 32768 \
+    --depths 0.1,0.3,0.5,0.7,0.9 --seed 1 --routes "$routes"
+  eval_one eval_smollm2_8k $t8 -m "$MODEL" --device cuda -c 8192 --synthetic-tokens 0
+  # The CPU cross-check, one text at 8K: the CPU path took 240 s for three
+  # texts on 16 cores at af92df1 (bench/results/h200_eval_gemma3_8k.json), ~100 s with the extra route.
+  eval_one eval_gemma3_8k_cpu_one_text 110 -m "$G3" --device cpu --scored 256 --layers-per-text 3 \
+    --routes "$routes" -c 8192 --synthetic-tokens 0 --texts wikitext2-test.raw
   return 0
 }
 

@@ -8,6 +8,8 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "activekv/core/blas.h"
@@ -16,6 +18,7 @@
 #include "activekv/eval/quality_eval.h"
 #ifdef ACTIVEKV_HAVE_CUDA
 #include "activekv/cuda/int8s_tile.h"
+#include "activekv/eval/gpu_eval.h"
 #endif
 #include "activekv/tokenizer/tokenizer.h"
 #include "commands.h"
@@ -34,31 +37,64 @@ struct EvalArgs {
   std::vector<std::string> texts{"wikitext2-test.raw", "pride-and-prejudice.txt", "tinyshakespeare.txt"};
   std::string json_out;
   int threads = default_threads();
-  std::string device = "cpu";  ///< where the own-format samples' int8s kernel runs
+  std::string device = "cpu";        ///< where the model runs: cpu (LlamaModel) or cuda (runtime::GpuRuntime)
+  std::string int8s_kernel = "cpu";  ///< where the own-format samples' int8s kernel runs
+  bool f32_activations = false;      ///< --device cuda: RuntimeOptions::f32_activations
   std::vector<std::string> routes{"lossless13", "int8s", "hybrid"};
   eval::EvalConfig cfg;
   bool passkey = false;        ///< run the passkey check instead of the text eval
   eval::PasskeyConfig pk;      ///< its depths, seed, answer length (sizes and routes come from cfg)
 };
 
+constexpr const char* kNoCuda = ": this build has no CUDA backend (configure with nvcc present, ACTIVEKV_CUDA=ON)";
+
 // The int8s kernel of the own-format samples: the CPU reference, or a GPU
 // kernel (a build with the CUDA backend): cuda = the legacy one, cuda-tc the
 // tensor-core one of issue 13.
-route::Int8sTileFn int8s_kernel(const std::string& device) {
-  if (device == "cpu") return {};
+route::Int8sTileFn int8s_kernel(const std::string& kernel) {
+  if (kernel == "cpu") return {};
+  if (kernel != "cuda" && kernel != "cuda-tc")
+    throw InvalidArgument("eval: --int8s-kernel must be cpu, cuda or cuda-tc, got '" + kernel + "'");
 #ifdef ACTIVEKV_HAVE_CUDA
-  if (device == "cuda" || device == "cuda-tc") {
-    cuda::require_gpu(0, "eval --device " + device);  // before minutes of CPU work, not after
-    cuda::Int8sKernelOptions k;
-    k.kernel = device == "cuda-tc" ? cuda::Int8sKernel::tc : cuda::Int8sKernel::legacy;
-    return cuda::Int8sTileRunner{k};
-  }
-  throw InvalidArgument("eval: --device must be cpu, cuda or cuda-tc, got '" + device + "'");
+  cuda::require_gpu(0, "eval --int8s-kernel " + kernel);  // before minutes of CPU work, not after
+  cuda::Int8sKernelOptions k;
+  k.kernel = kernel == "cuda-tc" ? cuda::Int8sKernel::tc : cuda::Int8sKernel::legacy;
+  return cuda::Int8sTileRunner{k};
 #else
-  throw InvalidArgument("eval: --device " + device + ": this build has no CUDA backend (configure with nvcc "
-                        "present, ACTIVEKV_CUDA=ON)");
+  throw InvalidArgument("eval: --int8s-kernel " + kernel + kNoCuda);
 #endif
 }
+
+// Where the model runs; refuses cuda without the CUDA backend.
+void check_device(const EvalArgs& a) {
+  if (a.device != "cpu" && a.device != "cuda")
+    throw InvalidArgument("eval: --device must be cpu or cuda, got '" + a.device + "'");
+#ifdef ACTIVEKV_HAVE_CUDA
+  if (a.device == "cuda") cuda::require_gpu(0, "eval --device cuda");  // before loading and tokenizing, not after
+#else
+  if (a.device == "cuda") throw InvalidArgument(std::string("eval: --device cuda") + kNoCuda);
+#endif
+  if (a.device == "cpu" && a.f32_activations)
+    throw InvalidArgument("eval: --f32-activations is for --device cuda (the CPU path is fp32 throughout)");
+}
+
+// The JSON fields that say where the model ran: "device", "placement" (the
+// GPU runtime's history placement, null on the CPU) and "activations" (the
+// projections' activations: "f32" on the CPU or with --f32-activations,
+// else "int8" -- the GPU's int8 decode matvecs and bf16 prefill GEMMs).
+nlohmann::json device_fields(const EvalArgs& a, const std::string& placement) {
+  return {{"device", a.device},
+          {"placement", placement.empty() ? nlohmann::json(nullptr) : nlohmann::json(placement)},
+          {"activations", a.device == "cpu" || a.f32_activations ? "f32" : "int8"}};
+}
+
+#ifdef ACTIVEKV_HAVE_CUDA
+eval::GpuEvalOptions gpu_options(const EvalArgs& a) {
+  eval::GpuEvalOptions g;
+  g.f32_activations = a.f32_activations;
+  return g;
+}
+#endif
 
 // A measured error, or null where the route had no samples (-1).
 nlohmann::json optional(double error) { return error < 0 ? nlohmann::json(nullptr) : nlohmann::json(error); }
@@ -91,12 +127,19 @@ nlohmann::json aggregate(const std::vector<eval::RouteQuality>& rows, const std:
 int run(EvalArgs& a) {
   omp_set_num_threads(a.threads);
   set_blas_threads(a.threads);
-  a.cfg.int8s_tile = int8s_kernel(a.device);
+  check_device(a);
+  a.cfg.int8s_tile = int8s_kernel(a.int8s_kernel);
   a.cfg.routes.clear();
   route::RouteConfig defaults;
   defaults.recent_pages = a.cfg.recent_pages;
   defaults.tile_pages = a.cfg.tile_pages;
-  for (const auto& r : a.routes) {
+  std::vector<std::string> specs;
+  try {
+    specs = route::join_candidate_parts(a.routes);  // "hybrid:recent=8", "sink=2" arrive split at the comma
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(std::string("eval: --routes: ") + e.what());
+  }
+  for (const auto& r : specs) {
     try {
       a.cfg.routes.push_back(route::parse_candidate(r, defaults));
     } catch (const InvalidArgument& e) {
@@ -110,26 +153,55 @@ int run(EvalArgs& a) {
   const std::string out =
       a.json_out.empty() ? (a.passkey ? "passkey-" : "eval-") + model_name + ".json" : a.json_out;
   check_writable(out, "eval --json output");  // before minutes of work, not after
-  if (a.passkey && a.device != "cpu")
-    throw InvalidArgument("eval --passkey runs on the CPU only (--device cpu): its sliding-window layers and "
-                          "greedy decode use the CPU kernels");
+  if (a.passkey && a.int8s_kernel != "cpu")
+    throw InvalidArgument("eval --passkey: --int8s-kernel is the own-format samples' kernel; the passkey check has none");
   const gguf::File file = gguf::File::open(model_path);
   const Tokenizer tok = Tokenizer::from_gguf(file);
-  model::LlamaModel lm = load_weights_checked(file, model_path, [&] { return model::LlamaModel(file); });
+  // The model backend: the CPU forward, or the GPU runtime (no CPU copy of the weights).
+  std::optional<model::LlamaModel> lm;
+  if (a.device == "cpu") lm.emplace(load_weights_checked(file, model_path, [&] { return model::LlamaModel(file); }));
+  const model::ModelConfig mc = lm ? lm->config() : model::ModelConfig::from_gguf(file);
+  std::string placement;  // where the GPU runtime kept the history (its last run's)
   if (a.passkey) {
     a.pk.context = a.cfg.context;
     a.pk.page_size = a.cfg.page_size;
     a.pk.routes = a.cfg.routes;
-    return run_passkey_eval(lm, tok, a.pk, model_name, out);
+    std::unique_ptr<eval::PasskeyModel> backend;
+#ifdef ACTIVEKV_HAVE_CUDA
+    eval::GpuPasskeyModel* gpu = nullptr;
+    if (!lm) {
+      auto g = std::make_unique<eval::GpuPasskeyModel>(file, mc, a.pk.context, a.pk.page_size, gpu_options(a));
+      gpu = g.get();
+      backend = std::move(g);
+    }
+    const auto where = [&] { return device_fields(a, gpu ? route::placement_name(gpu->last_stats().placement.placement) : ""); };
+#else
+    const auto where = [&] { return device_fields(a, ""); };
+#endif
+    if (lm) backend = eval::cpu_passkey_model(*lm, a.pk);
+    return run_passkey_eval(*backend, tok, a.pk, model_name, out, where);
   }
   a.cfg.text_files.clear();
   for (const auto& t : a.texts) a.cfg.text_files.push_back(std::filesystem::path(t).is_absolute() ? t : a.data_dir + "/" + t);
 
+  std::unique_ptr<eval::WindowScorer> scorer;
+#ifdef ACTIVEKV_HAVE_CUDA
+  eval::GpuScorer* gpu = nullptr;
+  if (!lm) {
+    auto g = std::make_unique<eval::GpuScorer>(file, mc, a.cfg, gpu_options(a));
+    gpu = g.get();
+    scorer = std::move(g);
+  }
+#endif
+  if (lm) scorer = eval::cpu_scorer(*lm, a.cfg);
   const std::string commit = git_commit();  // the tree this run started from
   const auto t0 = std::chrono::steady_clock::now();
   const eval::EvalResult r = eval::run_quality_eval(
-      lm, [&](const std::string& text) { return tok.encode(text, tok.add_bos_default()); }, a.cfg,
+      *scorer, [&](const std::string& text) { return tok.encode(text, tok.add_bos_default()); }, a.cfg,
       [&](const std::string& line) { fmt::print(stderr, "[eval {:6.0f} s] {}\n", ms_since(t0) / 1000.0, line); });
+#ifdef ACTIVEKV_HAVE_CUDA
+  if (gpu) placement = route::placement_name(gpu->last_stats().placement.placement);
+#endif
 
   std::vector<std::string> routes{"exact"};
   for (const auto& c : a.cfg.routes) routes.push_back(c.name);
@@ -149,9 +221,10 @@ int run(EvalArgs& a) {
   auto base = [&](const std::string& route, const std::string& text) {
     return nlohmann::json{{"format", route}, {"model", model_name}, {"text", text}, {"context", a.cfg.context},
                           {"scored_tokens", a.cfg.scored}, {"page_size", a.cfg.page_size},
-                          {"recent_pages", a.cfg.recent_pages}, {"int8s_kernel", a.device},
+                          {"recent_pages", a.cfg.recent_pages}, {"int8s_kernel", a.int8s_kernel},
                           {"commit", commit}, {"command", command_line()}};
   };
+  const nlohmann::json where = device_fields(a, placement);
   for (const auto& q : r.routes) {
     int n = 0;
     double worst = -1, worst1 = -1;
@@ -166,6 +239,7 @@ int run(EvalArgs& a) {
                q.ppl_increase_pct, q.top1_agreement, q.mean_kl, cell(worst), cell(worst1), q.bytes_per_step / 1048576.0,
                q.bitwise_equal_to_exact ? "yes" : "no");
     nlohmann::json j = base(q.route, q.text);
+    j.update(where);
     j.update({{"n_samples", n}, {"own_format_error", optional(worst)},
               {"own_format_error_one_term_query", optional(worst1)}, {"ppl", q.ppl}, {"ppl_increase_pct", q.ppl_increase_pct},
               {"top1_agreement", q.top1_agreement}, {"mean_kl", q.mean_kl},
@@ -176,6 +250,7 @@ int run(EvalArgs& a) {
   }
   for (const auto& route : routes) {
     nlohmann::json j = base(route, "all");
+    j.update(where);
     int n = 0;
     for (const auto& s : r.samples) n += s.route == route;
     j.update(aggregate(r.routes, route));
@@ -192,7 +267,7 @@ int run(EvalArgs& a) {
                "  two-term int8 query (default): int8s {:.5f}, plain per-token keys {:.5f}\n"
                "  one-term int8 query (SPEC 3.3 as written): int8s {:.5f}, plain per-token keys {:.5f}\n",
                a.cfg.synthetic_tokens, s.separable[1], s.per_token[1], s.separable[0], s.per_token[0]);
-    nlohmann::json j = base("int8s", "synthetic-outliers");
+    nlohmann::json j = base("int8s", "synthetic-outliers");  // no model: no device fields
     j.update({{"context", a.cfg.synthetic_tokens}, {"n_samples", 1}, {"own_format_error", s.separable[1]},
               {"own_format_error_one_term_query", s.separable[0]},
               {"per_token_quantiser_error", s.per_token[1]},
@@ -228,9 +303,15 @@ void add_eval(CLI::App& app, std::function<int()>& run_fn) {
   app.add_option("--routes", a->routes, "Routes scored against exact: lossless13, int8s, hybrid, or a hybrid "
                                         "candidate with parameters, e.g. hybrid:recent=8,sink=2 (docs/routing.md)")
       ->delimiter(',')->capture_default_str();
-  app.add_option("--device", a->device, "Where the own-format samples' int8s kernel runs: cpu, cuda (the GPU "
-                                        "kernel; the model and the scoring stay on the CPU) or cuda-tc (the GPU "
-                                        "tensor-core kernel)")->capture_default_str();
+  app.add_option("--device", a->device, "Where the model runs: cpu (the CPU forward) or cuda (the GPU runtime, "
+                                        "as generate --device cuda: each route decodes the scored tokens one step "
+                                        "each, history in host pages)")->capture_default_str();
+  app.add_option("--int8s-kernel", a->int8s_kernel, "Where the own-format samples' int8s kernel runs: cpu, cuda "
+                                                    "(the GPU kernel) or cuda-tc (the GPU tensor-core kernel)")
+      ->capture_default_str();
+  app.add_flag("--f32-activations", a->f32_activations, "--device cuda: projections with fp32 activations (the "
+                                                        "CPU path's arithmetic) instead of the runtime's default "
+                                                        "int8 decode / bf16 prefill ones");
   app.add_flag("--passkey", a->passkey, "Run the passkey retrieval check instead (a key planted at --depths of a "
                                       "-c token filler prompt; per depth and route: retrieved, agrees with exact)");
   app.add_option("--depths", a->pk.depths, "--passkey: needle depths, fractions of the prompt")

@@ -12,11 +12,12 @@
 
 namespace activekv::cli {
 
-int run_passkey_eval(model::LlamaModel& m, const Tokenizer& tok, const eval::PasskeyConfig& cfg,
-                     const std::string& model_name, const std::string& json_out) {
+int run_passkey_eval(eval::PasskeyModel& backend, const Tokenizer& tok, const eval::PasskeyConfig& cfg,
+                     const std::string& model_name, const std::string& json_out,
+                     const std::function<nlohmann::json()>& where) {
   const std::string commit = git_commit();  // the tree this run started from
   const auto t0 = std::chrono::steady_clock::now();
-  const eval::PasskeyResult r = eval::run_passkey(m, tok, cfg, [&](const std::string& line) {
+  const eval::PasskeyResult r = eval::run_passkey(backend, tok, cfg, [&](const std::string& line) {
     fmt::print(stderr, "[passkey {:6.0f} s] {}\n", ms_since(t0) / 1000.0, line);
   });
 
@@ -40,11 +41,12 @@ int run_passkey_eval(model::LlamaModel& m, const Tokenizer& tok, const eval::Pas
     summary.push_back({{"format", route}, {"retrieval_rate", r.retrieval_rate(route)},
                        {"agreement_with_exact", r.agreement_rate(route)}});
   }
-  const nlohmann::json j{{"check", "passkey"}, {"model", model_name}, {"context", cfg.context},
+  nlohmann::json j{{"check", "passkey"}, {"model", model_name}, {"context", cfg.context},
                          {"prompt_tokens", r.prompt_tokens}, {"seed", cfg.seed}, {"depths", cfg.depths},
                          {"answer_tokens", cfg.answer_tokens}, {"page_size", cfg.page_size},
                          {"routes", routes}, {"commit", commit}, {"command", command_line()},
                          {"seconds", ms_since(t0) / 1000.0}, {"records", records}, {"summary", summary}};
+  j.update(where());
   write_text_file(json_out, j.dump(2) + "\n", "eval --passkey --json output");
   fmt::print(stderr, "wrote {} ({} records) in {:.0f} s\n", json_out, records.size(), ms_since(t0) / 1000.0);
   return 0;

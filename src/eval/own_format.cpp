@@ -46,6 +46,21 @@ double route_own_format_error(const attention::LayerHistory& h, int layer, conve
   return attention::own_format_error(kernel, attention::reference_attention(ref, q, opt));
 }
 
+SampleError own_format_sample(const std::string& text, const route::RouteCandidate& cand, const model::ModelConfig& mc,
+                              int layer, const attention::LayerHistory& h, int history_layer,
+                              convert::CompressedHistory& c, const float* q, int n_rows, const int64_t* pos,
+                              const route::Int8sTileFn& int8s_tile) {
+  const attention::QueryRows rows{q, n_rows, mc.n_heads, pos};
+  // The options the forward runs this layer with (window, query scale), per query form.
+  attention::AttentionOptions two = model::layer_attention_options(mc, layer), one = two;
+  two.int8s_query_terms = 2;
+  one.int8s_query_terms = 1;
+  const route::RouteConfig lr = route::layer_route(cand.config, two.window);
+  return {cand.name, text, layer, h.n_tokens,
+          route_own_format_error(h, history_layer, c, lr, rows, two, int8s_tile),
+          route_own_format_error(h, history_layer, c, lr, rows, one, int8s_tile)};
+}
+
 SyntheticErrors synthetic_outlier_errors(int n_tokens, int page_size, int n_kv_heads, int head_dim, int n_heads,
                                          int recent_pages, int tile_pages, const route::Int8sTileFn& int8s_tile) {
   // Keys: unit normal plus a per-channel offset, with 4 outlier channels per

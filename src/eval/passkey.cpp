@@ -38,20 +38,49 @@ void validate(const PasskeyConfig& c) {
 
 void append(std::vector<int32_t>& ids, const std::vector<int32_t>& piece) { ids.insert(ids.end(), piece.begin(), piece.end()); }
 
-// Greedy answer along `view`: runs `question` after the history in `seq`, then
-// decodes up to n tokens one at a time (stopping after an end-of-generation token).
-std::vector<int32_t> greedy_answer(model::LlamaModel& m, const Tokenizer& tok, kv::SequenceKv& seq,
-                                   std::span<const int32_t> question, int n, const route::RoutedView& view) {
-  std::vector<float> logits(size_t(m.config().vocab_size));
-  m.forward(question, seq, logits, false, &view);
-  std::vector<int32_t> out;
-  for (;;) {
-    const int32_t next = model::argmax(logits);
-    out.push_back(next);
-    if (int(out.size()) == n || tok.is_end_of_generation(next)) return out;
-    m.forward(std::span<const int32_t>(&out.back(), 1), seq, logits, false, &view);
+// The CPU backend: one page store per depth, shared by its routes.
+class CpuPasskeyModel final : public PasskeyModel {
+ public:
+  CpuPasskeyModel(model::LlamaModel& m, const PasskeyConfig& cfg)
+      : m_(m), pages_(size_t((cfg.context + cfg.page_size - 1) / cfg.page_size)), page_size_(cfg.page_size) {}
+
+  void begin_prompt(std::span<const int32_t> prefix) override {
+    compressed_.reset();  // before the sequence and store it reads
+    seq_.reset();
+    store_ = std::make_unique<kv::PageStore>(m_.kv_shape(page_size_), pages_ * size_t(m_.config().n_layers));
+    seq_ = std::make_unique<kv::SequenceKv>(*store_);
+    m_.prefill(prefix, *seq_);
+    prefix_ = int64_t(prefix.size());
+    compressed_ = std::make_unique<convert::CompressedHistory>(
+        *seq_, std::vector<kv::CodecFormat>{kv::CodecFormat::lossless13, kv::CodecFormat::int8s}, pages_, nullptr);
+    compressed_->schedule();  // every full page, synchronously
   }
-}
+
+  // The question in one forward along the route, then one token at a time.
+  std::vector<int32_t> answer(const route::RouteConfig& rc, std::span<const int32_t> question, int n,
+                              const Tokenizer& tok, route::RouteReport& read) override {
+    const route::RoutedView view{compressed_.get(), rc, &read};
+    seq_->truncate(prefix_);
+    std::vector<float> logits(size_t(m_.config().vocab_size));
+    m_.forward(question, *seq_, logits, false, &view);
+    std::vector<int32_t> out;
+    for (;;) {
+      const int32_t next = model::argmax(logits);
+      out.push_back(next);
+      if (int(out.size()) == n || tok.is_end_of_generation(next)) return out;
+      m_.forward(std::span<const int32_t>(&out.back(), 1), *seq_, logits, false, &view);
+    }
+  }
+
+ private:
+  model::LlamaModel& m_;
+  size_t pages_;
+  int page_size_;
+  int64_t prefix_ = 0;
+  std::unique_ptr<kv::PageStore> store_;
+  std::unique_ptr<kv::SequenceKv> seq_;
+  std::unique_ptr<convert::CompressedHistory> compressed_;
+};
 
 }  // namespace
 
@@ -101,7 +130,17 @@ std::vector<int32_t> passkey_prompt(const Tokenizer& tok, const std::string& key
   return ids;
 }
 
+std::unique_ptr<PasskeyModel> cpu_passkey_model(model::LlamaModel& m, const PasskeyConfig& cfg) {
+  validate(cfg);
+  return std::make_unique<CpuPasskeyModel>(m, cfg);
+}
+
 PasskeyResult run_passkey(model::LlamaModel& m, const Tokenizer& tok, const PasskeyConfig& cfg,
+                          const Progress& progress) {
+  return run_passkey(*cpu_passkey_model(m, cfg), tok, cfg, progress);
+}
+
+PasskeyResult run_passkey(PasskeyModel& backend, const Tokenizer& tok, const PasskeyConfig& cfg,
                           const Progress& progress) {
   validate(cfg);
   auto say = [&](const std::string& line) {
@@ -109,7 +148,6 @@ PasskeyResult run_passkey(model::LlamaModel& m, const Tokenizer& tok, const Pass
   };
   const size_t question_tokens = tok.encode(kQuestion, false, false).size();
   const std::vector<std::string> keys = passkey_keys(cfg.seed, cfg.depths.size());
-  const size_t pages = size_t((cfg.context + cfg.page_size - 1) / cfg.page_size);
   std::vector<route::RouteCandidate> routes{{"exact", route::RouteConfig{}}};
   routes.insert(routes.end(), cfg.routes.begin(), cfg.routes.end());
   PasskeyResult result;
@@ -121,27 +159,21 @@ PasskeyResult run_passkey(model::LlamaModel& m, const Tokenizer& tok, const Pass
     const std::span<const int32_t> all(ids);
     const size_t prefix = ids.size() - question_tokens;
 
-    kv::PageStore store(m.kv_shape(cfg.page_size), pages * size_t(m.config().n_layers));
-    kv::SequenceKv seq(store);
     say(fmt::format("depth {:.2f}: key {} at token {} of {}; prefill {} tokens (exact)", cfg.depths[d], keys[d],
                     needle_at, ids.size(), prefix));
-    m.prefill(all.first(prefix), seq);
-    convert::CompressedHistory compressed(seq, {kv::CodecFormat::lossless13, kv::CodecFormat::int8s}, pages, nullptr);
-    compressed.schedule();  // every full page, synchronously
+    backend.begin_prompt(all.first(prefix));
 
     std::vector<int32_t> exact_answer;
     for (const route::RouteCandidate& cand : routes) {
       route::RouteReport report;
       route::RouteConfig rc = cand.config;
       rc.tile_pages = cfg.tile_pages;
-      const route::RoutedView view{&compressed, rc, &report};
-      seq.truncate(int64_t(prefix));
       PasskeyAnswer a;
       a.route = cand.name;
       a.depth = cfg.depths[d];
       a.needle_token = needle_at;
       a.key = keys[d];
-      a.answer_ids = greedy_answer(m, tok, seq, all.subspan(prefix), cfg.answer_tokens, view);
+      a.answer_ids = backend.answer(rc, all.subspan(prefix), cfg.answer_tokens, tok, report);
       a.answer = tok.decode(a.answer_ids);
       a.retrieved = a.answer.find(a.key) != std::string::npos;
       if (rc.kind == route::RouteKind::exact) exact_answer = a.answer_ids;

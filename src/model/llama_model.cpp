@@ -38,11 +38,14 @@ kv::KvShape LlamaModel::kv_shape(int page_size, kv::PageFormat format) const {
   return kv::KvShape{config_.n_layers, config_.n_kv_heads, config_.head_dim, page_size, format};
 }
 
+attention::AttentionOptions layer_attention_options(const ModelConfig& c, int layer, attention::AttentionOptions base) {
+  base.window = c.layer_attention[size_t(layer)].window;
+  if (base.softmax_scale == 0.0f) base.softmax_scale = c.query_scale;
+  return base;
+}
+
 attention::AttentionOptions LlamaModel::attention_options(int layer) const {
-  attention::AttentionOptions a = opt_.attention;
-  a.window = config_.layer_attention[size_t(layer)].window;
-  if (a.softmax_scale == 0.0f) a.softmax_scale = config_.query_scale;
-  return a;
+  return layer_attention_options(config_, layer, opt_.attention);
 }
 
 void LlamaModel::layer_forward(int l, int T, std::span<const BatchItem> items) {

@@ -112,6 +112,21 @@ RouteCandidate parse_candidate(const std::string& spec, const RouteConfig& defau
   return c;
 }
 
+std::vector<std::string> join_candidate_parts(const std::vector<std::string>& parts) {
+  std::vector<std::string> out;
+  for (const std::string& p : parts) {
+    const bool continues = p.find('=') != std::string::npos && p.find(':') == std::string::npos;
+    if (!continues) {
+      out.push_back(p);
+    } else if (out.empty()) {
+      throw InvalidArgument(fmt::format("route list: '{}' continues no route (write KIND:{}, e.g. hybrid:{})", p, p, p));
+    } else {
+      out.back() += "," + p;
+    }
+  }
+  return out;
+}
+
 std::string format_name(ReadFormat f) {
   switch (f) {
     case ReadFormat::exact: return "exact";

@@ -381,6 +381,9 @@ std::vector<float> GpuRuntime::last_logits() const {
 void GpuRuntime::wait_conversions() { impl_->history->wait_conversions(); }
 
 int64_t GpuRuntime::n_tokens() const { return impl_->seq->n_tokens(); }
+HostHistory GpuRuntime::host_history() const {
+  return {impl_->seq.get(), impl_->history->compressed(), impl_->history->store_layers()};
+}
 const model::ModelConfig& GpuRuntime::config() const { return impl_->c; }
 const RuntimeStats& GpuRuntime::stats() const { return impl_->stats; }
 

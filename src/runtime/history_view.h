@@ -89,6 +89,10 @@ class HistoryView {
   void committed();
   /// Waits until every queued conversion has published its page.
   void wait_conversions();
+  /// The route's published pages (nullptr for the exact route) and the
+  /// model layers' store layers (-1: sliding), for GpuRuntime::host_history.
+  convert::CompressedHistory* compressed() const { return compressed_.get(); }
+  const std::vector<int>& store_layers() const { return store_of_; }
   /// After the prompt: with host placement, frees the prompt's device pages
   /// but each layer's tail, and the staging; returns the host -> device
   /// bytes a streamed prefill moved (0 when resident).

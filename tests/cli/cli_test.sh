@@ -125,6 +125,10 @@ case $CASE in
     expect 105 "--page-size: Value 0 not in range" -- eval --page-size 0
     expect 1 "eval: --routes: route 'hybrid:recent=x': 'recent=x' is not key=count" -- eval --routes hybrid:recent=x
     expect 1 "eval: --routes: exact is always scored as the baseline" -- eval --routes exact
+    expect 1 "eval: --device must be cpu or cuda, got 'cuda-tc'" -- eval --device cuda-tc
+    expect 1 "eval: --routes: route list: 'sink=2' continues no route" -- eval --routes sink=2,int8s
+    expect 1 "eval: --int8s-kernel must be cpu, cuda or cuda-tc, got 'gpu'" -- eval --int8s-kernel gpu
+    expect 1 "eval: --f32-activations is for --device cuda" -- eval --f32-activations
     expect 105 "--depths: Value 1.5 not in range" -- eval --passkey --depths 1.5
     expect 105 "--answer-tokens: Value 0 not in range" -- eval --passkey --answer-tokens 0
     expect 1 "--temp must be a finite number, got inf" -- generate --temp inf -p hi -n 1
@@ -177,21 +181,28 @@ case $CASE in
            END { if (!h) { print "no table header"; exit 1 } if (bad != "") { print "misaligned rows:" bad; exit 1 } }' \
         "$TMP/table.txt" || fail "eval table columns do not align: $(cat "$TMP/table.txt")"
       [ -s "$TMP/eval.json" ] || fail "eval did not write $TMP/eval.json"
+      python3 - "$TMP/eval.json" <<'PY' || fail "eval JSON lacks where the model ran: $(head -c 400 "$TMP/eval.json")"
+import json, sys
+for r in json.load(open(sys.argv[1])):
+    assert r["device"] == "cpu" and r["placement"] is None and r["activations"] == "f32", r
+    assert r["int8s_kernel"] == "cpu", r
+PY
       echo "ok: eval table aligned with a ${#long}-character text path"
     fi
     ;;
   passkey)  # eval --passkey on the default model at a tiny context: the table and the JSON's fields
     if ! "$AKV" eval --passkey -c 256 --page-size 32 --depths 0.2,0.8 --seed 5 --answer-tokens 4 \
-        --routes int8s,hybrid:recent=1 -t 2 --json "$TMP/pk.json" > "$TMP/table.txt" 2> "$TMP/log.txt"; then
+        --routes int8s,hybrid:recent=1,sink=2 -t 2 --json "$TMP/pk.json" > "$TMP/table.txt" 2> "$TMP/log.txt"; then
       fail "passkey failed: $(tail -n 3 "$TMP/log.txt")"
     else
       python3 - "$TMP/pk.json" <<'PY' || fail "passkey JSON: $(head -c 400 "$TMP/pk.json")"
 import json, sys
 d = json.load(open(sys.argv[1]))
 assert d["check"] == "passkey" and d["context"] == 256 and d["seed"] == 5 and d["depths"] == [0.2, 0.8], d
-assert [r["format"] for r in d["records"]] == ["exact", "int8s", "hybrid:recent=1"] * 2, d["records"]
+assert [r["format"] for r in d["records"]] == ["exact", "int8s", "hybrid:recent=1,sink=2"] * 2, d["records"]
 assert all(len(r["key"]) == 5 and isinstance(r["retrieved"], bool) for r in d["records"])
-assert [s["format"] for s in d["summary"]] == ["exact", "int8s", "hybrid:recent=1"]
+assert [s["format"] for s in d["summary"]] == ["exact", "int8s", "hybrid:recent=1,sink=2"]
+assert d["device"] == "cpu" and d["placement"] is None and d["activations"] == "f32", d
 PY
       grep -q "retrieval" "$TMP/table.txt" || fail "passkey table lacks the summary: $(cat "$TMP/table.txt")"
       echo "ok: eval --passkey table and JSON"
@@ -199,7 +210,8 @@ PY
     ;;
   cpu_only)  # what a build without the CUDA backend says when asked for the GPU
     expect 1 "--device cuda: this activekv was built without the CUDA backend" -- generate --device cuda -p hi -n 1
-    expect 1 "this build has no CUDA backend" -- eval --device cuda
+    expect 1 "eval: --device cuda: this build has no CUDA backend" -- eval --device cuda
+    expect 1 "eval: --int8s-kernel cuda-tc: this build has no CUDA backend" -- eval --int8s-kernel cuda-tc
     expect 1 "bench decode: this activekv was built without the CUDA backend" -- bench decode
     expect 1 "--device cuda: this activekv was built without the CUDA backend" -- bench --device cuda -m "$(tiny_model)"
     expect 1 "calibrate: this activekv was built without the CUDA backend" -- calibrate

@@ -120,6 +120,19 @@ TEST(Route, CandidatesCarryNamedParameters) {
     EXPECT_THROW(route::parse_candidate(bad, defaults), InvalidArgument) << bad;
 }
 
+// `--routes hybrid:recent=8,sink=2,int8s` arrives split at every comma.
+TEST(Route, CandidateListsJoinParametersSplitAtCommas) {
+  using V = std::vector<std::string>;
+  EXPECT_EQ(route::join_candidate_parts({"hybrid:recent=8", "sink=2", "int8s"}), (V{"hybrid:recent=8,sink=2", "int8s"}));
+  EXPECT_EQ(route::join_candidate_parts({"lossless13", "hybrid", "hybrid:sink=2", "recent=3"}),
+            (V{"lossless13", "hybrid", "hybrid:sink=2,recent=3"}));
+  EXPECT_EQ(route::join_candidate_parts({}), V{});
+  EXPECT_THROW(route::join_candidate_parts({"sink=2", "int8s"}), InvalidArgument);
+  // A joined piece that is no parameter is parse_candidate's to refuse.
+  EXPECT_EQ(route::join_candidate_parts({"int8s", "x=1"}), (V{"int8s,x=1"}));
+  EXPECT_THROW(route::parse_candidate("int8s,x=1", {}), InvalidArgument);
+}
+
 TEST(Route, BadArgumentsAndNames) {
   RouteConfig c;
   EXPECT_THROW(route::plan_route(c, 10, 0, kAll), InvalidArgument);

@@ -1,7 +1,7 @@
 // The GPU int8s kernel behind the CPU tile contract: runs
 // launch_split_attention_int8s + launch_merge over a tile of int8s pages for
 // causal query rows, with the contract of attention::attend_int8s_tile
-// (activekv/attention/attention_codecs.h). Used by `eval --device cuda` to
+// (activekv/attention/attention_codecs.h). Used by `eval --int8s-kernel cuda` to
 // measure the GPU kernel's own-format error on the real-model samples, and by
 // the GPU tests to compare it with the CPU kernel.
 //

@@ -24,4 +24,15 @@ double route_own_format_error(const attention::LayerHistory& h, int layer, conve
                               const route::RouteConfig& cfg, const attention::QueryRows& q,
                               const attention::AttentionOptions& opt, const route::Int8sTileFn& int8s_tile = {});
 
+/// One own-format sample (SampleError) of route `cand` at model layer
+/// `layer` whose history is `h` (layer `history_layer` of `h`'s store and of
+/// `c`: the model layer on the CPU, the global layer's store layer on the
+/// GPU): the query rows `q` ([n_rows][n_heads][head_dim], RoPE applied) at
+/// `pos`, with the layer's attention options (model::layer_attention_options)
+/// and both query forms (two int8 terms, one term).
+SampleError own_format_sample(const std::string& text, const route::RouteCandidate& cand, const model::ModelConfig& mc,
+                              int layer, const attention::LayerHistory& h, int history_layer,
+                              convert::CompressedHistory& c, const float* q, int n_rows, const int64_t* pos,
+                              const route::Int8sTileFn& int8s_tile = {});
+
 }  // namespace activekv::eval

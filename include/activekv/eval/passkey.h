@@ -21,6 +21,8 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -71,8 +73,30 @@ std::vector<int32_t> passkey_prompt(const Tokenizer& tok, const std::string& key
 /// The five-digit keys for `n` depths under `seed` (deterministic).
 std::vector<std::string> passkey_keys(uint64_t seed, size_t n);
 
-/// Runs the check. Throws InvalidArgument for inconsistent sizes (context,
-/// answer_tokens, page size), a depth outside [0, 1], or no depths.
+/// The model backend of run_passkey: the CPU forward (cpu_passkey_model) or
+/// the GPU runtime (eval/gpu_eval.h).
+class PasskeyModel {
+ public:
+  virtual ~PasskeyModel() = default;
+  /// Starts a depth: `prefix` = the prompt before the question, prefilled
+  /// exactly with every full page converted before any answer reads it.
+  virtual void begin_prompt(std::span<const int32_t> prefix) = 0;
+  /// Runs `question` after the prefix along route `rc`, then decodes up to
+  /// `n` tokens greedily along it, stopping after an end-of-generation
+  /// token; adds the pages the answer's steps read to `read`.
+  virtual std::vector<int32_t> answer(const route::RouteConfig& rc, std::span<const int32_t> question, int n,
+                                      const Tokenizer& tok, route::RouteReport& read) = 0;
+};
+
+/// The CPU backend: `m` over a host page store sized for `cfg`; the
+/// prefix's history is shared by the routes of a depth.
+std::unique_ptr<PasskeyModel> cpu_passkey_model(model::LlamaModel& m, const PasskeyConfig& cfg);
+
+/// Runs the check with `backend`. Throws InvalidArgument for inconsistent
+/// sizes (context, answer_tokens, page size), a depth outside [0, 1], or no depths.
+PasskeyResult run_passkey(PasskeyModel& backend, const Tokenizer& tok, const PasskeyConfig& cfg,
+                          const Progress& progress);
+/// The same with the CPU backend.
 PasskeyResult run_passkey(model::LlamaModel& m, const Tokenizer& tok, const PasskeyConfig& cfg,
                           const Progress& progress);
 

@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -44,8 +45,8 @@ struct EvalConfig {
   /// Routes scored against exact, each with its own parameters (route::parse_candidate).
   std::vector<route::RouteCandidate> routes{default_candidates()};
   /// If set, the own-format samples and the synthetic case compute their
-  /// int8s tiles with it (e.g. the GPU kernel, `eval --device cuda`); the
-  /// teacher-forced scoring keeps the CPU kernels.
+  /// int8s tiles with it (e.g. the GPU kernel, `eval --int8s-kernel cuda`); the
+  /// teacher-forced scoring is the backend's (CPU kernels, or the GPU runtime's).
   route::Int8sTileFn int8s_tile = {};
 };
 
@@ -90,12 +91,56 @@ struct EvalResult {
 /// Called with a line of progress text.
 using Progress = std::function<void(const std::string&)>;
 
-/// Runs (a) and (b). `tokenize` turns a text file's contents into ids.
-/// Throws Error if a text is shorter than `context` tokens or the config is
-/// inconsistent (scored >= context, non-positive sizes).
+/// One route's teacher-forced run over a text's scored tokens, as a backend measured it.
+struct ScoredRoute {
+  std::vector<float> logits;         ///< [scored][vocab]: row r = the logits after token prefix + r
+  route::RouteReport read;           ///< pages per format and history bytes the scored steps read
+  double steps = 0;                  ///< forward steps that read the history (CPU: chunks; GPU: one per token)
+  double mean_history = 0;           ///< history tokens a step read, mean over the steps
+  std::vector<SampleError> samples;  ///< own-format samples (a) along this route; none for exact
+};
+
+/// The model backend of run_quality_eval: runs the model over one text's
+/// window. Two implement it -- the CPU forward (cpu_scorer below) and the
+/// GPU runtime (eval/gpu_eval.h) -- so that one loop over texts and routes
+/// makes the comparisons for both.
+class WindowScorer {
+ public:
+  virtual ~WindowScorer() = default;
+  virtual const model::ModelConfig& config() const = 0;
+  /// Starts a text: `ids` = the window (cfg.context tokens) and the token after it.
+  virtual void begin_text(const std::string& text, const std::vector<int32_t>& ids, const Progress& say) = 0;
+  /// Scores the window's last cfg.scored tokens teacher-forced along `cand`.
+  /// The first call of a text is the exact route: the own-format samples of
+  /// the later calls use its queries of the first cfg.query_rows scored rows.
+  virtual ScoredRoute score(const route::RouteCandidate& cand, const Progress& say) = 0;
+};
+
+/// The CPU backend: `m`'s forward over a host page store; the prefix
+/// prefilled exactly and every full page converted once per text; the
+/// scoring in chunks of cfg.chunk rows. Its samples read the history with
+/// the exact route's K/V of the query rows (all routes sampled after exact).
+std::unique_ptr<WindowScorer> cpu_scorer(model::LlamaModel& m, const EvalConfig& cfg);
+
+/// Runs (a) and (b) with `scorer` (the CPU or the GPU backend). `tokenize`
+/// turns a text file's contents into ids. Throws Error if a text is shorter
+/// than `context` tokens or the config is inconsistent (scored >= context,
+/// non-positive sizes).
+EvalResult run_quality_eval(WindowScorer& scorer,
+                            const std::function<std::vector<int32_t>(const std::string&)>& tokenize,
+                            const EvalConfig& cfg, const Progress& progress);
+/// The same with the CPU backend (cpu_scorer).
 EvalResult run_quality_eval(model::LlamaModel& m,
                             const std::function<std::vector<int32_t>(const std::string&)>& tokenize,
                             const EvalConfig& cfg, const Progress& progress);
+
+/// Throws InvalidArgument for an inconsistent config (what run_quality_eval checks first).
+void validate(const EvalConfig& cfg);
+
+/// k model layers spread evenly over those a compressed route reads
+/// compressed (route::layer_route: a sliding-window layer is read exact, so a
+/// sample there would measure nothing but the exact kernel).
+std::vector<int> sampled_layers(int k, const model::ModelConfig& mc);
 
 /// The synthetic case alone, over `n_tokens` tokens of random keys with
 /// outlier channels and queries small on those channels.

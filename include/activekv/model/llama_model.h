@@ -51,6 +51,13 @@ struct ForwardOptions {
   StageObserver on_stage;    ///< optional
 };
 
+/// The attention options layer `layer` of a model with config `c` runs
+/// with: `base`, the layer's sliding window (ModelConfig::layer_attention)
+/// and, unless base sets one, the model's query scale. LlamaModel and the
+/// GPU eval (own-format samples without a CPU model) both use it.
+attention::AttentionOptions layer_attention_options(const ModelConfig& c, int layer,
+                                                    attention::AttentionOptions base = {});
+
 /// Called after each prefill chunk with (tokens done, tokens total).
 using ProgressFn = std::function<void(int64_t done, int64_t total)>;
 

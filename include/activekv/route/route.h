@@ -55,6 +55,13 @@ struct RouteCandidate {
 /// given twice, or a parameter on a kind without it (only hybrid has them).
 RouteCandidate parse_candidate(const std::string& spec, const RouteConfig& defaults);
 
+/// A comma-separated list of candidate specs, split at every comma (as
+/// `--routes a,b` arrives), joined back: a piece that is only "key=value"
+/// continues the spec before it ("hybrid:recent=8", "sink=2", "int8s" ->
+/// "hybrid:recent=8,sink=2", "int8s"). Throws InvalidArgument when the first
+/// piece is a bare "key=value" (no spec to continue).
+std::vector<std::string> join_candidate_parts(const std::vector<std::string>& parts);
+
 /// The arithmetic a segment runs: the bf16 kernel (exact and lossless13
 /// pages) or the int8s kernel.
 enum class Kernel { bf16, int8s };

@@ -66,12 +66,17 @@
 #include <vector>
 
 #include "activekv/gguf/gguf.h"
+#include "activekv/kv/page_store.h"
 #include "activekv/model/config.h"
 #include "activekv/model/llama_model.h"
 #include "activekv/model/sampler.h"
 #include "activekv/route/placement.h"
 #include "activekv/route/residency.h"
 #include "activekv/route/route.h"
+
+namespace activekv::convert {
+class CompressedHistory;
+}
 
 namespace activekv::runtime {
 
@@ -145,6 +150,15 @@ struct RuntimeStats {
 
 using ProgressFn = std::function<void(int64_t done, int64_t total)>;
 
+/// The global layers' history in host memory as the route reads it, for
+/// evaluation (`eval --device cuda`'s own-format samples) and tests. Read
+/// only; valid until the next prefill()/decode() or the runtime's end.
+struct HostHistory {
+  const kv::SequenceKv* seq = nullptr;               ///< its store layer g = the g-th global model layer
+  convert::CompressedHistory* compressed = nullptr;  ///< the route's published pages; nullptr for exact
+  std::vector<int> store_layer;                      ///< [model layer] its store layer; -1: a sliding layer
+};
+
 class GpuRuntime {
  public:
   /// Loads the weights onto GPU `opt.device` in their GGUF types, sizes the
@@ -181,6 +195,9 @@ class GpuRuntime {
   void wait_conversions();
 
   int64_t n_tokens() const;
+  /// See HostHistory. With convert_threads > 0, call wait_conversions() first
+  /// (background conversion publishes pages while it runs).
+  HostHistory host_history() const;
   const model::ModelConfig& config() const;
   const RuntimeStats& stats() const;
 
