@@ -56,6 +56,14 @@
 //   partials are copied back, and the compute stream waits for that one
 //   event just before the layer's merge (details: src/cuda/cpu_share.h).
 //
+// Head shards (issue 15; sharded_engine.h runs N of them): with
+//   attn.sharded() the engine attends KV heads [kv_head0, kv_head0 +
+//   n_kv_heads) of whole pages (page_kv_heads heads: page_bytes() and the
+//   codec headers are the whole page's). A streamed page moves only those
+//   heads' ranges (kv::shard_byte_ranges), staged at their offsets in the
+//   page; a resident page is read in place; queries, partials and outputs
+//   hold the shard's heads only. `cpu` pages are refused (InvalidArgument).
+//
 // Exactness: wherever a page lies on the GPU, the same kernel reads the same
 // bytes at the same split boundaries, and the merge runs in ascending split
 // order, so streamed (any tile size), resident and mixed placements give
