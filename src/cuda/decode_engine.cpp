@@ -125,14 +125,7 @@ const char* page_kind_name(PageKind k) {
 struct JobPlan {
   bool resident = false;
   int slot = -1;
-  // One host -> device copy: `rows` rows of `width` bytes, `pitch` apart in
-  // host memory and in the slot alike (rows == 1: a plain cudaMemcpyAsync).
-  struct Copy {
-    const std::byte* host;
-    size_t stage_off, width, pitch, rows;
-    size_t bytes() const { return width * rows; }
-  };
-  std::vector<Copy> runs;
+  std::vector<kv::StagedCopy> runs;  // its copies (rows == 1: cudaMemcpyAsync, else cudaMemcpy2DAsync)
   struct List { size_t off = 0; int n = 0; };  // a slice of Plan::work / Plan::unpack
   List bf16, int8s, unpack;
   std::vector<size_t> entries;  // the layer's entries (see layer_entries) this job reads, in order
@@ -224,38 +217,6 @@ std::vector<Entry> layer_entries(const std::vector<SeqPages>& seqs, int page_siz
       out.push_back({s, p, std::max<int64_t>(0, first - p * page_size), std::min<int64_t>(page_size, n - p * page_size)});
   }
   return out;
-}
-
-// Adds the host bytes [host, host + bytes), staged at slot offset `stage`
-// (ascending within a job), to a job's copies. A range that lies, in host
-// memory as in the slot, right after the last copy -- but for the padding
-// between staged pages -- extends it (a run of adjacent pages is ONE copy).
-// With `strided`, a range of the last copy's width at its constant step (a
-// head shard's K and V ranges page after page) becomes one more row of a 2D
-// copy; else it starts a new copy (two per bf16 page for a head shard).
-void add_copy(std::vector<JobPlan::Copy>& cs, const std::byte* host, size_t stage, size_t bytes, bool strided) {
-  if (!cs.empty()) {
-    JobPlan::Copy& c = cs.back();
-    const bool same_shift = host >= c.host && size_t(host - c.host) == stage - c.stage_off;
-    const size_t end = c.stage_off + c.pitch * (c.rows - 1) + c.width;  // past the last row
-    if (same_shift && c.rows == 1 && stage >= end && stage - end < kStageAlign) {
-      c.width = c.pitch = stage - c.stage_off + bytes;
-      return;
-    }
-    if (strided && same_shift && bytes == c.width && stage >= end) {
-      const size_t step = stage - c.stage_off;
-      if (c.rows == 1) {
-        c.pitch = step;
-        c.rows = 2;
-        return;
-      }
-      if (step == c.pitch * c.rows) {
-        ++c.rows;
-        return;
-      }
-    }
-  }
-  cs.push_back({host, stage, bytes, bytes, 1});
 }
 
 // Splits a layer's merge takes for a sequence of n tokens: from the one
@@ -400,7 +361,8 @@ void DecodeEngine::update(const std::vector<SeqPages>& seqs) {
         // One copy per run of pages laid out in host memory as in the slot
         // (each page 256-byte aligned): the run also copies the padding
         // between its pages, never past its last page's bytes.
-        for (const auto& b : ranges) add_copy(j.runs, r.host + b.offset, stage + b.offset, b.bytes, cfg_.strided_copies);
+        for (const auto& b : ranges)
+          kv::add_staged_copy(j.runs, r.host + b.offset, stage + b.offset, b.bytes, cfg_.strided_copies, kStageAlign);
         stage += align_up(r.bytes);
       }
       for (const auto& run : j.runs) {

@@ -132,7 +132,8 @@ void ShardedDecodeEngine::reserve(size_t n_seq) {
   synchronize();  // the old slices may still be in use
   for (size_t i = 0; i < shards_.size(); ++i) {
     DeviceScope d(shards_[i].device);
-    const size_t rows = n_seq * size_t(engines_[i]->config().attn.n_q_heads());
+    // Room for every layer (enqueue_step moves all layers' slices at once).
+    const size_t rows = size_t(cfg_.n_layers) * n_seq * size_t(engines_[i]->config().attn.n_q_heads());
     Shard& b = *bufs_[i];
     b.q = std::make_unique<DevBuf>(rows * cfg_.attn.head_dim * sizeof(float), "ShardedDecodeEngine: query slice");
     b.out = std::make_unique<DevBuf>(rows * cfg_.attn.head_dim * sizeof(float), "ShardedDecodeEngine: output slice");
@@ -181,13 +182,12 @@ void ShardedDecodeEngine::begin_step() {
   }
 }
 
-void ShardedDecodeEngine::enqueue_layer(int layer, const float* q, float* out, float* out_lse) {
-  if (!ready_) throw InvalidArgument("ShardedDecodeEngine::enqueue_layer: no batch (call update() first)");
-  if (passthrough()) {
-    DeviceScope d(shards_[0].device);
-    engines_[0]->enqueue_layer(layer, q, out, out_lse);
-    return;
-  }
+// Enqueues, for `rows` rows of `layers` layers (rows = layers x n_seq), each
+// shard's query slice -> its engine's work (`body`) -> its output and LSE
+// slices back home; the shards start after the home stream's work so far and
+// the home stream waits for all of them.
+template <class Body>
+void ShardedDecodeEngine::fan_out(size_t rows, const float* q, float* out, float* out_lse, Body body) {
   const int home = shards_[0].device;
   const size_t hd = size_t(cfg_.attn.head_dim), nq = size_t(cfg_.attn.n_q_heads()), g = size_t(cfg_.attn.group);
   {
@@ -202,23 +202,39 @@ void ShardedDecodeEngine::enqueue_layer(int layer, const float* q, float* out, f
     const cudaStream_t st = e.compute_stream();
     const size_t mine = size_t(s.kv_heads) * g, first = size_t(s.kv_head0) * g;  // its query heads
     if (i > 0) AKV_CUDA(cudaStreamWaitEvent(st, ev(home_ready_), 0));
-    copy_rows(b.q->p, s.device, mine * hd * 4, q + first * hd, home, nq * hd * 4, mine * hd * 4, n_seq_, st);
-    e.enqueue_layer(layer, b.q->as<float>(), b.out->as<float>(), out_lse ? b.lse->as<float>() : nullptr);
-    copy_rows(out + first * hd, home, nq * hd * 4, b.out->p, s.device, mine * hd * 4, mine * hd * 4, n_seq_, st);
-    if (out_lse) copy_rows(out_lse + first, home, nq * 4, b.lse->p, s.device, mine * 4, mine * 4, n_seq_, st);
+    copy_rows(b.q->p, s.device, mine * hd * 4, q + first * hd, home, nq * hd * 4, mine * hd * 4, rows, st);
+    body(e, b.q->as<float>(), b.out->as<float>(), out_lse ? b.lse->as<float>() : nullptr);
+    copy_rows(out + first * hd, home, nq * hd * 4, b.out->p, s.device, mine * hd * 4, mine * hd * 4, rows, st);
+    if (out_lse) copy_rows(out_lse + first, home, nq * 4, b.lse->p, s.device, mine * 4, mine * 4, rows, st);
     if (i > 0) AKV_CUDA(cudaEventRecord(ev(b.done), st));
   }
   DeviceScope d(home);
   for (size_t i = 1; i < shards_.size(); ++i) AKV_CUDA(cudaStreamWaitEvent(compute_stream(), ev(bufs_[i]->done), 0));
 }
 
+void ShardedDecodeEngine::enqueue_layer(int layer, const float* q, float* out, float* out_lse) {
+  if (!ready_) throw InvalidArgument("ShardedDecodeEngine::enqueue_layer: no batch (call update() first)");
+  if (passthrough()) {
+    DeviceScope d(shards_[0].device);
+    engines_[0]->enqueue_layer(layer, q, out, out_lse);
+    return;
+  }
+  fan_out(n_seq_, q, out, out_lse, [&](DecodeEngine& e, const float* lq, float* lo, float* ll) {
+    e.enqueue_layer(layer, lq, lo, ll);
+  });
+}
+
+// All layers at once: one slice copy each way per shard, and no barrier
+// between the shards' layers (every layer's queries are there already).
 void ShardedDecodeEngine::enqueue_step(const float* q, float* out, float* out_lse) {
-  begin_step();
-  const size_t per_layer = n_seq_ * size_t(cfg_.attn.n_q_heads());
-  const size_t hd = size_t(cfg_.attn.head_dim);
-  for (int l = 0; l < cfg_.n_layers; ++l)
-    enqueue_layer(l, q + per_layer * hd * size_t(l), out + per_layer * hd * size_t(l),
-                  out_lse ? out_lse + per_layer * size_t(l) : nullptr);
+  if (!ready_) throw InvalidArgument("ShardedDecodeEngine: no batch (call update() first, and again after it failed)");
+  if (passthrough()) {
+    DeviceScope d(shards_[0].device);
+    engines_[0]->enqueue_step(q, out, out_lse);
+    return;
+  }
+  fan_out(size_t(cfg_.n_layers) * n_seq_, q, out, out_lse,
+          [](DecodeEngine& e, const float* lq, float* lo, float* ll) { e.enqueue_step(lq, lo, ll); });
 }
 
 void ShardedDecodeEngine::synchronize() {

@@ -84,4 +84,30 @@ std::vector<ByteRange> shard_byte_ranges(StoredPageKind kind, const std::byte* b
   return out;
 }
 
+void add_staged_copy(std::vector<StagedCopy>& plan, const std::byte* host, size_t stage, size_t bytes, bool strided,
+                     size_t max_gap) {
+  if (!plan.empty()) {
+    StagedCopy& c = plan.back();
+    const bool same_shift = host >= c.host && size_t(host - c.host) == stage - c.stage_off && stage >= c.stage_off;
+    const size_t end = c.stage_off + c.pitch * (c.rows - 1) + c.width;  // past the last row
+    if (same_shift && c.rows == 1 && stage >= end && stage - end < max_gap) {
+      c.width = c.pitch = stage - c.stage_off + bytes;
+      return;
+    }
+    if (strided && same_shift && bytes == c.width && stage >= end) {
+      const size_t step = stage - c.stage_off;
+      if (c.rows == 1) {
+        c.pitch = step;
+        c.rows = 2;
+        return;
+      }
+      if (step == c.pitch * c.rows) {
+        ++c.rows;
+        return;
+      }
+    }
+  }
+  plan.push_back({host, stage, bytes, bytes, 1});
+}
+
 }  // namespace activekv::kv

@@ -106,6 +106,11 @@ case $CASE in
     check_bench "--device cuda" host,gpu
     check_bench "--device cuda --cuda-graphs on" host,gpu  # gpu placement's decode steps as CUDA graphs
     ;;
+  bench_decode_args)  # bench decode's refusals of head shards, before touching a GPU (CUDA builds)
+    expect 1 "head shards: 5 shards for 4 KV heads" -- bench decode --gpus 0,0,0,0,0
+    expect 1 "head shards: device -1 is negative" -- bench decode --gpus 0,-1
+    expect 1 "--cpu-share with --gpus of several shards" -- bench decode --gpus 0,0 --cpu-share 0.25
+    ;;
   bad_args)  # rejected by the same validators in generate and eval, before any work
     expect 105 "--threads: Value 0 not in range" -- generate -t 0
     expect 105 "--threads: Value 0 not in range" -- eval -t 0

@@ -30,6 +30,22 @@ std::ostream& operator<<(std::ostream& o, const ShardCase& c) { return o << c.na
 
 class Sharded : public ::testing::TestWithParam<ShardCase> {};
 
+// A ShardedDecodeEngine driven layer by layer (begin_step + enqueue_layer, as
+// the runtime does), for RouteFixture::steps.
+struct PerLayer {
+  ShardedDecodeEngine& e;
+  int n_layers, rows;  // rows: n_seq x n_q_heads
+  int head_dim;
+  void synchronize() { e.synchronize(); }
+  void enqueue_step(const float* q, float* out, float* lse) {
+    e.begin_step();
+    for (int l = 0; l < n_layers; ++l) {
+      const size_t o = size_t(l) * rows;
+      e.enqueue_layer(l, q + o * head_dim, out + o * head_dim, lse + o);
+    }
+  }
+};
+
 // The route's batch placed as `p`, as each shard reads it: resident pages on
 // the shard's device (one set of copies per device, shared by its shards).
 std::vector<std::vector<SeqPages>> shard_tables(const RouteFixture& f, const std::string& route, Placement p,
@@ -75,6 +91,10 @@ TEST_P(Sharded, BitwiseEqualToOneEngineEveryRouteAndPlacement) {
           eng.update(per_shard);
           const std::vector<float> got = f.steps(eng);
           EXPECT_TRUE(same_bits(want, got)) << what << ": O and LSE of " << c.devices.size() << " shards";
+          if (tile == 3 && route == "hybrid") {  // the per-layer API (a barrier per layer), same bits
+            PerLayer pl{eng, f.L, int(f.lengths.size()) * c.sh.n_q_heads(), c.sh.head_dim};
+            EXPECT_TRUE(same_bits(want, f.steps(pl))) << what << ": layer by layer";
+          }
           EXPECT_TRUE(std::all_of(got.begin(), got.end(), [](float v) { return !std::isnan(v); }))
               << "every output written (the poison is NaN)";
           if (p != Placement::streamed) continue;

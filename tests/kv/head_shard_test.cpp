@@ -169,3 +169,110 @@ TEST(HeadShard, Lossless13RangesAreHeaderDirectoryAndTheShardsPlanes) {
 
 }  // namespace
 }  // namespace activekv
+
+namespace activekv {
+namespace {
+
+// Runs a staging plan as the GPU engine's copies would (row by row) from
+// `host` into `slot`.
+void run_plan(const std::vector<kv::StagedCopy>& plan, std::byte* slot) {
+  for (const kv::StagedCopy& c : plan)
+    for (size_t r = 0; r < c.rows; ++r) std::memcpy(slot + c.stage_off + r * c.pitch, c.host + r * c.pitch, c.width);
+}
+
+// n pages of `page_bytes` each, `stride` apart in host memory and staged
+// `stage_stride` apart (the engine's 256-byte aligned slots): every shard's
+// ranges planned page by page, run, and checked -- the shard's bytes are
+// staged, nothing else is (but the padding a whole-page run carries along).
+struct StagingCase {
+  kv::StoredPageKind kind;
+  std::vector<std::byte> host;  // the pages back to back (`stride` apart)
+  size_t page_bytes, stride, n;
+  int heads, page_size, head_dim;
+
+  std::vector<kv::StagedCopy> plan(HeadRange r, bool strided, const std::vector<size_t>& skip = {}) const {
+    std::vector<kv::StagedCopy> out;
+    size_t stage = 0;
+    for (size_t p = 0; p < n; ++p) {
+      if (std::find(skip.begin(), skip.end(), p) != skip.end()) continue;  // not in this job: a hole in the run
+      const std::byte* page = host.data() + p * stride;
+      for (const ByteRange& b :
+           kv::shard_byte_ranges(kind, page, page_bytes, heads, page_size, head_dim, r))
+        kv::add_staged_copy(out, page + b.offset, stage + b.offset, b.bytes, strided, 256);
+      stage += (page_bytes + 255) / 256 * 256;
+    }
+    return out;
+  }
+  void check(HeadRange r, bool strided) const {
+    const auto cps = plan(r, strided);
+    const size_t slot_stride = (page_bytes + 255) / 256 * 256;
+    std::vector<std::byte> slot(n * slot_stride, std::byte{0xAA});
+    run_plan(cps, slot.data());
+    for (size_t p = 0; p < n; ++p) {
+      const std::byte* page = host.data() + p * stride;
+      std::vector<std::byte> want(page_bytes, std::byte{0xAA});
+      for (const ByteRange& b : kv::shard_byte_ranges(kind, page, page_bytes, heads, page_size, head_dim, r))
+        std::memcpy(want.data() + b.offset, page + b.offset, b.bytes);
+      ASSERT_EQ(std::memcmp(slot.data() + p * slot_stride, want.data(), page_bytes), 0)
+          << "page " << p << " of shard [" << r.head0 << ", " << r.head0 + r.heads << ")" << (strided ? " 2D" : "");
+    }
+  }
+};
+
+TEST(StagedCopies, Bf16ShardsTwoCopiesPerPageOrOne2DCopyPerRun) {
+  const int heads = 4, ps = 16, hd = 64;
+  const kv::KvShape s = testing::codec_shape(ps, heads, hd);
+  StagingCase c{kv::StoredPageKind::bf16, {}, s.page_bytes(), s.page_bytes(), 5, heads, ps, hd};
+  for (size_t p = 0; p < c.n; ++p) {
+    const auto b = as_bytes(testing::random_page(s, uint32_t(p)));
+    c.host.insert(c.host.end(), b.begin(), b.end());
+  }
+  for (int n = 1; n <= 4; ++n)
+    for (const HeadRange& r : kv::split_heads(heads, n))
+      for (const bool strided : {false, true}) {
+        c.check(r, strided);
+        const auto cps = c.plan(r, strided);
+        size_t rows = 0, bytes = 0;
+        for (const auto& cp : cps) rows += cp.rows, bytes += cp.bytes();
+        if (n == 1) {  // the whole run of adjacent pages: one copy
+          EXPECT_EQ(cps.size(), 1u);
+          EXPECT_EQ(bytes, c.n * c.page_bytes);
+          continue;
+        }
+        EXPECT_EQ(rows, 2 * c.n) << "a K and a V range per page";
+        EXPECT_EQ(bytes, 2 * c.n * s.plane_bytes() * size_t(r.heads)) << "the shard's bytes, nothing more";
+        EXPECT_EQ(cps.size(), strided ? 1u : 2 * c.n);
+        if (strided) EXPECT_EQ(cps[0].pitch, c.page_bytes / 2) << "K, V, next page's K: half a page apart";
+      }
+  // A page missing from the job (another tile, or resident): the 2D copy stops there and goes on after it.
+  const auto cps = c.plan({0, 2}, true, {2});
+  ASSERT_EQ(cps.size(), 2u);
+  EXPECT_EQ(cps[0].rows, 4u);
+  EXPECT_EQ(cps[1].rows, 4u);
+}
+
+TEST(StagedCopies, Int8sBlobsWithPaddingWholeRunsAndShardSections) {
+  const int heads = 4, ps = 64, hd = 64;
+  const kv::KvShape s = testing::codec_shape(ps, heads, hd);
+  const size_t blob = kv::encoded_page_bytes(kv::CodecFormat::int8s, s), stride = (blob + 255) / 256 * 256;
+  ASSERT_NE(blob % 256, 0u) << "the case needs padding between staged blobs";
+  StagingCase c{kv::StoredPageKind::int8s, std::vector<std::byte>(4 * stride), blob, stride, 4, heads, ps, hd};
+  for (size_t p = 0; p < c.n; ++p) {
+    const auto e = kv::encode_page(kv::CodecFormat::int8s, s, testing::random_page(s, uint32_t(p + 10)), ps).bytes;
+    std::memcpy(c.host.data() + p * stride, e.data(), e.size());
+  }
+  // Unsharded: one copy of the run, the padding between blobs carried along, never past the last blob.
+  const auto whole = c.plan({0, heads}, false);
+  ASSERT_EQ(whole.size(), 1u);
+  EXPECT_EQ(whole[0].bytes(), 3 * stride + blob);
+  for (int n = 2; n <= 4; ++n)
+    for (const HeadRange& r : kv::split_heads(heads, n))
+      for (const bool strided : {false, true}) {
+        c.check(r, strided);
+        const auto cps = c.plan(r, strided);
+        EXPECT_EQ(cps.size(), strided ? 1u : c.n) << "one range (the shard's sections) per blob";
+      }
+}
+
+}  // namespace
+}  // namespace activekv

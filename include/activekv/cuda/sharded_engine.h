@@ -22,12 +22,13 @@
 //   is a whole page on the shard's device; shards on one device may share it.
 //   Pages marked `cpu` are refused (the CPU share attends whole pages).
 //
-// Per layer
+// Per layer (enqueue_layer) or per step (enqueue_step: all layers at once)
 //   The home stream's queries are ready -> each shard copies its query
-//   heads (a strided slice) into its own buffer, runs the layer as
-//   DecodeEngine does, and copies its heads' outputs back into the home
-//   output; the home stream waits for every shard. A single shard of every
-//   head on the home device is the plain DecodeEngine, no copy.
+//   heads (one strided slice over every row) into its own buffer, runs the
+//   layer (or step) as DecodeEngine does, and copies its heads' outputs and
+//   LSE back home; the home stream waits for every shard. So enqueue_layer
+//   is a barrier per layer (a model needs one anyway), enqueue_step one per
+//   step. A single shard of every head is the plain DecodeEngine, no copy.
 //
 // Exactness: attention of one KV head does not depend on the other heads;
 // each shard runs the same kernels at the same split boundaries with the
@@ -105,6 +106,8 @@ class ShardedDecodeEngine {
   struct Shard;
   bool passthrough() const;  // one shard of every head on the home device
   void reserve(size_t n_seq);
+  template <class Body>
+  void fan_out(size_t rows, const float* q, float* out, float* out_lse, Body body);
 
   EngineConfig cfg_;
   std::vector<HeadShard> shards_;

@@ -56,4 +56,27 @@ struct ByteRange {
 std::vector<ByteRange> shard_byte_ranges(StoredPageKind kind, const std::byte* blob, size_t page_bytes,
                                          int page_heads, int page_size, int head_dim, HeadRange r);
 
+/// One host -> device copy of a staging plan: `rows` rows of `width` bytes,
+/// `pitch` bytes apart in host memory and in the staging slot alike, the
+/// first from `host` to slot offset `stage_off` (rows == 1: a plain copy,
+/// pitch == width). The GPU engine issues it as cudaMemcpyAsync or
+/// cudaMemcpy2DAsync.
+struct StagedCopy {
+  const std::byte* host = nullptr;
+  size_t stage_off = 0, width = 0, pitch = 0, rows = 1;
+  size_t bytes() const { return width * rows; }
+};
+
+/// Adds the host bytes [host, host + bytes), staged at slot offset `stage`
+/// (stage offsets ascending), to a plan. A range that lies, in host memory
+/// as in the slot, right after the last copy -- but for a gap under
+/// `max_gap` bytes (the padding between staged pages) -- extends that copy
+/// (a run of adjacent whole pages is ONE copy, padding included). With
+/// `strided`, a range of the last copy's width one step further (in host
+/// memory and slot alike, the same step as its rows) becomes one more row of
+/// a 2D copy: a head shard's K and V ranges page after page. Else it starts
+/// a new copy.
+void add_staged_copy(std::vector<StagedCopy>& plan, const std::byte* host, size_t stage, size_t bytes, bool strided,
+                     size_t max_gap);
+
 }  // namespace activekv::kv
