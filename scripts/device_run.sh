@@ -18,6 +18,8 @@
 #           decode t/s per --kv-placement, --kv-format and depth), matvec vs
 #           the HBM floor, prefill attention, bench decode (engine level)
 #   all     tests then bench
+#   shards  head shards (issue 15): test_cuda_sharded, then bench decode on one
+#           GPU, on every GPU (2+), and as two shards on GPU 0, 32K and 128K
 #   cpu     (build) + CPU decode attention on this host: its tests, then
 #           bench_cpu_attention (27B shape, 8K/32K x 16 layers, threads 1..all)
 #           against the host's read bandwidth -> cpu_attention.json
@@ -108,7 +110,7 @@ fi
 run_tests() {
   echo "== GPU tests: every gpu binary; one JSON of all results with the commit and command"
   local rc=0 T
-  for T in decode formats model_ops weights runtime runtime_qwen2 runtime_gemma3 eval; do
+  for T in decode formats sharded model_ops weights runtime runtime_qwen2 runtime_gemma3 eval; do
     [ -x build-device/bin/test_cuda_$T ] || { echo "-- test_cuda_$T not built"; continue; }
     echo "-- test_cuda_$T"
     # [measured] lines and failures reach the log; the rest is in the JSON.
@@ -163,6 +165,27 @@ run_bench() {
   echo "== decode engine (attention only, 27B shape): bf16 and hybrid, streamed and resident"
   $AKV bench decode --contexts 32k,128k --batches 1 --kv-format bf16,hybrid --modes streamed,resident \
     --steps 10 --warmup 2 --json "$OUT/bench_decode.json" --profile /tmp/profile.json | tail -12
+}
+
+# Head shards (issue 15): their GPU test, then bench decode at 32K and 128K,
+# bf16 and hybrid, streamed: one GPU, then every GPU of this host as one
+# shard each (when there are two or more), then two shards on GPU 0 (the
+# sharding on one link), each with per-range and 2D copies.
+run_shards() {
+  echo "== head shards: test_cuda_sharded"
+  build-device/bin/test_cuda_sharded --gtest_output=json:$OUT/gtest_sharded.json > /tmp/test_sharded.log 2>&1 || RC=1
+  grep -vE "^\[ RUN|^\[       OK|^$" /tmp/test_sharded.log | tail -20
+  local n=$(nvidia-smi -L | wc -l) all=0 G
+  for ((i = 1; i < n; i++)); do all="$all,$i"; done
+  for G in 0 $([ "$n" -ge 2 ] && echo "$all") 0,0; do
+    for C in "" --copy-2d; do
+      [ "$G" = 0 ] && [ -n "$C" ] && continue  # one shard of every head: nothing to copy in 2D
+      local name=bench_decode_gpus_${G//,/_}${C:+_2d}
+      echo "== bench decode --gpus $G $C"
+      $AKV bench decode --gpus "$G" $C --contexts 32k,128k --batches 1 --kv-format bf16,hybrid --modes streamed \
+        --steps 10 --warmup 2 --json "$OUT/$name.json" --profile "" | grep -E "^  (bf16|hybrid)|copies|shard|links|head shards"
+    done
+  done
 }
 
 run_cpu() {
@@ -278,6 +301,7 @@ RC=0
 case "$PHASE" in
   cpu) run_cpu || RC=1 ;;
   tests) run_tests || RC=1 ;;
+  shards) run_shards ;;
   bench) run_bench ;;
   all) run_tests || RC=1; run_bench ;;
   modelbench) run_modelbench || RC=1 ;;

@@ -30,7 +30,7 @@ void calibrate_formats(Profile& pr, const std::byte* host_bf16, std::byte* dev_s
                        SplitWork* work_dev, TimeFn& time_ms, int reps, const Int8sKernelOptions& kopt,
                        cudaStream_t st) {
   const AttnShape& sh = pr.attn;
-  const kv::KvShape ks{1, sh.n_kv_heads, sh.head_dim, sh.page_size};
+  const kv::KvShape ks{1, sh.page_heads(), sh.head_dim, sh.page_size};  // whole pages (a head shard reads its heads)
   const int64_t n_pages = int64_t(pr.kernel_tokens.back()) / sh.page_size;
   const size_t ib = (kv::encoded_page_bytes(kv::CodecFormat::int8s, ks) + 255) / 256 * 256;
   std::vector<kv::EncodedPage> enc(static_cast<size_t>(n_pages));

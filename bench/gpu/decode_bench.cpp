@@ -18,6 +18,7 @@
 #include "activekv/cuda/co_attention_rates.h"
 #include "activekv/cuda/decode_engine.h"
 #include "activekv/cuda/device_pages.h"
+#include "activekv/cuda/sharded_engine.h"
 #include "bench_pages.h"
 #include "bench_util.h"
 #include "gpu_bench.h"
@@ -26,8 +27,14 @@ namespace activekv::gpu_bench {
 
 using cuda::DecodeEngine;
 using cuda::EngineConfig;
+using cuda::ShardedDecodeEngine;
 
 namespace {
+
+// The GPUs of the run, the home device first (one per shard).
+std::vector<int> run_devices(const BenchDecodeOptions& opt) {
+  return opt.gpus.empty() ? std::vector<int>{opt.device} : opt.gpus;
+}
 
 struct Record {
   std::string format, mode;
@@ -38,8 +45,11 @@ struct Record {
   uint64_t history_bytes;  // bytes the step's pages take across the bus (also for resident: what streaming would move)
   uint64_t bytes_per_step;
   double gbps, bus_limit_ms, bus_limit_ratio, predicted_ms, chunk_gbps;
-  uint64_t copies_per_step, largest_copy;
+  uint64_t copies_per_step, largest_copy, copy_rows_per_step;
   int jobs_per_layer;
+  // Head shards: what each moved (its device's link), and the bus limit's inputs.
+  struct Shard { int device, kv_head0, kv_heads; uint64_t history_bytes, bytes_per_step, copies, copy_rows, largest_copy; };
+  std::vector<Shard> shards;
   // Streamed records: output bitwise equal to the resident run's. Absent for
   // resident records: they are the reference.
   std::optional<bool> bitwise_equal_resident;
@@ -53,7 +63,10 @@ struct Record {
   bool repeatable;
 };
 
-double predict_ms(const Profile& pr, const DecodeEngine& eng, int n_layers, int64_t splits_per_seq) {
+// One engine's step, its copies `link_share` times slower (the shards that
+// share its device's link copy at once).
+double predict_engine_ms(const Profile& pr, const DecodeEngine& eng, int n_layers, int64_t splits_per_seq,
+                         double link_share) {
   const int R = eng.config().ring_slots;
   std::vector<double> ring_end;  // attention end of each streamed job: streamed job k uses ring slot k % R
   double copy_free = 0, comp_free = 0;
@@ -66,7 +79,10 @@ double predict_ms(const Profile& pr, const DecodeEngine& eng, int n_layers, int6
         double start = copy_free;
         if (k >= size_t(R)) start = std::max(start, ring_end[k - R]);
         double t = 0;
-        for (size_t b : jobs[j].copy_bytes) t += pr.copy_time_ms(double(b));
+        for (size_t c = 0; c < jobs[j].copy_bytes.size(); ++c) {  // a 2D copy: rows of its row size
+          const double rows = double(jobs[j].copy_rows[c]);
+          t += rows * pr.copy_time_ms(double(jobs[j].copy_bytes[c]) / rows) * link_share;
+        }
         copy_end = start + t;
         copy_free = copy_end;
       }
@@ -82,6 +98,21 @@ double predict_ms(const Profile& pr, const DecodeEngine& eng, int n_layers, int6
     }
   }
   return comp_free;
+}
+
+// The slowest shard's predicted step, each on its device's profile
+// (`profiles`: device -> profile), sharing its link with the device's other shards.
+double predict_ms(const std::map<int, Profile>& profiles, const ShardedDecodeEngine& eng, int n_layers,
+                  int64_t splits_per_seq) {
+  std::map<int, int> per_device;
+  for (int i = 0; i < eng.n_shards(); ++i) ++per_device[eng.shard(i).device];
+  double worst = 0;
+  for (int i = 0; i < eng.n_shards(); ++i) {
+    const int d = eng.shard(i).device;
+    worst = std::max(worst, predict_engine_ms(profiles.at(d), eng.engine(i), n_layers, splits_per_seq,
+                                              double(per_device[d])));
+  }
+  return worst;
 }
 
 std::string mode_label(const std::string& mode, double cpu_share, bool auto_share = false) {
@@ -123,10 +154,21 @@ nlohmann::json record_json(const Record& r, int steps) {
       {"device_ms", r.device_ms}, {"steps", steps}, {"t_per_s", r.batch * 1000.0 / r.step_ms},
       {"history_bytes", r.history_bytes}, {"bytes_per_step", r.bytes_per_step}, {"gbps", r.gbps},
       {"copies_per_step", r.copies_per_step}, {"largest_copy", r.largest_copy},
+      {"copy_rows_per_step", r.copy_rows_per_step},
+      {"bytes_per_copy", r.copies_per_step ? double(r.bytes_per_step) / double(r.copies_per_step) : 0.0},
+      {"bytes_per_copy_row", r.copy_rows_per_step ? double(r.bytes_per_step) / double(r.copy_rows_per_step) : 0.0},
       {"jobs_per_layer", r.jobs_per_layer}, {"chunk_gbps", r.chunk_gbps}, {"bus_limit_ms", r.bus_limit_ms},
       {"bus_limit_ratio", r.bus_limit_ratio}, {"predicted_ms", r.predicted_ms},
       {"prediction_error", (r.predicted_ms - r.step_ms) / r.step_ms}, {"repeatable", r.repeatable}};
   if (r.bitwise_equal_resident) j["bitwise_equal_resident"] = *r.bitwise_equal_resident;
+  if (r.shards.size() > 1) {
+    j["shards"] = nlohmann::json::array();
+    for (const auto& sh : r.shards)
+      j["shards"].push_back({{"device", sh.device}, {"kv_head0", sh.kv_head0}, {"kv_heads", sh.kv_heads},
+                             {"history_bytes", sh.history_bytes}, {"bytes_per_step", sh.bytes_per_step},
+                             {"copies_per_step", sh.copies}, {"copy_rows_per_step", sh.copy_rows},
+                             {"largest_copy", sh.largest_copy}});
+  }
   j["cpu_share"] = r.cpu_share;
   if (r.cpu_share > 0) {
     j["cpu_bytes_per_step"] = r.cpu_bytes_per_step;
@@ -143,10 +185,21 @@ nlohmann::json record_json(const Record& r, int steps) {
   return j;
 }
 
-void write_json(std::ofstream& f, const BenchDecodeOptions& opt, const Profile& pr, const HistorySet& hist,
-                const std::vector<Record>& records) {
+void write_json(std::ofstream& f, const BenchDecodeOptions& opt, const std::map<int, Profile>& profiles,
+                double tile_chunk, const HistorySet& hist, const std::vector<Record>& records) {
   const AttnShape& sh = opt.attn;
+  const std::vector<int> devices = run_devices(opt);
+  const Profile& pr = profiles.at(devices[0]);
+  nlohmann::json links = nlohmann::json::array();
+  for (const auto& [d, p] : profiles)
+    links.push_back({{"device", d}, {"name", p.device}, {"h2d_gbps_at_tile", p.bandwidth_gbps(tile_chunk)},
+                     {"tile_bytes", tile_chunk}, {"profile", p.to_json()}});
   nlohmann::json j = {
+      {"gpus", devices},
+      {"links", links},
+      {"links_note", "one entry per distinct GPU; shards listed on one GPU share its link; a sharded record's "
+                     "bus_limit_ms is the slowest GPU's history bytes over its link at a whole tile's copy"},
+      {"copy_2d", opt.copy_2d},
       {"device", pr.device},
       {"commit", opt.provenance.commit},
       {"command", opt.provenance.command},
@@ -214,6 +267,30 @@ void check_options(const BenchDecodeOptions& opt) {
     if (c < 1) throw InvalidArgument("bench decode: depths must be >= 1, got " + std::to_string(c));
   for (int b : opt.batches)
     if (b < 1) throw InvalidArgument("bench decode: batch sizes must be >= 1, got " + std::to_string(b));
+  if (!opt.gpus.empty()) {
+    cuda::plan_head_shards(opt.attn.n_kv_heads, opt.gpus);  // throws for too many shards or a bad device
+    if (opt.gpus.size() > 1)
+      for (double f : opt.cpu_shares)
+        if (f != 0)
+          throw InvalidArgument("bench decode: --cpu-share with --gpus of several shards (the CPU attends whole "
+                                "pages, not a head shard's heads)");
+  }
+}
+
+// The largest shard's shape on each distinct device (what its calibration measures).
+std::map<int, AttnShape> device_shapes(const BenchDecodeOptions& opt) {
+  std::map<int, AttnShape> out;
+  for (const cuda::HeadShard& s : cuda::plan_head_shards(opt.attn.n_kv_heads, run_devices(opt))) {
+    AttnShape a = opt.attn;
+    if (s.kv_heads != a.n_kv_heads) {
+      a.page_kv_heads = a.n_kv_heads;
+      a.kv_head0 = s.kv_head0;
+      a.n_kv_heads = s.kv_heads;
+    }
+    auto it = out.find(s.device);
+    if (it == out.end() || it->second.n_kv_heads < a.n_kv_heads) out[s.device] = a;
+  }
+  return out;
 }
 
 // One engine per mode, reused across configurations (update() per
@@ -222,9 +299,9 @@ void check_options(const BenchDecodeOptions& opt) {
 // "streamed" streams every page in tiles of opt.tile_pages, "streamed-whole"
 // a layer's pages in one job (tile_pages 0). A mode whose engine cannot be
 // made is skipped.
-std::map<std::string, std::unique_ptr<DecodeEngine>> make_engines(const BenchDecodeOptions& opt,
-                                                                  const std::vector<std::string>& modes) {
-  std::map<std::string, std::unique_ptr<DecodeEngine>> engines;
+std::map<std::string, std::unique_ptr<ShardedDecodeEngine>> make_engines(const BenchDecodeOptions& opt,
+                                                                         const std::vector<std::string>& modes) {
+  std::map<std::string, std::unique_ptr<ShardedDecodeEngine>> engines;
   for (const auto& mode : modes) {
     EngineConfig c;
     c.n_layers = opt.n_layers;
@@ -233,8 +310,9 @@ std::map<std::string, std::unique_ptr<DecodeEngine>> make_engines(const BenchDec
     c.ring_slots = mode == "streamed-whole" ? 2 : opt.ring_slots;
     c.int8s = opt.int8s;
     c.cpu_kernels.threads = opt.cpu_threads > 0 ? opt.cpu_threads : std::max(1, host_threads(0) - 1);
+    c.strided_copies = opt.copy_2d;
     try {
-      engines[mode] = std::make_unique<DecodeEngine>(c);
+      engines[mode] = std::make_unique<ShardedDecodeEngine>(c, run_devices(opt));
     } catch (const CudaError& e) {
       std::printf("  skip mode %s: %s\n", mode.c_str(), e.what());
     }
@@ -251,7 +329,7 @@ struct Timed {
 // Runs warm-up + measured steps of `eng` (batch already set), timing each on
 // the host and by events on the compute stream; the output is poisoned (NaN)
 // before every step, so an element a step does not write shows.
-Timed time_steps(DecodeEngine& eng, const BenchDecodeOptions& opt, const DevBuf& q, const DevBuf& out, size_t qn) {
+Timed time_steps(ShardedDecodeEngine& eng, const BenchDecodeOptions& opt, const DevBuf& q, const DevBuf& out, size_t qn) {
   cudaEvent_t ev[2];
   AKV_CUDA(cudaEventCreate(&ev[0]));
   AKV_CUDA(cudaEventCreate(&ev[1]));
@@ -262,7 +340,7 @@ Timed time_steps(DecodeEngine& eng, const BenchDecodeOptions& opt, const DevBuf&
   Timed t;
   for (int i = 0; i < opt.warmup + opt.steps; ++i) {
     AKV_CUDA(cudaMemset(out.p, 0xff, qn * sizeof(float)));
-    eng.synchronize();
+    eng.synchronize();  // every shard's device
     AKV_CUDA(cudaDeviceSynchronize());
     const auto a = std::chrono::steady_clock::now();
     AKV_CUDA(cudaEventRecord(ev[0], eng.compute_stream()));
@@ -288,7 +366,9 @@ Timed time_steps(DecodeEngine& eng, const BenchDecodeOptions& opt, const DevBuf&
 // Bytes the step's pages take across the bus: what the streamed jobs copy,
 // and for the resident pages of `tables` (the batch the engine was given)
 // what streaming them would move (each page 256-byte aligned, as staged).
+// A head shard's resident bytes are its heads' ranges (resident_bytes_per_step).
 uint64_t history_bytes(const DecodeEngine& eng, const std::vector<SeqPages>& tables, int n_layers) {
+  if (eng.config().attn.sharded()) return eng.bytes_per_step() + eng.resident_bytes_per_step();
   uint64_t bytes = 0;
   bool any_resident = false;
   for (int l = 0; l < n_layers; ++l)
@@ -304,8 +384,8 @@ uint64_t history_bytes(const DecodeEngine& eng, const std::vector<SeqPages>& tab
   return bytes;
 }
 
-// Device copies of every page of `seqs` (one slot per entry, slots of the
-// largest page). Throws CudaError naming the bytes when they do not fit.
+// Device copies of every page of `seqs` on the current device (one slot per
+// entry, slots of the largest page). Throws CudaError naming the bytes when they do not fit.
 std::unique_ptr<cuda::ResidentPages> device_copies(const std::vector<SeqPages>& seqs) {
   size_t slot = 0, n = 0;
   for (const auto& s : seqs)
@@ -386,18 +466,40 @@ void apply_cpu_pages(std::vector<SeqPages>& tables, size_t n, const Int8sViews& 
 int run_bench_decode(const BenchDecodeOptions& opt) {
   check_options(opt);
   const AttnShape& sh = opt.attn;
-  cuda::require_gpu(opt.device, "bench decode");  // after the arguments: a typo is reported on any machine
+  const std::vector<int> devices = run_devices(opt);
+  const int home = devices[0];
+  for (const auto& [d, a] : device_shapes(opt)) cuda::require_gpu(d, "bench decode");  // after the arguments:
+  cuda::require_gpu(home, "bench decode");  // a typo is reported on any machine; the home device is current
   std::ofstream json_file = open_output(opt.json_path, "bench decode");
   const int threads = host_threads(opt.host_threads);
   auto wants = [&](const char* f) { return std::find(opt.formats.begin(), opt.formats.end(), f) != opt.formats.end(); };
 
-  CalibrateOptions copt;
-  copt.attn = sh;
-  copt.out_path = opt.profile_path;
-  copt.device = opt.device;
-  copt.int8s = opt.int8s;  // the predicted times use the kernel the bench runs
-  copt.provenance = opt.provenance;
-  const Profile pr = calibrate(copt);
+  // Each distinct device's link and kernels (the largest shard's heads on it).
+  std::map<int, Profile> profiles;
+  for (const auto& [d, a] : device_shapes(opt)) {
+    CalibrateOptions copt;
+    copt.attn = a;
+    copt.out_path = d == home ? opt.profile_path : "";
+    copt.device = d;
+    copt.int8s = opt.int8s;  // the predicted times use the kernel the bench runs
+    copt.provenance = opt.provenance;
+    profiles[d] = calibrate(copt);
+  }
+  cuda::require_gpu(home, "bench decode");
+  const Profile& pr = profiles.at(home);
+  // The bus limit of a sharded step: each device's bytes over its link at a
+  // whole tile's copy (the unsharded engine's copy size), the slowest device.
+  const double tile_chunk = double(std::max(opt.tile_pages, 1)) * double(sh.page_bytes());
+  const auto shards = cuda::plan_head_shards(sh.n_kv_heads, devices);
+  if (shards.size() > 1) {
+    std::printf("\nhead shards (--gpus):");
+    for (const auto& s : shards)
+      std::printf(" [GPU %d: KV heads %d..%d]", s.device, s.kv_head0, s.kv_head0 + s.kv_heads - 1);
+    std::printf("\n  links:");
+    for (const auto& [d, p] : profiles)
+      std::printf(" GPU %d %.1f GB/s (%s)", d, p.bandwidth_gbps(tile_chunk), p.device.c_str());
+    std::printf("\n  shards on one GPU share its link; the bus limit is the slowest GPU's bytes over its link\n");
+  }
 
   const int64_t max_ctx = *std::max_element(opt.contexts.begin(), opt.contexts.end());
   const int max_batch = *std::max_element(opt.batches.begin(), opt.batches.end());
@@ -450,14 +552,23 @@ int run_bench_decode(const BenchDecodeOptions& opt) {
         const int64_t splits = (ctx + sh.split_tokens - 1) / sh.split_tokens;
         for (const auto& mode : modes) {
           if (!engines.count(mode)) continue;
-          DecodeEngine& eng = *engines[mode];
+          ShardedDecodeEngine& eng = *engines[mode];
           const bool streamed = mode != "resident";
-          std::unique_ptr<cuda::ResidentPages> copies;  // resident: this configuration's pages on the GPU
-          std::vector<SeqPages> placed;                 // the batch as the engine reads it, no CPU share
+          // resident: this configuration's pages on each GPU, and the batch as that GPU's shards read it
+          std::map<int, std::unique_ptr<cuda::ResidentPages>> copies;
+          std::map<int, std::vector<SeqPages>> placed_on;
+          std::vector<SeqPages> placed;  // the batch as the home GPU reads it, no CPU share
           try {
-            if (!streamed) copies = device_copies(seqs);
-            placed = streamed ? seqs : copies->place(seqs);
+            if (!streamed)
+              for (const auto& [d, p] : profiles) {
+                AKV_CUDA(cudaSetDevice(d));
+                copies[d] = device_copies(seqs);
+                placed_on[d] = copies[d]->place(seqs);
+              }
+            AKV_CUDA(cudaSetDevice(home));
+            placed = streamed ? seqs : placed_on[home];
           } catch (const CudaError& e) {
+            AKV_CUDA(cudaSetDevice(home));
             std::printf("  skip %s %s depth %lld batch %d: %s\n", format.c_str(), mode.c_str(),
                         static_cast<long long>(ctx), batch, e.what());
             continue;
@@ -470,8 +581,10 @@ int run_bench_decode(const BenchDecodeOptions& opt) {
                                               calibration->link_alone_gbps);
             const size_t n_cpu = plan ? plan->cpu_pages : pages_for_share(share, placed[0].tables[0].size());
             apply_cpu_pages(tables, n_cpu, views);
+            std::vector<std::vector<SeqPages>> per_shard;  // (a CPU share: one shard only, check_options)
+            for (const auto& s : shards) per_shard.push_back(streamed || shards.size() == 1 ? tables : placed_on[s.device]);
             try {
-              eng.update(tables);
+              eng.update(per_shard);
             } catch (const CudaError& e) {
               std::printf("  skip %s %s depth %lld batch %d: %s\n", format.c_str(), mode_label(mode, share).c_str(),
                           static_cast<long long>(ctx), batch, e.what());
@@ -493,22 +606,40 @@ int run_bench_decode(const BenchDecodeOptions& opt) {
               r.planned_ms = plan->predicted_ms;
               std::printf("  plan: %s\n", plan->describe().c_str());
             }
-            r.cpu_bytes_per_step = eng.cpu_bytes_per_step();
+            r.cpu_bytes_per_step = eng.engine(0).cpu_bytes_per_step();
             r.step_ms = median(t.ms);
             r.device_ms = median(t.device_ms);
             r.step_ms_min = *std::min_element(t.ms.begin(), t.ms.end());
             r.step_ms_max = *std::max_element(t.ms.begin(), t.ms.end());
-            r.history_bytes = history_bytes(eng, tables, opt.n_layers);
+            std::map<int, uint64_t> device_bytes;  // history bytes over each GPU's link
+            for (int i = 0; i < eng.n_shards(); ++i) {
+              const DecodeEngine& e = eng.engine(i);
+              const cuda::HeadShard& hs = eng.shard(i);
+              const uint64_t hb = history_bytes(e, per_shard[size_t(i)], opt.n_layers);
+              r.history_bytes += hb;
+              device_bytes[hs.device] += hb;
+              r.shards.push_back({hs.device, hs.kv_head0, hs.kv_heads, hb, e.bytes_per_step(), e.copies_per_step(),
+                                  e.copy_rows_per_step(), e.largest_copy()});
+            }
             r.bytes_per_step = eng.bytes_per_step();
             r.copies_per_step = eng.copies_per_step();
+            r.copy_rows_per_step = eng.copy_rows_per_step();
             r.largest_copy = eng.largest_copy();
-            r.jobs_per_layer = eng.jobs_in_layer(0);
+            r.jobs_per_layer = eng.engine(0).jobs_in_layer(0);
             r.gbps = double(r.history_bytes + r.cpu_bytes_per_step) / (r.step_ms * 1e6);
-            const double chunk = streamed ? double(eng.largest_copy()) : double(opt.tile_pages) * sh.page_bytes();
-            r.chunk_gbps = pr.bandwidth_gbps(chunk);
-            r.bus_limit_ms = double(r.history_bytes) / (r.chunk_gbps * 1e6);
+            if (eng.n_shards() == 1) {
+              const double chunk = streamed ? double(eng.largest_copy()) : double(opt.tile_pages) * sh.page_bytes();
+              r.chunk_gbps = pr.bandwidth_gbps(chunk);
+              r.bus_limit_ms = double(r.history_bytes) / (r.chunk_gbps * 1e6);
+            } else {  // the slowest GPU; chunk_gbps: the links together
+              for (const auto& [d, b] : device_bytes) {
+                const double gbps = profiles.at(d).bandwidth_gbps(tile_chunk);
+                r.chunk_gbps += gbps;
+                r.bus_limit_ms = std::max(r.bus_limit_ms, double(b) / (gbps * 1e6));
+              }
+            }
             r.bus_limit_ratio = r.step_ms / r.bus_limit_ms;
-            r.predicted_ms = predict_ms(pr, eng, opt.n_layers, splits);
+            r.predicted_ms = predict_ms(profiles, eng, opt.n_layers, splits);
             if (calibration && share != 0)  // the co-attention model: link and CPU side by side
               r.predicted_ms = route::predict_co_attention(cuda::plan_pages(placed[0].tables[0]), opt.n_layers,
                                                            calibration->together, calibration->link_alone_gbps,
@@ -536,6 +667,19 @@ int run_bench_decode(const BenchDecodeOptions& opt) {
                         format.c_str(), mode_label(mode, r.cpu_share, r.auto_share).c_str(),
                         static_cast<long long>(ctx), batch, r.step_ms, r.step_ms_min, r.step_ms_max, r.device_ms, r.predicted_ms, r.bus_limit_ms,
                         r.bus_limit_ratio, vs, r.repeatable ? "yes" : "NO", finite ? "" : ", OUTPUT NOT FINITE");
+            if (streamed && r.copies_per_step > 0)
+              std::printf("    copies: %llu per step of %.3f MiB on average (%llu contiguous rows of %.3f MiB), "
+                          "largest %.3f MiB\n",
+                          static_cast<unsigned long long>(r.copies_per_step),
+                          double(r.bytes_per_step) / double(r.copies_per_step) / 1048576.0,
+                          static_cast<unsigned long long>(r.copy_rows_per_step),
+                          double(r.bytes_per_step) / double(r.copy_rows_per_step) / 1048576.0,
+                          double(r.largest_copy) / 1048576.0);
+            if (r.shards.size() > 1)
+              for (const auto& hs : r.shards)
+                std::printf("    shard GPU %d heads %d..%d: %.1f MiB history, %llu copies\n", hs.device, hs.kv_head0,
+                            hs.kv_head0 + hs.kv_heads - 1, double(hs.history_bytes) / 1048576.0,
+                            static_cast<unsigned long long>(hs.copies));
             std::fflush(stdout);
           }
         }
@@ -544,7 +688,7 @@ int run_bench_decode(const BenchDecodeOptions& opt) {
   }
   print_table(records);
   print_batching(records);
-  if (json_file.is_open()) write_json(json_file, opt, pr, hist, records);
+  if (json_file.is_open()) write_json(json_file, opt, profiles, tile_chunk, hist, records);
   return all_ok ? 0 : 1;
 }
 

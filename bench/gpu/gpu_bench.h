@@ -97,6 +97,14 @@ struct BenchDecodeOptions {
   std::string profile_path = "profile.json";  ///< calibrated in-process and written here ("" = don't write)
   Provenance provenance;  ///< recorded in the JSON and the profile
   int device = 0;
+  /// GPUs the step is split over by KV head (issue 15), one shard per entry,
+  /// the first the home device; a device listed twice holds two shards that
+  /// share its link (`0,0`). Empty: {device}, unsharded. Each distinct
+  /// device is calibrated (its link and kernels); the bus limit is the
+  /// slowest device's bytes over its link.
+  std::vector<int> gpus;
+  /// Shards: a run of pages' ranges as one cudaMemcpy2DAsync (EngineConfig::strided_copies).
+  bool copy_2d = false;
 };
 
 /// Runs the benchmark, prints a table, writes JSON records (streamed records

@@ -43,6 +43,13 @@ void add_bench_decode(CLI::App& app, std::function<int()>& run) {
       ->capture_default_str()->check(CLI::IsMember({"tc", "legacy", "auto"}));
   dec->add_flag("--pow2-reference", o->int8s.pow2_reference,
                 "int8s kernel: integer base-2 running reference (SPEC §4 trick 2)");
+  dec->add_option("--gpus", o->gpus,
+                  "Split the step by KV head over these GPUs, one shard each, e.g. 0,1 (two links) or 0,0 (two "
+                  "shards sharing GPU 0's link); default: GPU 0 alone, unsharded")
+      ->delimiter(',');
+  dec->add_flag("--copy-2d", o->copy_2d,
+                "Head shards: copy a run of pages' K (or V) ranges as one cudaMemcpy2DAsync instead of one copy "
+                "per range");
   dec->add_option("--json", o->json_path, "JSON output");
   dec->add_option("--profile", o->profile_path, "Calibration profile output");
   dec->add_option("--commit", o->provenance.commit,

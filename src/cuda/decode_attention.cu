@@ -61,6 +61,10 @@ void AttnShape::validate() const {
     bad("split_tokens must divide page_size (" + std::to_string(page_size) + "), got " +
         std::to_string(split_tokens));
   if (!(softmax_scale >= 0.f) || std::isinf(softmax_scale)) bad("softmax_scale must be finite and >= 0");
+  if (kv_head0 < 0 || page_kv_heads < 0) bad("kv_head0 and page_kv_heads must be >= 0");
+  if (kv_head0 + n_kv_heads > page_heads())
+    bad("KV heads [" + std::to_string(kv_head0) + ", " + std::to_string(kv_head0 + n_kv_heads) +
+        ") do not lie in a page of " + std::to_string(page_heads()) + " heads");
 }
 
 namespace {
@@ -98,7 +102,7 @@ template <int HD>
 __global__ void __launch_bounds__(warps_for<HD>() * 32, 1)
 split_attention_kernel(const SplitWork* __restrict__ work, const float* __restrict__ q,
                        float* __restrict__ part_o, float* __restrict__ part_lse, int max_splits,
-                       int n_kv, int group, int page_size, float scale_log2) {
+                       int n_kv, int group, int page_size, float scale_log2, int head0, int page_heads) {
   constexpr int W = warps_for<HD>();
   constexpr int KS = HD / 16;  // k-steps of Q.K^T = m-tiles of V^T.P^T
   constexpr int CH = HD / 8;   // 16-byte chunks per row
@@ -110,8 +114,9 @@ split_attention_kernel(const SplitWork* __restrict__ work, const float* __restri
   const int nq = n_kv * group;
   const int g = lane >> 2, q4 = lane & 3;  // this lane's score row (head) and column pair
 
-  const uint16_t* kp = static_cast<const uint16_t*>(w.page) + (size_t(h) * page_size + w.tok0) * HD;
-  const uint16_t* vp = kp + size_t(n_kv) * page_size * HD;
+  // The page's head head0 + h (a head shard reads its heads of the full page).
+  const uint16_t* kp = static_cast<const uint16_t*>(w.page) + (size_t(head0 + h) * page_size + w.tok0) * HD;
+  const uint16_t* vp = kp + size_t(page_heads) * page_size * HD;
   const uint32_t ring = smem_u32(smem) + uint32_t(warp) * kStages * SB;
   const int nblk = (w.ntok + kBlk - 1) / kBlk;
   const int n_it = warp < nblk ? (nblk - warp + W - 1) / W : 0;
@@ -351,7 +356,8 @@ void launch_split(const AttnShape& sh, const SplitWork* work, int n_work, const 
   });
   dim3 grid(n_work, sh.n_kv_heads);
   split_attention_kernel<HD><<<grid, warps_for<HD>() * 32, smem, st>>>(
-      work, q, p.o, p.lse, p.max_splits, sh.n_kv_heads, sh.group, sh.page_size, scale_log2);
+      work, q, p.o, p.lse, p.max_splits, sh.n_kv_heads, sh.group, sh.page_size, scale_log2, sh.kv_head0,
+      sh.page_heads());
 }
 
 }  // namespace

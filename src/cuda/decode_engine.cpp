@@ -9,6 +9,7 @@
 #include <string>
 
 #include "activekv/kv/codec.h"
+#include "activekv/kv/head_shard.h"
 #include "activekv/kv/int8s_layout.h"
 #include "cpu_share.h"
 #include "int8s_tc.h"
@@ -34,6 +35,7 @@ void check_page(const AttnShape& sh, const PageRef& r, int64_t needed, const std
   if (reinterpret_cast<uintptr_t>(r.host) % 16 != 0 || reinterpret_cast<uintptr_t>(r.device) % 16 != 0)
     bad("not 16-byte aligned");
   if (r.cpu) {
+    if (sh.sharded()) bad("marked for the CPU, which attends whole pages, not a head shard's heads");
     if (r.device) bad("marked for the CPU but has a device copy");
     if (r.kind == PageKind::lossless13) bad("the CPU does not attend lossless13 pages (bf16 and int8s only)");
     if (r.kind == PageKind::int8s && (!r.int8s_view || r.int8s_view->blob.data() != r.host))
@@ -52,7 +54,7 @@ void check_page(const AttnShape& sh, const PageRef& r, int64_t needed, const std
   const uint16_t want = uint16_t(r.kind == PageKind::int8s ? kv::CodecFormat::int8s : kv::CodecFormat::lossless13);
   if (u32(0) != kv::kCodecMagic) bad("bad magic (not a codec blob)");
   if (fmt_id != want) bad("blob holds format id " + std::to_string(fmt_id) + ", expected " + std::to_string(want));
-  if (int(u32(8)) != sh.page_size || int(u32(12)) != sh.n_kv_heads || int(u32(16)) != sh.head_dim)
+  if (int(u32(8)) != sh.page_size || int(u32(12)) != sh.page_heads() || int(u32(16)) != sh.head_dim)
     bad("blob dimensions (page " + std::to_string(u32(8)) + ", heads " + std::to_string(u32(12)) + ", dim " +
         std::to_string(u32(16)) + ") differ from the shape");
   const int64_t n_tok = int64_t(u32(20));
@@ -64,7 +66,7 @@ void check_page(const AttnShape& sh, const PageRef& r, int64_t needed, const std
     if (sh.page_size % 16 != 0)
       bad("the int8s kernel needs a page size that is a multiple of 16, the shape has " + std::to_string(sh.page_size));
     const size_t want_bytes =
-        kv::kCodecHeaderBytes + kv::Int8sSectionLayout{size_t(sh.head_dim), size_t(sh.page_size)}.payload_bytes(sh.n_kv_heads);
+        kv::kCodecHeaderBytes + kv::Int8sSectionLayout{size_t(sh.head_dim), size_t(sh.page_size)}.payload_bytes(sh.page_heads());
     if (r.bytes != want_bytes)
       bad("an int8s page of this shape is " + std::to_string(want_bytes) + " bytes, the entry says " +
           std::to_string(r.bytes));
@@ -75,6 +77,16 @@ void check_page(const AttnShape& sh, const PageRef& r, int64_t needed, const std
   if (payload != r.bytes - kv::kCodecHeaderBytes)
     bad("header payload of " + std::to_string(payload) + " bytes, the entry holds " +
         std::to_string(r.bytes - kv::kCodecHeaderBytes) + " after the header");
+}
+
+// The byte ranges of a stored page this shape's heads read (the whole page
+// unless it is a head shard, activekv/kv/head_shard.h).
+std::vector<kv::ByteRange> page_ranges(const AttnShape& sh, const PageRef& r) {
+  if (!sh.sharded()) return {{0, r.bytes}};
+  static_assert(int(PageKind::int8s) == int(kv::StoredPageKind::int8s) &&
+                int(PageKind::lossless13) == int(kv::StoredPageKind::lossless13));
+  return kv::shard_byte_ranges(kv::StoredPageKind(r.kind), r.host, r.bytes, sh.page_heads(), sh.page_size,
+                               sh.head_dim, {sh.kv_head0, sh.n_kv_heads});
 }
 
 // A device allocation that grows by doubling; contents are not kept.
@@ -113,8 +125,7 @@ const char* page_kind_name(PageKind k) {
 struct JobPlan {
   bool resident = false;
   int slot = -1;
-  struct Run { const std::byte* host; size_t stage_off, bytes; };
-  std::vector<Run> runs;
+  std::vector<kv::StagedCopy> runs;  // its copies (rows == 1: cudaMemcpyAsync, else cudaMemcpy2DAsync)
   struct List { size_t off = 0; int n = 0; };  // a slice of Plan::work / Plan::unpack
   List bf16, int8s, unpack;
   std::vector<size_t> entries;  // the layer's entries (see layer_entries) this job reads, in order
@@ -336,21 +347,28 @@ void DecodeEngine::update(const std::vector<SeqPages>& seqs) {
         j.info.tokens += tokens;
         j.info.tokens_by_kind[int(r.kind)] += tokens;
         n13 += r.kind == PageKind::lossless13;
+        // The page's bytes this shape reads (a head shard: only its heads'),
+        // staged at their offsets in the page, so the kernels address a
+        // staged page as the stored one.
+        const std::vector<kv::ByteRange> ranges = res && !sh.sharded() ? std::vector<kv::ByteRange>{{0, r.bytes}}
+                                                                       : page_ranges(sh, r);
         if (res) {  // a windowed layer's first page: from its first visible token
-          P.resident_bytes[size_t(l)] += size_t(r.bytes * uint64_t(sh.page_size - entries[e].lo) / uint64_t(sh.page_size));
+          size_t mine = 0;
+          for (const auto& b : ranges) mine += b.bytes;
+          P.resident_bytes[size_t(l)] += size_t(mine * uint64_t(sh.page_size - entries[e].lo) / uint64_t(sh.page_size));
           continue;
         }
         // One copy per run of pages laid out in host memory as in the slot
         // (each page 256-byte aligned): the run also copies the padding
         // between its pages, never past its last page's bytes.
-        auto& runs = j.runs;
-        if (!runs.empty() && r.host == runs.back().host + (stage - runs.back().stage_off))
-          runs.back().bytes = stage - runs.back().stage_off + r.bytes;
-        else
-          runs.push_back({r.host, stage, r.bytes});
+        for (const auto& b : ranges)
+          kv::add_staged_copy(j.runs, r.host + b.offset, stage + b.offset, b.bytes, cfg_.strided_copies, kStageAlign);
         stage += align_up(r.bytes);
       }
-      for (const auto& run : j.runs) j.info.copy_bytes.push_back(run.bytes);
+      for (const auto& run : j.runs) {
+        j.info.copy_bytes.push_back(run.bytes());
+        j.info.copy_rows.push_back(run.rows);
+      }
       j.entries = std::move(idx);
       P.stage_slot_bytes = std::max(P.stage_slot_bytes, stage);
       P.max_unpack = std::max(P.max_unpack, n13);
@@ -485,15 +503,16 @@ void DecodeEngine::apply(std::unique_ptr<Plan> plan) {
   D.patches.submit(out, compute_);  // one scatter kernel, ordered before the step's kernels
   D.rewrite_all = false;
 
-  bytes_per_step_ = copies_per_step_ = largest_copy_ = resident_bytes_per_step_ = 0;
+  bytes_per_step_ = copies_per_step_ = largest_copy_ = resident_bytes_per_step_ = copy_rows_per_step_ = 0;
   layer_streamed_.assign(P.jobs.size(), 0);
   layer_resident_ = P.resident_bytes;
   for (size_t l = 0; l < P.jobs.size(); ++l) {
     for (const JobPlan& j : P.jobs[l])
       for (const auto& r : j.runs) {
-        layer_streamed_[l] += r.bytes;
+        layer_streamed_[l] += r.bytes();
         ++copies_per_step_;
-        largest_copy_ = std::max(largest_copy_, r.bytes);
+        copy_rows_per_step_ += r.rows;
+        largest_copy_ = std::max(largest_copy_, r.bytes());
       }
     bytes_per_step_ += layer_streamed_[l];
     resident_bytes_per_step_ += layer_resident_[l];
@@ -518,8 +537,13 @@ void DecodeEngine::enqueue_copy(int64_t k) {
   const JobPlan& j = plan_->jobs[size_t(layer)][size_t(job)];
   std::byte* base = dev_->staging.p + size_t(j.slot) * dev_->slot_bytes;
   AKV_CUDA(cudaStreamWaitEvent(copy_, ev(events_compute_[size_t(j.slot)]), 0));
-  for (const auto& r : j.runs)
-    AKV_CUDA(cudaMemcpyAsync(base + r.stage_off, r.host, r.bytes, cudaMemcpyHostToDevice, copy_));
+  for (const auto& r : j.runs) {
+    if (r.rows == 1)
+      AKV_CUDA(cudaMemcpyAsync(base + r.stage_off, r.host, r.width, cudaMemcpyHostToDevice, copy_));
+    else
+      AKV_CUDA(cudaMemcpy2DAsync(base + r.stage_off, r.pitch, r.host, r.pitch, r.width, r.rows,
+                                 cudaMemcpyHostToDevice, copy_));
+  }
   AKV_CUDA(cudaEventRecord(ev(events_copy_[size_t(j.slot)]), copy_));
 }
 

@@ -164,7 +164,7 @@ template <int HD, bool kMma>
 __global__ void __launch_bounds__(kThreads)
 int8s_split_kernel(const SplitWork* __restrict__ work, const float* __restrict__ q, float* __restrict__ part_o,
                    float* __restrict__ part_lse, int max_splits, int n_kv, int group, int page_size,
-                   float scale_log2, Int8sKernelOptions opt) {
+                   float scale_log2, Int8sKernelOptions opt, int head0) {
   constexpr int KR = k_row_bytes<HD>();
   constexpr int CH = HD / 16;  // 16-byte chunks per row
   static_assert(kTok == 32 * kWarps, "scores_mma gives each warp 32 tokens of the block");
@@ -183,7 +183,7 @@ int8s_split_kernel(const SplitWork* __restrict__ work, const float* __restrict__
   const int h = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int nq = n_kv * group;
   const kv::Int8sSectionLayout lay{size_t(HD), size_t(page_size)};  // full pages only (the engine checks)
-  const unsigned char* base = static_cast<const unsigned char*>(w.page) + lay.head_offset(h);
+  const unsigned char* base = static_cast<const unsigned char*>(w.page) + lay.head_offset(head0 + h);  // shard: its heads
   const __half* c_scale = reinterpret_cast<const __half*>(base + lay.key_channel_scales());
   const __half* s_scale = reinterpret_cast<const __half*>(base + lay.key_token_scales());
   const int8_t* kq = reinterpret_cast<const int8_t*>(base + lay.key_codes());
@@ -331,7 +331,7 @@ void launch(const AttnShape& sh, const SplitWork* work, int n_work, const float*
                "cudaFuncSetAttribute(int8s_split_kernel)");
   });
   int8s_split_kernel<HD, kMma><<<dim3(n_work, sh.n_kv_heads), kThreads, smem, st>>>(
-      work, q, p.o, p.lse, p.max_splits, sh.n_kv_heads, sh.group, sh.page_size, sl2, opt);
+      work, q, p.o, p.lse, p.max_splits, sh.n_kv_heads, sh.group, sh.page_size, sl2, opt, sh.kv_head0);
 }
 
 template <int HD>

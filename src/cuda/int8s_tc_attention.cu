@@ -99,7 +99,7 @@ template <int HD, int G>
 __global__ void __launch_bounds__(tc_warps<HD>() * 32)
 int8s_tc_kernel(const SplitWork* __restrict__ work, const float* __restrict__ q, float* __restrict__ part_o,
                 float* __restrict__ part_lse, int max_splits, int n_kv, int page_size, float scale_log2,
-                Int8sKernelOptions opt) {
+                Int8sKernelOptions opt, int head0) {
   constexpr int W = tc_warps<HD>(), NS = tc_stages<HD>(), SB = tc_stage_bytes<HD>();
   constexpr int CH = HD / 16;  // 16-byte chunks per row
   static_assert(G >= 1 && G <= kRows, "the mma rows hold 8 heads x 2 query terms");
@@ -113,7 +113,7 @@ int8s_tc_kernel(const SplitWork* __restrict__ work, const float* __restrict__ q,
   const int h = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, q4 = lane & 3;
   const kv::Int8sSectionLayout lay{size_t(HD), size_t(page_size)};  // full pages only (the engine checks)
-  const unsigned char* base = static_cast<const unsigned char*>(w.page) + lay.head_offset(h);
+  const unsigned char* base = static_cast<const unsigned char*>(w.page) + lay.head_offset(head0 + h);  // shard: its heads
   const unsigned char* kq = base + lay.key_codes() + size_t(w.tok0) * HD;
   const unsigned char* vq = base + lay.value_codes() + size_t(w.tok0) * HD;
 
@@ -267,7 +267,7 @@ void launch_tc(const AttnShape& sh, const SplitWork* work, int n_work, const flo
                "cudaFuncSetAttribute(int8s_tc_kernel)");
   });
   int8s_tc_kernel<HD, G><<<dim3(n_work, sh.n_kv_heads), tc_warps<HD>() * 32, tc_smem<HD>(sh.split_tokens), st>>>(
-      work, q, p.o, p.lse, p.max_splits, sh.n_kv_heads, sh.page_size, sl2, opt);
+      work, q, p.o, p.lse, p.max_splits, sh.n_kv_heads, sh.page_size, sl2, opt, sh.kv_head0);
 }
 
 template <int HD>

@@ -20,12 +20,15 @@ constexpr int kHeaderBytes = 64;
 constexpr uint16_t kNaN = 0x7fc0;
 
 __global__ void __launch_bounds__(kThreads)
-unpack_lossless13_kernel(const UnpackWork* __restrict__ items, int n_kv, int head_dim, int page_size) {
+unpack_lossless13_kernel(const UnpackWork* __restrict__ items, int n_kv, int head_dim, int page_size, int head0,
+                         int page_heads) {
   __shared__ uint16_t table[32];
   __shared__ int plane_state;  // 0 table, 1 raw, 2 invalid
   __shared__ uint32_t plane_off;
   const UnpackWork it = items[blockIdx.x];
-  const int p = blockIdx.y;  // plane: K heads 0..n_kv-1, then V heads
+  // Plane of the blob: K of heads head0..head0+n_kv-1, then their V (a head
+  // shard unpacks only its heads), written where the bf16 page holds it.
+  const int p = blockIdx.y < n_kv ? head0 + int(blockIdx.y) : page_heads + head0 + int(blockIdx.y) - n_kv;
   const unsigned char* blob = static_cast<const unsigned char*>(it.src);
   const unsigned char* payload = blob + kHeaderBytes;
   const uint32_t n_tokens = *reinterpret_cast<const uint32_t*>(blob + 20);
@@ -36,7 +39,7 @@ unpack_lossless13_kernel(const UnpackWork* __restrict__ items, int n_kv, int hea
   if (threadIdx.x == 0) {
     int state = 2;
     uint32_t off = 0;
-    const uint64_t dir_bytes = 8ull * n_kv;
+    const uint64_t dir_bytes = 8ull * page_heads;
     if (payload_bytes >= dir_bytes && n_tokens > 0 && n_tokens <= uint32_t(page_size)) {
       off = *reinterpret_cast<const uint32_t*>(payload + 4 * size_t(p));  // directory is 4-byte aligned
       if (uint64_t(off) + 2 <= payload_bytes) {
@@ -95,7 +98,7 @@ void launch_unpack_lossless13(const AttnShape& shape, const UnpackWork* items, i
   if (n_items < 0) throw InvalidArgument("launch_unpack_lossless13: n_items < 0");
   if (n_items == 0) return;
   unpack_lossless13_kernel<<<dim3(n_items, 2 * shape.n_kv_heads), kThreads, 0, stream>>>(
-      items, shape.n_kv_heads, shape.head_dim, shape.page_size);
+      items, shape.n_kv_heads, shape.head_dim, shape.page_size, shape.kv_head0, shape.page_heads());
   check_cuda(cudaGetLastError(), "unpack_lossless13_kernel launch");
 }
 

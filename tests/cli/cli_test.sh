@@ -117,6 +117,11 @@ case $CASE in
     # the rest streamed and split with the host CPU by the planner (--cpu-share auto, the default there).
     check_bench "--device cuda --gpu-kv-mem 0.00005" partial
     ;;
+  bench_decode_args)  # bench decode's refusals of head shards, before touching a GPU (CUDA builds)
+    expect 1 "head shards: 5 shards for 4 KV heads" -- bench decode --gpus 0,0,0,0,0
+    expect 1 "head shards: device -1 is negative" -- bench decode --gpus 0,-1
+    expect 1 "--cpu-share with --gpus of several shards" -- bench decode --gpus 0,0 --cpu-share 0.25
+    ;;
   bad_args)  # rejected by the same validators in generate and eval, before any work
     expect 105 "--threads: Value 0 not in range" -- generate -t 0
     expect 105 "--threads: Value 0 not in range" -- eval -t 0

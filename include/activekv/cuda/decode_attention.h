@@ -5,6 +5,9 @@
 //   K planes: [n_kv_heads][page_size][head_dim]
 //   V planes: [n_kv_heads][page_size][head_dim]   (right after the K planes)
 //
+// (n_kv_heads of the page: AttnShape::page_heads(); a head shard attends
+// heads kv_head0.. of it, see AttnShape.)
+//
 // The kernel works on *splits*: a span of `ntok` consecutive tokens inside one
 // page (split boundaries are fixed token positions, multiples of the split
 // size, so resident, whole-layer-staged and tile-streamed runs cut the history
@@ -60,10 +63,25 @@ struct AttnShape {
   int page_size = 1024; ///< tokens per page
   int split_tokens = 512;  ///< tokens per CTA; divides page_size
   float softmax_scale = 0.f;  ///< 0 = 1/sqrt(head_dim)
+  /// Head shards (several GPUs, issue 15): the kernels attend KV heads
+  /// [kv_head0, kv_head0 + n_kv_heads) of pages laid out with page_kv_heads
+  /// heads (the model's; 0 = n_kv_heads, i.e. no shard). Queries, partials
+  /// and outputs hold only the attended heads ([..][n_q_heads()][head_dim],
+  /// query head i of the shard follows KV head kv_head0 + i / group), so
+  /// each head's arithmetic is the same whatever the shard: bitwise equal.
+  int kv_head0 = 0;
+  int page_kv_heads = 0;
 
   int n_q_heads() const { return n_kv_heads * group; }
-  /// Bytes of one page (K and V planes of every KV head, bf16).
-  size_t page_bytes() const { return size_t(2) * n_kv_heads * page_size * head_dim * 2; }
+  /// KV heads a page holds (page_kv_heads, or n_kv_heads when 0).
+  int page_heads() const { return page_kv_heads > 0 ? page_kv_heads : n_kv_heads; }
+  /// Whether this shape attends only part of the pages' heads.
+  bool sharded() const { return page_heads() != n_kv_heads; }
+  /// Bytes of one bf16 page as stored (K and V planes of every KV head of
+  /// the page layout, page_heads() of them).
+  size_t page_bytes() const { return size_t(2) * page_heads() * page_size * head_dim * 2; }
+  /// Bytes of one K or V plane (one KV head of one page, bf16).
+  size_t plane_bytes() const { return size_t(page_size) * head_dim * 2; }
   /// Throws InvalidArgument naming the field if the shape is not supported.
   void validate() const;
 };
@@ -89,7 +107,8 @@ struct Partials {
 
 /// Runs attention for `n_work` splits (device array `work`) with queries
 /// `q` [n_seq][n_q_heads][head_dim] fp32 (device), writing partials.
-/// Grid: n_work x n_kv_heads CTAs (64 threads for head_dim 256, 128 for 64 and 128).
+/// Grid: n_work x n_kv_heads CTAs (64 threads for head_dim 256, 128 for 64 and 128);
+/// CTA (w, h) reads page head kv_head0 + h and query heads h*group.. of q.
 /// n_work == 0 is a no-op.
 void launch_split_attention(const AttnShape& shape, const SplitWork* work, int n_work,
                             const float* q, Partials partials, cudaStream_t stream);

@@ -56,6 +56,14 @@
 //   partials are copied back, and the compute stream waits for that one
 //   event just before the layer's merge (details: src/cuda/cpu_share.h).
 //
+// Head shards (issue 15; sharded_engine.h runs N of them): with
+//   attn.sharded() the engine attends KV heads [kv_head0, kv_head0 +
+//   n_kv_heads) of whole pages (page_kv_heads heads: page_bytes() and the
+//   codec headers are the whole page's). A streamed page moves only those
+//   heads' ranges (kv::shard_byte_ranges), staged at their offsets in the
+//   page; a resident page is read in place; queries, partials and outputs
+//   hold the shard's heads only. `cpu` pages are refused (InvalidArgument).
+//
 // Exactness: wherever a page lies on the GPU, the same kernel reads the same
 // bytes at the same split boundaries, and the merge runs in ascending split
 // order, so streamed (any tile size), resident and mixed placements give
@@ -127,6 +135,13 @@ struct EngineConfig {
   /// The CPU kernels for `cpu` pages: threads (0 = all OpenMP threads) and
   /// ISA. split_tokens and int8s_query_terms are taken from `attn` and `int8s`.
   cpu::CpuAttentionOptions cpu_kernels;
+  /// A head shard's copies (attn.sharded()): its K planes and V planes of a
+  /// bf16 page are two ranges of the stored page, its sections of an int8s
+  /// page one. false: one cudaMemcpyAsync per range (two per bf16 page);
+  /// true: the ranges of a run of adjacent pages, equal in width and evenly
+  /// spaced, as ONE cudaMemcpy2DAsync (one per run). Which costs less link
+  /// bandwidth is the H200's to say (bench decode --copy-2d).
+  bool strided_copies = false;
 };
 
 class DecodeEngine {
@@ -169,10 +184,13 @@ class DecodeEngine {
   /// error the CPU share hit in a step (that step's output is NaN).
   void synchronize();
 
-  /// Host -> device bytes one step moves, its cudaMemcpyAsync calls and the largest one.
+  /// Host -> device bytes one step moves, its copy calls (cudaMemcpyAsync or
+  /// cudaMemcpy2DAsync) and the largest one, and the contiguous rows those
+  /// calls move (= calls without 2D copies).
   size_t bytes_per_step() const { return bytes_per_step_; }
   size_t copies_per_step() const { return copies_per_step_; }
   size_t largest_copy() const { return largest_copy_; }
+  size_t copy_rows_per_step() const { return copy_rows_per_step_; }
   /// Bytes of resident pages one step reads in place (the whole page, but a
   /// windowed layer's first visible page only from its first visible token).
   size_t resident_bytes_per_step() const { return resident_bytes_per_step_; }
@@ -191,7 +209,8 @@ class DecodeEngine {
   /// each; empty for the resident job), the tokens it attends per page kind
   /// and its kernels' splits.
   struct JobInfo {
-    std::vector<size_t> copy_bytes;
+    std::vector<size_t> copy_bytes;         ///< bytes of each copy call
+    std::vector<size_t> copy_rows;          ///< its contiguous rows (1 but for a 2D copy)
     int64_t tokens = 0;                     ///< all kinds
     int64_t tokens_by_kind[3] = {0, 0, 0};  ///< indexed by PageKind
     int n_work = 0;
@@ -215,6 +234,7 @@ class DecodeEngine {
   std::unique_ptr<Device> dev_;
   std::unique_ptr<CpuShare> cpu_;                    // made by the first update() with a `cpu` page
   size_t bytes_per_step_ = 0, copies_per_step_ = 0, largest_copy_ = 0, resident_bytes_per_step_ = 0;
+  size_t copy_rows_per_step_ = 0;
   std::vector<size_t> layer_streamed_, layer_resident_;
   size_t last_patches_ = 0;
   int next_layer_ = 0;
