@@ -58,8 +58,9 @@ ScoredRoute GpuScorer::score(const route::RouteCandidate& cand, const Progress& 
     };
   }
   runtime::GpuRuntime rt(f_, c_, o);
-  say(fmt::format("{}: {} on the GPU ({}): prefill {} tokens", text_, cand.name,
-                  route::placement_name(rt.stats().placement.placement), prefix));
+  if (say)  // callers outside run_quality_eval may pass none
+    say(fmt::format("{}: {} on the GPU ({}): prefill {} tokens", text_, cand.name,
+                    route::placement_name(rt.stats().placement.placement), prefix));
   rt.prefill(std::span<const int32_t>(ids_).first(size_t(prefix)));
   rt.wait_conversions();
 
