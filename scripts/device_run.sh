@@ -266,7 +266,13 @@ run_eval() {
   # layers x 8 rows. Routes: the defaults plus the hybrid candidate with 8
   # exact recent pages and 2 sink pages (docs/routing.md).
   local routes=lossless13,int8s,hybrid,hybrid:recent=8,sink=2
-  local common=(-m "$G3" --device cuda --scored 256 --layers-per-text 3 --routes "$routes")
+  # --f32-activations: the projections in fp32 (the CPU path's arithmetic), so
+  # that the table measures the history's format alone. With the default int8
+  # activations the activation rounding compounds any attention change: on the
+  # H200 at a19b90f (test_cuda_eval, SmolLM2 2K) int8s' KL against exact was
+  # 0.0034 on the GPU against 0.00013 on the CPU.
+  local gpu=(--device cuda --f32-activations)
+  local common=(-m "$G3" "${gpu[@]}" --scored 256 --layers-per-text 3 --routes "$routes")
   if [ "${AKV_EVAL_TESTS:-1}" = 1 ]; then  # the GPU eval path against the CPU's first (tests/cuda/test_eval_gpu.cpp)
     local e0=$(date +%s)
     echo "== test_cuda_eval (GPU eval vs CPU eval at 2K; AKV_EVAL_TESTS=0 skips)"
@@ -287,9 +293,9 @@ run_eval() {
   local t8=$(( $(date +%s) - s0 ))
   eval_one eval_gemma3_16k $(( t8 * 3 / 2 + 5 )) "${common[@]}" -c 16384 --synthetic-tokens 0
   eval_one eval_gemma3_32k $(( t8 * 5 / 2 + 5 )) "${common[@]}" -c 32768 --synthetic-tokens 0
-  eval_one passkey_gemma3_32k $(( t8 * 2 + 5 )) -m "$G3" --device cuda --passkey -c 32768 \
+  eval_one passkey_gemma3_32k $(( t8 * 2 + 5 )) -m "$G3" "${gpu[@]}" --passkey -c 32768 \
     --depths 0.1,0.3,0.5,0.7,0.9 --seed 1 --routes "$routes"
-  eval_one eval_smollm2_8k $t8 -m "$MODEL" --device cuda -c 8192 --synthetic-tokens 0
+  eval_one eval_smollm2_8k $t8 -m "$MODEL" "${gpu[@]}" -c 8192 --synthetic-tokens 0
   # The CPU cross-check, one text at 8K: the CPU path took 240 s for three
   # texts on 16 cores at af92df1 (bench/results/h200_eval_gemma3_8k.json), ~100 s with the extra route.
   eval_one eval_gemma3_8k_cpu_one_text 110 -m "$G3" --device cpu --scored 256 --layers-per-text 3 \
