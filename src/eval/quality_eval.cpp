@@ -105,7 +105,7 @@ class CpuScorer final : public WindowScorer {
     seq_.reset();
     store_ = std::make_unique<kv::PageStore>(m_.kv_shape(cfg_.page_size), pages * size_t(m_.config().n_layers));
     seq_ = std::make_unique<kv::SequenceKv>(*store_);
-    say(fmt::format("{}: prefill {} tokens (exact)", text, prefix_));
+    if (say) say(fmt::format("{}: prefill {} tokens (exact)", text, prefix_));  // callers may pass none
     m_.prefill(std::span<const int32_t>(ids_).first(size_t(prefix_)), *seq_);
     compressed_ = std::make_unique<convert::CompressedHistory>(
         *seq_, std::vector<kv::CodecFormat>{kv::CodecFormat::lossless13, kv::CodecFormat::int8s}, pages, nullptr);
