@@ -21,7 +21,13 @@ struct GateArgs {
   std::string bench = ACTIVEKV_SOURCE_DIR "/bench/results/h200_bench_formats.json";
   std::vector<std::string> eval{ACTIVEKV_SOURCE_DIR "/bench/results/eval-SmolLM2-135M-Instruct.Q4_1.json",
                                 ACTIVEKV_SOURCE_DIR "/bench/results/h200_eval_gpu_int8s.json",
-                                ACTIVEKV_SOURCE_DIR "/bench/results/h200_eval_gemma3_8k.json"};
+                                ACTIVEKV_SOURCE_DIR "/bench/results/h200_eval_gemma3_8k.json",
+                                // Through the GPU runtime (eval --device cuda --f32-activations): a
+                                // later file's record of the same model, format and context wins.
+                                ACTIVEKV_SOURCE_DIR "/bench/results/h200_eval_gpu_smollm2_8k.json",
+                                ACTIVEKV_SOURCE_DIR "/bench/results/h200_eval_gpu_gemma3_8k.json",
+                                ACTIVEKV_SOURCE_DIR "/bench/results/h200_eval_gpu_gemma3_16k.json",
+                                ACTIVEKV_SOURCE_DIR "/bench/results/h200_eval_gpu_gemma3_32k.json"};
   int batch = 1;
   std::string json_out;
 };

@@ -337,8 +337,8 @@ TEST_P(PartialResidency, AutoKeepsTheHotPagesResidentAndGivesTheAllStreamedBits)
 }
 
 // Partial residency with co-attention: the CPU takes half of each layer's
-// pages, never a resident one. Same bound as CoAttention above (the same
-// change of fp32 order), teacher-forced on the all-streamed run's tokens.
+// pages, never a resident one (the same change of fp32 order as
+// CoAttention above), teacher-forced on the all-streamed run's tokens.
 TEST_P(PartialResidency, WithAHostCpuShareTheCpuTakesOnlyStreamedPages) {
   NEED_GPU();
   if (GetParam() == "int8s") GTEST_SKIP() << "every int8s page is resident at this budget: none left for the CPU";
@@ -359,7 +359,7 @@ TEST_P(PartialResidency, WithAHostCpuShareTheCpuTakesOnlyStreamedPages) {
               "resident, %.1f streamed, %.1f CPU\n",
               GetParam().c_str(), worst, double(co.stats.resident_pages) / steps,
               double(co.stats.streamed_pages) / steps, double(co.stats.cpu_pages) / steps);
-  EXPECT_LT(worst, 4.0);  // CoAttention's bound: 1.36 was the worst measured there (H200, ca5fc0b)
+  EXPECT_LT(worst, 3.0);  // ~3x the worst measured here: 0.957 (exact), 0.86 (hybrid) on the H200 at 189d72b
 }
 
 INSTANTIATE_TEST_SUITE_P(Routes, PartialResidency, ::testing::Values("exact", "int8s", "hybrid"));

@@ -76,8 +76,9 @@ struct QualityEvidence {
 ///
 /// For each model that measured the format at a context >= the judged one,
 /// the evidence is its record at the smallest such context (quality is
-/// measured no shorter than it is claimed); the format passes iff every such
-/// record passes. A judged context beyond every model's largest measured
+/// measured no shorter than it is claimed) and its records at every shorter
+/// context (a decode at the judged context passes through them); the format
+/// passes iff every such record passes. A judged context beyond every model's largest measured
 /// context is never accepted: the verdict says so and cites the synthetic
 /// own-format cases that reach that far, if any (own-format evidence only).
 struct Quality {
