@@ -9,6 +9,7 @@ usage: plot_cpu_share.py bench_decode.json [-o cpu_share.png]
 """
 import argparse
 import json
+import sys
 
 import matplotlib
 
@@ -53,7 +54,10 @@ def main():
         ax.legend(fontsize=7)
     fig.suptitle(f"co-attention, {d['device']}, commit {d['commit'][:10]}", fontsize=10)
     fig.tight_layout()
-    fig.savefig(a.out, dpi=110)
+    # The PNG carries its provenance: the bench command and commit behind it, and this plot's command.
+    meta = {"Source": f"{d.get('command', '?')} (commit {d.get('commit', '?')})",
+            "Software": "bench/plot_cpu_share.py " + " ".join(sys.argv[1:])}
+    fig.savefig(a.out, dpi=110, metadata=meta)
     print(f"wrote {a.out}")
 
 
