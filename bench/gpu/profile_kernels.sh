@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Nsight Compute profiles of the kernels that bound a decode step (issues 10
+# and 13), for the GPU machine after `scripts/device_run.sh setup` (needs
+# build-device/ and the Debian prefix). Writes into $OUT:
+#   ncu_matvec.txt     the block-type matvec on two 27B-shape Q4_0 matrices:
+#                      speed of light, occupancy, warp stalls, memory
+#   ncu_attention.txt  the resident decode kernels at 128K (bf16 split, int8s tc)
+#   d0_kernels.txt     every kernel of ~2 decode steps of the 27B-shape model
+#                      at depth 0 (gpu placement): count, total and mean us
+#                      per kernel name, and the share of the step
+# ncu serialises kernels, so only per-kernel durations mean anything here;
+# step times come from `activekv bench`. Clocks are left alone
+# (--clock-control none, as the machine's notes ask).
+set -uo pipefail
+OUT=${OUT:-/tmp/activekv-out}
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+[ -n "$NCU" ] || { echo "no ncu on this machine"; exit 1; }
+SECTIONS="--section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats --section MemoryWorkloadAnalysis --section SchedulerStats"
+B=build-device/bin
+
+for S in 17408x5120 5120x5120; do
+  echo "== ncu: matvec Q4_0 $S" | tee -a "$OUT/ncu_matvec.txt"
+  timeout 120 "$NCU" --clock-control none $SECTIONS -k regex:matvec --launch-skip 40 --launch-count 1 \
+    $B/bench_matvec --types Q4_0 --shapes $S --nvec 1 --batches 3 >> "$OUT/ncu_matvec.txt" 2>&1
+done
+
+for F in bf16 int8s; do
+  K=$([ $F = bf16 ] && echo regex:split_attention || echo regex:int8s_tc)
+  echo "== ncu: resident $F at 128K ($K)" | tee -a "$OUT/ncu_attention.txt"
+  timeout 150 "$NCU" --clock-control none $SECTIONS -k "$K" --launch-skip 40 --launch-count 1 \
+    $B/activekv bench decode --contexts 128k --batches 1 --kv-format $F --modes resident --steps 3 --warmup 1 \
+    --profile "" >> "$OUT/ncu_attention.txt" 2>&1
+done
+
+G=/tmp/akv-27b-q4_0.gguf
+[ -f $G ] || python3 tools/make_synthetic_gguf.py $G > /dev/null
+echo "== ncu: every kernel of decode steps at depth 0"
+timeout 240 "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv --launch-skip 2500 --launch-count 700 \
+  $B/activekv bench -m $G -p 0 -n 12 -d 0 -ctk bf16 --kv-placement gpu -r 1 -o md > /tmp/d0_ncu.csv 2>/tmp/d0_ncu.err
+tail -3 /tmp/d0_ncu.err
+python3 - /tmp/d0_ncu.csv > "$OUT/d0_kernels.txt" <<'PY'
+import csv, sys, collections
+rows = [r for r in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"'))]
+hdr = rows[0]; rows = rows[1:]
+ki, vi, ui = hdr.index("Kernel Name"), hdr.index("Metric Value"), hdr.index("Metric Unit")
+tot = collections.defaultdict(float); cnt = collections.Counter()
+for r in rows:
+    v = float(r[vi].replace(",", "")); u = r[ui]
+    us = v / 1000 if u == "nsecond" else v * 1000 if u == "msecond" else v
+    name = r[ki].split("(")[0].split("<")[0] + ("<" + r[ki].split("<")[1].split(">")[0] + ">" if "<" in r[ki] else "")
+    tot[name] += us; cnt[name] += 1
+all_us = sum(tot.values())
+print(f"{len(rows)} kernels, {all_us:.1f} us of kernel time")
+for n, t in sorted(tot.items(), key=lambda x: -x[1]):
+    print(f"{t:10.1f} us {100*t/all_us:5.1f} % {cnt[n]:5d} x {t/cnt[n]:8.2f} us  {n[:150]}")
+PY
+head -40 "$OUT/d0_kernels.txt"
+grep -E "^  [A-Z].*(Throughput|Achieved Occupancy|Registers|Duration|Theoretical Occupancy|Block Limit)" "$OUT/ncu_matvec.txt" "$OUT/ncu_attention.txt" | head -80
