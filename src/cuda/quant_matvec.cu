@@ -1,6 +1,6 @@
 // Decode matvec on weights in their GGUF types (quant_matvec.h).
 //
-// Block types, tiled kernel (the default; quant_tile.cuh): a thread takes a
+// Block types, tiled kernel (quant_tile.cuh): a thread takes a
 // 256-element tile of a row (8 blocks, or one K-quant super-block), reads all
 // of its bytes into registers with 16-byte loads first -- 144 to 272 bytes in
 // flight per thread -- then decodes it (quant_blocks.cuh, reading the
@@ -10,6 +10,10 @@
 // 12 lanes of a warp idle. Each thread keeps one accumulator per row; the
 // rows are reduced with warp shuffles and then across the CTA's warps in
 // shared memory, in a fixed order: deterministic, no atomics.
+//
+// Block types, staged kernel (quant_stage.cuh): a warp streams the tiles of
+// R whole rows through a shared-memory ring with coalesced cp.async, each lane
+// decodes one tile from the stage with the tiled kernel's register code.
 //
 // Block types, chunked kernel (the previous one, kept for A/B measurements:
 // set_block_matvec_kernel): one warp per row, streaming it through shared
@@ -27,9 +31,11 @@
 #include "activekv/core/error.h"
 #include "activekv/cuda/quant_matvec.h"
 #include "quant_dot.cuh"
+#include "quant_stage.cuh"
 #include "quant_tile.cuh"
 #include "quant_x.cuh"
 #include "model_ops_kernels.h"
+#include "once_per_device.h"
 
 namespace activekv::cuda {
 
@@ -202,6 +208,85 @@ __global__ void __launch_bounds__(qtile::kMaxWarps * 32)
   }
 }
 
+// ---- block-type matvec, staged --------------------------------------------------
+
+/// Warp w of the grid takes rows [w * R, + R) (quant_stage.cuh): their tiles
+/// stream through the warp's ring of kStages chunks of 32 tiles; lane l
+/// decodes tile 32c + l of chunk c from shared memory; the rows' sums are
+/// taken in tile order at the end. kAligned: every tile starts on a 16-byte
+/// boundary of the matrix (whole-tile rows of 16-byte multiples).
+template <class T, int NV, bool kAligned>
+__global__ void __launch_bounds__(qstage::kWarps * 32)
+    matvec_staged_kernel(const uint8_t* __restrict__ w, int64_t rows, int64_t row_bytes, int tiles,
+                         int rows_per_warp, XQuant xq, int64_t cols, float* __restrict__ y, bool accumulate) {
+  using Ti = qtile::TileOf<T>;
+  constexpr int SB = qstage::stage_bytes<T>(), NS = qstage::kStages;
+  extern __shared__ uint4 smem_u4[];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t row0 = (int64_t(blockIdx.x) * qstage::kWarps + warp) * rows_per_warp;
+  if (row0 >= rows) return;  // no CTA-wide barriers below: a warp may leave
+  uint8_t* ring = reinterpret_cast<uint8_t*>(smem_u4) + warp * (NS * SB + qstage::kMaxPartials * 4);
+  float* partial = reinterpret_cast<float*>(ring + NS * SB);
+  const int n_rows = int(min(int64_t(rows_per_warp), rows - row0));
+  const int n_tiles = n_rows * tiles;
+  const int n_chunks = (n_tiles + qstage::kChunkTiles - 1) / qstage::kChunkTiles;
+  const int64_t total = rows * row_bytes;
+
+  // The first granule of chunk ch (its copy starts there).
+  auto chunk_g0 = [&](int ch) {
+    return qstage::tile_offset(row0, int64_t(ch) * qstage::kChunkTiles, tiles, row_bytes, Ti::kBytes) &
+           ~int64_t(15);
+  };
+  // Copies chunk ch into its stage: one commit group per call, empty past the
+  // last chunk so that the wait counts stay uniform.
+  auto issue = [&](int ch) {
+    if (ch < n_chunks) {
+      const int last = min((ch + 1) * qstage::kChunkTiles, n_tiles) - 1;
+      const int64_t g0 = chunk_g0(ch);
+      const int64_t end = qstage::tile_end(row0, last, tiles, row_bytes, Ti::kBytes);
+      const int n_gran = int((end - g0 + 15) >> 4);
+      uint8_t* st = ring + (ch % NS) * SB;
+      for (int i = lane; i < n_gran; i += 32) {
+        const int64_t off = g0 + 16 * int64_t(i);
+        cp_async16(st + 16 * i, w + off, int(min(int64_t(16), total - off)));  // past the matrix: zero-filled
+      }
+    }
+    cp_async_commit();
+  };
+
+#pragma unroll
+  for (int s = 0; s < NS - 1; ++s) issue(s);
+  for (int ch = 0; ch < n_chunks; ++ch) {
+    issue(ch + NS - 1);
+    cp_async_wait<NS - 1>();
+    __syncwarp();
+    const int i = ch * qstage::kChunkTiles + lane;
+    if (i < n_tiles) {
+      const int64_t off = qstage::tile_offset(row0, i, tiles, row_bytes, Ti::kBytes);
+      const int t = i % tiles;
+      qblk::Words<Ti::kWords> tw;
+      qstage::read_tile<T, kAligned>(ring + (ch % NS) * SB, int(off - chunk_g0(ch)), tw);
+      float part[NV];
+#pragma unroll
+      for (int v = 0; v < NV; ++v) part[v] = 0.f;
+      qtile::tile_dot<T, NV>(tw, t, kAligned ? qtile::kTileUnits : qtile::tile_units(t, cols), xq, cols, part);
+#pragma unroll
+      for (int v = 0; v < NV; ++v) partial[i * NV + v] = part[v];
+    }
+    __syncwarp();  // the stage is refilled by the next iteration's issue
+  }
+  cp_async_wait<0>();  // nothing may be in flight into shared memory at exit
+  // Lane j sums (row j / NV, vector j % NV) over the row's tiles in order.
+  for (int j = lane; j < n_rows * NV; j += 32) {
+    const int r = j / NV, v = j % NV;
+    const float* p = partial + r * tiles * NV + v;
+    float sum = p[0];
+    for (int t = 1; t < tiles; ++t) sum += p[t * NV];
+    float* out = y + v * rows + row0 + r;
+    *out = accumulate ? *out + sum : sum;
+  }
+}
+
 // ---- float-type matvec ---------------------------------------------------------
 
 template <class T, int NV>
@@ -314,7 +399,9 @@ void check_matvec_args(const DeviceMatrix& w, const float* x, bool need_x, int n
 
 BlockMatvecKernel initial_kernel() {
   const char* e = std::getenv("ACTIVEKV_MATVEC_KERNEL");
-  return e != nullptr && std::strcmp(e, "tiled") == 0 ? BlockMatvecKernel::Tiled : BlockMatvecKernel::Chunked;
+  if (e != nullptr && std::strcmp(e, "tiled") == 0) return BlockMatvecKernel::Tiled;
+  if (e != nullptr && std::strcmp(e, "staged") == 0) return BlockMatvecKernel::Staged;
+  return BlockMatvecKernel::Chunked;
 }
 
 BlockMatvecKernel g_kernel = initial_kernel();
@@ -336,6 +423,33 @@ void launch_tiled(const DeviceMatrix& w, const XQuant& xq, float* y, bool accumu
                                                                 g.rows_per_cta, xq, w.cols, y, accumulate);
 }
 
+template <class T, int NV>
+void launch_staged(const DeviceMatrix& w, const XQuant& xq, float* y, bool accumulate, cudaStream_t stream) {
+  using Ti = qtile::TileOf<T>;
+  const int tiles = int((w.cols + qtile::kTileElems - 1) / qtile::kTileElems);
+  const int r = qstage::rows_per_warp(w.rows, tiles, NV);
+  const int64_t warps = (w.rows + r - 1) / r;
+  const dim3 grid(unsigned((warps + qstage::kWarps - 1) / qstage::kWarps)), block(32 * qstage::kWarps);
+  constexpr int smem = qstage::cta_smem_bytes<T>();
+  const auto* wp = static_cast<const uint8_t*>(w.data);
+  auto launch = [&](auto kernel) {
+    // Over the 48 KiB default: raised per device and instantiation, the first time.
+    static OncePerDevice smem_limit_set;
+    smem_limit_set([&] {
+      check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+                 "cudaFuncSetAttribute(matvec_staged_kernel)");
+    });
+    kernel<<<grid, block, smem, stream>>>(wp, w.rows, int64_t(w.row_bytes), tiles, r, xq, w.cols, y, accumulate);
+  };
+  if constexpr (Ti::kCanAlign) {
+    if (w.cols % qtile::kTileElems == 0 && w.row_bytes % 16 == 0) {
+      launch(matvec_staged_kernel<T, NV, true>);
+      return;
+    }
+  }
+  launch(matvec_staged_kernel<T, NV, false>);
+}
+
 void run_matvec(const DeviceMatrix& w, const float* x, int n_vec, float* y, bool accumulate, const void* ws,
                 cudaStream_t stream) {
   if (w.rows == 0) return;
@@ -349,6 +463,8 @@ void run_matvec(const DeviceMatrix& w, const float* x, int n_vec, float* y, bool
       constexpr int NV = decltype(nv)::value;
       if (g_kernel == BlockMatvecKernel::Tiled) {
         launch_tiled<T, NV>(w, xq, y, accumulate, stream);
+      } else if (g_kernel == BlockMatvecKernel::Staged) {
+        launch_staged<T, NV>(w, xq, y, accumulate, stream);
       } else {
         matvec_blocks_kernel<T, NV><<<grid, block, kWarps * kStages * qdot::Tiling<T>::kStageBytes, stream>>>(
             wp, w.rows, int64_t(w.row_bytes), n_blocks, xq, w.cols, y, accumulate);

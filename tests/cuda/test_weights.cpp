@@ -53,10 +53,10 @@ struct KernelScope {
   ~KernelScope() { set_block_matvec_kernel(before); }
 };
 
-/// Both block-type kernels (float types have one).
+/// Every block-type kernel (float types have one).
 std::vector<BlockMatvecKernel> kernels_for(TensorType t) {
   if (is_float_type(t)) return {BlockMatvecKernel::Tiled};
-  return {BlockMatvecKernel::Tiled, BlockMatvecKernel::Chunked};
+  return {BlockMatvecKernel::Tiled, BlockMatvecKernel::Chunked, BlockMatvecKernel::Staged};
 }
 
 TEST_P(WeightKernels, MatvecMatchesCpu) {
