@@ -6,7 +6,7 @@
 // printed beside it). Not a test: it asserts nothing.
 //
 //   bench_matvec [--types Q4_0,Q4_K,...] [--shapes 6144x5120,...] [--nvec 1,8]
-//                [--kernel tiled|chunked|staged] [--batches 30] [--json out.json]
+//                [--kernel tiled|chunked] [--batches 30] [--json out.json]
 //
 // The default shapes are the 27B-shape model's matrices (rows x cols): Q
 // 6144x5120, K/V 1024x5120, O 5120x6144, gate/up 17408x5120, down 5120x17408,
@@ -113,7 +113,7 @@ int main(int argc, char** argv) {
   app.add_option("--types", types, "weight types, comma-separated");
   app.add_option("--shapes", shapes, "rows x cols, comma-separated");
   app.add_option("--nvec", nvecs, "vectors per matvec (1..8), comma-separated");
-  app.add_option("--kernel", kernel, "block-type matvec kernel")->check(CLI::IsMember({"tiled", "chunked", "staged"}));
+  app.add_option("--kernel", kernel, "block-type matvec kernel")->check(CLI::IsMember({"tiled", "chunked"}));
   app.add_option("--batches", batches, "timed batches per row (median)")->check(CLI::Range(1, 10000));
   app.add_option("--json", json_path, "write the results as JSON here");
   CLI11_PARSE(app, argc, argv);
@@ -124,8 +124,7 @@ int main(int argc, char** argv) {
     activekv::cuda::require_gpu(0, "bench_matvec");
     using activekv::cuda::BlockMatvecKernel;
     activekv::cuda::set_block_matvec_kernel(kernel == "chunked" ? BlockMatvecKernel::Chunked
-                                            : kernel == "staged" ? BlockMatvecKernel::Staged
-                                                                 : BlockMatvecKernel::Tiled);
+                                                                : BlockMatvecKernel::Tiled);
     cudaDeviceProp prop{};
     check_cuda(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
     const size_t l2 = size_t(prop.l2CacheSize);

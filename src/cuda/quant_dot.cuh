@@ -35,35 +35,75 @@ struct Tiling {
   static constexpr int kStageBytes = (kChunkBytes + 30) / 16 * 16;
 };
 
-/// Dot of unit u of block b with x block xb, added to acc[v] for every vector:
-/// acc += d_x * (A * sum(code * q) + B * sum(q)).
+/// x of one 32-element unit for NV vectors: its int8 codes (8 words) and
+/// {d, sum q}. Loaded once per work item and applied to every row a warp holds.
+template <int NV>
+struct UnitX {
+  int xs[NV][8];
+  float2 d[NV];
+};
+
+template <int NV>
+AKV_QHD void load_unit_x(int64_t xb, XQuant xq, int64_t cols, UnitX<NV>& x) {
+  AKV_UNROLL
+  for (int v = 0; v < NV; ++v) {
+    const int4* xp = reinterpret_cast<const int4*>(xq.qx + v * cols + xb * 32);
+    const int4 x0 = ldg(xp), x1 = ldg(xp + 1);
+    x.xs[v][0] = x0.x, x.xs[v][1] = x0.y, x.xs[v][2] = x0.z, x.xs[v][3] = x0.w;
+    x.xs[v][4] = x1.x, x.xs[v][5] = x1.y, x.xs[v][6] = x1.z, x.xs[v][7] = x1.w;
+    x.d[v] = ldg(xq.ds + v * (cols / 32) + xb);
+  }
+}
+
+/// Dot of unit u of block b with x, added to acc[v] for every vector:
+/// acc += d_x * (A * sum(code * q) + B * sum(q)). sum(code * q) is taken as
+/// sum(raw * q) - kOffset * sum(q) (d.y holds sum(q), an exact integer):
+/// the same int32, without subtracting kOffset from every code byte -- the
+/// H200 profile showed this kernel instruction-bound.
 template <class T, int NV>
-AKV_QHD void dot_unit(const uint8_t* b, int u, int64_t xb, XQuant xq, int64_t cols, float* acc) {
+AKV_QHD void dot_unit_x(const uint8_t* b, int u, const UnitX<NV>& x, float* acc) {
   uint32_t c[8];
   AKV_UNROLL
-  for (int g = 0; g < 8; ++g) c[g] = codes4<T>(b, u, g);
+  for (int g = 0; g < 8; ++g) c[g] = T::raw4(b, u, g);
   const float a = T::scale(b, u, 0);
   float mn = 0.f;
   if constexpr (T::kHasMin) mn = T::min(b, u);
   AKV_UNROLL
   for (int v = 0; v < NV; ++v) {
-    const int4* xp = reinterpret_cast<const int4*>(xq.qx + v * cols + xb * 32);
-    const int4 x0 = ldg(xp), x1 = ldg(xp + 1);
-    const int xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
     int s = 0;
     AKV_UNROLL
-    for (int g = 0; g < 8; ++g) s = dp4a(int(c[g]), xs[g], s);
-    const float2 d = ldg(xq.ds + v * (cols / 32) + xb);
+    for (int g = 0; g < 8; ++g) s = dp4a(int(c[g]), x.xs[v][g], s);
+    if constexpr (T::kOffset != 0) s -= T::kOffset * int(x.d[v].y);
     float t = mul_rn(a, float(s));
-    if constexpr (T::kHasMin) t = fmaf(mn, d.y, t);
-    acc[v] = fmaf(d.x, t, acc[v]);
+    if constexpr (T::kHasMin) t = fmaf(mn, x.d[v].y, t);
+    acc[v] = fmaf(x.d[v].x, t, acc[v]);
+  }
+}
+
+/// x of a Q6_K item (h, j): bytes 8j..8j+7 of the four units 4h + k, and their d.
+template <int NV>
+struct Q6kX {
+  int2 xs[NV][4];
+  float d[NV][4];
+};
+
+template <int NV>
+AKV_QHD void load_q6k_x(int h, int j, int64_t xb0, XQuant xq, int64_t cols, Q6kX<NV>& x) {
+  AKV_UNROLL
+  for (int v = 0; v < NV; ++v) {
+    AKV_UNROLL
+    for (int k = 0; k < 4; ++k) {
+      const int64_t xb = xb0 + 4 * h + k;
+      x.xs[v][k] = ldg(reinterpret_cast<const int2*>(xq.qx + v * cols + xb * 32 + 8 * j));
+      x.d[v][k] = ldg(xq.ds + v * (cols / 32) + xb).x;
+    }
   }
 }
 
 /// Q6_K item (h, j): bytes 8j..8j+7 of the ql/qh rows of half h, i.e. elements
-/// 8j..8j+7 of the four units u = 4h + k; x blocks from xb0 (the block's first).
+/// 8j..8j+7 of the four units u = 4h + k, dotted with their x.
 template <int NV>
-AKV_QHD void dot_q6k_item(const uint8_t* b, int h, int j, int64_t xb0, XQuant xq, int64_t cols, float* acc) {
+AKV_QHD void dot_q6k_item_x(const uint8_t* b, int h, int j, const Q6kX<NV>& x, float* acc) {
   uint32_t c[4][2];
   float a[4];
   AKV_UNROLL
@@ -76,27 +116,35 @@ AKV_QHD void dot_q6k_item(const uint8_t* b, int h, int j, int64_t xb0, XQuant xq
   for (int v = 0; v < NV; ++v) {
     AKV_UNROLL
     for (int k = 0; k < 4; ++k) {
-      const int64_t xb = xb0 + 4 * h + k;
-      const int2 x = ldg(reinterpret_cast<const int2*>(xq.qx + v * cols + xb * 32 + 8 * j));
-      const int s = dp4a(int(c[k][1]), x.y, dp4a(int(c[k][0]), x.x, 0));
-      const float d = ldg(xq.ds + v * (cols / 32) + xb).x;
-      acc[v] = fmaf(d, mul_rn(a[k], float(s)), acc[v]);
+      const int s = dp4a(int(c[k][1]), x.xs[v][k].y, dp4a(int(c[k][0]), x.xs[v][k].x, 0));
+      acc[v] = fmaf(x.d[v][k], mul_rn(a[k], float(s)), acc[v]);
     }
   }
 }
 
-/// Work item `item` (< items of the chunk) of the chunk whose first block is
-/// block `blk0` of the row and sits at `base` (a copy of the row's bytes).
-template <class T, int NV>
-AKV_QHD void dot_item(const uint8_t* base, int item, int blk0, XQuant xq, int64_t cols, float* acc) {
+/// Work item `item` (< items of the chunk) of a chunk whose first block is
+/// block `blk0` of R rows, the chunk of row r at base[r] (a copy of the
+/// row's bytes): the item's x is loaded once and dotted with each row's
+/// block, added to acc[r * NV + v]. Per row, the arithmetic and its order
+/// are those of R = 1 (what the emulation runs).
+template <class T, int NV, int R = 1>
+AKV_QHD void dot_item(const uint8_t* const* base, int item, int blk0, XQuant xq, int64_t cols, float* acc,
+                      int n_rows = R) {
   using Tl = Tiling<T>;
   const int blk = item / Tl::kItemsPerBlock, part = item % Tl::kItemsPerBlock;
-  const uint8_t* bp = base + blk * T::kBytes;
   const int64_t xb0 = int64_t(blk0 + blk) * T::kUnits;
   if constexpr (std::is_same_v<T, Q6_K>) {
-    dot_q6k_item<NV>(bp, part >> 2, part & 3, xb0, xq, cols, acc);
+    Q6kX<NV> x;
+    load_q6k_x<NV>(part >> 2, part & 3, xb0, xq, cols, x);
+    AKV_UNROLL
+    for (int r = 0; r < R; ++r)
+      if (r < n_rows) dot_q6k_item_x<NV>(base[r] + blk * T::kBytes, part >> 2, part & 3, x, acc + r * NV);
   } else {
-    dot_unit<T, NV>(bp, part, xb0 + part, xq, cols, acc);
+    UnitX<NV> x;
+    load_unit_x<NV>(xb0 + part, xq, cols, x);
+    AKV_UNROLL
+    for (int r = 0; r < R; ++r)
+      if (r < n_rows) dot_unit_x<T, NV>(base[r] + blk * T::kBytes, part, x, acc + r * NV);
   }
 }
 

@@ -1,23 +1,21 @@
 // Decode matvec on weights in their GGUF types (quant_matvec.h).
 //
-// Block types, tiled kernel (quant_tile.cuh): a thread takes a
-// 256-element tile of a row (8 blocks, or one K-quant super-block), reads all
-// of its bytes into registers with 16-byte loads first -- 144 to 272 bytes in
-// flight per thread -- then decodes it (quant_blocks.cuh, reading the
-// registers) and dots it with the int8 activations (__dp4a), x read through
-// L1 (every CTA reads the same x). A CTA holds R whole rows; its threads take
-// the R rows' tiles in order, so a 5120-column row (20 tiles) does not leave
-// 12 lanes of a warp idle. Each thread keeps one accumulator per row; the
-// rows are reduced with warp shuffles and then across the CTA's warps in
-// shared memory, in a fixed order: deterministic, no atomics.
+// Block types, chunked kernel (the default): a warp takes R rows (4 or 2 for
+// one vector on tall matrices, else 1) and streams them through shared
+// memory in chunks of whole blocks with cp.async; each lane takes work items
+// (32-element units) of the chunk, loads their int8 x once and dots it with
+// each row's block (quant_dot.cuh). Each row's sum is the same whatever R.
 //
-// Block types, staged kernel (quant_stage.cuh): a warp streams the tiles of
-// R whole rows through a shared-memory ring with coalesced cp.async, each lane
-// decodes one tile from the stage with the tiled kernel's register code.
+// Block types, tiled kernel (kept for A/B measurements: set_block_matvec_kernel;
+// quant_tile.cuh): a thread takes a 256-element tile of a row (8 blocks, or
+// one K-quant super-block), reads all of its bytes into registers with
+// 16-byte loads first, then decodes it and dots it with the int8 activations
+// (__dp4a). A CTA holds R whole rows; its threads take the R rows' tiles in
+// order; the rows are reduced with warp shuffles and then across the CTA's
+// warps in shared memory, in a fixed order.
 //
-// Block types, chunked kernel (the previous one, kept for A/B measurements:
-// set_block_matvec_kernel): one warp per row, streaming it through shared
-// memory in chunks of whole blocks with cp.async (quant_dot.cuh).
+// Both are deterministic (no atomics) and both are emulated bit for bit on
+// the CPU (tests/cuda/matvec_emulation.h).
 //
 // Float types: one warp per row, 16-byte loads straight from global, fp32 FMA.
 #include <cuda_runtime.h>
@@ -31,7 +29,6 @@
 #include "activekv/core/error.h"
 #include "activekv/cuda/quant_matvec.h"
 #include "quant_dot.cuh"
-#include "quant_stage.cuh"
 #include "quant_tile.cuh"
 #include "quant_x.cuh"
 #include "model_ops_kernels.h"
@@ -93,59 +90,78 @@ __device__ __forceinline__ void write_row(float* acc, float* y, int64_t rows, in
   }
 }
 
-template <class T, int NV>
+/// Chunks in flight per warp: with R rows a stage holds R rows' chunks.
+template <int R> __host__ __device__ constexpr int chunk_stages() { return R == 1 ? kStages : 2; }
+
+/// A warp takes rows [w * R, + R): chunk ch of each of them (64 work items,
+/// quant_dot.cuh) streams through the warp's ring; lane l takes items l and
+/// l + 32 of every chunk, loading each item's x once for the R rows (x is
+/// read through L1 by every warp: at R = 1 it is most of the kernel's L1
+/// traffic). Each row's accumulation is the R = 1 one.
+template <class T, int NV, int R>
 __global__ void __launch_bounds__(kWarps * 32)
     matvec_blocks_kernel(const uint8_t* __restrict__ w, int64_t rows, int64_t row_bytes, int n_blocks,
                          XQuant xq, int64_t cols, float* __restrict__ y, bool accumulate) {
   using Tl = qdot::Tiling<T>;
+  constexpr int NS = chunk_stages<R>();
   extern __shared__ uint4 smem_u4[];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t row = int64_t(blockIdx.x) * kWarps + warp;
-  if (row >= rows) return;  // no block-wide barriers below: a warp may leave
-  uint8_t* stages = reinterpret_cast<uint8_t*>(smem_u4) + warp * kStages * Tl::kStageBytes;
+  const int64_t row0 = (int64_t(blockIdx.x) * kWarps + warp) * R;
+  if (row0 >= rows) return;  // no block-wide barriers below: a warp may leave
+  const int n_rows = int(min(int64_t(R), rows - row0));
+  uint8_t* stages = reinterpret_cast<uint8_t*>(smem_u4) + warp * NS * R * Tl::kStageBytes;
   const int64_t total = rows * row_bytes;
-  const int64_t row_off = row * row_bytes;
   const int n_chunks = (n_blocks + Tl::kChunkBlocks - 1) / Tl::kChunkBlocks;
 
-  // Copies chunk `ch` of the row into its stage (one commit group per call,
+  // Copies chunk `ch` of the rows into its stage (one commit group per call,
   // empty past the last chunk so the wait counts stay uniform).
   auto issue = [&](int ch) {
     if (ch < n_chunks) {
-      const int64_t a = row_off + int64_t(ch) * Tl::kChunkBytes;
-      const int64_t b = a + int64_t(min(Tl::kChunkBlocks, n_blocks - ch * Tl::kChunkBlocks)) * T::kBytes;
-      const int64_t g0 = a & ~int64_t(15);
-      const int n_gran = int((b - g0 + 15) >> 4);
-      uint8_t* st = stages + (ch % kStages) * Tl::kStageBytes;
-      for (int i = lane; i < n_gran; i += 32) {
-        const int64_t off = g0 + 16 * int64_t(i);
-        cp_async16(st + 16 * i, w + off, int(min(int64_t(16), total - off)));  // tail: zero-filled
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        if (r >= n_rows) break;
+        const int64_t a = (row0 + r) * row_bytes + int64_t(ch) * Tl::kChunkBytes;
+        const int64_t b = a + int64_t(min(Tl::kChunkBlocks, n_blocks - ch * Tl::kChunkBlocks)) * T::kBytes;
+        const int64_t g0 = a & ~int64_t(15);
+        const int n_gran = int((b - g0 + 15) >> 4);
+        uint8_t* st = stages + ((ch % NS) * R + r) * Tl::kStageBytes;
+        for (int i = lane; i < n_gran; i += 32) {
+          const int64_t off = g0 + 16 * int64_t(i);
+          cp_async16(st + 16 * i, w + off, int(min(int64_t(16), total - off)));  // tail: zero-filled
+        }
       }
     }
     cp_async_commit();
   };
 
-  float acc[NV];
+  float acc[R * NV];
 #pragma unroll
-  for (int v = 0; v < NV; ++v) acc[v] = 0.f;
+  for (int k = 0; k < R * NV; ++k) acc[k] = 0.f;
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) issue(s);
+  for (int s = 0; s < NS - 1; ++s) issue(s);
   for (int ch = 0; ch < n_chunks; ++ch) {
-    issue(ch + kStages - 1);
-    cp_async_wait<kStages - 1>();
+    issue(ch + NS - 1);
+    cp_async_wait<NS - 1>();
     __syncwarp();
-    const int64_t a = row_off + int64_t(ch) * Tl::kChunkBytes;
-    const uint8_t* base = stages + (ch % kStages) * Tl::kStageBytes + (a & 15);
+    const uint8_t* base[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int64_t a = (row0 + r) * row_bytes + int64_t(ch) * Tl::kChunkBytes;
+      base[r] = stages + ((ch % NS) * R + r) * Tl::kStageBytes + (a & 15);
+    }
     const int blk0 = ch * Tl::kChunkBlocks;
     const int n_items = min(Tl::kChunkBlocks, n_blocks - blk0) * Tl::kItemsPerBlock;
 #pragma unroll
-    for (int r = 0; r < Tl::kItemsPerChunk / 32; ++r) {
-      const int item = lane + 32 * r;
-      if (item < n_items) qdot::dot_item<T, NV>(base, item, blk0, xq, cols, acc);
+    for (int k = 0; k < Tl::kItemsPerChunk / 32; ++k) {
+      const int item = lane + 32 * k;
+      if (item < n_items) qdot::dot_item<T, NV, R>(base, item, blk0, xq, cols, acc, n_rows);
     }
     __syncwarp();  // the stage is refilled by the next iteration's issue
   }
   cp_async_wait<0>();  // nothing may be in flight into shared memory at exit
-  write_row<NV>(acc, y, rows, row, accumulate);
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+    if (r < n_rows) write_row<NV>(acc + r * NV, y, rows, row0 + r, accumulate);
 }
 
 // ---- block-type matvec, tiled ------------------------------------------------------
@@ -205,85 +221,6 @@ __global__ void __launch_bounds__(qtile::kMaxWarps * 32)
     for (int k = 1; k < n_warps; ++k) sum += red[k][rr][v];
     float* p = y + v * rows + row0 + rr;
     *p = accumulate ? *p + sum : sum;
-  }
-}
-
-// ---- block-type matvec, staged --------------------------------------------------
-
-/// Warp w of the grid takes rows [w * R, + R) (quant_stage.cuh): their tiles
-/// stream through the warp's ring of kStages chunks of 32 tiles; lane l
-/// decodes tile 32c + l of chunk c from shared memory; the rows' sums are
-/// taken in tile order at the end. kAligned: every tile starts on a 16-byte
-/// boundary of the matrix (whole-tile rows of 16-byte multiples).
-template <class T, int NV, bool kAligned>
-__global__ void __launch_bounds__(qstage::kWarps * 32)
-    matvec_staged_kernel(const uint8_t* __restrict__ w, int64_t rows, int64_t row_bytes, int tiles,
-                         int rows_per_warp, XQuant xq, int64_t cols, float* __restrict__ y, bool accumulate) {
-  using Ti = qtile::TileOf<T>;
-  constexpr int SB = qstage::stage_bytes<T>(), NS = qstage::kStages;
-  extern __shared__ uint4 smem_u4[];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t row0 = (int64_t(blockIdx.x) * qstage::kWarps + warp) * rows_per_warp;
-  if (row0 >= rows) return;  // no CTA-wide barriers below: a warp may leave
-  uint8_t* ring = reinterpret_cast<uint8_t*>(smem_u4) + warp * (NS * SB + qstage::kMaxPartials * 4);
-  float* partial = reinterpret_cast<float*>(ring + NS * SB);
-  const int n_rows = int(min(int64_t(rows_per_warp), rows - row0));
-  const int n_tiles = n_rows * tiles;
-  const int n_chunks = (n_tiles + qstage::kChunkTiles - 1) / qstage::kChunkTiles;
-  const int64_t total = rows * row_bytes;
-
-  // The first granule of chunk ch (its copy starts there).
-  auto chunk_g0 = [&](int ch) {
-    return qstage::tile_offset(row0, int64_t(ch) * qstage::kChunkTiles, tiles, row_bytes, Ti::kBytes) &
-           ~int64_t(15);
-  };
-  // Copies chunk ch into its stage: one commit group per call, empty past the
-  // last chunk so that the wait counts stay uniform.
-  auto issue = [&](int ch) {
-    if (ch < n_chunks) {
-      const int last = min((ch + 1) * qstage::kChunkTiles, n_tiles) - 1;
-      const int64_t g0 = chunk_g0(ch);
-      const int64_t end = qstage::tile_end(row0, last, tiles, row_bytes, Ti::kBytes);
-      const int n_gran = int((end - g0 + 15) >> 4);
-      uint8_t* st = ring + (ch % NS) * SB;
-      for (int i = lane; i < n_gran; i += 32) {
-        const int64_t off = g0 + 16 * int64_t(i);
-        cp_async16(st + 16 * i, w + off, int(min(int64_t(16), total - off)));  // past the matrix: zero-filled
-      }
-    }
-    cp_async_commit();
-  };
-
-#pragma unroll
-  for (int s = 0; s < NS - 1; ++s) issue(s);
-  for (int ch = 0; ch < n_chunks; ++ch) {
-    issue(ch + NS - 1);
-    cp_async_wait<NS - 1>();
-    __syncwarp();
-    const int i = ch * qstage::kChunkTiles + lane;
-    if (i < n_tiles) {
-      const int64_t off = qstage::tile_offset(row0, i, tiles, row_bytes, Ti::kBytes);
-      const int t = i % tiles;
-      qblk::Words<Ti::kWords> tw;
-      qstage::read_tile<T, kAligned>(ring + (ch % NS) * SB, int(off - chunk_g0(ch)), tw);
-      float part[NV];
-#pragma unroll
-      for (int v = 0; v < NV; ++v) part[v] = 0.f;
-      qtile::tile_dot<T, NV>(tw, t, kAligned ? qtile::kTileUnits : qtile::tile_units(t, cols), xq, cols, part);
-#pragma unroll
-      for (int v = 0; v < NV; ++v) partial[i * NV + v] = part[v];
-    }
-    __syncwarp();  // the stage is refilled by the next iteration's issue
-  }
-  cp_async_wait<0>();  // nothing may be in flight into shared memory at exit
-  // Lane j sums (row j / NV, vector j % NV) over the row's tiles in order.
-  for (int j = lane; j < n_rows * NV; j += 32) {
-    const int r = j / NV, v = j % NV;
-    const float* p = partial + r * tiles * NV + v;
-    float sum = p[0];
-    for (int t = 1; t < tiles; ++t) sum += p[t * NV];
-    float* out = y + v * rows + row0 + r;
-    *out = accumulate ? *out + sum : sum;
   }
 }
 
@@ -400,7 +337,6 @@ void check_matvec_args(const DeviceMatrix& w, const float* x, bool need_x, int n
 BlockMatvecKernel initial_kernel() {
   const char* e = std::getenv("ACTIVEKV_MATVEC_KERNEL");
   if (e != nullptr && std::strcmp(e, "tiled") == 0) return BlockMatvecKernel::Tiled;
-  if (e != nullptr && std::strcmp(e, "staged") == 0) return BlockMatvecKernel::Staged;
   return BlockMatvecKernel::Chunked;
 }
 
@@ -423,31 +359,43 @@ void launch_tiled(const DeviceMatrix& w, const XQuant& xq, float* y, bool accumu
                                                                 g.rows_per_cta, xq, w.cols, y, accumulate);
 }
 
+/// Rows per warp of the chunked kernel: one vector reads x once for 4 (or 2)
+/// rows where the matrix has rows enough to keep >= ~2048 warps; batches
+/// (n_vec > 1) already reuse each weight block for their vectors.
+int chunked_rows_per_warp(int64_t rows, int n_vec) {
+  if (n_vec > 1) return 1;
+  return rows >= 8192 ? 4 : rows >= 4096 ? 2 : 1;
+}
+
+template <class T, int NV, int R>
+void launch_chunked_r(const DeviceMatrix& w, int n_blocks, const XQuant& xq, float* y, bool accumulate,
+                      cudaStream_t stream) {
+  const int64_t warps = (w.rows + R - 1) / R;
+  const dim3 grid(unsigned((warps + kWarps - 1) / kWarps)), block(kWarps * 32);
+  const size_t smem = size_t(kWarps) * chunk_stages<R>() * R * qdot::Tiling<T>::kStageBytes;
+  // Over the 48 KiB default (Q6_K, Q8_0 at R = 4): raised per device and instantiation, the first time.
+  static OncePerDevice smem_limit_set;
+  smem_limit_set([&] {
+    check_cuda(cudaFuncSetAttribute(matvec_blocks_kernel<T, NV, R>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    int(smem)),
+               "cudaFuncSetAttribute(matvec_blocks_kernel)");
+  });
+  matvec_blocks_kernel<T, NV, R><<<grid, block, smem, stream>>>(static_cast<const uint8_t*>(w.data), w.rows,
+                                                               int64_t(w.row_bytes), n_blocks, xq, w.cols, y,
+                                                               accumulate);
+}
+
 template <class T, int NV>
-void launch_staged(const DeviceMatrix& w, const XQuant& xq, float* y, bool accumulate, cudaStream_t stream) {
-  using Ti = qtile::TileOf<T>;
-  const int tiles = int((w.cols + qtile::kTileElems - 1) / qtile::kTileElems);
-  const int r = qstage::rows_per_warp(w.rows, tiles, NV);
-  const int64_t warps = (w.rows + r - 1) / r;
-  const dim3 grid(unsigned((warps + qstage::kWarps - 1) / qstage::kWarps)), block(32 * qstage::kWarps);
-  constexpr int smem = qstage::cta_smem_bytes<T>();
-  const auto* wp = static_cast<const uint8_t*>(w.data);
-  auto launch = [&](auto kernel) {
-    // Over the 48 KiB default: raised per device and instantiation, the first time.
-    static OncePerDevice smem_limit_set;
-    smem_limit_set([&] {
-      check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-                 "cudaFuncSetAttribute(matvec_staged_kernel)");
-    });
-    kernel<<<grid, block, smem, stream>>>(wp, w.rows, int64_t(w.row_bytes), tiles, r, xq, w.cols, y, accumulate);
-  };
-  if constexpr (Ti::kCanAlign) {
-    if (w.cols % qtile::kTileElems == 0 && w.row_bytes % 16 == 0) {
-      launch(matvec_staged_kernel<T, NV, true>);
-      return;
+void launch_chunked(const DeviceMatrix& w, int n_blocks, const XQuant& xq, float* y, bool accumulate,
+                    cudaStream_t stream) {
+  if constexpr (NV == 1) {
+    switch (chunked_rows_per_warp(w.rows, NV)) {
+      case 4: return launch_chunked_r<T, NV, 4>(w, n_blocks, xq, y, accumulate, stream);
+      case 2: return launch_chunked_r<T, NV, 2>(w, n_blocks, xq, y, accumulate, stream);
+      default: break;
     }
   }
-  launch(matvec_staged_kernel<T, NV, false>);
+  launch_chunked_r<T, NV, 1>(w, n_blocks, xq, y, accumulate, stream);
 }
 
 void run_matvec(const DeviceMatrix& w, const float* x, int n_vec, float* y, bool accumulate, const void* ws,
@@ -463,11 +411,8 @@ void run_matvec(const DeviceMatrix& w, const float* x, int n_vec, float* y, bool
       constexpr int NV = decltype(nv)::value;
       if (g_kernel == BlockMatvecKernel::Tiled) {
         launch_tiled<T, NV>(w, xq, y, accumulate, stream);
-      } else if (g_kernel == BlockMatvecKernel::Staged) {
-        launch_staged<T, NV>(w, xq, y, accumulate, stream);
       } else {
-        matvec_blocks_kernel<T, NV><<<grid, block, kWarps * kStages * qdot::Tiling<T>::kStageBytes, stream>>>(
-            wp, w.rows, int64_t(w.row_bytes), n_blocks, xq, w.cols, y, accumulate);
+        launch_chunked<T, NV>(w, n_blocks, xq, y, accumulate, stream);
       }
     });
   });

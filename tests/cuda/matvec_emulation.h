@@ -1,6 +1,6 @@
 // Host emulation of the matvec kernels (src/cuda/quant_matvec.cu), thread by
 // thread: the same activation quantisation, the same per-thread work (the
-// tiled and staged kernels' tile loads and dots, src/cuda/quant_tile.cuh; the chunked
+// tiled kernel's tile loads and dots, src/cuda/quant_tile.cuh; the chunked
 // kernel's items, src/cuda/quant_dot.cuh; both compiled here for the host),
 // the same reductions in the same order. Every float operation is an explicitly rounded one (or an
 // explicit fma) on both sides, so the GPU must reproduce these bits exactly;
@@ -13,7 +13,6 @@
 #include <vector>
 
 #include "quant_dot.cuh"
-#include "quant_stage.cuh"
 #include "quant_tile.cuh"
 #include "weights_test_util.h"
 
@@ -55,7 +54,8 @@ inline float butterfly_sum(std::array<float, 32> acc) {
   return acc[0];
 }
 
-/// The chunked kernel (a warp per row, 64-item chunks): row `row` of vector v.
+/// The chunked kernel (a warp per R rows, 64-item chunks; a row's arithmetic
+/// does not depend on R): row `row` of vector v.
 template <class T>
 float emulate_chunked_row(const HostMatrix& h, int64_t row, const QuantizedX& q, int v) {
   using Tl = qdot::Tiling<T>;
@@ -69,7 +69,8 @@ float emulate_chunked_row(const HostMatrix& h, int64_t row, const QuantizedX& q,
     for (int lane = 0; lane < 32; ++lane) {
       for (int r = 0; r < Tl::kItemsPerChunk / 32; ++r) {
         const int item = lane + 32 * r;
-        if (item < n_items) qdot::dot_item<T, 1>(rp + blk0 * T::kBytes, item, blk0, xq, h.cols, &acc[size_t(lane)]);
+        const uint8_t* chunk = rp + blk0 * T::kBytes;
+        if (item < n_items) qdot::dot_item<T, 1>(&chunk, item, blk0, xq, h.cols, &acc[size_t(lane)]);
       }
     }
   }
@@ -115,25 +116,6 @@ float emulate_tiled_row(const HostMatrix& h, int64_t row, const QuantizedX& q, i
   return y;
 }
 
-/// The staged kernel: row `row` of vector v is the sum, in tile order, of its
-/// tiles' dots (each from 0, units in order); R, warps and stages do not enter.
-template <class T>
-float emulate_staged_row(const HostMatrix& h, int64_t row, const QuantizedX& q, int v) {
-  using Ti = qtile::TileOf<T>;
-  const int tiles = int((h.cols + qtile::kTileElems - 1) / qtile::kTileElems);
-  const qdot::XQuant xq{q.qx.data() + v * h.cols, q.ds.data() + v * (h.cols / 32)};
-  const int64_t total = h.rows * int64_t(h.row_bytes);
-  float y = 0.f;
-  for (int t = 0; t < tiles; ++t) {
-    qblk::Words<Ti::kWords> tw;  // the tile's bytes, however the kernel reads them
-    qtile::load_tile<T, false>(h.bytes.data(), row * int64_t(h.row_bytes) + int64_t(t) * Ti::kBytes, total, tw);
-    float part = 0.f;
-    qtile::tile_dot<T, 1>(tw, t, qtile::tile_units(t, h.cols), xq, h.cols, &part);
-    y = t == 0 ? part : y + part;
-  }
-  return y;
-}
-
 template <class T>
 float emulate_float_row(const HostMatrix& h, int64_t row, const std::vector<float>& x, int v) {
   const uint8_t* rp = h.bytes.data() + row * h.row_bytes;
@@ -162,8 +144,6 @@ inline std::vector<float> emulate_matvec(const HostMatrix& h, const std::vector<
     using T = decltype(t);
     if (kernel == BlockMatvecKernel::Tiled) {
       fill([&](int64_t r, int v) { return emulate_tiled_row<T>(h, r, q, v, n_vec); });
-    } else if (kernel == BlockMatvecKernel::Staged) {
-      fill([&](int64_t r, int v) { return emulate_staged_row<T>(h, r, q, v); });
     } else {
       fill([&](int64_t r, int v) { return emulate_chunked_row<T>(h, r, q, v); });
     }
@@ -263,15 +243,15 @@ struct Shape {
 /// (2563 rows: 5 per CTA of 4 warps at 5120 cols, the last CTA partial) --
 /// fewer than 1024 rows get one row per CTA (the >= 512-CTA rule).
 inline std::vector<Shape> shapes_for(TensorType t) {
-  // 8203 rows: enough for the staged kernel to give a warp 8 rows (its chunks
-  // then span rows), the last warp 3 of them.
-  std::vector<Shape> s = {{133, 256}, {301, 1536}, {67, 5120}, {19, 17408}, {2563, 5120}, {8203, 256}};
+  // 4099 and 8203 rows: the chunked kernel takes 2 and 4 rows per warp there
+  // (one vector), the last warp 3 of them.
+  std::vector<Shape> s = {{133, 256}, {301, 1536}, {67, 5120}, {19, 17408}, {2563, 5120}, {4099, 512}, {8203, 256}};
   if (gguf::block_elements(t) <= 32) s.push_back({45, 576}), s.push_back({8203, 576});  // SmolLM2's d_model
   return s;
 }
 
 inline const char* kernel_name(BlockMatvecKernel k) {
-  return k == BlockMatvecKernel::Tiled ? "tiled" : k == BlockMatvecKernel::Staged ? "staged" : "chunked";
+  return k == BlockMatvecKernel::Tiled ? "tiled" : "chunked";
 }
 
 }  // namespace activekv::cuda::wtest

@@ -56,7 +56,7 @@ struct KernelScope {
 /// Every block-type kernel (float types have one).
 std::vector<BlockMatvecKernel> kernels_for(TensorType t) {
   if (is_float_type(t)) return {BlockMatvecKernel::Tiled};
-  return {BlockMatvecKernel::Tiled, BlockMatvecKernel::Chunked, BlockMatvecKernel::Staged};
+  return {BlockMatvecKernel::Tiled, BlockMatvecKernel::Chunked};
 }
 
 TEST_P(WeightKernels, MatvecMatchesCpu) {

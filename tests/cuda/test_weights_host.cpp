@@ -70,8 +70,7 @@ TEST_P(WeightKernelsHost, DeviceDecodersMatchCpuDequantizer) {
 TEST_P(WeightKernelsHost, EmulatedMatvecVsFp64) {
   const TensorType t = GetParam();
   const double emul_bound = is_float_type(t) ? kEmulBoundFloat : kEmulBoundQuant;
-  for (const BlockMatvecKernel kernel :
-       {BlockMatvecKernel::Tiled, BlockMatvecKernel::Chunked, BlockMatvecKernel::Staged}) {
+  for (const BlockMatvecKernel kernel : {BlockMatvecKernel::Tiled, BlockMatvecKernel::Chunked}) {
     if (is_float_type(t) && kernel != BlockMatvecKernel::Tiled) continue;  // one float kernel
     MatvecErrors worst;
     uint64_t seed = 1000 + uint64_t(t);
@@ -96,61 +95,6 @@ TEST_P(WeightKernelsHost, EmulatedMatvecVsFp64) {
                 gguf::type_name(t).c_str(), kernel_name(kernel), worst.rel_emul, emul_bound, worst.worst_ratio,
                 kWorstRatioBound, worst.z, kZBound);
   }
-}
-
-/// The staged kernel's lane logic on the host: a warp's chunks copied as its
-/// cp.async granules copy them (zero past the matrix), each lane's tile read
-/// back out of the stage with read_tile: the words hold the tile's bytes.
-template <class T>
-void check_staged_reads(const HostMatrix& h) {
-  using Ti = qtile::TileOf<T>;
-  const int tiles = int((h.cols + qtile::kTileElems - 1) / qtile::kTileElems);
-  const int64_t total = h.rows * int64_t(h.row_bytes);
-  const bool aligned = Ti::kCanAlign && h.cols % qtile::kTileElems == 0 && h.row_bytes % 16 == 0;
-  for (int n_vec : {1, 8}) {
-    const int r = qstage::rows_per_warp(h.rows, tiles, n_vec);
-    ASSERT_LE(int64_t(r) * tiles * n_vec, std::max(qstage::kMaxPartials, tiles * n_vec));
-    for (int64_t row0 = 0; row0 < h.rows; row0 += r) {
-      const int n_tiles = int(std::min<int64_t>(r, h.rows - row0)) * tiles;
-      for (int first = 0; first < n_tiles; first += qstage::kChunkTiles) {
-        const int last = std::min(first + qstage::kChunkTiles, n_tiles) - 1;
-        const int64_t g0 = qstage::tile_offset(row0, first, tiles, int64_t(h.row_bytes), Ti::kBytes) & ~int64_t(15);
-        const int64_t end = qstage::tile_end(row0, last, tiles, int64_t(h.row_bytes), Ti::kBytes);
-        ASSERT_LE((end - g0 + 15) / 16 * 16 + 4, qstage::stage_bytes<T>());
-        std::vector<uint8_t> stage(size_t(qstage::stage_bytes<T>()), 0xee);
-        for (int64_t b = g0; b < g0 + (end - g0 + 15) / 16 * 16; ++b) stage[size_t(b - g0)] = b < total ? h.bytes[size_t(b)] : 0;
-        for (int i = first; i <= last; ++i) {
-          const int64_t off = qstage::tile_offset(row0, i, tiles, int64_t(h.row_bytes), Ti::kBytes);
-          const int64_t tile_bytes = qstage::tile_end(row0, i, tiles, int64_t(h.row_bytes), Ti::kBytes) - off;
-          qblk::Words<Ti::kWords> tw;
-          if (aligned) {
-            ASSERT_EQ((off - g0) % 16, 0);
-            if constexpr (Ti::kCanAlign) qstage::read_tile<T, true>(stage.data(), int(off - g0), tw);
-          } else {
-            qstage::read_tile<T, false>(stage.data(), int(off - g0), tw);
-          }
-          for (int64_t b = 0; b < tile_bytes; ++b) {
-            const uint8_t got = uint8_t(tw.w[b / 4] >> (8 * (b % 4)));
-            ASSERT_EQ(got, h.bytes[size_t(off + b)]) << "row0 " << row0 << " tile " << i << " byte " << b;
-          }
-        }
-      }
-    }
-  }
-}
-
-TEST_P(WeightKernelsHost, StagedKernelReadsEveryTileWhole) {
-  const TensorType t = GetParam();
-  if (is_float_type(t)) GTEST_SKIP() << "float types have one kernel, not the staged one";
-  qblk::dispatch_block_type(t, [&](auto tt) {
-    using T = decltype(tt);
-    std::vector<Shape> shapes = {{2563, 5120}, {8203, 256}, {3001, 1536}};
-    if (gguf::block_elements(t) <= 32) shapes.push_back({8203, 576});
-    for (const Shape& s : shapes) {
-      SCOPED_TRACE(std::to_string(s.rows) + "x" + std::to_string(s.cols));
-      check_staged_reads<T>(random_matrix(t, s.rows, s.cols, 7));
-    }
-  });
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTypes, WeightKernelsHost, ::testing::ValuesIn(all_types()),

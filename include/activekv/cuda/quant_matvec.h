@@ -61,14 +61,10 @@ inline constexpr int kMaxMatvecVectors = 8;
 /// h200_bench_matvec_tiled.json, h200_model_bench_d0_tiled.json), kept for
 /// that work to continue (bench_matvec --kernel tiled). The two sum in
 /// different orders, so their y differ in the last bits; each is
-/// deterministic. Staged: a warp streams R whole rows (32 consecutive tiles
-/// per chunk, coalesced) through a shared-memory ring, each lane decodes one
-/// tile from it with the tiled kernel's register code, and each row's sum is
-/// taken in tile order (src/cuda/quant_stage.cuh says why). The process
-/// starts with the kernel ACTIVEKV_MATVEC_KERNEL names (tiled, staged,
-/// chunked), else Chunked.
+/// deterministic. The process starts with Tiled if the environment has
+/// ACTIVEKV_MATVEC_KERNEL=tiled, else Chunked.
 /// Process-wide: set it before launching, not while other threads launch.
-enum class BlockMatvecKernel { Tiled, Chunked, Staged };
+enum class BlockMatvecKernel { Tiled, Chunked };
 void set_block_matvec_kernel(BlockMatvecKernel k);
 BlockMatvecKernel block_matvec_kernel();
 
