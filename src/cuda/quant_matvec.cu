@@ -91,7 +91,7 @@ __device__ __forceinline__ void write_row(float* acc, float* y, int64_t rows, in
 }
 
 /// Chunks in flight per warp: with R rows a stage holds R rows' chunks.
-template <int R> __host__ __device__ constexpr int chunk_stages() { return R == 1 ? kStages : 2; }
+template <int R> __host__ __device__ constexpr int chunk_stages() { return R == 1 ? kStages : R == 2 ? 3 : 2; }
 
 /// A warp takes rows [w * R, + R): chunk ch of each of them (64 work items,
 /// quant_dot.cuh) streams through the warp's ring; lane l takes items l and
@@ -124,10 +124,13 @@ __global__ void __launch_bounds__(kWarps * 32)
         const int64_t b = a + int64_t(min(Tl::kChunkBlocks, n_blocks - ch * Tl::kChunkBlocks)) * T::kBytes;
         const int64_t g0 = a & ~int64_t(15);
         const int n_gran = int((b - g0 + 15) >> 4);
-        uint8_t* st = stages + ((ch % NS) * R + r) * Tl::kStageBytes;
-        for (int i = lane; i < n_gran; i += 32) {
-          const int64_t off = g0 + 16 * int64_t(i);
-          cp_async16(st + 16 * i, w + off, int(min(int64_t(16), total - off)));  // tail: zero-filled
+        // 32-bit bookkeeping per granule (the 64-bit form cost ~20 instructions
+        // each): bytes left in the matrix from this lane's granule on.
+        const int left = int(min(total - g0, int64_t(1) << 30)) - 16 * lane;
+        const uint8_t* src = w + g0 + 16 * lane;
+        uint8_t* dst = stages + ((ch % NS) * R + r) * Tl::kStageBytes + 16 * lane;
+        for (int i = lane; i < n_gran; i += 32, src += 512, dst += 512) {
+          cp_async16(dst, src, min(16, left - 16 * (i - lane)));  // past the matrix: zero-filled
         }
       }
     }
@@ -359,12 +362,27 @@ void launch_tiled(const DeviceMatrix& w, const XQuant& xq, float* y, bool accumu
                                                                 g.rows_per_cta, xq, w.cols, y, accumulate);
 }
 
-/// Rows per warp of the chunked kernel: one vector reads x once for 4 (or 2)
-/// rows where the matrix has rows enough to keep >= ~2048 warps; batches
-/// (n_vec > 1) already reuse each weight block for their vectors.
+/// ACTIVEKV_MATVEC_ROWS=1|2|4 forces the chunked kernel's rows per warp for
+/// one vector (measurements); 0 = chunked_rows_per_warp's choice.
+int forced_rows() {
+  static const int r = [] {
+    const char* e = std::getenv("ACTIVEKV_MATVEC_ROWS");
+    const int v = e != nullptr ? std::atoi(e) : 0;
+    return v == 1 || v == 2 || v == 4 ? v : 0;
+  }();
+  return r;
+}
+
+/// Rows per warp of the chunked kernel: one vector reads x once for 2 rows
+/// where the matrix has rows enough (>= 4096: >= 2048 warps). Measured on
+/// the H200 (c8a0ff6): 2 rows took the 5120- and 6144-row Q4_0 matrices from
+/// 27-33 % of HBM to 35-45 %; 4 rows lowered the 17408-row one (45 -> 42 %:
+/// fewer warps by shared memory). Batches (n_vec > 1) already reuse each
+/// weight block for their vectors.
 int chunked_rows_per_warp(int64_t rows, int n_vec) {
   if (n_vec > 1) return 1;
-  return rows >= 8192 ? 4 : rows >= 4096 ? 2 : 1;
+  if (forced_rows() != 0) return forced_rows();
+  return rows >= 4096 ? 2 : 1;
 }
 
 template <class T, int NV, int R>
