@@ -8,7 +8,8 @@
 #   d0_kernels.txt     every kernel of ~2 decode steps of the 27B-shape model
 #                      at depth 0 (gpu placement): count, total and mean us
 #                      per kernel name, and the share of the step
-# ncu serialises kernels, so only per-kernel durations mean anything here;
+# ncu serialises kernels and lets the clocks idle between them, so small
+# kernels read long here; shares, not sums, are the use of d0_kernels.txt;
 # step times come from `activekv bench`. Clocks are left alone
 # (--clock-control none, as the machine's notes ask).
 set -uo pipefail
@@ -46,8 +47,9 @@ ki, vi, ui = hdr.index("Kernel Name"), hdr.index("Metric Value"), hdr.index("Met
 tot = collections.defaultdict(float); cnt = collections.Counter()
 for r in rows:
     v = float(r[vi].replace(",", "")); u = r[ui]
-    us = v / 1000 if u == "nsecond" else v * 1000 if u == "msecond" else v
-    name = r[ki].split("(")[0].split("<")[0] + ("<" + r[ki].split("<")[1].split(">")[0] + ">" if "<" in r[ki] else "")
+    us = v / 1000 if u in ("ns", "nsecond") else v * 1000 if u in ("ms", "msecond") else v
+    k = r[ki].replace("(anonymous namespace)::", "").replace("activekv::cuda::", "")
+    name = k.split("(")[0].split("<")[0] + ("<" + k.split("<")[1].split(">")[0] + ">" if "<" in k else "")
     tot[name] += us; cnt[name] += 1
 all_us = sum(tot.values())
 print(f"{len(rows)} kernels, {all_us:.1f} us of kernel time")

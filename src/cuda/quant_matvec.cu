@@ -1,7 +1,7 @@
 // Decode matvec on weights in their GGUF types (quant_matvec.h).
 //
-// Block types, chunked kernel (the default): a warp takes R rows (4 or 2 for
-// one vector on tall matrices, else 1) and streams them through shared
+// Block types, chunked kernel (the default): a warp takes R rows (2 for one
+// vector on tall 4-bit matrices, else 1) and streams them through shared
 // memory in chunks of whole blocks with cp.async; each lane takes work items
 // (32-element units) of the chunk, loads their int8 x once and dots it with
 // each row's block (quant_dot.cuh). Each row's sum is the same whatever R.
@@ -373,16 +373,20 @@ int forced_rows() {
   return r;
 }
 
-/// Rows per warp of the chunked kernel: one vector reads x once for 2 rows
-/// where the matrix has rows enough (>= 4096: >= 2048 warps). Measured on
-/// the H200 (c8a0ff6): 2 rows took the 5120- and 6144-row Q4_0 matrices from
-/// 27-33 % of HBM to 35-45 %; 4 rows lowered the 17408-row one (45 -> 42 %:
-/// fewer warps by shared memory). Batches (n_vec > 1) already reuse each
-/// weight block for their vectors.
-int chunked_rows_per_warp(int64_t rows, int n_vec) {
+/// Rows per warp of the chunked kernel for a type of `block_bytes` per
+/// `block_elems`: 2 (x loaded once for both) for 4-bit types (x's 40 bytes
+/// per 32 elements are most of their L1 traffic) where the matrix has rows
+/// enough (>= 4096: >= 2048 warps), else 1. Measured on the H200 at f19e007
+/// (bench/results/h200_bench_matvec_rows{1,2,4}.json, % of HBM read, 1 vs 2
+/// rows): Q4_0 6144x5120 29.9 vs 34.0, 32000x5120 57.0 vs 58.9, the others
+/// within 1 point; Q8_0 lost 4-8 points with 2 rows, Q6_K won or lost by
+/// shape; 4 rows lost everywhere (fewer warps by shared memory). Batches
+/// (n_vec > 1) already reuse each weight block for their vectors.
+int chunked_rows_per_warp(int64_t rows, int n_vec, int block_bytes, int block_elems) {
   if (n_vec > 1) return 1;
   if (forced_rows() != 0) return forced_rows();
-  return rows >= 4096 ? 2 : 1;
+  const bool four_bit = 8 * block_bytes <= 5 * block_elems;  // <= 5 bits per element with the scales
+  return four_bit && rows >= 4096 ? 2 : 1;
 }
 
 template <class T, int NV, int R>
@@ -407,7 +411,7 @@ template <class T, int NV>
 void launch_chunked(const DeviceMatrix& w, int n_blocks, const XQuant& xq, float* y, bool accumulate,
                     cudaStream_t stream) {
   if constexpr (NV == 1) {
-    switch (chunked_rows_per_warp(w.rows, NV)) {
+    switch (chunked_rows_per_warp(w.rows, NV, T::kBytes, T::kElems)) {
       case 4: return launch_chunked_r<T, NV, 4>(w, n_blocks, xq, y, accumulate, stream);
       case 2: return launch_chunked_r<T, NV, 2>(w, n_blocks, xq, y, accumulate, stream);
       default: break;
