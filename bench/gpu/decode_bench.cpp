@@ -59,6 +59,7 @@ struct Record {
   bool auto_share = false;  // the planner chose the share (--cpu-share auto)
   double planned_ms = 0;    // its predicted step
   uint64_t cpu_bytes_per_step = 0;
+  DecodeEngine::CpuTiming cpu_timing;  // host-clock timing of the CPU share, measured steps
   std::optional<double> max_rel_diff_vs_resident;
   bool repeatable;
 };
@@ -133,6 +134,15 @@ void print_table(const std::vector<Record>& records) {
                 r.format.c_str(), mode_label(r.mode, r.cpu_share, r.auto_share).c_str(), static_cast<long long>(r.context), r.batch, r.step_ms,
                 r.step_ms_min, r.step_ms_max, r.batch * 1000.0 / r.step_ms, r.bus_limit_ms, r.bus_limit_ratio,
                 r.predicted_ms, 100.0 * (r.predicted_ms - r.step_ms) / r.step_ms);
+  for (const auto& r : records) {
+    const DecodeEngine::CpuTiming& c = r.cpu_timing;
+    if (c.steps == 0 || c.busy_ms <= 0) continue;
+    std::printf("  CPU share, %s %s depth %lld: busy %.2f ms/step at %.1f GB/s, idle between layers %.2f ms/step "
+                "(%.1f layer tasks/step)\n",
+                r.format.c_str(), mode_label(r.mode, r.cpu_share, r.auto_share).c_str(),
+                static_cast<long long>(r.context), c.busy_ms / double(c.steps),
+                double(c.bytes) / (c.busy_ms * 1e6), c.idle_ms / double(c.steps), double(c.layers) / double(c.steps));
+  }
 }
 
 const Record* find_record(const std::vector<Record>& rs, const std::string& f, const std::string& m, int64_t ctx,
@@ -173,6 +183,16 @@ nlohmann::json record_json(const Record& r, int steps) {
   if (r.cpu_share > 0) {
     j["cpu_bytes_per_step"] = r.cpu_bytes_per_step;
     j["cpu_gbps"] = double(r.cpu_bytes_per_step) / (r.step_ms * 1e6);
+    const DecodeEngine::CpuTiming& c = r.cpu_timing;
+    if (c.steps > 0) {
+      // The planner prices a layer's CPU share at latency + bytes / rate; these
+      // say what the steps did: the CPU's rate while busy, and how long it sat
+      // between layers waiting on the GPU (partials up, merge, next q down).
+      j["cpu_busy_ms_per_step"] = c.busy_ms / double(c.steps);
+      j["cpu_idle_ms_per_step"] = c.idle_ms / double(c.steps);
+      j["cpu_busy_gbps"] = c.busy_ms > 0 ? double(c.bytes) / (c.busy_ms * 1e6) : 0.0;
+      j["cpu_layer_tasks_per_step"] = double(c.layers) / double(c.steps);
+    }
     j["predicted_ms_note"] = "with --cpu-share auto in the run: route::predict_co_attention over the rates "
                              "measured at start; else the GPU side's transfer model only";
     if (r.max_rel_diff_vs_resident) j["max_rel_diff_vs_resident"] = *r.max_rel_diff_vs_resident;
@@ -350,6 +370,7 @@ Timed time_steps(ShardedDecodeEngine& eng, const BenchDecodeOptions& opt, const 
     const auto b = std::chrono::steady_clock::now();
     float dev = 0;
     AKV_CUDA(cudaEventElapsedTime(&dev, ev[0], ev[1]));
+    if (i + 1 == opt.warmup) eng.engine(0).reset_cpu_timing();  // the measured steps' only
     if (i >= opt.warmup) {
       t.ms.push_back(std::chrono::duration<double, std::milli>(b - a).count());
       t.device_ms.push_back(dev);
@@ -607,6 +628,7 @@ int run_bench_decode(const BenchDecodeOptions& opt) {
               std::printf("  plan: %s\n", plan->describe().c_str());
             }
             r.cpu_bytes_per_step = eng.engine(0).cpu_bytes_per_step();
+            r.cpu_timing = eng.engine(0).cpu_timing();
             r.step_ms = median(t.ms);
             r.device_ms = median(t.device_ms);
             r.step_ms_min = *std::min_element(t.ms.begin(), t.ms.end());

@@ -103,12 +103,13 @@ void CpuShare::join_layer(cudaStream_t compute) { AKV_CUDA(cudaStreamWaitEvent(c
 
 void CUDART_CB CpuShare::host_fn(void* p) {
   std::unique_ptr<Task> t(static_cast<Task*>(p));
-  t->self->run(t->work->layers[size_t(t->layer)]);
+  t->self->run(t->work->layers[size_t(t->layer)], t->layer);
 }
 
 // Runs on the driver's callback thread: no CUDA calls, no exception escapes.
-void CpuShare::run(const CpuLayerWork& w) noexcept {
+void CpuShare::run(const CpuLayerWork& w, int layer) noexcept {
   const size_t nq = size_t(shape_.n_q_heads()), hd = size_t(shape_.head_dim);
+  const auto start = std::chrono::steady_clock::now();
   try {
     const cpu::DecodeShape ds{shape_.n_kv_heads, shape_.group, shape_.head_dim, shape_.page_size,
                               shape_.softmax_scale};
@@ -122,6 +123,32 @@ void CpuShare::run(const CpuLayerWork& w) noexcept {
     const std::lock_guard<std::mutex> lock(error_mutex_);
     if (!error_) error_ = std::current_exception();
   }
+  const auto end = std::chrono::steady_clock::now();
+  const std::lock_guard<std::mutex> lock(timing_mutex_);
+  using ms = std::chrono::duration<double, std::milli>;
+  timing_.busy_ms += ms(end - start).count();
+  // Within a step only: a layer not after the last one starts a step (the
+  // host is between steps before it).
+  if (last_layer_ < 0 || layer <= last_layer_) {
+    ++timing_.steps;
+  } else {
+    timing_.idle_ms += ms(start - last_end_).count();
+  }
+  ++timing_.layers;
+  timing_.bytes += w.bytes;
+  last_end_ = end;
+  last_layer_ = layer;
+}
+
+DecodeEngine::CpuTiming CpuShare::timing() const {
+  const std::lock_guard<std::mutex> lock(timing_mutex_);
+  return timing_;
+}
+
+void CpuShare::reset_timing() {
+  const std::lock_guard<std::mutex> lock(timing_mutex_);
+  timing_ = {};
+  last_layer_ = -1;
 }
 
 void CpuShare::rethrow_error() {

@@ -19,6 +19,7 @@
 
 #include <cuda_runtime.h>
 
+#include <chrono>
 #include <cstdint>
 #include <exception>
 #include <memory>
@@ -27,6 +28,7 @@
 
 #include "activekv/cpu/decode_attention.h"
 #include "activekv/cuda/decode_attention.h"
+#include "activekv/cuda/decode_engine.h"
 
 namespace activekv::cuda {
 
@@ -82,11 +84,15 @@ class CpuShare {
   void synchronize();
   /// Rethrows (once) an error a host function caught, without waiting.
   void rethrow_error();
+  /// Host-clock timing of the host functions since reset_timing()
+  /// (DecodeEngine::CpuTiming). Read after synchronize() for whole steps.
+  DecodeEngine::CpuTiming timing() const;
+  void reset_timing();
 
  private:
   struct Task;
   static void CUDART_CB host_fn(void* task);
-  void run(const CpuLayerWork& w) noexcept;
+  void run(const CpuLayerWork& w, int layer) noexcept;
   void free_staging();
 
   AttnShape shape_;
@@ -102,6 +108,10 @@ class CpuShare {
   cpu::CpuAttentionWorkspace ws_;  // used by the host functions only (one at a time: one side stream)
   std::mutex error_mutex_;
   std::exception_ptr error_;
+  mutable std::mutex timing_mutex_;
+  DecodeEngine::CpuTiming timing_;
+  std::chrono::steady_clock::time_point last_end_{};  // the previous task's end
+  int last_layer_ = -1;                               // and its layer (-1: none since the reset)
 };
 
 }  // namespace activekv::cuda

@@ -611,5 +611,9 @@ void DecodeEngine::synchronize() {
 }
 
 size_t DecodeEngine::cpu_bytes_per_step() const { return cpu_ ? cpu_->bytes_per_step() : 0; }
+DecodeEngine::CpuTiming DecodeEngine::cpu_timing() const { return cpu_ ? cpu_->timing() : CpuTiming{}; }
+void DecodeEngine::reset_cpu_timing() {
+  if (cpu_) cpu_->reset_timing();
+}
 
 }  // namespace activekv::cuda

@@ -196,6 +196,19 @@ class DecodeEngine {
   size_t resident_bytes_per_step() const { return resident_bytes_per_step_; }
   /// Bytes of history the host CPU reads in one step (`cpu` pages).
   size_t cpu_bytes_per_step() const;
+  /// Host-clock timing of the CPU's share (co-attention) since the last
+  /// reset: what the planner's model assumes, measured (issue 12). Zero
+  /// without a CPU share.
+  struct CpuTiming {
+    double busy_ms = 0;  ///< inside the CPU attention of a layer, summed
+    double idle_ms = 0;  ///< from one layer's CPU end to the next layer's CPU start within a step, summed:
+                         ///< partials up, the GPU's merge, q of the next layer down, the host function's start
+    size_t layers = 0;   ///< layer tasks run
+    size_t steps = 0;    ///< steps (tasks of layer 0)
+    size_t bytes = 0;    ///< history bytes those tasks read
+  };
+  CpuTiming cpu_timing() const;
+  void reset_cpu_timing();
   /// The same two figures per layer: [n_layers] host -> device bytes, resident bytes.
   const std::vector<size_t>& layer_streamed_bytes() const { return layer_streamed_; }
   const std::vector<size_t>& layer_resident_bytes() const { return layer_resident_; }

@@ -94,6 +94,7 @@ class ShardedDecodeEngine {
   const HeadShard& shard(int i) const { return shards_.at(size_t(i)); }
   /// Shard i's engine (its statistics, job_info, config with its head range).
   const DecodeEngine& engine(int i) const { return *engines_.at(size_t(i)); }
+  DecodeEngine& engine(int i) { return *engines_.at(size_t(i)); }
   const EngineConfig& config() const { return cfg_; }
   /// Sums over the shards (largest_copy: the largest of any shard).
   size_t bytes_per_step() const;
