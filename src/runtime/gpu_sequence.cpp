@@ -163,12 +163,15 @@ void GpuSequence::Impl::enqueue_sample(const float* logits_row) {
 // Waits for the step and reads the token id enqueue_sample copied: the one
 // host synchronisation of a step (a batch's first call waits for all of it).
 int32_t GpuSequence::Impl::fetch_sampled() {
-  const cudaStream_t s = stream();
-  cuda::check_cuda(cudaEventRecord(token_ready, s), "cudaEventRecord");
-  cuda::check_cuda(cudaEventSynchronize(token_ready), "waiting for the step");
+  wait_step();
   last_sampled = host_ids[rows_cap];
   sampled_valid = true;
   return last_sampled;
+}
+
+void GpuSequence::Impl::wait_step() {
+  cuda::check_cuda(cudaEventRecord(token_ready, stream()), "cudaEventRecord");
+  cuda::check_cuda(cudaEventSynchronize(token_ready), "waiting for the step");
 }
 
 void GpuSequence::Impl::count_decode_step() {
@@ -195,7 +198,7 @@ bool GpuSequence::Impl::graph_step(bool decode) const {
 // reads host state that changes -- device page copies, page-table and
 // work-list patches, the token id's upload -- is enqueued first, eagerly;
 // the forward pass and the sampler are captured and launched as one graph.
-int32_t GpuSequence::Impl::run_chunk(std::span<const int32_t> tokens, bool prefill, bool all_logits) {
+int32_t GpuSequence::Impl::run_chunk(std::span<const int32_t> tokens, bool prefill, bool all_logits, bool sample) {
   const int T = int(tokens.size());
   const int64_t pos0 = seq->n_tokens();
   const cudaStream_t s = stream();
@@ -225,7 +228,7 @@ int32_t GpuSequence::Impl::run_chunk(std::span<const int32_t> tokens, bool prefi
   GpuForward& fw = forward();
   const auto enqueue = [&] {  // from the token id on the GPU to the sampled id in pinned memory
     fw.run(ids, pos + pos0, T, attend, all_logits, s);
-    enqueue_sample(fw.logits() + size_t(logit_rows - 1) * size_t(c.vocab_size));
+    if (sample) enqueue_sample(fw.logits() + size_t(logit_rows - 1) * size_t(c.vocab_size));
   };
   if (graph_step(decode)) {
     graph->capture(s, enqueue);
@@ -238,7 +241,12 @@ int32_t GpuSequence::Impl::run_chunk(std::span<const int32_t> tokens, bool prefi
   }
   ++m.runs;
   ran(logit_rows - 1);
-  const int32_t next = fetch_sampled();
+  int32_t next = -1;
+  if (sample) {
+    next = fetch_sampled();
+  } else {
+    wait_step();  // the K/V are in the host pages before conversion may read them
+  }
   seq->commit(T);
   if (decode) count_decode_step();
   history->committed();  // schedules conversion of pages that became full
@@ -282,14 +290,17 @@ route::PrefillPlan GpuSequence::Impl::begin_prefill(int64_t n) {
 // Appends `tokens` through the prefill path in the plan's chunks. On an error
 // the chunks already run stay in the history; the prompt's device pages are
 // given back (best effort: a failed GPU may fail that too).
-int32_t GpuSequence::Impl::prefill_all(std::span<const int32_t> tokens, bool all_logits, const ChunkFn& after_chunk) {
+int32_t GpuSequence::Impl::prefill_all(std::span<const int32_t> tokens, bool all_logits, const ChunkFn& after_chunk,
+                                       bool sample) {
   check_tokens(tokens);
   const route::PrefillPlan plan = begin_prefill(int64_t(tokens.size()));
   int32_t next = -1;
   try {
     for (size_t done = 0; done < tokens.size();) {
       const size_t n = std::min(tokens.size() - done, size_t(plan.chunk));
-      next = run_chunk(tokens.subspan(done, n), true, all_logits);
+      // Every chunk samples when `sample` (GpuRuntime's behaviour: the sampler's
+      // draw count is the number of chunks; the CPU path draws once per prompt).
+      next = run_chunk(tokens.subspan(done, n), true, all_logits, sample);
       if (after_chunk) after_chunk(done, n);
       done += n;
     }
@@ -322,6 +333,11 @@ int32_t GpuSequence::prefill(std::span<const int32_t> prompt, const ProgressFn& 
   return impl_->prefill_all(prompt, false, [&](size_t done, size_t n) {
     if (progress) progress(int64_t(done + n), total);
   });
+}
+
+void GpuSequence::append(std::span<const int32_t> tokens) {
+  if (tokens.empty()) throw InvalidArgument("append: no tokens");
+  impl_->prefill_all(tokens, false, {}, /*sample=*/false);
 }
 
 int32_t GpuSequence::decode(int32_t token) {

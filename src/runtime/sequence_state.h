@@ -66,10 +66,12 @@ struct GpuSequence::Impl {
   /// The device token id of a decode row: the last sample when `token` is
   /// it (no upload), else uploaded through host_ids.
   void stage_decode_token(int32_t token, int32_t* dst, cudaStream_t s);
-  int32_t run_chunk(std::span<const int32_t> tokens, bool prefill, bool all_logits);
+  /// One chunk through the model; returns the sampled token, or -1 with
+  /// `sample` false (the sampler not run: its draw count unchanged).
+  int32_t run_chunk(std::span<const int32_t> tokens, bool prefill, bool all_logits, bool sample = true);
   route::PrefillPlan begin_prefill(int64_t n);
   using ChunkFn = std::function<void(size_t done, size_t n)>;
-  int32_t prefill_all(std::span<const int32_t> tokens, bool all_logits, const ChunkFn& after_chunk);
+  int32_t prefill_all(std::span<const int32_t> tokens, bool all_logits, const ChunkFn& after_chunk, bool sample = true);
   void enqueue_sample(const float* logits_row);
   /// Its logits are row `row` of the model's latest run (the caller counted it in m.runs).
   void ran(int row) {
@@ -77,6 +79,7 @@ struct GpuSequence::Impl {
     last_run = m.runs;
   }
   int32_t fetch_sampled();
+  void wait_step();  // the host waits for the stream (the step's one synchronisation)
   /// After a decode step's commit: its engine figures into stats.
   void count_decode_step();
   bool graph_step(bool decode) const;

@@ -41,6 +41,13 @@ class GpuSequence {
 
   /// As GpuRuntime's (gpu_runtime.h).
   int32_t prefill(std::span<const int32_t> prompt, const ProgressFn& progress = {});
+  /// Appends `tokens` through the prefill path without sampling (the
+  /// sampler's draw count unchanged): a prompt given in pieces (a server
+  /// prefills a chunk per tick) is append() for all but the last piece and
+  /// prefill() for it. Note prefill() samples after every chunk of
+  /// opt.prefill_chunk (GpuRuntime's behaviour), so with temperature > 0 a
+  /// prompt of several chunks draws once per chunk. Throws as prefill().
+  void append(std::span<const int32_t> tokens);
   int32_t decode(int32_t token);
   std::vector<float> prefill_logits(std::span<const int32_t> tokens);
   /// Logits of this sequence's last prefill()/decode()/decode_batch position,
