@@ -253,6 +253,36 @@ TEST(GpuModel, ABudgetThatDoesNotFitIsRefusedInOneLineAndTheOthersContinue) {
   EXPECT_EQ(m.open_sequences(), 2);
 }
 
+// A sequence with CUDA graphs (gpu placement) decoding alone -- each step one
+// captured graph -- between batched steps (kernel by kernel), beside a plain
+// one: both keep their solo tokens and logits (a graph step is bitwise the
+// eager step, gpu_runtime.h).
+TEST(GpuModel, GraphStepsAndBatchedStepsMix) {
+  NEED_GPU();
+  const auto P = prompts();
+  runtime::GpuModel m(testing::model_file(), testing::shared_model().config(), model_options());
+  std::vector<std::unique_ptr<runtime::GpuSequence>> seqs(2);
+  std::vector<Decoded> runs(2);
+  runtime::RuntimeOptions o = options(ctx_for(P[0]), "exact", route::KvPlacement::gpu);
+  o.cuda_graphs = true;
+  seqs[0] = std::make_unique<runtime::GpuSequence>(m, o);
+  runs[0].tokens.push_back(seqs[0]->prefill(P[0]));
+  seqs[1] = open(m, P[1], "exact", route::KvPlacement::gpu, runs[1]);
+  for (int k = 0; k < kSteps; ++k) {
+    if (k % 10 < 5) {  // 5 steps each alone (seqs[0] through its graph), 5 batched
+      for (size_t i = 0; i < 2; ++i) {
+        runs[i].tokens.push_back(seqs[i]->decode(runs[i].tokens.back()));
+        runs[i].logits.push_back(seqs[i]->last_logits());
+      }
+    } else {
+      ASSERT_NO_FATAL_FAILURE(step(m, seqs, runs, {0, 1}));
+    }
+  }
+  EXPECT_GT(seqs[0]->stats().graph_steps, 0u) << "no decode step ran as a graph";
+  expect_same(runs[0], solo(P[0], "exact", route::KvPlacement::gpu, kSteps), "graphs + batches");
+  expect_same(runs[1], solo(P[1], "exact", route::KvPlacement::gpu, kSteps), "beside graphs");
+}
+
 // Bad batches are refused before anything is enqueued; the sequences go on.
 TEST(GpuModel, BadBatchesAreRefusedAndTheSequencesContinue) {
   NEED_GPU();
