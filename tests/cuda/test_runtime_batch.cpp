@@ -170,7 +170,10 @@ TEST_P(BatchedDecode, EachSequenceDecodesAsItWouldAlone) {
 
 INSTANTIATE_TEST_SUITE_P(Routes, BatchedDecode,
                          ::testing::Combine(::testing::Values("exact", "hybrid"),
-                                            ::testing::Values(route::KvPlacement::gpu, route::KvPlacement::host)));
+                                            ::testing::Values(route::KvPlacement::gpu, route::KvPlacement::host)),
+                         [](const ::testing::TestParamInfo<Config>& i) {
+                           return std::get<0>(i.param) + "_" + route::placement_name(std::get<1>(i.param));
+                         });
 
 size_t gpu_free() {
   size_t free = 0, total = 0;
