@@ -26,12 +26,12 @@ struct ServeArgs {
 
 int run(const ServeArgs& a) {
   resolve_device(a.device);  // --device cuda in a CPU-only build: that line
-  // auto is the CPU here even beside a GPU: serve has no GPU path yet.
-  if (a.device == "cuda")
-    throw Error("serve --device cuda: not yet; the GPU runtime holds one history and its sampler from "
-                "construction (docs/serve.md, \"GPU\"); use --device cpu");
-  if (a.kv_placement != "auto" || a.gpu_kv_mem_gib > 0)
-    throw Error("--kv-placement and --gpu-kv-mem apply to --device cuda, which serve does not run yet");
+  // auto is the CPU here even beside a GPU (docs/serve.md): the GPU path is asked for by name.
+  const std::string device = a.device == "cuda" ? "cuda" : "cpu";
+  if (device == "cpu" && (a.kv_placement != "auto" || a.gpu_kv_mem_gib > 0))
+    throw Error("--kv-placement and --gpu-kv-mem apply to --device cuda");
+  if (device == "cuda" && a.kv_format == "f32")
+    throw Error("--kv-format f32 is the CPU path's reference format; on the GPU use bf16, lossless13, int8s or hybrid");
 #ifdef ACTIVEKV_HAVE_SERVE
   serve::ServeOptions o;
   o.model_path = a.model.empty() ? default_model_path() : a.model;
@@ -39,6 +39,9 @@ int run(const ServeArgs& a) {
   o.host = a.host;
   o.port = a.port;
   o.api_key = a.api_key;
+  o.device = device;
+  o.kv_placement = a.kv_placement;
+  o.gpu_kv_mem_gib = a.gpu_kv_mem_gib;
   o.threads = a.threads;
   o.n_ctx = a.n_ctx;
   o.max_seqs = a.max_seqs;
@@ -77,11 +80,15 @@ void add_serve(CLI::App& app, std::function<int()>& run_fn) {
                  "MemAvailable at start)")->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--kv-format", a->kv_format, "History format, as generate")->capture_default_str()
       ->check(CLI::IsMember({"bf16", "f32", "lossless13", "int8s", "hybrid"}));
-  app.add_option("--device", a->device, "auto or cpu (cuda: not yet)")->capture_default_str()
+  app.add_option("--device", a->device, "cpu, or cuda (the GPU runtime: one copy of the weights, a history per "
+                 "request, up to 8 requests per batched step); auto is the CPU")->capture_default_str()
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
-  app.add_option("--kv-placement", a->kv_placement, "GPU only (not yet)")->capture_default_str()
-      ->check(CLI::IsMember({"auto", "host", "gpu"}));
-  app.add_option("--gpu-kv-mem", a->gpu_kv_mem_gib, "GPU only (not yet)")->check(CLI::NonNegativeNumber);
+  app.add_option("--kv-placement", a->kv_placement, "cuda: where each request's history is read from (host: streamed "
+                 "from host memory; gpu: resident; partial: the hot pages resident; auto: gpu when it fits the request's "
+                 "share of --gpu-kv-mem, else partial or host)")
+      ->capture_default_str()->check(CLI::IsMember({"auto", "host", "gpu", "partial"}));
+  app.add_option("--gpu-kv-mem", a->gpu_kv_mem_gib, "cuda: GiB of GPU memory all histories share, 1/--max-seqs per "
+                 "request (0: free memory less a margin)")->check(CLI::NonNegativeNumber);
   add_page_size_option(app, a->page_size);
   add_recent_pages_option(app, a->recent_pages);
   app.add_option("--tile-pages", a->tile_pages, "Pages per attention tile")->capture_default_str()

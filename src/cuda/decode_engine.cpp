@@ -176,7 +176,12 @@ DecodeEngine::DecodeEngine(const EngineConfig& cfg) : cfg_(cfg), dev_(std::make_
                           std::to_string(cfg_.n_layers));
   for (int w : cfg_.windows)
     if (w < 0) throw InvalidArgument("EngineConfig: a window must be >= 0 tokens, got " + std::to_string(w));
-  AKV_CUDA(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
+  if (cfg_.compute_stream) {
+    compute_ = cfg_.compute_stream;
+  } else {
+    AKV_CUDA(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
+    own_compute_ = true;
+  }
   AKV_CUDA(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
   for (int i = 0; i < cfg_.ring_slots; ++i) {
     cudaEvent_t a, b;
@@ -194,7 +199,7 @@ DecodeEngine::~DecodeEngine() {
   dev_.reset();
   for (void* e : events_copy_) cudaEventDestroy(ev(e));
   for (void* e : events_compute_) cudaEventDestroy(ev(e));
-  if (compute_) cudaStreamDestroy(compute_);
+  if (compute_ && own_compute_) cudaStreamDestroy(compute_);
   if (copy_) cudaStreamDestroy(copy_);
 }
 

@@ -37,7 +37,8 @@ size_t max_encoded_bytes(kv::CodecFormat f, const kv::KvShape& s) {
 }  // namespace
 
 HistoryView::HistoryView(kv::SequenceKv& seq, const std::vector<int>& windows, int max_rows,
-                         const cuda::AttnShape& attn, const RuntimeOptions& opt, RuntimeStats& stats)
+                         const cuda::AttnShape& attn, const RuntimeOptions& opt, RuntimeStats& stats,
+                         size_t budget_cap)
     : seq_(seq), windows_(windows), store_of_(windows.size(), -1), attn_(attn), opt_(opt), stats_(stats) {
   const kv::KvShape& shape = seq.shape();
   const int L = shape.n_layers;
@@ -57,7 +58,8 @@ HistoryView::HistoryView(kv::SequenceKv& seq, const std::vector<int>& windows, i
   const size_t enc_slot = codecs_.empty() ? 0 : max_encoded_bytes(codecs_[0], shape);
   const size_t history = n_pages * shape.page_bytes() + n_pages * enc_slot;
   const cuda::GpuMemory mem = cuda::gpu_memory();
-  const size_t budget = opt.gpu_kv_mem > 0 ? opt.gpu_kv_mem : route::default_gpu_kv_budget(mem.free, mem.total);
+  const size_t budget = opt.gpu_kv_mem > 0 ? opt.gpu_kv_mem
+                                            : std::min(budget_cap, route::default_gpu_kv_budget(mem.free, mem.total));
   budget_ = budget;
   stats.placement = route::choose_placement(opt.placement, history, budget, size_t(L) * shape.page_bytes());
   placement_ = stats.placement.placement;

@@ -19,6 +19,7 @@
 // take a `layer` take a model layer.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -44,10 +45,12 @@ class HistoryView {
   /// windows: [model layers] each layer's window (0: global). Allocates the
   /// sliding layers' rings (chunks of up to max_rows rows), then chooses the
   /// placement (stats.placement) of the global layers' history from opt and
-  /// the GPU memory free now, and takes the device pages it needs. Throws
-  /// Error when --kv-placement gpu does not fit.
+  /// the GPU memory free now, and takes the device pages it needs. The
+  /// budget is opt.gpu_kv_mem, or (0) the free memory less the margin but at
+  /// most `budget_cap` (what the model's budget has left for this sequence).
+  /// Throws Error when --kv-placement gpu does not fit.
   HistoryView(kv::SequenceKv& seq, const std::vector<int>& windows, int max_rows, const cuda::AttnShape& attn,
-              const RuntimeOptions& opt, RuntimeStats& stats);
+              const RuntimeOptions& opt, RuntimeStats& stats, size_t budget_cap = SIZE_MAX);
   ~HistoryView();
   HistoryView(const HistoryView&) = delete;
   HistoryView& operator=(const HistoryView&) = delete;
@@ -93,6 +96,8 @@ class HistoryView {
   /// model layers' store layers (-1: sliding), for GpuRuntime::host_history.
   convert::CompressedHistory* compressed() const { return compressed_.get(); }
   const std::vector<int>& store_layers() const { return store_of_; }
+  /// GPU bytes the history's device pages may use.
+  size_t budget() const { return budget_; }
   /// After the prompt: with host placement, frees the prompt's device pages
   /// but each layer's tail, and the staging; returns the host -> device
   /// bytes a streamed prefill moved (0 when resident).

@@ -38,7 +38,7 @@ struct State {
   std::atomic<bool> ready{false};
   Metrics metrics;
   std::unique_ptr<Tokenizer> tok;
-  std::unique_ptr<model::LlamaModel> lm;
+  std::unique_ptr<Backend> backend;  // the model, on the CPU or the GPU
   std::unique_ptr<Scheduler> scheduler;
   int64_t n_ctx = 0;
 };
@@ -229,23 +229,25 @@ void load(State& s) {
   set_blas_threads(o.threads);
   const gguf::File file = gguf::File::open(o.model_path);
   s.tok = std::make_unique<Tokenizer>(Tokenizer::from_gguf(file));
-  model::ForwardOptions fopt;
-  fopt.prefill_chunk = o.prefill_chunk;
-  fopt.attention.tile_pages = o.tile_pages;
-  s.lm = cli::load_weights_checked(file, o.model_path,
-                                   [&] { return std::make_unique<model::LlamaModel>(file, fopt); });
-  s.n_ctx = o.n_ctx > 0 ? o.n_ctx : s.lm->config().context_length;
+  BackendOptions bo;
+  bo.device = o.device;
+  bo.prefill_chunk = o.prefill_chunk;
+  bo.history = {o.kv_format, o.page_size, o.recent_pages, o.tile_pages, o.convert_threads};
+  bo.kv_placement = o.kv_placement;
+  bo.gpu_kv_mem = uint64_t(o.gpu_kv_mem_gib * double(1ull << 30));
+  bo.max_seqs = o.max_seqs;
+  s.backend = make_backend(file, o.model_path, bo);
+  s.n_ctx = o.n_ctx > 0 ? o.n_ctx : s.backend->config().context_length;
   SchedulerOptions so;
   so.max_seqs = o.max_seqs;
   so.max_queue = o.max_queue;
   so.host_kv_budget = o.host_kv_mem_gib > 0 ? uint64_t(o.host_kv_mem_gib * double(1ull << 30))
                                             : cli::available_memory_bytes() / 2;
-  so.history = {o.kv_format, o.page_size, o.recent_pages, o.tile_pages, o.convert_threads};
   so.sync_conversion = o.sync_conversion;
-  s.scheduler = std::make_unique<Scheduler>(*s.lm, *s.tok, so, s.metrics);
-  fmt::print(stderr, "activekv serve: {} loaded ({} layers, context {}), {} history, up to {} requests at once, "
-             "KV budget {}\n",
-             s.model_id, s.lm->config().n_layers, s.n_ctx, o.kv_format, o.max_seqs,
+  s.scheduler = std::make_unique<Scheduler>(*s.backend, *s.tok, so, s.metrics);
+  fmt::print(stderr, "activekv serve: {} loaded ({} layers, context {}) on {}, up to {} requests at once, "
+             "host KV budget {}\n",
+             s.model_id, s.backend->config().n_layers, s.n_ctx, s.backend->describe(), o.max_seqs,
              so.host_kv_budget ? cli::describe_bytes(so.host_kv_budget) : std::string("unlimited"));
 }
 

@@ -4,7 +4,7 @@
 //               e2e_request_latency_seconds
 //   gauges      num_requests_running, num_requests_waiting,
 //               kv_host_bytes (history bytes held in host memory by running
-//               requests), kv_gpu_bytes (on the GPU; 0 on the CPU path)
+//               requests), kv_gpu_bytes (the GPU budget running requests hold; 0 on the CPU path)
 //   counters    prompt_tokens_total, generation_tokens_total,
 //               request_success_total{finished_reason}, request_failure_total,
 //               decode_steps_total (batched steps), history_bytes_read_total

@@ -12,17 +12,16 @@ namespace activekv::serve {
 
 struct Scheduler::Running {
   std::shared_ptr<Job> job;
-  std::unique_ptr<cli::CpuSession> session;
+  std::unique_ptr<Session> session;
   uint64_t bytes = 0;         // its history's host bytes (counted against the budget)
   size_t prefilled = 0;       // prompt tokens appended so far
   int64_t generated = 0;      // tokens sampled and sent (end of text not counted)
   Clock::time_point last_token;
-  route::RouteReport read;    // what its decode steps read since the last tick
   bool done = false;
 };
 
-Scheduler::Scheduler(model::LlamaModel& lm, const Tokenizer& tok, const SchedulerOptions& o, Metrics& metrics)
-    : lm_(lm), tok_(tok), opt_(o), metrics_(metrics), thread_([this] { loop(); }) {}
+Scheduler::Scheduler(Backend& backend, const Tokenizer& tok, const SchedulerOptions& o, Metrics& metrics)
+    : backend_(backend), tok_(tok), opt_(o), metrics_(metrics), thread_([this] { loop(); }) {}
 
 Scheduler::~Scheduler() {
   {
@@ -35,10 +34,7 @@ Scheduler::~Scheduler() {
   for (auto& r : running_) r->job->fail("the server is shutting down");
 }
 
-uint64_t Scheduler::history_bytes(int64_t n_ctx) const {
-  const cli::HistoryPlan plan = cli::plan_history(opt_.history.kv_format);
-  return cli::page_store_bytes(lm_.kv_shape(opt_.history.page_size, plan.page_format), n_ctx);
-}
+uint64_t Scheduler::history_bytes(int64_t n_ctx) const { return backend_.history_bytes(n_ctx); }
 
 void Scheduler::submit(std::shared_ptr<Job> job) {
   const int64_t n_ctx = int64_t(job->prompt().size()) + job->max_tokens();
@@ -110,8 +106,8 @@ void Scheduler::admit() {
     r->bytes = bytes;
     try {
       const int64_t n_ctx = int64_t(job->prompt().size()) + job->max_tokens();
-      r->session = std::make_unique<cli::CpuSession>(lm_, opt_.history, n_ctx, job->sampling());
-    } catch (const std::exception& e) {  // e.g. not enough memory for its page store: this request alone fails
+      r->session = backend_.open(n_ctx, job->sampling());
+    } catch (const std::exception& e) {  // e.g. no memory for its page store, its GPU budget: it alone fails
       job->fail(e.what());
       ++metrics_.failed;
       continue;
@@ -125,19 +121,16 @@ void Scheduler::prefill_one() {
   for (auto& r : running_) {
     const auto& prompt = r->job->prompt();
     if (r->done || r->prefilled == prompt.size()) continue;
-    const size_t n = std::min(prompt.size() - r->prefilled, size_t(lm_.options().prefill_chunk));
+    const size_t n = std::min(prompt.size() - r->prefilled, size_t(backend_.prefill_chunk()));
     try {
-      r->session->prefill(std::span(prompt).subspan(r->prefilled, n));
+      r->session->prefill(std::span(prompt).subspan(r->prefilled, n), r->prefilled + n == prompt.size());
       if (opt_.sync_conversion) r->session->wait_conversions();
     } catch (const std::exception& e) {
       fail(*r, e.what());
       return;
     }
     r->prefilled += n;
-    if (r->prefilled == prompt.size()) {
-      metrics_.prompt_tokens += prompt.size();
-      r->session->history().view().report = &r->read;  // count decode reads only
-    }
+    if (r->prefilled == prompt.size()) metrics_.prompt_tokens += prompt.size();
     return;  // one chunk per tick: the decoding requests are not held up longer
   }
 }
@@ -172,25 +165,33 @@ void Scheduler::decode_all() {
 }
 
 void Scheduler::step(std::vector<Running*>& batch, std::vector<int32_t>& tokens) {
-  std::vector<cli::CpuSession*> sessions;
-  for (Running* r : batch) sessions.push_back(r->session.get());
-  try {
-    cli::CpuSession::step_batch(lm_, sessions, tokens);
-  } catch (const std::exception&) {
-    // Find the culprit: each alone; only those that fail again fail.
-    for (size_t i = 0; i < batch.size(); ++i) {
-      try {
-        batch[i]->session->step(tokens[i]);
-      } catch (const std::exception& e) {
-        fail(*batch[i], e.what());
-      }
-    }
+  const size_t group = size_t(std::max(1, backend_.max_batch()));
+  for (size_t i = 0; i < batch.size(); i += group) {
+    const size_t n = std::min(group, batch.size() - i);
+    step_group(std::span(batch).subspan(i, n), std::span(tokens).subspan(i, n));
   }
   ++metrics_.decode_steps;
   for (Running* r : batch) {
     if (opt_.sync_conversion && !r->done) r->session->wait_conversions();
-    metrics_.history_bytes_read.fetch_add(r->read.bytes);
-    r->read = {};
+    metrics_.history_bytes_read.fetch_add(r->session->take_bytes_read());
+  }
+}
+
+// One batched step of at most max_batch requests. A step that throws is
+// retried one request at a time; only the requests that throw again fail.
+void Scheduler::step_group(std::span<Running* const> group, std::span<const int32_t> tokens) {
+  std::vector<Session*> sessions;
+  for (Running* r : group) sessions.push_back(r->session.get());
+  try {
+    backend_.step_batch(sessions, tokens);
+  } catch (const std::exception&) {
+    for (size_t i = 0; i < group.size(); ++i) {
+      try {
+        group[i]->session->step(tokens[i]);
+      } catch (const std::exception& e) {
+        fail(*group[i], e.what());
+      }
+    }
   }
 }
 
@@ -219,6 +220,10 @@ void Scheduler::remove_done() {
 void Scheduler::update_gauges() {
   metrics_.running = int64_t(running_.size());
   metrics_.kv_host_bytes = int64_t(running_bytes_);
+  int64_t gpu = 0;
+  for (const auto& r : running_)
+    if (r->session) gpu += int64_t(r->session->gpu_bytes());
+  metrics_.kv_gpu_bytes = gpu;
   std::lock_guard lock(mu_);
   metrics_.waiting = int64_t(waiting_.size());
 }

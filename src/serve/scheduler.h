@@ -1,20 +1,22 @@
-// The scheduler: one thread that owns the model and runs every request.
+// The scheduler: one thread that drives the model (a Backend: the CPU path
+// or the GPU runtime, backend.h) and runs every request.
 //
 // Requests wait in a bounded FIFO queue (past max_queue: 429) and are
 // admitted, in order, while fewer than max_seqs run and the histories of the
 // running ones plus the new one fit the host KV budget. Each admitted request
-// gets its own history (cpu_session.h: its own page store, pages, sampler)
-// sized for prompt + max_tokens; it is freed the moment the request finishes
-// or is cancelled. One tick of the loop:
+// gets its own history (a Session: its own page store, pages, sampler; on the
+// GPU its own device pages within its share of the GPU budget) sized for
+// prompt + max_tokens; it is freed the moment the request finishes or is
+// cancelled. One tick of the loop:
 //   1. drop cancelled requests (waiting or running), freeing their pages;
 //   2. admit what fits;
-//   3. prefill one chunk (the model's prefill_chunk) of one admitted request,
+//   3. prefill one chunk (the backend's prefill_chunk) of one admitted request,
 //      so a long prompt never stalls the running ones for more than a chunk;
 //   4. every decoding request samples its next token (text out to its
 //      client, stop strings, end of text, max_tokens), then all that go on
-//      take one batched decode step (CpuSession::step_batch: the projections
-//      and FFN over all their rows at once, attention per request over its
-//      own pages).
+//      take one batched decode step (Backend::step_batch, in groups of its
+//      max_batch: the projections and FFN over all their rows at once,
+//      attention per request over its own pages).
 // A request that throws fails alone: a batched step that throws is retried
 // one request at a time, and only the requests that throw again fail.
 #pragma once
@@ -27,9 +29,8 @@
 #include <thread>
 #include <vector>
 
-#include "activekv/model/llama_model.h"
 #include "activekv/tokenizer/tokenizer.h"
-#include "cpu_session.h"
+#include "backend.h"
 #include "job.h"
 #include "metrics.h"
 
@@ -39,7 +40,6 @@ struct SchedulerOptions {
   int max_seqs = 8;                 ///< requests running at once
   int max_queue = 64;               ///< requests waiting at once; past it, 429
   uint64_t host_kv_budget = 0;      ///< bytes all running histories may hold; 0 = no limit
-  cli::CpuHistoryOptions history;   ///< format, page size, conversion threads of every request's history
   /// Wait for background conversion after every prefill chunk and decode step,
   /// so a compressed format reads every full page compressed whatever the
   /// timing: deterministic outputs (tests). Off: decode never waits (generate's behaviour).
@@ -48,8 +48,8 @@ struct SchedulerOptions {
 
 class Scheduler {
  public:
-  /// Starts the thread. `lm`, `tok` and `metrics` must outlive the scheduler.
-  Scheduler(model::LlamaModel& lm, const Tokenizer& tok, const SchedulerOptions& o, Metrics& metrics);
+  /// Starts the thread. `backend`, `tok` and `metrics` must outlive the scheduler.
+  Scheduler(Backend& backend, const Tokenizer& tok, const SchedulerOptions& o, Metrics& metrics);
   /// Stops the thread; requests still queued or running fail ("the server is shutting down").
   ~Scheduler();
   Scheduler(const Scheduler&) = delete;
@@ -69,12 +69,13 @@ class Scheduler {
   void prefill_one();
   void decode_all();
   void step(std::vector<Running*>& batch, std::vector<int32_t>& tokens);
+  void step_group(std::span<Running* const> group, std::span<const int32_t> tokens);
   void finish(Running& r, const std::string& reason);
   void fail(Running& r, const std::string& error);
   void remove_done();
   void update_gauges();
 
-  model::LlamaModel& lm_;
+  Backend& backend_;
   const Tokenizer& tok_;
   const SchedulerOptions opt_;
   Metrics& metrics_;

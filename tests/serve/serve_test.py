@@ -6,6 +6,10 @@
   serve_test.py ACTIVEKV hostile     bad input, auth, disconnects, a full queue,
                                      many connections; the server keeps serving
                                      and frees every page
+  serve_test.py ACTIVEKV isolation_cuda   the isolation case on the GPU runtime
+                                     (--device cuda; ctest label gpu): every
+                                     format, host and gpu placement, 12 at once
+                                     (a step of 8 and one of 4)
 
 Sizes fit CI's 2 cores: 16 concurrent streaming clients for bf16 (8 decoded
 at once, 8 queued), 8 for each compressed format. Every failure prints what
@@ -67,10 +71,15 @@ def completion_tokens(port, i, n_tokens):
     return pieces, usage[0]["completion_tokens"] if usage else -1
 
 
-def isolation(kv_format, n_clients, n_tokens=10):
-    srv = Server(BIN, "--kv-format", kv_format, "--page-size", "8", "--recent-pages", "1", "--max-seqs", "8",
-                 "-c", "256", "--sync-conversion")
+def isolation(kv_format, n_clients, n_tokens=10, gpu=()):
+    """`gpu`: extra serve arguments for --device cuda (pages of 16 tokens: the
+    GPU's int8s pages hold a multiple of 16)."""
+    page = "16" if gpu else "8"
+    max_seqs = "12" if gpu else "8"
+    srv = Server(BIN, "--kv-format", kv_format, "--page-size", page, "--recent-pages", "1", "--max-seqs", max_seqs,
+                 "-c", "256", "--sync-conversion", *gpu)
     srv.wait_ready()
+    kv_format = " ".join([kv_format, *gpu])
     alone = []
     for i in range(n_clients):
         alone.append(completion_tokens(srv.port, i, n_tokens))
@@ -112,6 +121,20 @@ def run_isolation():
         check(read[fmt] < read["bf16"], "%s read %.0f bytes, not fewer than bf16's %.0f" % (fmt, read[fmt], read["bf16"]))
 
 
+def run_isolation_cuda():
+    """The same prompts on the GPU runtime: 16 clients, 12 decoded at once
+    (one batched step of 8 and one of 4 per tick), each compared with its solo
+    run through the same server; per format, fewer bytes read than bf16."""
+    for placement in ("host", "gpu"):
+        gpu = ("--device", "cuda", "--kv-placement", placement)
+        read = {"bf16": isolation("bf16", 16, gpu=gpu)}
+        for fmt in ("lossless13", "int8s", "hybrid"):
+            read[fmt] = isolation(fmt, 8, gpu=gpu)
+        for fmt in ("lossless13", "int8s", "hybrid"):
+            check(read[fmt] < read["bf16"], "cuda %s %s read %.0f bytes, not fewer than bf16's %.0f"
+                  % (placement, fmt, read[fmt], read["bf16"]))
+
+
 def expect_error(port, status, body, path="/v1/completions", param=None, code=None, raw=None, headers=None):
     got, data = request(port, "POST", path, raw if raw is not None else body, headers)
     try:
@@ -147,7 +170,7 @@ def run_hostile():
     check(ok == 200, "a plain request: %d" % ok)
     rss_idle = srv.rss_bytes()
     # Bad command lines: one line naming the problem, exit 1.
-    for args, words in ([["--port", str(port)], "cannot listen"], [["--port", "0", "--device", "cuda"], "--device cuda"],
+    for args, words in ([["--port", str(port)], "cannot listen"], [["--port", "0", "--kv-placement", "gpu"], "--kv-placement"],
                         [["--port", "0", "-m", "/nonexistent.gguf"], "nonexistent"]):
         r = subprocess.run([BIN, "serve", *args], capture_output=True, text=True, timeout=60)
         last = r.stderr.strip().splitlines()[-2:] if r.stderr.strip() else [""]
@@ -247,7 +270,7 @@ def run_hostile():
 
 
 if __name__ == "__main__":
-    {"isolation": run_isolation, "hostile": run_hostile}[sys.argv[2]]()
+    {"isolation": run_isolation, "hostile": run_hostile, "isolation_cuda": run_isolation_cuda}[sys.argv[2]]()
     if FAILURES:
         print("%d failure(s)" % len(FAILURES))
         sys.exit(1)

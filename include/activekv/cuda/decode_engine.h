@@ -142,6 +142,12 @@ struct EngineConfig {
   /// spaced, as ONE cudaMemcpy2DAsync (one per run). Which costs less link
   /// bandwidth is the H200's to say (bench decode --copy-2d).
   bool strided_copies = false;
+  /// The stream the engine enqueues its attention (and patches, merges) on,
+  /// created by the caller and not owned (it must outlive the engine); null:
+  /// the engine creates its own. Several engines on one stream (the GPU
+  /// runtime's sequences sharing a model, activekv/runtime/gpu_model.h) order
+  /// their steps by that stream; each keeps its own copy stream and events.
+  cudaStream_t compute_stream = nullptr;
 };
 
 class DecodeEngine {
@@ -242,6 +248,7 @@ class DecodeEngine {
 
   EngineConfig cfg_;
   cudaStream_t compute_ = nullptr, copy_ = nullptr;
+  bool own_compute_ = false;  // compute_ created here (EngineConfig::compute_stream null)
   std::vector<void*> events_copy_, events_compute_;  // cudaEvent_t, per ring slot
   std::unique_ptr<Plan> plan_;                       // of the last successful update()
   std::unique_ptr<Device> dev_;

@@ -68,9 +68,11 @@ class GpuForward {
   GpuForward& operator=(const GpuForward&) = delete;
 
   /// Runs T rows (1 <= T <= max_rows): token ids `ids` (device int32 [T]) at
-  /// positions `pos` (device int64 [T], consecutive), every layer, then the
-  /// head for the last row, or for every row if all_logits. Enqueued on
-  /// `stream`. Throws InvalidArgument for a bad T.
+  /// positions `pos` (device int64 [T]; consecutive in prefill, each row its
+  /// own sequence's in a batched decode: RoPE reads pos[t] per row), every
+  /// layer, then the head for the last row, or for every row if all_logits.
+  /// Rows never mix: each row's output depends on that row's input and its
+  /// attention only. Enqueued on `stream`. Throws InvalidArgument for a bad T.
   void run(const int32_t* ids, const int64_t* pos, int T, const LayerAttention& attend, bool all_logits,
            cudaStream_t stream);
 

@@ -1,5 +1,5 @@
-// `activekv serve`: an OpenAI-compatible HTTP server over the CPU path
-// (docs/serve.md). Endpoints: POST /v1/completions, POST /v1/chat/completions
+// `activekv serve`: an OpenAI-compatible HTTP server over the CPU path or
+// the GPU runtime (docs/serve.md). Endpoints: POST /v1/completions, POST /v1/chat/completions
 // (stream: true as server-sent events ending in `data: [DONE]`), GET
 // /v1/models, GET /health (503 while the model loads, then 200), GET /metrics
 // (Prometheus text, names prefixed `activekv:`). Errors in OpenAI's shape
@@ -17,6 +17,7 @@ struct ServeOptions {
   std::string host = "127.0.0.1";
   int port = 8080;                  ///< 0: any free port (printed)
   std::string api_key;              ///< non-empty: /v1/* need "Authorization: Bearer <key>"
+  std::string device = "cpu";       ///< cpu, or cuda (the GPU runtime; CUDA builds)
   int threads = 1;                  ///< OpenMP and OpenBLAS threads of the model
   int64_t n_ctx = 0;                ///< tokens a request may hold (prompt + max_tokens); 0: the model's context
   int max_seqs = 8;                 ///< requests decoded at once
@@ -28,6 +29,8 @@ struct ServeOptions {
   int tile_pages = 32;
   int convert_threads = 1;
   int prefill_chunk = 256;
+  std::string kv_placement = "auto";  ///< cuda: host, gpu or auto (route::parse_placement)
+  double gpu_kv_mem_gib = 0;        ///< cuda: GPU memory all histories share (each request gets 1/max_seqs); 0: free less a margin
   bool sync_conversion = false;     ///< wait for page conversion every step (deterministic compressed reads; tests)
   int http_threads = 0;             ///< HTTP worker threads; 0: max_seqs + max_queue + 8
 };

@@ -1,0 +1,81 @@
+// GpuModel::decode_batch: one decode step of several sequences in one forward
+// pass. See activekv/runtime/gpu_model.h.
+#include <fmt/format.h>
+
+#include <vector>
+
+#include "activekv/runtime/gpu_model.h"
+#include "activekv/runtime/gpu_sequence.h"
+#include "sequence_state.h"
+
+namespace activekv::runtime {
+
+std::vector<int32_t> GpuModel::decode_batch(std::span<GpuSequence* const> seqs, std::span<const int32_t> tokens) {
+  Impl& M = *impl_;
+  const int N = int(seqs.size());
+  if (N < 1 || N > GpuForward::kMatvecRows)
+    throw InvalidArgument(fmt::format("decode_batch: {} sequences; one step takes 1..{}", N, GpuForward::kMatvecRows));
+  if (tokens.size() != seqs.size())
+    throw InvalidArgument(fmt::format("decode_batch: {} sequences but {} tokens", N, tokens.size()));
+  std::vector<GpuSequence::Impl*> S;
+  for (int i = 0; i < N; ++i) {
+    if (!seqs[size_t(i)]) throw InvalidArgument(fmt::format("decode_batch: sequence {} is null", i));
+    GpuSequence::Impl& I = *seqs[size_t(i)]->impl_;
+    if (&I.m != &M) throw InvalidArgument(fmt::format("decode_batch: sequence {} belongs to another model", i));
+    for (const GpuSequence::Impl* o : S)
+      if (o == &I) throw InvalidArgument(fmt::format("decode_batch: sequence {} appears twice", i));
+    I.check_tokens(tokens.subspan(size_t(i), 1));
+    S.push_back(&I);
+  }
+  if (!M.fit_rows(N, N)) throw Error(fmt::format("the GPU has not the memory for a decode batch of {} rows", N));
+
+  // Per sequence, as a lone decode step prepares it: its pages, its token
+  // id (row i), its position, its engine's tables -- all on the one stream.
+  const cudaStream_t s = M.stream;
+  std::vector<int64_t> pos0(S.size());
+  for (int i = 0; i < N; ++i) {
+    GpuSequence::Impl& I = *S[size_t(i)];
+    pos0[size_t(i)] = I.seq->n_tokens();
+    I.seq->reserve(1);
+    I.history->prepare(pos0[size_t(i)], 1, /*prefill=*/false, s);
+    I.stage_decode_token(tokens[size_t(i)], M.batch_ids + i, s);
+    M.host_pos[i] = pos0[size_t(i)];
+  }
+  cuda::check_cuda(cudaMemcpyAsync(M.batch_pos, M.host_pos, size_t(N) * sizeof(int64_t), cudaMemcpyHostToDevice, s),
+                   "upload the batch's positions");
+  for (int i = 0; i < N; ++i) {
+    GpuSequence::Impl& I = *S[size_t(i)];
+    I.engine->update(I.history->engine_tables(pos0[size_t(i)] + 1, s));
+    I.engine->begin_step();
+  }
+
+  // The N rows share every projection (the weights read once); each row's
+  // attention is its own sequence's engine over its own history.
+  const size_t qd = size_t(M.c.n_heads) * size_t(M.c.head_dim), kvd = size_t(M.c.n_kv_heads) * size_t(M.c.head_dim);
+  const LayerAttention attend = [&](int l, int, const float* q, const float* k, const float* v, float* out) {
+    for (int i = 0; i < N; ++i) {
+      GpuSequence::Impl& I = *S[size_t(i)];
+      I.history->write_kv(l, pos0[size_t(i)], 1, k + size_t(i) * kvd, v + size_t(i) * kvd, s);
+      I.engine->enqueue_layer(l, q + size_t(i) * qd, out + size_t(i) * qd, nullptr);
+    }
+  };
+  M.forward->run(M.batch_ids, M.batch_pos, N, attend, /*all_logits=*/true, s);
+  ++M.runs;
+  for (int i = 0; i < N; ++i) {
+    GpuSequence::Impl& I = *S[size_t(i)];
+    I.enqueue_sample(M.forward->logits() + size_t(i) * size_t(M.c.vocab_size));
+    I.ran(i);
+    I.decoded_eagerly = true;
+  }
+  std::vector<int32_t> next(S.size());
+  for (int i = 0; i < N; ++i) {  // the first waits for the whole step
+    GpuSequence::Impl& I = *S[size_t(i)];
+    next[size_t(i)] = I.fetch_sampled();
+    I.seq->commit(1);
+    I.count_decode_step();
+    I.history->committed();
+  }
+  return next;
+}
+
+}  // namespace activekv::runtime

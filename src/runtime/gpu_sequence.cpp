@@ -1,0 +1,387 @@
+// One history on a GpuModel. See activekv/runtime/gpu_sequence.h (and
+// gpu_runtime.h for the data flow).
+#include "activekv/runtime/gpu_sequence.h"
+
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <functional>
+#include <thread>
+
+#include "activekv/cuda/device_pages.h"
+#include "activekv/cuda/pinned_memory.h"
+#include "activekv/route/placement.h"
+#include "device_buffer.h"
+#include "sequence_state.h"
+
+namespace activekv::runtime {
+namespace {
+
+cuda::AttnShape attn_shape(const model::ModelConfig& c, const RuntimeOptions& o) {
+  cuda::AttnShape a;
+  a.n_kv_heads = c.n_kv_heads;
+  a.group = c.n_heads / c.n_kv_heads;
+  a.head_dim = c.head_dim;
+  a.page_size = o.page_size;
+  a.split_tokens = o.split_tokens > 0 ? o.split_tokens : cuda::default_split_tokens(o.page_size);
+  a.softmax_scale = c.query_scale;  // 1/sqrt(attention.key_length); 0 (unset) = 1/sqrt(head_dim)
+  try {
+    a.validate();
+  } catch (const InvalidArgument& e) {
+    throw Error(fmt::format("this model cannot run on the GPU yet: {}", e.what()));
+  }
+  return a;
+}
+
+// [layer] each layer's sliding window (0: it attends the whole history).
+std::vector<int> layer_windows(const model::ModelConfig& c) {
+  std::vector<int> w;
+  for (const model::LayerAttention& a : c.layer_attention) w.push_back(a.window);
+  w.resize(size_t(c.n_layers), 0);
+  return w;
+}
+
+}  // namespace
+
+void check_sequence_options(const RuntimeOptions& opt, bool observer) {
+  if (opt.n_ctx <= 0) throw InvalidArgument("GpuRuntime: n_ctx must be positive");
+  if (opt.prefill_chunk <= 0) throw InvalidArgument("GpuRuntime: prefill_chunk must be positive");
+  if (!(opt.cpu_share == -1 || (opt.cpu_share >= 0 && opt.cpu_share < 1)))
+    throw InvalidArgument(fmt::format("GpuRuntime: the CPU share must be in [0, 1) or -1 (auto), got {}", opt.cpu_share));
+  if (observer && opt.cuda_graphs)
+    throw InvalidArgument("GpuRuntime: an observer synchronises every stage and cannot run inside CUDA graphs");
+}
+
+GpuSequence::Impl::Impl(GpuModel& model, const RuntimeOptions& o)
+    : owner(model), m(*model.impl_), c(m.c), opt(o) {
+  try {
+    build();
+  } catch (...) {
+    release();  // a refused sequence leaves nothing behind: the others keep the GPU
+    throw;
+  }
+  m.kv_reserved += reserved;
+  ++m.open;
+}
+
+void GpuSequence::Impl::build() {
+  if (opt.device != m.opt.device || opt.f32_activations != m.opt.f32_activations || opt.observer)
+    throw InvalidArgument("GpuSequence: device, f32_activations and observer are the model's (ModelOptions)");
+  check_sequence_options(opt, bool(m.opt.observer));
+  stats.device = m.device;
+  stats.weight_bytes = m.weights->bytes();
+  attn = attn_shape(c, opt);
+  // The store holds the global layers only; the sliding ones live in GPU rings.
+  kv_shape = kv::KvShape{c.n_global_layers(), c.n_kv_heads, c.head_dim, opt.page_size, kv::PageFormat::bf16};
+  pages_per_layer = (opt.n_ctx + opt.page_size - 1) / opt.page_size;
+  const size_t cap = m.budget_cap(opt.gpu_kv_mem);  // throws, one line, when the asked budget does not fit
+
+  cuda::EngineConfig ec;
+  ec.n_layers = c.n_layers;
+  ec.attn = attn;
+  ec.tile_pages = opt.route.tile_pages;
+  ec.cpu_kernels.threads = opt.cpu_threads > 0 ? opt.cpu_threads
+                                                : std::max(1, int(std::thread::hardware_concurrency()) - 1);
+  ec.windows = layer_windows(c);
+  ec.compute_stream = m.stream;  // every sequence's work in the model's one stream
+  engine = std::make_unique<cuda::DecodeEngine>(ec);
+  prefill_attn = std::make_unique<cuda::PrefillAttention>(attn);
+  sampler = std::make_unique<cuda::GpuSampler>(c.vocab_size, opt.sampling);
+  rows_cap = std::max(opt.prefill_chunk, opt.stream_chunk > 0 ? opt.stream_chunk : route::kMaxStreamChunk);
+  ids = cuda::device_alloc<int32_t>(size_t(rows_cap), "GpuRuntime: token ids");
+  pos = cuda::device_alloc<int64_t>(size_t(opt.n_ctx), "GpuRuntime: positions");
+  sampled = cuda::device_alloc<int32_t>(1, "GpuRuntime: the sampled token");
+  {
+    std::vector<int64_t> p(size_t(opt.n_ctx));
+    for (size_t i = 0; i < p.size(); ++i) p[i] = int64_t(i);
+    cuda::check_cuda(cudaMemcpy(pos, p.data(), p.size() * sizeof(int64_t), cudaMemcpyHostToDevice), "upload positions");
+  }
+  void* h = nullptr;
+  cuda::check_cuda(cudaHostAlloc(&h, size_t(rows_cap + 1) * sizeof(int32_t), cudaHostAllocPortable),
+                   "cudaHostAlloc (token ids)");
+  host_ids = static_cast<int32_t*>(h);
+  cuda::check_cuda(cudaEventCreateWithFlags(&token_ready, cudaEventDisableTiming), "cudaEventCreate");
+
+  // The page store, pinned, sized for the context; then the placement within the budget.
+  store = std::make_unique<kv::PageStore>(kv_shape, size_t(pages_per_layer) * size_t(kv_shape.n_layers),
+                                          &cuda::pinned_host_memory());
+  seq = std::make_unique<kv::SequenceKv>(*store);
+  history = std::make_unique<HistoryView>(*seq, layer_windows(c), rows_cap, attn, opt, stats, cap);
+  if (opt.cuda_graphs && stats.placement.placement == route::KvPlacement::gpu) graph = std::make_unique<StepGraph>();
+  // gpu placement holds its history; the others may fill the budget (a resident prompt, partial's pools).
+  reserved = stats.placement.placement == route::KvPlacement::gpu
+                 ? std::min(stats.placement.history_bytes, history->budget())
+                 : history->budget();
+}
+
+GpuSequence::Impl::~Impl() { release(); }
+
+void GpuSequence::Impl::release() {
+  if (engine) engine->synchronize();
+  history.reset();  // cancels conversions before the sequence frees its pages
+  seq.reset();
+  cudaFree(ids);
+  cudaFree(pos);
+  cudaFree(sampled);
+  if (host_ids) cudaFreeHost(host_ids);
+  if (token_ready) cudaEventDestroy(token_ready);
+  ids = nullptr;
+  pos = nullptr;
+  sampled = nullptr;
+  host_ids = nullptr;
+  token_ready = nullptr;
+}
+
+void GpuSequence::Impl::check_tokens(std::span<const int32_t> tokens) const {
+  for (int32_t id : tokens)
+    if (id < 0 || id >= c.vocab_size)
+      throw InvalidArgument(fmt::format("token id {} outside the vocabulary of {}", id, c.vocab_size));
+  if (seq->n_tokens() + int64_t(tokens.size()) > opt.n_ctx)
+    throw InvalidArgument(fmt::format("the history would hold {} tokens, the context is {} (-c)",
+                                      seq->n_tokens() + int64_t(tokens.size()), opt.n_ctx));
+}
+
+void GpuSequence::Impl::stage_decode_token(int32_t token, int32_t* dst, cudaStream_t s) {
+  if (sampled_valid && token == last_sampled) {
+    cuda::check_cuda(cudaMemcpyAsync(dst, sampled, sizeof(int32_t), cudaMemcpyDeviceToDevice, s), "token id");
+    return;
+  }
+  host_ids[0] = token;
+  cuda::check_cuda(cudaMemcpyAsync(dst, host_ids, sizeof(int32_t), cudaMemcpyHostToDevice, s), "upload a token id");
+}
+
+// Enqueues the sampling from one row of logits and the copy of the token id
+// to pinned host memory (capturable: no synchronisation).
+void GpuSequence::Impl::enqueue_sample(const float* logits_row) {
+  const cudaStream_t s = stream();
+  sampler->sample(logits_row, sampled, s);
+  cuda::check_cuda(cudaMemcpyAsync(host_ids + rows_cap, sampled, sizeof(int32_t), cudaMemcpyDeviceToHost, s),
+                   "download the sampled token");
+}
+
+// Waits for the step and reads the token id enqueue_sample copied: the one
+// host synchronisation of a step (a batch's first call waits for all of it).
+int32_t GpuSequence::Impl::fetch_sampled() {
+  wait_step();
+  last_sampled = host_ids[rows_cap];
+  sampled_valid = true;
+  return last_sampled;
+}
+
+void GpuSequence::Impl::wait_step() {
+  cuda::check_cuda(cudaEventRecord(token_ready, stream()), "cudaEventRecord");
+  cuda::check_cuda(cudaEventSynchronize(token_ready), "waiting for the step");
+}
+
+void GpuSequence::Impl::count_decode_step() {
+  stats.streamed_bytes += engine->bytes_per_step();
+  stats.resident_bytes += engine->resident_bytes_per_step();
+  stats.cpu_bytes += engine->cpu_bytes_per_step();
+  for (int l = 0; l < c.n_layers; ++l)
+    if (engine->window(l) > 0) stats.sliding_bytes += engine->layer_resident_bytes()[size_t(l)];
+  stats.copies += engine->copies_per_step();
+  ++stats.decode_steps;
+}
+
+// Whether this step runs as a graph: a decode step with graphs on (gpu
+// placement), after one eager decode step, and -- a guard, gpu placement
+// reads every page in place -- with no host -> device copies in the engine's
+// step (those wait on events of the copy stream: not captured).
+bool GpuSequence::Impl::graph_step(bool decode) const {
+  return decode && graph && decoded_eagerly && engine->copies_per_step() == 0;
+}
+
+// Runs one chunk of rows through the model (a decode step: one row through
+// the engine; prefill: rows attending over device copies of the history),
+// commits it to the history and samples. With graphs (graph_step), what
+// reads host state that changes -- device page copies, page-table and
+// work-list patches, the token id's upload -- is enqueued first, eagerly;
+// the forward pass and the sampler are captured and launched as one graph.
+int32_t GpuSequence::Impl::run_chunk(std::span<const int32_t> tokens, bool prefill, bool all_logits, bool sample) {
+  const int T = int(tokens.size());
+  const int64_t pos0 = seq->n_tokens();
+  const cudaStream_t s = stream();
+  seq->reserve(T);  // may throw (store full): nothing written yet
+  const bool decode = !prefill;
+  history->prepare(pos0, T, prefill, s);  // device copies and published pages the rows need
+  if (decode) {
+    stage_decode_token(tokens[0], ids, s);
+  } else {
+    std::copy(tokens.begin(), tokens.end(), host_ids);
+    cuda::check_cuda(cudaMemcpyAsync(ids, host_ids, size_t(T) * sizeof(int32_t), cudaMemcpyHostToDevice, s),
+                     "upload token ids");
+  }
+  if (decode) {
+    engine->update(history->engine_tables(pos0 + 1, s));
+    engine->begin_step();
+  }
+  const LayerAttention attend = [&](int l, int rows, const float* q, const float* k, const float* v, float* out) {
+    history->write_kv(l, pos0, rows, k, v, s);
+    if (decode) {
+      engine->enqueue_layer(l, q, out, nullptr);
+    } else {
+      history->prefill_attention(l, pos0, rows, q, out, *prefill_attn, s);
+    }
+  };
+  const int logit_rows = all_logits ? T : 1;
+  GpuForward& fw = forward();
+  const auto enqueue = [&] {  // from the token id on the GPU to the sampled id in pinned memory
+    fw.run(ids, pos + pos0, T, attend, all_logits, s);
+    if (sample) enqueue_sample(fw.logits() + size_t(logit_rows - 1) * size_t(c.vocab_size));
+  };
+  if (graph_step(decode)) {
+    graph->capture(s, enqueue);
+    graph->launch(s);
+    ++stats.graph_steps;
+    stats.graph_instantiations = graph->instantiations();
+  } else {
+    enqueue();
+    decoded_eagerly = decoded_eagerly || decode;
+  }
+  ++m.runs;
+  ran(logit_rows - 1);
+  int32_t next = -1;
+  if (sample) {
+    next = fetch_sampled();
+  } else {
+    wait_step();  // the K/V are in the host pages before conversion may read them
+  }
+  seq->commit(T);
+  if (decode) count_decode_step();
+  history->committed();  // schedules conversion of pages that became full
+  return next;
+}
+
+// Where the prompt's history lives while it prefills, and the chunk: resident
+// when it fits the budget; else streamed, with the chunk grown (bytes moved
+// fall as 1 / chunk) as far as free memory lets the forward's buffers grow.
+route::PrefillPlan GpuSequence::Impl::begin_prefill(int64_t n) {
+  route::PrefillPlan plan = history->plan_prefill(n, opt.prefill_chunk, opt.prefill_chunk);
+  if (plan.streamed) {
+    int chunk = opt.stream_chunk;
+    if (chunk <= 0) {
+      // Keep the margin, and room for the history's pages at a larger chunk.
+      const cuda::GpuMemory mem = cuda::gpu_memory();
+      const size_t keep = route::gpu_margin_bytes(mem.total) + 2 * plan.device_bytes;
+      chunk = route::choose_stream_chunk(opt.prefill_chunk, n, GpuForward::row_bytes(c),
+                                         mem.free > keep ? mem.free - keep : 0);
+    }
+    plan = history->plan_prefill(n, opt.prefill_chunk, chunk);
+    if (!m.fit_rows(plan.chunk, opt.prefill_chunk)) plan = history->plan_prefill(n, opt.prefill_chunk, opt.prefill_chunk);
+  }
+  if (!m.fit_rows(plan.chunk, opt.prefill_chunk))  // the model's buffers may be another sequence's size
+    throw Error(fmt::format("the GPU has not the memory for a prefill chunk of {} tokens", plan.chunk));
+  try {
+    history->begin_prefill(plan, stream());
+  } catch (const cuda::CudaError&) {
+    if (plan.streamed) throw;
+    // The budget said the prompt fits, the device memory is not there now: stream it.
+    plan = history->plan_prefill(n, opt.prefill_chunk, opt.prefill_chunk, /*allow_resident=*/false);
+    history->begin_prefill(plan, stream());
+  }
+  stats.prefill_streamed = plan.streamed;
+  stats.prefill_chunk = plan.chunk;
+  stats.prefill_staging_pages = plan.staging_pages;
+  stats.prefill_moved_bytes = 0;
+  return plan;
+}
+
+// Appends `tokens` through the prefill path in the plan's chunks. On an error
+// the chunks already run stay in the history; the prompt's device pages are
+// given back (best effort: a failed GPU may fail that too).
+int32_t GpuSequence::Impl::prefill_all(std::span<const int32_t> tokens, bool all_logits, const ChunkFn& after_chunk,
+                                       bool sample) {
+  check_tokens(tokens);
+  const route::PrefillPlan plan = begin_prefill(int64_t(tokens.size()));
+  int32_t next = -1;
+  try {
+    for (size_t done = 0; done < tokens.size();) {
+      const size_t n = std::min(tokens.size() - done, size_t(plan.chunk));
+      // Every chunk samples when `sample` (GpuRuntime's behaviour: the sampler's
+      // draw count is the number of chunks; the CPU path draws once per prompt).
+      next = run_chunk(tokens.subspan(done, n), true, all_logits, sample);
+      if (after_chunk) after_chunk(done, n);
+      done += n;
+    }
+  } catch (...) {
+    try {
+      history->prefill_done(stream());
+    } catch (const Error&) {
+    }
+    throw;
+  }
+  stats.prefill_moved_bytes = history->prefill_done(stream());
+  return next;
+}
+
+GpuSequence::GpuSequence(GpuModel& model, const RuntimeOptions& opt)
+    : impl_(std::make_unique<Impl>(model, opt)) {}
+
+GpuSequence::~GpuSequence() {
+  if (!impl_) return;
+  GpuModel::Impl& m = impl_->m;
+  const size_t reserved = impl_->reserved;
+  impl_.reset();  // its pages first, then its share of the budget
+  m.kv_reserved -= std::min(m.kv_reserved, reserved);
+  --m.open;
+}
+
+int32_t GpuSequence::prefill(std::span<const int32_t> prompt, const ProgressFn& progress) {
+  if (prompt.empty()) throw InvalidArgument("prefill: the prompt is empty");
+  const int64_t total = int64_t(prompt.size());
+  return impl_->prefill_all(prompt, false, [&](size_t done, size_t n) {
+    if (progress) progress(int64_t(done + n), total);
+  });
+}
+
+void GpuSequence::append(std::span<const int32_t> tokens) {
+  if (tokens.empty()) throw InvalidArgument("append: no tokens");
+  impl_->prefill_all(tokens, false, {}, /*sample=*/false);
+}
+
+int32_t GpuSequence::decode(int32_t token) {
+  Impl& I = *impl_;
+  const int32_t one[1] = {token};
+  I.check_tokens(one);
+  return I.run_chunk(one, false, false);
+}
+
+std::vector<float> GpuSequence::prefill_logits(std::span<const int32_t> tokens) {
+  Impl& I = *impl_;
+  if (tokens.empty()) throw InvalidArgument("prefill_logits: no tokens");
+  const size_t vocab = size_t(I.c.vocab_size);
+  std::vector<float> out(tokens.size() * vocab);
+  I.prefill_all(tokens, true, [&](size_t done, size_t n) {
+    cuda::check_cuda(cudaMemcpy(out.data() + done * vocab, I.forward().logits(), n * vocab * sizeof(float),
+                                cudaMemcpyDeviceToHost),
+                     "download logits");
+  });
+  return out;
+}
+
+std::vector<float> GpuSequence::last_logits() const {
+  const Impl& I = *impl_;
+  std::vector<float> out(size_t(I.c.vocab_size));
+  if (I.last_row < 0) throw InvalidArgument("last_logits: nothing was run yet");
+  if (I.last_run != I.m.runs)
+    throw InvalidArgument("last_logits: another sequence ran on the model since (the logits buffer is shared)");
+  cuda::check_cuda(cudaMemcpy(out.data(), I.forward().logits() + size_t(I.last_row) * out.size(),
+                              out.size() * sizeof(float), cudaMemcpyDeviceToHost),
+                   "download logits");
+  return out;
+}
+
+void GpuSequence::wait_conversions() { impl_->history->wait_conversions(); }
+
+int64_t GpuSequence::n_tokens() const { return impl_->seq->n_tokens(); }
+int64_t GpuSequence::n_ctx() const { return impl_->opt.n_ctx; }
+HostHistory GpuSequence::host_history() const {
+  return {impl_->seq.get(), impl_->history->compressed(), impl_->history->store_layers()};
+}
+const model::ModelConfig& GpuSequence::config() const { return impl_->c; }
+const RuntimeStats& GpuSequence::stats() const { return impl_->stats; }
+size_t GpuSequence::kv_reserved() const { return impl_->reserved; }
+const GpuModel& GpuSequence::model() const { return impl_->owner; }
+
+}  // namespace activekv::runtime

@@ -1,0 +1,81 @@
+// Where the scheduler's requests run: the CPU path (cpu_backend.cpp: one
+// LlamaModel, a cli::CpuSession per request) or the GPU runtime
+// (gpu_backend.cpp, CUDA builds: one runtime::GpuModel, a GpuSequence per
+// request). The scheduler (scheduler.h) is the same for both: it opens a
+// Session per admitted request, prefills it a chunk per tick, samples, and
+// advances the decoding ones together with step_batch.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "activekv/gguf/gguf.h"
+#include "activekv/model/config.h"
+#include "activekv/model/sampler.h"
+#include "cpu_history.h"
+
+namespace activekv::serve {
+
+/// One request's history and sampler. Driven from the scheduler's thread only.
+class Session {
+ public:
+  virtual ~Session() = default;
+  /// Appends a piece of the prompt (at most the backend's prefill_chunk
+  /// tokens); `last`: the prompt's final piece (sample() then gives the first token).
+  virtual void prefill(std::span<const int32_t> piece, bool last) = 0;
+  /// The next token, sampled from the last position: once after the prompt's
+  /// last piece and once after every step.
+  virtual int32_t sample() = 0;
+  /// Appends `token` alone (one decode step; the scheduler's retry when a batched step throws).
+  virtual void step(int32_t token) = 0;
+  /// Blocks until background conversion has published every full page.
+  virtual void wait_conversions() = 0;
+  /// History bytes its decode steps read since the last call.
+  virtual uint64_t take_bytes_read() = 0;
+  /// GPU bytes its history holds (its share of the GPU budget); 0 on the CPU.
+  virtual uint64_t gpu_bytes() const { return 0; }
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const model::ModelConfig& config() const = 0;
+  /// One line for the startup message, e.g. "cpu, bf16 history" or "cuda (NVIDIA H200), ...".
+  virtual std::string describe() const = 0;
+  /// Prompt tokens per prefill piece (one piece per scheduler tick).
+  virtual int prefill_chunk() const = 0;
+  /// Most sessions one step_batch call takes.
+  virtual int max_batch() const = 0;
+  /// Host bytes of a history of n_ctx tokens (the scheduler's host KV budget).
+  virtual uint64_t history_bytes(int64_t n_ctx) const = 0;
+  /// A session of n_ctx tokens. Throws (this request alone fails): memory,
+  /// a GPU budget that does not fit, bad sampling parameters.
+  virtual std::unique_ptr<Session> open(int64_t n_ctx, const model::SamplerParams& sampling) = 0;
+  /// One decode step: sessions[i] (this backend's, distinct, at most
+  /// max_batch()) appends tokens[i], all in one batched forward pass.
+  virtual void step_batch(std::span<Session* const> sessions, std::span<const int32_t> tokens) = 0;
+};
+
+struct BackendOptions {
+  std::string device = "cpu";       ///< cpu or cuda
+  int prefill_chunk = 256;
+  cli::CpuHistoryOptions history;   ///< format (cuda: bf16 = the exact route), pages, conversion threads
+  // cuda only:
+  std::string kv_placement = "auto";  ///< host, gpu, auto (route::parse_placement)
+  uint64_t gpu_kv_mem = 0;          ///< GPU bytes all histories share; 0 = free memory less a margin
+  int max_seqs = 8;                 ///< each request's GPU budget is gpu_kv_mem / max_seqs
+};
+
+/// Loads the model for o.device. Throws Error: cuda in a build without the
+/// GPU runtime, no GPU, weights that do not fit, f32 history on the GPU.
+std::unique_ptr<Backend> make_backend(const gguf::File& file, const std::string& model_path, const BackendOptions& o);
+
+std::unique_ptr<Backend> make_cpu_backend(const gguf::File& file, const std::string& model_path,
+                                          const BackendOptions& o);
+#ifdef ACTIVEKV_SERVE_GPU
+std::unique_ptr<Backend> make_gpu_backend(const gguf::File& file, const BackendOptions& o);
+#endif
+
+}  // namespace activekv::serve
