@@ -18,6 +18,11 @@
 #           decode t/s per --kv-placement, --kv-format and depth), matvec vs
 #           the HBM floor, prefill attention, bench decode (engine level)
 #   all     tests then bench
+#   int8s   the tc int8s kernel (issue 13): its GPU tests (test_cuda_int8s_tc,
+#           and test_cuda_formats' int8s kernel tests over every launch
+#           configuration), then bench/gpu/int8s_sweep.sh (configurations x
+#           split sizes, 32K and 128K, bf16 / int8s / hybrid, resident) into
+#           $OUT (3 JSONs + int8s_sweep_table.txt)
 #   shards  head shards (issue 15): test_cuda_sharded, then bench decode on one
 #           GPU, on every GPU (2+), and as two shards on GPU 0, 32K and 128K
 #   cpu     (build) + CPU decode attention on this host: its tests, then
@@ -122,7 +127,7 @@ fi
 run_tests() {
   echo "== GPU tests: every gpu binary; one JSON of all results with the commit and command"
   local rc=0 T
-  for T in decode formats sharded model_ops weights runtime runtime_qwen2 runtime_gemma3 eval; do
+  for T in decode formats int8s_tc sharded model_ops weights runtime runtime_qwen2 runtime_gemma3 eval; do
     [ -x build-device/bin/test_cuda_$T ] || { echo "-- test_cuda_$T not built"; continue; }
     echo "-- test_cuda_$T"
     # [measured] lines and failures reach the log; the rest is in the JSON.
@@ -198,6 +203,19 @@ run_shards() {
         --steps 10 --warmup 2 --json "$OUT/$name.json" --profile "" | grep -E "^  (bf16|hybrid)|copies|shard|links|head shards"
     done
   done
+}
+
+run_int8s() {
+  echo "== tc int8s kernel: GPU tests over every launch configuration, then the sweep"
+  local rc=0
+  build-device/bin/test_cuda_int8s_tc > /tmp/test_int8s_tc.log 2>&1 || rc=1
+  grep -E "FAILED|PASSED|Failure|worst" /tmp/test_int8s_tc.log | head -20
+  build-device/bin/test_cuda_formats --gtest_filter='*Int8sTile*:FormatRoutes.Tc*:Int8sTcConfig.*' \
+    --gtest_output=json:"$OUT/gtest_int8s.json" > /tmp/test_int8s_formats.log 2>&1 || rc=1
+  grep -E "FAILED|PASSED|Failure|vs default|tc kernel" /tmp/test_int8s_formats.log | head -${AKV_LOG_LINES:-120}
+  cp /tmp/test_int8s_formats.log "$OUT/test_int8s_formats.log"
+  bench/gpu/int8s_sweep.sh "$OUT" || rc=1
+  return $rc
 }
 
 run_cpu() {
@@ -320,6 +338,7 @@ case "$PHASE" in
   cpu) run_cpu || RC=1 ;;
   tests) run_tests || RC=1 ;;
   shards) run_shards ;;
+  int8s) run_int8s || RC=1 ;;
   bench) run_bench ;;
   all) run_tests || RC=1; run_bench ;;
   modelbench) run_modelbench || RC=1 ;;

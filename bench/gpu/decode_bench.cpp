@@ -62,6 +62,7 @@ struct Record {
   DecodeEngine::CpuTiming cpu_timing;  // host-clock timing of the CPU share, measured steps
   std::optional<double> max_rel_diff_vs_resident;
   bool repeatable;
+  std::string tc_config;  // the tc kernel's launch configuration (int8s pages read), else empty
 };
 
 // One engine's step, its copies `link_share` times slower (the shards that
@@ -126,12 +127,13 @@ std::string mode_label(const std::string& mode, double cpu_share, bool auto_shar
 
 void print_table(const std::vector<Record>& records) {
   // llama-bench vocabulary: depth = context tokens, t/s = tokens generated per second.
-  std::printf("\n| %-10s | %-15s | %7s | %5s | %9s | %17s | %8s | %9s | %6s | %9s | %6s |\n", "kv-format", "mode",
+  std::printf("\n| %-14s | %-15s | %7s | %5s | %9s | %17s | %8s | %9s | %6s | %9s | %6s |\n", "kv-format", "mode",
               "depth", "batch", "step ms", "min - max", "t/s", "bus ms", "ratio", "pred ms", "err %");
-  std::printf("|%s|\n", std::string(130, '-').c_str());
+  std::printf("|%s|\n", std::string(134, '-').c_str());
   for (const auto& r : records)
-    std::printf("| %-10s | %-15s | %7lld | %5d | %9.3f | %8.3f - %6.3f | %8.2f | %9.3f | %6.3f | %9.3f | %6.2f |\n",
-                r.format.c_str(), mode_label(r.mode, r.cpu_share, r.auto_share).c_str(), static_cast<long long>(r.context), r.batch, r.step_ms,
+    std::printf("| %-14s | %-15s | %7lld | %5d | %9.3f | %8.3f - %6.3f | %8.2f | %9.3f | %6.3f | %9.3f | %6.2f |\n",
+                (r.tc_config.empty() ? r.format : r.format + "/" + r.tc_config).c_str(),
+                mode_label(r.mode, r.cpu_share, r.auto_share).c_str(), static_cast<long long>(r.context), r.batch, r.step_ms,
                 r.step_ms_min, r.step_ms_max, r.batch * 1000.0 / r.step_ms, r.bus_limit_ms, r.bus_limit_ratio,
                 r.predicted_ms, 100.0 * (r.predicted_ms - r.step_ms) / r.step_ms);
   for (const auto& r : records) {
@@ -146,9 +148,9 @@ void print_table(const std::vector<Record>& records) {
 }
 
 const Record* find_record(const std::vector<Record>& rs, const std::string& f, const std::string& m, int64_t ctx,
-                          int batch) {
+                          int batch, const std::string& tc_config) {
   for (const Record& r : rs)
-    if (r.format == f && r.mode == m && r.context == ctx && r.batch == batch) return &r;
+    if (r.format == f && r.mode == m && r.context == ctx && r.batch == batch && r.tc_config == tc_config) return &r;
   return nullptr;
 }
 
@@ -171,6 +173,7 @@ nlohmann::json record_json(const Record& r, int steps) {
       {"bus_limit_ratio", r.bus_limit_ratio}, {"predicted_ms", r.predicted_ms},
       {"prediction_error", (r.predicted_ms - r.step_ms) / r.step_ms}, {"repeatable", r.repeatable}};
   if (r.bitwise_equal_resident) j["bitwise_equal_resident"] = *r.bitwise_equal_resident;
+  if (!r.tc_config.empty()) j["tc_config"] = r.tc_config;
   if (r.shards.size() > 1) {
     j["shards"] = nlohmann::json::array();
     for (const auto& sh : r.shards)
@@ -226,9 +229,10 @@ void write_json(std::ofstream& f, const BenchDecodeOptions& opt, const std::map<
       {"shape", {{"n_layers", opt.n_layers}, {"n_kv_heads", sh.n_kv_heads}, {"n_q_heads", sh.n_q_heads()},
                  {"head_dim", sh.head_dim}, {"page_size", sh.page_size}, {"split_tokens", sh.split_tokens},
                  {"tile_pages", opt.tile_pages}, {"ring_slots", opt.ring_slots},
-                 {"recent_pages", opt.recent_pages}}},
+                 {"recent_pages", opt.recent_pages}, {"overlap_formats", opt.overlap_formats}}},
       {"int8s_kernel", {{"kernel", cuda::int8s_kernel_name(cuda::resolve_int8s_kernel(opt.int8s.kernel, opt.attn))}, {"query_terms", opt.int8s.query_terms}, {"skip_unit_rescale", opt.int8s.skip_unit_rescale},
-                        {"pow2_reference", opt.int8s.pow2_reference}, {"tensor_cores", opt.int8s.tensor_cores}}},
+                        {"pow2_reference", opt.int8s.pow2_reference}, {"tensor_cores", opt.int8s.tensor_cores},
+                        {"tc_config", cuda::int8s_tc_config_name(cuda::resolve_int8s_tc_config(opt.int8s.tc, sh.head_dim))}}},
       {"conversion_cpu", {{"int8s", conversion_json(hist.int8s_conv)},
                           {"lossless13", conversion_json(hist.lossless13_conv)}}},
       {"profile", pr.to_json()},
@@ -247,7 +251,7 @@ void print_batching(const std::vector<Record>& rs) {
   bool header = false;
   for (const Record& rn : rs) {
     if (rn.mode != "resident" || rn.batch < 2) continue;
-    const Record* r1 = find_record(rs, rn.format, "resident", rn.context, 1);
+    const Record* r1 = find_record(rs, rn.format, "resident", rn.context, 1, rn.tc_config);
     if (!r1) continue;
     if (!header) std::printf("\nbatched decode, resident device time per step:\n"), header = true;
     std::printf("  %-10s depth %7lld: batch %d in one launch %.3f ms (history at %.0f GB/s), %d batch-1 launches "
@@ -331,6 +335,7 @@ std::map<std::string, std::unique_ptr<ShardedDecodeEngine>> make_engines(const B
     c.int8s = opt.int8s;
     c.cpu_kernels.threads = opt.cpu_threads > 0 ? opt.cpu_threads : std::max(1, host_threads(0) - 1);
     c.strided_copies = opt.copy_2d;
+    c.overlap_formats = opt.overlap_formats;
     try {
       engines[mode] = std::make_unique<ShardedDecodeEngine>(c, run_devices(opt));
     } catch (const CudaError& e) {
@@ -538,7 +543,11 @@ int run_bench_decode(const BenchDecodeOptions& opt) {
   for (const auto& m : opt.modes)
     if (m != "resident") modes.push_back(m);
   const bool want_resident = std::find(opt.modes.begin(), opt.modes.end(), "resident") != opt.modes.end();
-  auto engines = make_engines(opt, modes);
+  // tc launch configurations (--int8s-tc-config): engines of their own; the
+  // formats without int8s pages run with the first only.
+  std::vector<Int8sTcConfig> tc_configs = opt.tc_configs;
+  if (tc_configs.empty()) tc_configs.push_back(opt.int8s.tc);
+  const bool tc_runs = cuda::resolve_int8s_kernel(opt.int8s.kernel, sh) == cuda::Int8sKernel::tc;
 
   // Shares: 0 first (the resident run at 0 is every configuration's reference).
   std::vector<double> shares{0.0};
@@ -561,148 +570,160 @@ int run_bench_decode(const BenchDecodeOptions& opt) {
 
   std::vector<Record> records;
   bool all_ok = true;
-  for (const auto& format : opt.formats) {
-    for (int batch : opt.batches) {
-      for (int64_t ctx : opt.contexts) {
-        const std::vector<SeqPages> seqs =
-            route_tables(hist, format, batch, ctx, opt.n_layers, sh.page_size, opt.recent_pages);
-        const size_t qn = size_t(opt.n_layers) * batch * sh.n_q_heads() * sh.head_dim;
-        DevBuf q(qn * sizeof(float), "bench decode: queries"), out(qn * sizeof(float), "bench decode: outputs");
-        fill_device_random(q.as<float>(), qn, uint64_t(ctx) * 31 + batch);
-        std::vector<float> ref;  // the resident output of this configuration
-        const int64_t splits = (ctx + sh.split_tokens - 1) / sh.split_tokens;
-        for (const auto& mode : modes) {
-          if (!engines.count(mode)) continue;
-          ShardedDecodeEngine& eng = *engines[mode];
-          const bool streamed = mode != "resident";
-          // resident: this configuration's pages on each GPU, and the batch as that GPU's shards read it
-          std::map<int, std::unique_ptr<cuda::ResidentPages>> copies;
-          std::map<int, std::vector<SeqPages>> placed_on;
-          std::vector<SeqPages> placed;  // the batch as the home GPU reads it, no CPU share
-          try {
-            if (!streamed)
-              for (const auto& [d, p] : profiles) {
-                AKV_CUDA(cudaSetDevice(d));
-                copies[d] = device_copies(seqs);
-                placed_on[d] = copies[d]->place(seqs);
-              }
-            AKV_CUDA(cudaSetDevice(home));
-            placed = streamed ? seqs : placed_on[home];
-          } catch (const CudaError& e) {
-            AKV_CUDA(cudaSetDevice(home));
-            std::printf("  skip %s %s depth %lld batch %d: %s\n", format.c_str(), mode.c_str(),
-                        static_cast<long long>(ctx), batch, e.what());
-            continue;
-          }
-          for (double share : shares) {
-            std::vector<SeqPages> tables = placed;
-            std::optional<route::CoAttentionPlan> plan;
-            if (share == kAutoShare)  // sequences alike: one plan, applied to each
-              plan = route::plan_co_attention(cuda::plan_pages(placed[0].tables[0]), opt.n_layers, calibration->together,
-                                              calibration->link_alone_gbps);
-            const size_t n_cpu = plan ? plan->cpu_pages : pages_for_share(share, placed[0].tables[0].size());
-            apply_cpu_pages(tables, n_cpu, views);
-            std::vector<std::vector<SeqPages>> per_shard;  // (a CPU share: one shard only, check_options)
-            for (const auto& s : shards) per_shard.push_back(streamed || shards.size() == 1 ? tables : placed_on[s.device]);
+  for (size_t ci = 0; ci < tc_configs.size(); ++ci) {
+    BenchDecodeOptions copt = opt;
+    copt.int8s.tc = tc_configs[ci];
+    const std::string tc_name =
+        tc_runs ? cuda::int8s_tc_config_name(cuda::resolve_int8s_tc_config(copt.int8s.tc, sh.head_dim)) : "";
+    if (tc_configs.size() > 1) std::printf("\n  tc kernel configuration %s\n", tc_name.c_str());
+    auto engines = make_engines(copt, modes);
+    for (const auto& format : opt.formats) {
+      const bool reads_int8s = format == "int8s" || format == "hybrid";
+      if (ci > 0 && !reads_int8s) continue;
+      for (int batch : opt.batches) {
+        for (int64_t ctx : opt.contexts) {
+          const std::vector<SeqPages> seqs =
+              route_tables(hist, format, batch, ctx, opt.n_layers, sh.page_size, opt.recent_pages);
+          const size_t qn = size_t(opt.n_layers) * batch * sh.n_q_heads() * sh.head_dim;
+          DevBuf q(qn * sizeof(float), "bench decode: queries"), out(qn * sizeof(float), "bench decode: outputs");
+          fill_device_random(q.as<float>(), qn, uint64_t(ctx) * 31 + batch);
+          std::vector<float> ref;  // the resident output of this configuration
+          const int64_t splits = (ctx + sh.split_tokens - 1) / sh.split_tokens;
+          for (const auto& mode : modes) {
+            if (!engines.count(mode)) continue;
+            ShardedDecodeEngine& eng = *engines[mode];
+            const bool streamed = mode != "resident";
+            // resident: this configuration's pages on each GPU, and the batch as that GPU's shards read it
+            std::map<int, std::unique_ptr<cuda::ResidentPages>> copies;
+            std::map<int, std::vector<SeqPages>> placed_on;
+            std::vector<SeqPages> placed;  // the batch as the home GPU reads it, no CPU share
             try {
-              eng.update(per_shard);
+              if (!streamed)
+                for (const auto& [d, p] : profiles) {
+                  AKV_CUDA(cudaSetDevice(d));
+                  copies[d] = device_copies(seqs);
+                  placed_on[d] = copies[d]->place(seqs);
+                }
+              AKV_CUDA(cudaSetDevice(home));
+              placed = streamed ? seqs : placed_on[home];
             } catch (const CudaError& e) {
-              std::printf("  skip %s %s depth %lld batch %d: %s\n", format.c_str(), mode_label(mode, share).c_str(),
+              AKV_CUDA(cudaSetDevice(home));
+              std::printf("  skip %s %s depth %lld batch %d: %s\n", format.c_str(), mode.c_str(),
                           static_cast<long long>(ctx), batch, e.what());
               continue;
             }
-            const Timed t = time_steps(eng, opt, q, out, qn);
-            if (!streamed && share == 0) ref = t.first;
-            if (!streamed && !want_resident) continue;  // measured only as the reference
-            if (share == 0 && !want_share0) continue;
-            Record r{};
-            r.format = format;
-            r.mode = mode;
-            r.context = ctx;
-            r.batch = batch;
-            r.cpu_share = share;
-            r.auto_share = plan.has_value();
-            if (plan) {
-              r.cpu_share = plan->share;
-              r.planned_ms = plan->predicted_ms;
-              std::printf("  plan: %s\n", plan->describe().c_str());
-            }
-            r.cpu_bytes_per_step = eng.engine(0).cpu_bytes_per_step();
-            r.cpu_timing = eng.engine(0).cpu_timing();
-            r.step_ms = median(t.ms);
-            r.device_ms = median(t.device_ms);
-            r.step_ms_min = *std::min_element(t.ms.begin(), t.ms.end());
-            r.step_ms_max = *std::max_element(t.ms.begin(), t.ms.end());
-            std::map<int, uint64_t> device_bytes;  // history bytes over each GPU's link
-            for (int i = 0; i < eng.n_shards(); ++i) {
-              const DecodeEngine& e = eng.engine(i);
-              const cuda::HeadShard& hs = eng.shard(i);
-              const uint64_t hb = history_bytes(e, per_shard[size_t(i)], opt.n_layers);
-              r.history_bytes += hb;
-              device_bytes[hs.device] += hb;
-              r.shards.push_back({hs.device, hs.kv_head0, hs.kv_heads, hb, e.bytes_per_step(), e.copies_per_step(),
-                                  e.copy_rows_per_step(), e.largest_copy()});
-            }
-            r.bytes_per_step = eng.bytes_per_step();
-            r.copies_per_step = eng.copies_per_step();
-            r.copy_rows_per_step = eng.copy_rows_per_step();
-            r.largest_copy = eng.largest_copy();
-            r.jobs_per_layer = eng.engine(0).jobs_in_layer(0);
-            r.gbps = double(r.history_bytes + r.cpu_bytes_per_step) / (r.step_ms * 1e6);
-            if (eng.n_shards() == 1) {
-              const double chunk = streamed ? double(eng.largest_copy()) : double(opt.tile_pages) * sh.page_bytes();
-              r.chunk_gbps = pr.bandwidth_gbps(chunk);
-              r.bus_limit_ms = double(r.history_bytes) / (r.chunk_gbps * 1e6);
-            } else {  // the slowest GPU; chunk_gbps: the links together
-              for (const auto& [d, b] : device_bytes) {
-                const double gbps = profiles.at(d).bandwidth_gbps(tile_chunk);
-                r.chunk_gbps += gbps;
-                r.bus_limit_ms = std::max(r.bus_limit_ms, double(b) / (gbps * 1e6));
+            for (double share : shares) {
+              std::vector<SeqPages> tables = placed;
+              std::optional<route::CoAttentionPlan> plan;
+              if (share == kAutoShare)  // sequences alike: one plan, applied to each
+                plan = route::plan_co_attention(cuda::plan_pages(placed[0].tables[0]), opt.n_layers, calibration->together,
+                                                calibration->link_alone_gbps);
+              const size_t n_cpu = plan ? plan->cpu_pages : pages_for_share(share, placed[0].tables[0].size());
+              apply_cpu_pages(tables, n_cpu, views);
+              std::vector<std::vector<SeqPages>> per_shard;  // (a CPU share: one shard only, check_options)
+              for (const auto& s : shards) per_shard.push_back(streamed || shards.size() == 1 ? tables : placed_on[s.device]);
+              try {
+                eng.update(per_shard);
+              } catch (const CudaError& e) {
+                std::printf("  skip %s %s depth %lld batch %d: %s\n", format.c_str(), mode_label(mode, share).c_str(),
+                            static_cast<long long>(ctx), batch, e.what());
+                continue;
               }
+              const Timed t = time_steps(eng, opt, q, out, qn);
+              if (!streamed && share == 0) ref = t.first;
+              if (!streamed && !want_resident) continue;  // measured only as the reference
+              if (share == 0 && !want_share0) continue;
+              Record r{};
+              if (reads_int8s) r.tc_config = tc_name;
+              r.format = format;
+              r.mode = mode;
+              r.context = ctx;
+              r.batch = batch;
+              r.cpu_share = share;
+              r.auto_share = plan.has_value();
+              if (plan) {
+                r.cpu_share = plan->share;
+                r.planned_ms = plan->predicted_ms;
+                std::printf("  plan: %s\n", plan->describe().c_str());
+              }
+              r.cpu_bytes_per_step = eng.engine(0).cpu_bytes_per_step();
+              r.cpu_timing = eng.engine(0).cpu_timing();
+              r.step_ms = median(t.ms);
+              r.device_ms = median(t.device_ms);
+              r.step_ms_min = *std::min_element(t.ms.begin(), t.ms.end());
+              r.step_ms_max = *std::max_element(t.ms.begin(), t.ms.end());
+              std::map<int, uint64_t> device_bytes;  // history bytes over each GPU's link
+              for (int i = 0; i < eng.n_shards(); ++i) {
+                const DecodeEngine& e = eng.engine(i);
+                const cuda::HeadShard& hs = eng.shard(i);
+                const uint64_t hb = history_bytes(e, per_shard[size_t(i)], opt.n_layers);
+                r.history_bytes += hb;
+                device_bytes[hs.device] += hb;
+                r.shards.push_back({hs.device, hs.kv_head0, hs.kv_heads, hb, e.bytes_per_step(), e.copies_per_step(),
+                                    e.copy_rows_per_step(), e.largest_copy()});
+              }
+              r.bytes_per_step = eng.bytes_per_step();
+              r.copies_per_step = eng.copies_per_step();
+              r.copy_rows_per_step = eng.copy_rows_per_step();
+              r.largest_copy = eng.largest_copy();
+              r.jobs_per_layer = eng.engine(0).jobs_in_layer(0);
+              r.gbps = double(r.history_bytes + r.cpu_bytes_per_step) / (r.step_ms * 1e6);
+              if (eng.n_shards() == 1) {
+                const double chunk = streamed ? double(eng.largest_copy()) : double(opt.tile_pages) * sh.page_bytes();
+                r.chunk_gbps = pr.bandwidth_gbps(chunk);
+                r.bus_limit_ms = double(r.history_bytes) / (r.chunk_gbps * 1e6);
+              } else {  // the slowest GPU; chunk_gbps: the links together
+                for (const auto& [d, b] : device_bytes) {
+                  const double gbps = profiles.at(d).bandwidth_gbps(tile_chunk);
+                  r.chunk_gbps += gbps;
+                  r.bus_limit_ms = std::max(r.bus_limit_ms, double(b) / (gbps * 1e6));
+                }
+              }
+              r.bus_limit_ratio = r.step_ms / r.bus_limit_ms;
+              r.predicted_ms = predict_ms(profiles, eng, opt.n_layers, splits);
+              if (calibration && share != 0)  // the co-attention model: link and CPU side by side
+                r.predicted_ms = route::predict_co_attention(cuda::plan_pages(placed[0].tables[0]), opt.n_layers,
+                                                             calibration->together, calibration->link_alone_gbps,
+                                                             n_cpu).predicted_ms;
+              if (share > 0 && !ref.empty()) {
+                r.max_rel_diff_vs_resident = max_row_rel_diff(t.first, ref, sh.head_dim);
+              } else if (streamed && !ref.empty()) {
+                r.bitwise_equal_resident = same_bits(ref, t.first);
+              }
+              r.repeatable = same_bits(t.first, t.last);
+              const bool finite = std::all_of(t.first.begin(), t.first.end(), [](float v) { return std::isfinite(v); });
+              const bool close = !r.max_rel_diff_vs_resident || *r.max_rel_diff_vs_resident <= kMaxCpuShareDiff;
+              if (r.bitwise_equal_resident == false || !close || !r.repeatable || !finite) all_ok = false;
+              records.push_back(r);
+              char vs[64];
+              if (r.max_rel_diff_vs_resident)
+                std::snprintf(vs, sizeof vs, "max rel diff vs resident %.2e%s", *r.max_rel_diff_vs_resident,
+                              close ? "" : " (TOO LARGE)");
+              else
+                std::snprintf(vs, sizeof vs, "bitwise==resident %s",
+                              !streamed ? "reference" : !r.bitwise_equal_resident ? "n/a (no resident run)"
+                                                      : (*r.bitwise_equal_resident ? "yes" : "NO"));
+              std::printf("  %-10s %-15s depth %7lld batch %d: %9.3f ms (min %.3f max %.3f, device %.3f), pred %.3f ms, "
+                          "bus %.3f ms, ratio %.3f, %s, repeatable %s%s\n",
+                          (r.tc_config.empty() ? format : format + "/" + r.tc_config).c_str(),
+                          mode_label(mode, r.cpu_share, r.auto_share).c_str(),
+                          static_cast<long long>(ctx), batch, r.step_ms, r.step_ms_min, r.step_ms_max, r.device_ms, r.predicted_ms, r.bus_limit_ms,
+                          r.bus_limit_ratio, vs, r.repeatable ? "yes" : "NO", finite ? "" : ", OUTPUT NOT FINITE");
+              if (streamed && r.copies_per_step > 0)
+                std::printf("    copies: %llu per step of %.3f MiB on average (%llu contiguous rows of %.3f MiB), "
+                            "largest %.3f MiB\n",
+                            static_cast<unsigned long long>(r.copies_per_step),
+                            double(r.bytes_per_step) / double(r.copies_per_step) / 1048576.0,
+                            static_cast<unsigned long long>(r.copy_rows_per_step),
+                            double(r.bytes_per_step) / double(r.copy_rows_per_step) / 1048576.0,
+                            double(r.largest_copy) / 1048576.0);
+              if (r.shards.size() > 1)
+                for (const auto& hs : r.shards)
+                  std::printf("    shard GPU %d heads %d..%d: %.1f MiB history, %llu copies\n", hs.device, hs.kv_head0,
+                              hs.kv_head0 + hs.kv_heads - 1, double(hs.history_bytes) / 1048576.0,
+                              static_cast<unsigned long long>(hs.copies));
+              std::fflush(stdout);
             }
-            r.bus_limit_ratio = r.step_ms / r.bus_limit_ms;
-            r.predicted_ms = predict_ms(profiles, eng, opt.n_layers, splits);
-            if (calibration && share != 0)  // the co-attention model: link and CPU side by side
-              r.predicted_ms = route::predict_co_attention(cuda::plan_pages(placed[0].tables[0]), opt.n_layers,
-                                                           calibration->together, calibration->link_alone_gbps,
-                                                           n_cpu).predicted_ms;
-            if (share > 0 && !ref.empty()) {
-              r.max_rel_diff_vs_resident = max_row_rel_diff(t.first, ref, sh.head_dim);
-            } else if (streamed && !ref.empty()) {
-              r.bitwise_equal_resident = same_bits(ref, t.first);
-            }
-            r.repeatable = same_bits(t.first, t.last);
-            const bool finite = std::all_of(t.first.begin(), t.first.end(), [](float v) { return std::isfinite(v); });
-            const bool close = !r.max_rel_diff_vs_resident || *r.max_rel_diff_vs_resident <= kMaxCpuShareDiff;
-            if (r.bitwise_equal_resident == false || !close || !r.repeatable || !finite) all_ok = false;
-            records.push_back(r);
-            char vs[64];
-            if (r.max_rel_diff_vs_resident)
-              std::snprintf(vs, sizeof vs, "max rel diff vs resident %.2e%s", *r.max_rel_diff_vs_resident,
-                            close ? "" : " (TOO LARGE)");
-            else
-              std::snprintf(vs, sizeof vs, "bitwise==resident %s",
-                            !streamed ? "reference" : !r.bitwise_equal_resident ? "n/a (no resident run)"
-                                                    : (*r.bitwise_equal_resident ? "yes" : "NO"));
-            std::printf("  %-10s %-15s depth %7lld batch %d: %9.3f ms (min %.3f max %.3f, device %.3f), pred %.3f ms, "
-                        "bus %.3f ms, ratio %.3f, %s, repeatable %s%s\n",
-                        format.c_str(), mode_label(mode, r.cpu_share, r.auto_share).c_str(),
-                        static_cast<long long>(ctx), batch, r.step_ms, r.step_ms_min, r.step_ms_max, r.device_ms, r.predicted_ms, r.bus_limit_ms,
-                        r.bus_limit_ratio, vs, r.repeatable ? "yes" : "NO", finite ? "" : ", OUTPUT NOT FINITE");
-            if (streamed && r.copies_per_step > 0)
-              std::printf("    copies: %llu per step of %.3f MiB on average (%llu contiguous rows of %.3f MiB), "
-                          "largest %.3f MiB\n",
-                          static_cast<unsigned long long>(r.copies_per_step),
-                          double(r.bytes_per_step) / double(r.copies_per_step) / 1048576.0,
-                          static_cast<unsigned long long>(r.copy_rows_per_step),
-                          double(r.bytes_per_step) / double(r.copy_rows_per_step) / 1048576.0,
-                          double(r.largest_copy) / 1048576.0);
-            if (r.shards.size() > 1)
-              for (const auto& hs : r.shards)
-                std::printf("    shard GPU %d heads %d..%d: %.1f MiB history, %llu copies\n", hs.device, hs.kv_head0,
-                            hs.kv_head0 + hs.kv_heads - 1, double(hs.history_bytes) / 1048576.0,
-                            static_cast<unsigned long long>(hs.copies));
-            std::fflush(stdout);
           }
         }
       }

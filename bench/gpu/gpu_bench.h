@@ -28,6 +28,7 @@ namespace activekv::gpu_bench {
 
 using cuda::AttnShape;
 using cuda::Int8sKernelOptions;
+using cuda::Int8sTcConfig;
 
 /// Calibrated profile of one GPU + host (units: bytes, milliseconds, GB/s = 1e9 B/s).
 struct Profile {
@@ -82,6 +83,12 @@ struct BenchDecodeOptions {
   std::vector<std::string> formats{"bf16"};
   int recent_pages = 2;               ///< hybrid: full pages kept exact before the tail
   Int8sKernelOptions int8s;           ///< int8s kernel switches
+  /// tc kernel launch configurations to sweep (issue 13; names of
+  /// cuda::int8s_tc_config_names()): each runs the int8s and hybrid formats
+  /// again on engines of its own over the same history (bf16 and lossless13
+  /// once, with the first); records carry the configuration. Empty: int8s.tc.
+  std::vector<Int8sTcConfig> tc_configs;
+  bool overlap_formats = true;  ///< EngineConfig::overlap_formats (--serial-formats: false)
   int steps = 20;
   int warmup = 3;
   int tile_pages = 32;

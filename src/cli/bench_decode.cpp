@@ -41,6 +41,14 @@ void add_bench_decode(CLI::App& app, std::function<int()>& run) {
                   "int8s kernel: tc (per-warp rings, q.k and P.V on tensor cores; group 3, 4, 6, 7, 8), legacy, or "
                   "auto (tc where the shape allows)")
       ->capture_default_str()->check(CLI::IsMember({"tc", "legacy", "auto"}));
+  auto tc_configs = std::make_shared<std::vector<std::string>>();
+  dec->add_option("--int8s-tc-config", *tc_configs,
+                  "tc int8s kernel launch configurations to sweep, w<warps>s<stages>[b<blocks per stage>] (e.g. "
+                  "w2s3,w4s2,w2s2b2; default: ACTIVEKV_INT8S_TC_CONFIG, else w2s3 for head_dim 256, w4s4 for 64)")
+      ->delimiter(',');
+  dec->add_flag("!--serial-formats", o->overlap_formats,
+                "hybrid: run a job's bf16 and int8s kernels one after the other on the compute stream (default: "
+                "the bf16 kernel overlapped on a side stream)");
   dec->add_flag("--pow2-reference", o->int8s.pow2_reference,
                 "int8s kernel: integer base-2 running reference (SPEC §4 trick 2)");
   dec->add_option("--gpus", o->gpus,
@@ -54,8 +62,10 @@ void add_bench_decode(CLI::App& app, std::function<int()>& run) {
   dec->add_option("--profile", o->profile_path, "Calibration profile output");
   dec->add_option("--commit", o->provenance.commit,
                   "Commit recorded in the JSON (default: the source tree's, `git rev-parse HEAD`)");
-  run = [o, kernel_name] {
+  run = [o, kernel_name, tc_configs] {
     o->int8s.kernel = cuda::parse_int8s_kernel(*kernel_name);
+    for (const std::string& c : *tc_configs) o->tc_configs.push_back(cuda::parse_int8s_tc_config(c));
+    if (!o->tc_configs.empty()) o->int8s.tc = o->tc_configs.front();
     if (o->provenance.commit.empty()) o->provenance.commit = git_commit();
     o->provenance.command = command_line();
     return gpu_bench::run_bench_decode(*o);

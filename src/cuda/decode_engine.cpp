@@ -183,6 +183,14 @@ DecodeEngine::DecodeEngine(const EngineConfig& cfg) : cfg_(cfg), dev_(std::make_
     own_compute_ = true;
   }
   AKV_CUDA(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
+  int least = 0, greatest = 0;  // greatest: the numerically lowest
+  AKV_CUDA(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  AKV_CUDA(cudaStreamCreateWithPriority(&side_, cudaStreamNonBlocking, greatest));
+  for (void** e : {&fork_, &join_}) {
+    cudaEvent_t x;
+    AKV_CUDA(cudaEventCreateWithFlags(&x, cudaEventDisableTiming));
+    *e = x;
+  }
   for (int i = 0; i < cfg_.ring_slots; ++i) {
     cudaEvent_t a, b;
     AKV_CUDA(cudaEventCreateWithFlags(&a, cudaEventDisableTiming));
@@ -199,6 +207,9 @@ DecodeEngine::~DecodeEngine() {
   dev_.reset();
   for (void* e : events_copy_) cudaEventDestroy(ev(e));
   for (void* e : events_compute_) cudaEventDestroy(ev(e));
+  if (fork_) cudaEventDestroy(ev(fork_));
+  if (join_) cudaEventDestroy(ev(join_));
+  if (side_) cudaStreamDestroy(side_);
   if (compute_ && own_compute_) cudaStreamDestroy(compute_);
   if (copy_) cudaStreamDestroy(copy_);
 }
@@ -557,8 +568,18 @@ void DecodeEngine::launch_job(const JobPlan& j, const float* q) {
   const Device& D = *dev_;
   const Partials parts{D.part_o.p, D.part_lse.p, D.cap_splits};
   launch_unpack_lossless13(sh, D.unpack.p + j.unpack.off, j.unpack.n, compute_);
-  launch_split_attention(sh, D.work.p + j.bf16.off, j.bf16.n, q, parts, compute_);
+  // Both kinds (the hybrid route): the bf16 kernel (after the unpack, whose
+  // pages it reads) on the side stream, launched first so its CTAs are
+  // placed before the int8s kernel fills the GPU; joined before the merge.
+  const bool fork = cfg_.overlap_formats && j.bf16.n > 0 && j.int8s.n > 0;
+  if (fork) {
+    AKV_CUDA(cudaEventRecord(ev(fork_), compute_));
+    AKV_CUDA(cudaStreamWaitEvent(side_, ev(fork_), 0));
+  }
+  launch_split_attention(sh, D.work.p + j.bf16.off, j.bf16.n, q, parts, fork ? side_ : compute_);
+  if (fork) AKV_CUDA(cudaEventRecord(ev(join_), side_));
   launch_split_attention_int8s(sh, D.work.p + j.int8s.off, j.int8s.n, q, parts, cfg_.int8s, compute_);
+  if (fork) AKV_CUDA(cudaStreamWaitEvent(compute_, ev(join_), 0));
 }
 
 void DecodeEngine::enqueue_layer(int layer, const float* q, float* out, float* out_lse) {

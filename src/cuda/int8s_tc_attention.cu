@@ -4,9 +4,11 @@
 // kernel of int8s_attention.cu). Fragment layouts: int8s_tc_fragments.cuh.
 //
 // Designed like the bf16 split kernel (decode_attention.cu): CTA = one split
-// x one KV head, W warps; warp w takes the split's 16-token blocks w, w + W,
-// ... through its own cp.async ring (K and V codes of a block per stage), so
-// the main loop has no CTA barrier, only __syncwarp. Per block and warp:
+// x one KV head, W warps; warp w takes the split's stages of B 16-token
+// blocks w, w + W, ... through its own NS-stage cp.async ring (K and V codes
+// of B blocks per stage), so the main loop has no CTA barrier, only
+// __syncwarp. W, NS and B are compile-time (Int8sTcConfig, chosen at run time
+// among the instantiated configurations of kConfigs). Per block and warp:
 //   S = Q . K^T     mma.m16n8k32.s8: rows g / g + 8 = head g's two int8
 //                   query terms, exact int32 dot products; the token scale
 //                   and row scale multiply the accumulator fragment:
@@ -24,7 +26,10 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+#include <optional>
 #include <string>
+#include <utility>
 
 #include "activekv/kv/int8s_layout.h"
 #include "int8s_query.cuh"
@@ -40,24 +45,36 @@ using namespace detail;  // mma_util.cuh, int8s_tc_fragments.cuh, int8s_query.cu
 
 constexpr int kRows = 8;  // query heads per KV head the mma rows hold
 
-// head_dim 256: 2 warps, 3 stages of 8 KiB per warp (48 KiB ring, 4 CTAs per SM);
-// head_dim 64: 4 warps, 4 stages of 2 KiB (32 KiB).
-template <int HD> __host__ __device__ constexpr int tc_warps() { return HD >= 256 ? 2 : 4; }
-template <int HD> __host__ __device__ constexpr int tc_stages() { return HD >= 256 ? 3 : 4; }
-template <int HD> __host__ __device__ constexpr int tc_stage_bytes() { return 2 * kTcBlk * HD; }  // K then V codes
+// The instantiated launch configurations (Int8sTcConfig): warps per CTA, ring
+// stages per warp, 16-token blocks per stage, P.V in channel rows. The first two are the defaults
+// for head_dim 256 and 64 (measured at ca5fc0b); the rest are the sweep's
+// (bench/gpu/int8s_sweep.sh). Adding one here instantiates it for both
+// head_dims and every group; tests/cuda/test_formats.cpp runs them all.
+struct Cfg { int w, s, b; bool c; };
+constexpr Cfg kConfigs[] = {{2, 3, 1, false}, {4, 4, 1, false}, {2, 2, 1, false}, {2, 4, 1, false},
+                            {4, 2, 1, false}, {4, 3, 1, false}, {2, 2, 2, false}, {4, 2, 2, false},
+                            {2, 2, 1, true},  {2, 3, 1, true},  {4, 2, 1, true},  {4, 3, 1, true},
+                            {4, 4, 1, true}};
+constexpr int kNumConfigs = int(sizeof(kConfigs) / sizeof(kConfigs[0]));
+constexpr Cfg default_cfg(int head_dim) { return head_dim >= 256 ? kConfigs[0] : kConfigs[1]; }
+
+template <int HD, int B> __host__ __device__ constexpr int tc_stage_bytes() { return 2 * B * kTcBlk * HD; }  // K then V codes
 
 // Shared memory: [ring | merge area aliasing it] [query fragments] [row scales] [token scales of the split].
-template <int HD>
+template <int HD, int W, int NS, int B>
 __host__ __device__ constexpr size_t tc_ring_bytes() {
-  const size_t ring = size_t(tc_warps<HD>()) * tc_stages<HD>() * tc_stage_bytes<HD>();
-  const size_t merge = size_t(tc_warps<HD>()) * kRows * (HD + 2) * 4;
+  const size_t ring = size_t(W) * NS * tc_stage_bytes<HD, B>();
+  const size_t merge = size_t(W) * kRows * (HD + 2) * 4;
   return ring > merge ? ring : merge;
 }
-template <int HD> constexpr size_t tc_fixed_smem() { return tc_ring_bytes<HD>() + size_t(HD) * 16 + kRows * 4; }
+template <int HD, int W, int NS, int B>
+constexpr size_t tc_fixed_smem() { return tc_ring_bytes<HD, W, NS, B>() + size_t(HD) * 16 + kRows * 4; }
 constexpr int kMaxTcSplit = 4096;  // token scales of a split held in shared memory
-template <int HD> constexpr size_t tc_smem(int split_tokens) {
-  return tc_fixed_smem<HD>() + size_t((split_tokens + kTcBlk - 1) / kTcBlk * kTcBlk) * 4;
+template <int HD, int W, int NS, int B> constexpr size_t tc_smem(int split_tokens) {
+  constexpr int T = B * kTcBlk;  // tokens per stage: the token scales are read up to a whole stage
+  return tc_fixed_smem<HD, W, NS, B>() + size_t((split_tokens + T - 1) / T * T) * 4;
 }
+constexpr size_t kMaxSmem = 227 * 1024;  // sm_90 opt-in limit per CTA
 
 __device__ __forceinline__ float quad_max(float v) {
   v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
@@ -68,43 +85,118 @@ __device__ __forceinline__ float quad_max(float v) {
 // the 8 mma rows: q'_j = q_j c_j, a = max|q'| / 127, codes of q' (and of the
 // residual when two terms) written into the q.k A fragments; rows of heads
 // >= G get zero codes and a zero row scale (their scores are 0, discarded).
+// All of the warp's loads (its rows of q, the channel scales) are issued
+// before any arithmetic, so the prologue waits for global memory once, not
+// once per row (the arithmetic per value is unchanged: same bits).
 template <int HD, int G, int W>
 __device__ __forceinline__ void quantise_queries(const float* qrow0, const __half* c_scale, int terms,
                                                  float scale_log2, unsigned char* sq, float* row_scale, int warp,
                                                  int lane) {
-  for (int g = warp; g < kRows; g += W) {
-    float x[HD / 32];
+  constexpr int R = (kRows + W - 1) / W, NJ = HD / 32;  // rows per warp, values per lane and row
+  float c[NJ];
+#pragma unroll
+  for (int i = 0; i < NJ; ++i) c[i] = __half2float(c_scale[lane + 32 * i]);
+  float x[R][NJ];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int g = warp + r * W;
+#pragma unroll
+    for (int i = 0; i < NJ; ++i) x[r][i] = g < G ? qrow0[size_t(g) * HD + lane + 32 * i] * c[i] : 0.f;
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int g = warp + r * W;
+    if (g >= kRows) break;
     float mx = 0.f;
 #pragma unroll
-    for (int i = 0; i < HD / 32; ++i) {
-      const int j = lane + 32 * i;
-      x[i] = g < G ? qrow0[size_t(g) * HD + j] * __half2float(c_scale[j]) : 0.f;
-      mx = fmaxf(mx, fabsf(x[i]));
-    }
+    for (int i = 0; i < NJ; ++i) mx = fmaxf(mx, fabsf(x[r][i]));
 #pragma unroll
     for (int o = 16; o >= 1; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
     const float a = mx / 127.f;
 #pragma unroll
-    for (int i = 0; i < HD / 32; ++i) {
+    for (int i = 0; i < NJ; ++i) {
       const int j = lane + 32 * i;
-      const int8_t hi = quantise_int8(x[i], a);
+      const int8_t hi = quantise_int8(x[r][i], a);
       sq[q_frag_byte(g, j)] = uint8_t(hi);
-      sq[q_frag_byte(g + 8, j)] = uint8_t(terms == 2 ? quantise_int8_residual(x[i], a, hi) : int8_t(0));
+      sq[q_frag_byte(g + 8, j)] = uint8_t(terms == 2 ? quantise_int8_residual(x[r][i], a, hi) : int8_t(0));
     }
     if (lane == 0) row_scale[g] = g < G ? a * scale_log2 : 0.f;
   }
 }
 
-template <int HD, int G>
-__global__ void __launch_bounds__(tc_warps<HD>() * 32)
+// One 16-token block of a warp (tokens t0.. of the split, key codes at
+// shared address sk, value codes at sv): S = Q.K^T on int8 tensor cores,
+// scores of tokens >= ntok masked, online softmax in base 2 (m_run, l_run:
+// head g's running reference and this lane's share of the denominator),
+// O += P.V on f16 tensor cores.
+// CR: P.V in channel rows (pv_block_t; acc[c][0]), else pv_block (acc[c][parity]).
+template <int HD, bool CR>
+__device__ __forceinline__ void attend_block(const uint4* sq, uint32_t sk, uint32_t sv, const float* s_tok, int t0,
+                                             int ntok, float rs, const Int8sKernelOptions& opt, int lane,
+                                             float& m_run, float& l_run, float (&acc)[HD / 16][CR ? 1 : 2][4]) {
+  constexpr int CH = HD / 16, E = CR ? 1 : 2;
+  const int q4 = lane & 3;
+  int dots[2][4];
+  qk_block<HD>(sq, sk, lane, dots);
+  float s[2][2];
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int t = t0 + score_token(nt, q4, j);
+      const float v = ((float(dots[nt][j]) + float(dots[nt][2 + j]) / 127.f) * s_tok[t]) * rs;
+      s[nt][j] = t < ntok ? v : -INFINITY;
+    }
+  // --- online softmax, base 2 ---------------------------------------------
+  const float bm = quad_max(fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1])));
+  float mx = fmaxf(m_run, bm);
+  if (opt.pow2_reference) {
+    if (mx != -INFINITY) mx = ceilf(mx);
+    mx = fmaxf(mx, m_run);  // the reference never moves down
+  }
+  const bool none = mx == -INFINITY;
+  const float alpha = none ? 1.f : exp2f(m_run - mx);  // m_run = -inf -> 0
+  float p[2][2];
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) p[nt][j] = none ? 0.f : exp2f(s[nt][j] - mx);
+  l_run = fmaf(l_run, alpha, (p[0][0] + p[0][1]) + (p[1][0] + p[1][1]));
+  m_run = mx;
+  // pv_block: both accumulator rows of this lane are head g's, its own alpha.
+  // pv_block_t: entries i hold head 2q4 + (i & 1), whose alpha lanes 8q4 and
+  // 8q4 + 4 hold (every lane of a head's quad has it).
+  // SPEC §4 trick 1: skipped when every factor of the warp is 1 (x 1.0 changes no bit).
+  if (!(opt.skip_unit_rescale && __all_sync(0xffffffffu, alpha == 1.f))) {
+    float al[2] = {alpha, alpha};
+    if constexpr (CR) {
+      al[0] = __shfl_sync(0xffffffffu, alpha, 8 * q4);
+      al[1] = __shfl_sync(0xffffffffu, alpha, 8 * q4 + 4);
+    }
+#pragma unroll
+    for (int c = 0; c < CH; ++c)
+#pragma unroll
+      for (int e = 0; e < E; ++e)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[c][e][i] *= al[i & 1];
+  }
+  uint32_t pa[4];
+  p_frag(p, pa);
+  if constexpr (CR) pv_block_t<HD>(sv, pa, lane, acc);
+  else pv_block<HD>(sv, pa, lane, acc);
+}
+
+template <int HD, int G, int W, int NS, int B, bool CR>
+__global__ void __launch_bounds__(W * 32)
 int8s_tc_kernel(const SplitWork* __restrict__ work, const float* __restrict__ q, float* __restrict__ part_o,
                 float* __restrict__ part_lse, int max_splits, int n_kv, int page_size, float scale_log2,
                 Int8sKernelOptions opt, int head0) {
-  constexpr int W = tc_warps<HD>(), NS = tc_stages<HD>(), SB = tc_stage_bytes<HD>();
+  constexpr int SB = tc_stage_bytes<HD, B>(), T = B * kTcBlk;  // bytes, tokens per stage
   constexpr int CH = HD / 16;  // 16-byte chunks per row
   static_assert(G >= 1 && G <= kRows, "the mma rows hold 8 heads x 2 query terms");
+  static_assert(NS >= 2 && (W == 2 || W == 4) && B >= 1, "ring of >= 2 stages; 2 or 4 warps share the 8 query rows");
   extern __shared__ __align__(128) unsigned char smem[];
-  unsigned char* sq_bytes = smem + tc_ring_bytes<HD>();
+  unsigned char* sq_bytes = smem + tc_ring_bytes<HD, W, NS, B>();
   const uint4* sq = reinterpret_cast<const uint4*>(sq_bytes);
   float* row_scale = reinterpret_cast<float*>(sq_bytes + HD * 16);
   float* s_tok = row_scale + kRows;
@@ -117,15 +209,17 @@ int8s_tc_kernel(const SplitWork* __restrict__ work, const float* __restrict__ q,
   const unsigned char* kq = base + lay.key_codes() + size_t(w.tok0) * HD;
   const unsigned char* vq = base + lay.value_codes() + size_t(w.tok0) * HD;
 
-  // --- the warp's ring: stage it % NS holds block (warp + it W) -------------
+  // --- the warp's ring: stage it % NS holds tokens [T (warp + it W), + T) ---
+  // A stage is [K rows 0..T-1][V rows 0..T-1]; block b's K codes start at row
+  // 16 b, whose swizzle (chunk_slot) is that of a block of its own.
   const uint32_t ring = smem_u32(smem) + uint32_t(warp * NS * SB);
-  const int nblk = (w.ntok + kTcBlk - 1) / kTcBlk;
-  const int n_it = warp < nblk ? (nblk - warp + W - 1) / W : 0;
+  const int nst = (w.ntok + T - 1) / T;
+  const int n_it = warp < nst ? (nst - warp + W - 1) / W : 0;
   auto issue = [&](int it) {
-    const uint32_t sk = ring + uint32_t((it % NS) * SB), sv = sk + kTcBlk * HD;
-    const int t0 = (warp + it * W) * kTcBlk;
+    const uint32_t sk = ring + uint32_t((it % NS) * SB), sv = sk + T * HD;
+    const int t0 = (warp + it * W) * T;
 #pragma unroll
-    for (int i = 0; i < kTcBlk * CH / 32; ++i) {
+    for (int i = 0; i < T * CH / 32; ++i) {
       const int idx = lane + 32 * i, r = idx / CH, c = idx % CH;
       const bool ok = t0 + r < w.ntok;  // rows past the split are zero-filled
       const size_t off = size_t(ok ? t0 + r : t0) * HD + size_t(c) * 16;
@@ -145,16 +239,17 @@ int8s_tc_kernel(const SplitWork* __restrict__ work, const float* __restrict__ q,
   const int nq = n_kv * G;
   quantise_queries<HD, G, W>(q + (size_t(w.seq) * nq + size_t(h) * G) * HD, c_scale, opt.query_terms, scale_log2,
                              sq_bytes, row_scale, warp, lane);
-  for (int t = threadIdx.x; t < nblk * kTcBlk; t += W * 32) s_tok[t] = t < w.ntok ? __half2float(t_scale[t]) : 0.f;
+  for (int t = threadIdx.x; t < nst * T; t += W * 32) s_tok[t] = t < w.ntok ? __half2float(t_scale[t]) : 0.f;
   __syncthreads();
   const float rs = row_scale[g];
 
   float m_run = -INFINITY, l_run = 0.f;  // head g; l_run: this lane's tokens only
-  float acc[CH][2][4];                   // P.V C fragments: [chunk][parity][entry] (pv_channel)
+  constexpr int E = CR ? 1 : 2;
+  float acc[CH][E][4];  // P.V C fragments: [chunk][parity][entry] (pv_channel), CR: [chunk][0][entry] (pvt_*)
 #pragma unroll
   for (int c = 0; c < CH; ++c)
 #pragma unroll
-    for (int e = 0; e < 2; ++e)
+    for (int e = 0; e < E; ++e)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[c][e][i] = 0.f;
 
@@ -163,49 +258,14 @@ int8s_tc_kernel(const SplitWork* __restrict__ work, const float* __restrict__ q,
     cp_async_commit();
     cp_async_wait<NS - 1>();
     __syncwarp();  // every lane's copies of this stage are visible to the whole warp
-    const uint32_t sk = ring + uint32_t((it % NS) * SB), sv = sk + kTcBlk * HD;
-    const int t0 = (warp + it * W) * kTcBlk;
-
-    int dots[2][4];
-    qk_block<HD>(sq, sk, lane, dots);
-    float s[2][2];
+    const uint32_t sk = ring + uint32_t((it % NS) * SB), sv = sk + T * HD;
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int t = t0 + score_token(nt, q4, j);
-        const float v = ((float(dots[nt][j]) + float(dots[nt][2 + j]) / 127.f) * s_tok[t]) * rs;
-        s[nt][j] = t < w.ntok ? v : -INFINITY;
-      }
-    // --- online softmax, base 2 ---------------------------------------------
-    const float bm = quad_max(fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1])));
-    float mx = fmaxf(m_run, bm);
-    if (opt.pow2_reference) {
-      if (mx != -INFINITY) mx = ceilf(mx);
-      mx = fmaxf(mx, m_run);  // the reference never moves down
+    for (int b = 0; b < B; ++b) {
+      const int t0 = (warp + it * W) * T + b * kTcBlk;
+      if (B > 1 && t0 >= w.ntok) break;  // the split's end (warp-uniform)
+      attend_block<HD, CR>(sq, sk + uint32_t(b * kTcBlk * HD), sv + uint32_t(b * kTcBlk * HD), s_tok, t0, w.ntok, rs,
+                       opt, lane, m_run, l_run, acc);
     }
-    const bool none = mx == -INFINITY;
-    const float alpha = none ? 1.f : exp2f(m_run - mx);  // m_run = -inf -> 0
-    float p[2][2];
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-      for (int j = 0; j < 2; ++j) p[nt][j] = none ? 0.f : exp2f(s[nt][j] - mx);
-    l_run = fmaf(l_run, alpha, (p[0][0] + p[0][1]) + (p[1][0] + p[1][1]));
-    m_run = mx;
-    // Both accumulator rows of this lane are head g's: its own alpha, no shuffle.
-    // SPEC §4 trick 1: skipped when every factor of the warp is 1 (x 1.0 changes no bit).
-    if (!(opt.skip_unit_rescale && __all_sync(0xffffffffu, alpha == 1.f))) {
-#pragma unroll
-      for (int c = 0; c < CH; ++c)
-#pragma unroll
-        for (int e = 0; e < 2; ++e)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) acc[c][e][i] *= alpha;
-    }
-    uint32_t pa[4];
-    p_frag(p, pa);
-    pv_block<HD>(sv, pa, lane, acc);
     __syncwarp();  // all lanes done reading this stage before it is refilled
   }
   cp_async_wait<0>();
@@ -217,8 +277,17 @@ int8s_tc_kernel(const SplitWork* __restrict__ work, const float* __restrict__ q,
   float* sm_acc = reinterpret_cast<float*>(smem);  // [W][kRows][HD]
   float* sm_m = sm_acc + size_t(W) * kRows * HD;   // [W][kRows]
   float* sm_l = sm_m + W * kRows;                  // [W][kRows]
-  if (g < G) {
-    if (q4 == 0) { sm_m[warp * kRows + g] = m_run; sm_l[warp * kRows + g] = l_run; }
+  if (g < G && q4 == 0) { sm_m[warp * kRows + g] = m_run; sm_l[warp * kRows + g] = l_run; }
+  if constexpr (CR) {  // lane: channels 16c + 2g, + 1 of heads 2q4, 2q4 + 1 (all 8 rows; rows >= G unread)
+    float* dst = sm_acc + (size_t(warp) * kRows + 2 * q4) * HD + 2 * g;
+    static_assert(pvt_channel(0, 2, 0) == 1 && pvt_head(1, 0) == 1 && pvt_head(2, 0) == 0,
+                  "the float2s below list channels 2g, 2g + 1 of heads 2q4, 2q4 + 1");
+#pragma unroll
+    for (int c = 0; c < CH; ++c) {
+      *reinterpret_cast<float2*>(dst + 16 * c) = make_float2(acc[c][0][0], acc[c][0][2]);
+      *reinterpret_cast<float2*>(dst + HD + 16 * c) = make_float2(acc[c][0][1], acc[c][0][3]);
+    }
+  } else if (g < G) {
     float* dst = sm_acc + (size_t(warp) * kRows + g) * HD;
 #pragma unroll
     for (int c = 0; c < CH; ++c) {
@@ -230,11 +299,23 @@ int8s_tc_kernel(const SplitWork* __restrict__ work, const float* __restrict__ q,
       *reinterpret_cast<float4*>(dst + pv_channel(c, 0, 0, q4)) = v;
     }
   }
+  // The value scales of this thread's outputs, loaded while the merge area
+  // fills: one wait for global memory, not one per output.
+  constexpr int NT = W * 32, PER = (G * HD + NT - 1) / NT;  // outputs per thread
+  const __half* v_scale = reinterpret_cast<const __half*>(base + lay.value_channel_scales());
+  float vs[PER];
+#pragma unroll
+  for (int k = 0; k < PER; ++k) {
+    const int idx = threadIdx.x + k * NT;
+    vs[k] = idx < G * HD ? __half2float(v_scale[idx % HD]) : 0.f;
+  }
   __syncthreads();
 
-  const __half* v_scale = reinterpret_cast<const __half*>(base + lay.value_channel_scales());
   const size_t out_base = (size_t(w.seq) * max_splits + w.split) * nq + size_t(h) * G;
-  for (int idx = threadIdx.x; idx < G * HD; idx += W * 32) {
+#pragma unroll
+  for (int k = 0; k < PER; ++k) {
+    const int idx = threadIdx.x + k * NT;
+    if (idx >= G * HD) break;
     const int gg = idx / HD, c = idx % HD;
     float M = -INFINITY;
 #pragma unroll
@@ -251,40 +332,106 @@ int8s_tc_kernel(const SplitWork* __restrict__ work, const float* __restrict__ q,
       }
     }
     const bool empty = M == -INFINITY || !(L > 0.f);
-    part_o[(out_base + gg) * HD + c] = empty ? 0.f : ((O * kPUnscale) * __half2float(v_scale[c])) / L;
+    part_o[(out_base + gg) * HD + c] = empty ? 0.f : ((O * kPUnscale) * vs[k]) / L;
     if (c == 0) part_lse[out_base + gg] = empty ? -INFINITY : (M + log2f(L)) * kLn2;
   }
 }
 
-template <int HD, int G>
+template <int HD, int G, int W, int NS, int B, bool CR>
 void launch_tc(const AttnShape& sh, const SplitWork* work, int n_work, const float* q, Partials p, float sl2,
                const Int8sKernelOptions& opt, cudaStream_t st) {
+  static_assert(tc_smem<HD, W, NS, B>(kMaxTcSplit) <= kMaxSmem, "configuration over the shared memory per CTA");
   // Over the 48 KiB default: the limit is raised (to the largest split) per device and instantiation.
   static OncePerDevice smem_limit_set;
   smem_limit_set([] {
-    check_cuda(cudaFuncSetAttribute(int8s_tc_kernel<HD, G>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    int(tc_smem<HD>(kMaxTcSplit))),
+    check_cuda(cudaFuncSetAttribute(int8s_tc_kernel<HD, G, W, NS, B, CR>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    int(tc_smem<HD, W, NS, B>(kMaxTcSplit))),
                "cudaFuncSetAttribute(int8s_tc_kernel)");
   });
-  int8s_tc_kernel<HD, G><<<dim3(n_work, sh.n_kv_heads), tc_warps<HD>() * 32, tc_smem<HD>(sh.split_tokens), st>>>(
+  int8s_tc_kernel<HD, G, W, NS, B, CR><<<dim3(n_work, sh.n_kv_heads), W * 32, tc_smem<HD, W, NS, B>(sh.split_tokens), st>>>(
       work, q, p.o, p.lse, p.max_splits, sh.n_kv_heads, sh.page_size, sl2, opt, sh.kv_head0);
 }
 
+// The instantiation of configuration `c` (one of kConfigs; the caller checked).
+template <int HD, int G, size_t... I>
+void launch_tc_config(const Cfg& c, std::index_sequence<I...>, const AttnShape& sh, const SplitWork* work, int n_work,
+                      const float* q, Partials p, float sl2, const Int8sKernelOptions& opt, cudaStream_t st) {
+  const bool hit = ((c.w == kConfigs[I].w && c.s == kConfigs[I].s && c.b == kConfigs[I].b && c.c == kConfigs[I].c
+                         ? (launch_tc<HD, G, kConfigs[I].w, kConfigs[I].s, kConfigs[I].b, kConfigs[I].c>(
+                                sh, work, n_work, q, p, sl2, opt, st),
+                            true)
+                         : false) ||
+                    ...);
+  if (!hit) throw InvalidArgument("int8s tc kernel: configuration not instantiated");  // unreachable: resolved before
+}
+
 template <int HD>
-void launch_tc_group(const AttnShape& sh, const SplitWork* work, int n_work, const float* q, Partials p, float sl2,
-                     const Int8sKernelOptions& opt, cudaStream_t st) {
+void launch_tc_group(const Cfg& c, const AttnShape& sh, const SplitWork* work, int n_work, const float* q, Partials p,
+                     float sl2, const Int8sKernelOptions& opt, cudaStream_t st) {
+  constexpr auto all = std::make_index_sequence<kNumConfigs>{};
   switch (sh.group) {
-    case 3: return launch_tc<HD, 3>(sh, work, n_work, q, p, sl2, opt, st);
-    case 4: return launch_tc<HD, 4>(sh, work, n_work, q, p, sl2, opt, st);
-    case 6: return launch_tc<HD, 6>(sh, work, n_work, q, p, sl2, opt, st);
-    case 7: return launch_tc<HD, 7>(sh, work, n_work, q, p, sl2, opt, st);
-    case 8: return launch_tc<HD, 8>(sh, work, n_work, q, p, sl2, opt, st);
+    case 3: return launch_tc_config<HD, 3>(c, all, sh, work, n_work, q, p, sl2, opt, st);
+    case 4: return launch_tc_config<HD, 4>(c, all, sh, work, n_work, q, p, sl2, opt, st);
+    case 6: return launch_tc_config<HD, 6>(c, all, sh, work, n_work, q, p, sl2, opt, st);
+    case 7: return launch_tc_config<HD, 7>(c, all, sh, work, n_work, q, p, sl2, opt, st);
+    case 8: return launch_tc_config<HD, 8>(c, all, sh, work, n_work, q, p, sl2, opt, st);
     default: break;
   }
   throw InvalidArgument(tc_group_error(sh.group));
 }
 
+std::string cfg_name(const Cfg& c) {
+  return "w" + std::to_string(c.w) + "s" + std::to_string(c.s) + (c.b == 1 ? "" : "b" + std::to_string(c.b)) +
+         (c.c ? "c" : "");
+}
+
+const Int8sTcConfig* env_config() {
+  // Read once per process (the bench sets it per run: bench/gpu/int8s_sweep.sh).
+  static const std::optional<Int8sTcConfig> env = []() -> std::optional<Int8sTcConfig> {
+    const char* e = std::getenv("ACTIVEKV_INT8S_TC_CONFIG");
+    if (!e || !*e) return std::nullopt;
+    try {
+      return parse_int8s_tc_config(e);
+    } catch (const InvalidArgument& err) {
+      throw InvalidArgument(std::string("ACTIVEKV_INT8S_TC_CONFIG: ") + err.what());
+    }
+  }();
+  return env ? &*env : nullptr;
+}
+
 }  // namespace
+
+const std::vector<std::string>& int8s_tc_config_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n;
+    for (const Cfg& c : kConfigs) n.push_back(cfg_name(c));
+    return n;
+  }();
+  return names;
+}
+
+Int8sTcConfig parse_int8s_tc_config(const std::string& name) {
+  if (name.empty() || name == "default") return {};
+  for (const Cfg& c : kConfigs)
+    if (cfg_name(c) == name) return {c.w, c.s, c.b, c.c};
+  std::string list;
+  for (const std::string& n : int8s_tc_config_names()) list += (list.empty() ? "" : ", ") + n;
+  throw InvalidArgument("int8s tc kernel: configuration '" + name + "' is not instantiated (" + list + ", or default)");
+}
+
+std::string int8s_tc_config_name(const Int8sTcConfig& c) {
+  return c.is_default() ? "default" : cfg_name({c.warps, c.stages, c.blocks, c.channel_rows});
+}
+
+Int8sTcConfig resolve_int8s_tc_config(const Int8sTcConfig& c, int head_dim) {
+  if (!c.is_default()) {
+    parse_int8s_tc_config(int8s_tc_config_name(c));  // throws for one not instantiated
+    return c;
+  }
+  if (const Int8sTcConfig* e = env_config(); e && !e->is_default()) return *e;
+  const Cfg d = default_cfg(head_dim);
+  return {d.w, d.s, d.b, d.c};
+}
 
 bool int8s_tc_supports_group(int group) {
   return group == 3 || group == 4 || group == 6 || group == 7 || group == 8;
@@ -302,8 +449,10 @@ void launch_split_attention_int8s_tc(const AttnShape& shape, const SplitWork* wo
   if (shape.split_tokens > kMaxTcSplit)
     throw InvalidArgument("int8s tc kernel: split_tokens must be at most " + std::to_string(kMaxTcSplit) + ", got " +
                           std::to_string(shape.split_tokens));
-  if (shape.head_dim == 256) launch_tc_group<256>(shape, work, n_work, q, partials, scale_log2, opt, stream);
-  else launch_tc_group<64>(shape, work, n_work, q, partials, scale_log2, opt, stream);
+  const Int8sTcConfig r = resolve_int8s_tc_config(opt.tc, shape.head_dim);
+  const Cfg c{r.warps, r.stages, r.blocks, r.channel_rows};
+  if (shape.head_dim == 256) launch_tc_group<256>(c, shape, work, n_work, q, partials, scale_log2, opt, stream);
+  else launch_tc_group<64>(c, shape, work, n_work, q, partials, scale_log2, opt, stream);
   check_cuda(cudaGetLastError(), "int8s_tc_kernel launch");
 }
 

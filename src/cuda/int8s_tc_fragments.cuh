@@ -48,6 +48,21 @@
 //         (g, q4): c0 = head g hi, channel 16c + 4q4 + e; c1 = channel
 //         16c + 4q4 + 2 + e; c2, c3 the lo term's. So each lane ends with 4
 //         adjacent channels per chunk of its head g.
+//   P.V, channel rows (pv_block_t; Int8sTcConfig::channel_rows): the same
+//         product transposed, O^T (16 channels x 8 heads) += V^T (16 x 16
+//         tokens) . P^T (16 tokens x 8 heads), so that no accumulator row
+//         is spent on P's second term: A = V^T of one 16-byte chunk, row g =
+//         channel 2g of the chunk, row g + 8 = channel 2g + 1 -- exactly the
+//         even and odd bytes of the same ldmatrix .trans registers as above
+//         (tokens 2q4, 2q4+1 in a0/a1, 8+2q4, 9+2q4 in a2/a3); B = P^T, col
+//         n = head n: b0 = head g's weights of tokens 2q4, 2q4+1, b1 = of
+//         8+2q4, 9+2q4, i.e. the hi (or lo) registers of the P fragment
+//         above, again without a shuffle. Two mma per chunk, hi then lo terms
+//         into one accumulator. C of chunk c, lane (g, q4): entry i = channel
+//         16c + 2g + (i >> 1) (pvt_channel) of head 2q4 + (i & 1) (pvt_head):
+//         4 accumulators per chunk instead of 8 (half the registers), and a
+//         lane's heads are not its q.k head g (the rescale factor comes by
+//         shuffle).
 //
 // Stage layout in shared memory: 16 token rows of HD bytes (K or V codes),
 // the 16-byte chunks of a row XOR-swizzled (chunk_slot) so that the 8 rows
@@ -121,19 +136,28 @@ template <int HD>
 __device__ __forceinline__ void qk_block(const uint4* sq, uint32_t stage_k, int lane, int (&c)[2][4]) {
   // ldmatrix x4 addressing: matrix i = (tokens 8(i>>1)..+7, chunk 2ks + (i&1)),
   // so registers 0, 1 are b0, b1 of n-tile 0 and 2, 3 those of n-tile 1.
+  // Two accumulators per n-tile (even and odd k-steps), added at the end:
+  // half the chain of dependent mma, and the same int32 sums (exact).
   const int i = lane >> 3, r = 8 * (i >> 1) + (lane & 7), ch = i & 1;
+  int part[2][2][4];  // [k-step parity][n-tile][entry]
 #pragma unroll
-  for (int nt = 0; nt < 2; ++nt)
+  for (int k = 0; k < 2; ++k)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) c[nt][e] = 0;
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) part[k][nt][e] = 0;
 #pragma unroll
   for (int ks = 0; ks < HD / 32; ++ks) {
     uint32_t b[4];
     ldsm_x4(b, stage_k + stage_offset<HD>(r, 2 * ks + ch));
     const uint4 a = sq[ks * 32 + lane];
-    mma_s8_16832(c[0], a, b[0], b[1]);
-    mma_s8_16832(c[1], a, b[2], b[3]);
+    mma_s8_16832(part[ks & 1][0], a, b[0], b[1]);
+    mma_s8_16832(part[ks & 1][1], a, b[2], b[3]);
   }
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) c[nt][e] = part[0][nt][e] + part[1][nt][e];
 }
 
 // 4 int8 codes (bytes b0..b3 of w) -> f16 pairs (b0, b2) and (b1, b3), exact:
@@ -193,6 +217,35 @@ __device__ __forceinline__ void pv_block(uint32_t stage_v, const uint32_t (&a)[4
       s8x4_to_f16x2(w[2 * h + 1], b1e, b1o);
       mma_f16_16816(acc[2 * cp + h][0], a, b0e, b1e);
       mma_f16_16816(acc[2 * cp + h][1], a, b0o, b1o);
+    }
+  }
+}
+
+// Channel rows: channel and head of pv_block_t's accumulator acc[c][i] for lane (g, q4).
+__host__ __device__ constexpr int pvt_channel(int c, int i, int g) { return 16 * c + 2 * g + (i >> 1); }
+__host__ __device__ constexpr int pvt_head(int i, int q4) { return 2 * q4 + (i & 1); }
+
+// P.V of one block with the channels in the mma rows: acc[c][0] (chunk c, entries
+// as pvt_channel / pvt_head) += V^T . P^T with P's hi terms, then its lo
+// terms. a: the P fragment of p_frag (a[0], a[2] the hi terms of tokens
+// 2q4.., 8+2q4..; a[1], a[3] the lo terms), which is the B fragment here.
+template <int HD>
+__device__ __forceinline__ void pv_block_t(uint32_t stage_v, const uint32_t (&a)[4], int lane,
+                                           float (&acc)[HD / 16][1][4]) {
+  // Same ldmatrix .trans addressing as pv_block: registers 0, 1 = tokens 0..7,
+  // 8..15 of chunk 2cp; 2, 3 those of chunk 2cp + 1.
+  const int i = lane >> 3, r = 8 * (i & 1) + (lane & 7), ch = i >> 1;
+#pragma unroll
+  for (int cp = 0; cp < HD / 32; ++cp) {
+    uint32_t w[4];
+    ldsm_x4_t(w, stage_v + stage_offset<HD>(r, 2 * cp + ch));
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      uint32_t v[4];  // the A fragment V^T: rows g / g + 8 = channels 2g / 2g + 1 (even / odd bytes)
+      s8x4_to_f16x2(w[2 * h], v[0], v[1]);
+      s8x4_to_f16x2(w[2 * h + 1], v[2], v[3]);
+      mma_f16_16816(acc[2 * cp + h][0], v, a[0], a[2]);
+      mma_f16_16816(acc[2 * cp + h][0], v, a[1], a[3]);
     }
   }
 }

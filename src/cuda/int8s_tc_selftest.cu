@@ -40,7 +40,7 @@ __global__ void qk_kernel(const int8_t* q, const int8_t* k, int32_t* out) {
     }
 }
 
-template <int HD>
+template <int HD, bool CR>
 __global__ void pv_kernel(const float* p, const int8_t* v, float* out) {
   __shared__ __align__(128) unsigned char stage[kTcBlk * HD];
   const int lane = threadIdx.x, g = lane >> 2, q4 = lane & 3;
@@ -51,11 +51,19 @@ __global__ void pv_kernel(const float* p, const int8_t* v, float* out) {
     for (int j = 0; j < 2; ++j) pw[nt][j] = p[g * 16 + score_token(nt, q4, j)];
   uint32_t a[4];
   p_frag(pw, a);
-  float acc[HD / 16][2][4] = {};
-  pv_block<HD>(smem_u32(stage), a, lane, acc);
-  for (int c = 0; c < HD / 16; ++c)
-    for (int e = 0; e < 2; ++e)
-      for (int i = 0; i < 2; ++i) out[g * HD + pv_channel(c, e, i, q4)] = (acc[c][e][i] + acc[c][e][i + 2]) * kPUnscale;
+  if constexpr (CR) {  // channel rows: hi and lo terms in one accumulator
+    float acc[HD / 16][1][4] = {};
+    pv_block_t<HD>(smem_u32(stage), a, lane, acc);
+    for (int c = 0; c < HD / 16; ++c)
+      for (int i = 0; i < 4; ++i) out[pvt_head(i, q4) * HD + pvt_channel(c, i, g)] = acc[c][0][i] * kPUnscale;
+  } else {
+    float acc[HD / 16][2][4] = {};
+    pv_block<HD>(smem_u32(stage), a, lane, acc);
+    for (int c = 0; c < HD / 16; ++c)
+      for (int e = 0; e < 2; ++e)
+        for (int i = 0; i < 2; ++i)
+          out[g * HD + pv_channel(c, e, i, q4)] = (acc[c][e][i] + acc[c][e][i + 2]) * kPUnscale;
+  }
 }
 
 void check(int hd, size_t got, size_t want, const char* what) {
@@ -81,14 +89,18 @@ std::vector<int32_t> int8s_tc_qk_block(int hd, const std::vector<int8_t>& q, con
   return out;
 }
 
-std::vector<float> int8s_tc_pv_block(int hd, const std::vector<float>& p, const std::vector<int8_t>& v) {
+std::vector<float> int8s_tc_pv_block(int hd, const std::vector<float>& p, const std::vector<int8_t>& v,
+                                     bool channel_rows) {
   check(hd, p.size(), size_t(8) * 16, "p");
   check(hd, v.size(), size_t(16) * hd, "v");
   DevBuf dp(p.size() * 4), dv(v.size()), dout(size_t(8) * hd * 4);
   check_cuda(cudaMemcpy(dp.p, p.data(), p.size() * 4, cudaMemcpyHostToDevice), "cudaMemcpy");
   check_cuda(cudaMemcpy(dv.p, v.data(), v.size(), cudaMemcpyHostToDevice), "cudaMemcpy");
-  if (hd == 256) pv_kernel<256><<<1, 32>>>(dp.as<float>(), dv.as<int8_t>(), dout.as<float>());
-  else pv_kernel<64><<<1, 32>>>(dp.as<float>(), dv.as<int8_t>(), dout.as<float>());
+  const float* pp = dp.as<float>();
+  const int8_t* pv = dv.as<int8_t>();
+  float* po = dout.as<float>();
+  if (hd == 256) channel_rows ? pv_kernel<256, true><<<1, 32>>>(pp, pv, po) : pv_kernel<256, false><<<1, 32>>>(pp, pv, po);
+  else channel_rows ? pv_kernel<64, true><<<1, 32>>>(pp, pv, po) : pv_kernel<64, false><<<1, 32>>>(pp, pv, po);
   check_cuda(cudaGetLastError(), "int8s tc selftest pv launch");
   std::vector<float> out(size_t(8) * hd);
   check_cuda(cudaMemcpy(out.data(), dout.p, out.size() * 4, cudaMemcpyDeviceToHost), "cudaMemcpy");

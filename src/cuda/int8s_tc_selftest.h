@@ -21,7 +21,10 @@ std::vector<int32_t> int8s_tc_qk_block(int hd, const std::vector<int8_t>& q, con
 /// weights in [0, 1] (split into f16 hi + lo terms of p * 2^12), `v`
 /// [16 tokens][hd] value codes. Returns sum_t p[g][t] v[t][c] as [8][hd] fp32,
 /// read back through the kernel's channel mapping (pv_channel), hi + lo rows
-/// added and 2^-12 taken off as in the kernel's epilogue.
-std::vector<float> int8s_tc_pv_block(int hd, const std::vector<float>& p, const std::vector<int8_t>& v);
+/// added and 2^-12 taken off as in the kernel's epilogue. channel_rows: the
+/// transposed form (pv_block_t, Int8sTcConfig::channel_rows), read back
+/// through pvt_channel / pvt_head.
+std::vector<float> int8s_tc_pv_block(int hd, const std::vector<float>& p, const std::vector<int8_t>& v,
+                                     bool channel_rows = false);
 
 }  // namespace activekv::cuda::selftest

@@ -11,8 +11,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "activekv/attention/attention_codecs.h"
@@ -40,7 +42,15 @@ struct TileCase {
   int n_kv, group, head_dim, page_size;
   int64_t tokens;
   Int8sKernel kernel = Int8sKernel::legacy;
+  std::string tc_config;  // tc kernel: its launch configuration ("" = default)
 };
+
+std::string tile_case_name(const ::testing::TestParamInfo<TileCase>& i) {
+  const TileCase& c = i.param;
+  return std::string(int8s_kernel_name(c.kernel)) + (c.tc_config.empty() ? "" : "_" + c.tc_config) + "_kv" +
+         std::to_string(c.n_kv) + "_g" + std::to_string(c.group) + "_d" + std::to_string(c.head_dim) + "_p" +
+         std::to_string(c.page_size) + "_t" + std::to_string(c.tokens);
+}
 
 class Int8sTile : public ::testing::TestWithParam<TileCase> {};
 
@@ -71,6 +81,7 @@ TEST_P(Int8sTile, MatchesCpuKernelAndOwnFormatBound) {
     const attention::Partial cpu = attention::attend_int8s_tile(ptrs, 0, full * c.page_size, qr, opt);
     Int8sKernelOptions kopt;
     kopt.kernel = c.kernel;
+    kopt.tc = parse_int8s_tc_config(c.tc_config);
     const attention::Partial gpu = Int8sTileRunner{kopt}(ptrs, 0, full * c.page_size, qr, opt);
     double worst = 0, worst_lse = 0;
     for (int r = 0; r < rows; ++r)
@@ -84,8 +95,11 @@ TEST_P(Int8sTile, MatchesCpuKernelAndOwnFormatBound) {
         worst_lse = std::max(worst_lse, double(std::fabs(gpu.lse_at(r, h) - cpu.lse_at(r, h))));
       }
     const double own_gpu = attention::own_format_error(gpu, ref), own_cpu = attention::own_format_error(cpu, ref);
-    std::printf("  %s kernel, d=%d group %d page %d split %d, %d-term query: GPU vs CPU kernel %.2e (LSE %.2e), "
-                "own-format GPU %.3e CPU %.3e (differ by %.2e)\n", int8s_kernel_name(c.kernel), c.head_dim, c.group,
+    std::printf("  %s kernel %s, d=%d group %d page %d split %d, %d-term query: GPU vs CPU kernel %.2e (LSE %.2e), "
+                "own-format GPU %.3e CPU %.3e (differ by %.2e)\n", int8s_kernel_name(c.kernel),
+                c.kernel == Int8sKernel::tc ? int8s_tc_config_name(resolve_int8s_tc_config(kopt.tc, c.head_dim)).c_str()
+                                            : "",
+                c.head_dim, c.group,
                 c.page_size, default_split_tokens(c.page_size), terms, worst, worst_lse, own_gpu, own_cpu,
                 std::fabs(own_gpu - own_cpu));
     // Same codes and integer dot products; the GPU sums in another order and
@@ -125,13 +139,29 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Int8sTile,
 // partly filled last 16-token block); page 1040 has 260-token splits, so
 // splits start off a 16-token (and 8-token) boundary and end mid-block.
 constexpr Int8sKernel kTc = Int8sKernel::tc;
-INSTANTIATE_TEST_SUITE_P(TcShapes, Int8sTile,
-                         ::testing::Values(TileCase{2, 3, 64, 256, 1024, kTc}, TileCase{4, 6, 256, 1024, 4096, kTc},
-                                           TileCase{3, 3, 64, 1024, 3072, kTc}, TileCase{1, 8, 64, 960, 1920, kTc},
-                                           TileCase{2, 8, 256, 960, 1920, kTc}, TileCase{2, 4, 256, 512, 2048, kTc},
-                                           TileCase{1, 4, 64, 240, 960, kTc}, TileCase{1, 7, 64, 512, 1536, kTc},
-                                           TileCase{2, 7, 256, 1024, 2048, kTc}, TileCase{1, 6, 64, 1040, 2080, kTc},
-                                           TileCase{1, 3, 256, 1040, 2080, kTc}));
+const std::vector<TileCase> kTcShapes{
+    TileCase{2, 3, 64, 256, 1024, kTc},  TileCase{4, 6, 256, 1024, 4096, kTc}, TileCase{3, 3, 64, 1024, 3072, kTc},
+    TileCase{1, 8, 64, 960, 1920, kTc},  TileCase{2, 8, 256, 960, 1920, kTc},  TileCase{2, 4, 256, 512, 2048, kTc},
+    TileCase{1, 4, 64, 240, 960, kTc},   TileCase{1, 7, 64, 512, 1536, kTc},   TileCase{2, 7, 256, 1024, 2048, kTc},
+    TileCase{1, 6, 64, 1040, 2080, kTc}, TileCase{1, 3, 256, 1040, 2080, kTc}};
+INSTANTIATE_TEST_SUITE_P(TcShapes, Int8sTile, ::testing::ValuesIn(kTcShapes), tile_case_name);
+
+// Every instantiated launch configuration of the tc kernel (Int8sTcConfig:
+// warps, ring stages, blocks per stage; ACTIVEKV_INT8S_TC_CONFIG picks one
+// at run time) on every shape above, under the same bounds: they differ only
+// in which warp sums which tokens. The 260-token splits of page 1040 end
+// mid-stage for 32-token stages (b2), and splits of fewer stages than warps
+// leave warps without work.
+std::vector<TileCase> tc_config_cases() {
+  std::vector<TileCase> out;
+  for (const std::string& cfg : int8s_tc_config_names())
+    for (TileCase c : kTcShapes) {
+      c.tc_config = cfg;
+      out.push_back(c);
+    }
+  return out;
+}
+INSTANTIATE_TEST_SUITE_P(TcConfigs, Int8sTile, ::testing::ValuesIn(tc_config_cases()), tile_case_name);
 
 TEST(Int8sTile, SyntheticOutlierCaseWithinBound) {
   NEED_GPU();
@@ -277,6 +307,77 @@ TEST(FormatRoutes, TcKernelPlacementsSwitchesAndLegacyDistance) {
     std::printf("  %s: tc kernel own-format error one-term query %.3e, two-term %.3e\n", route.c_str(), e1, err);
     EXPECT_LT(err * 50, e1) << route << ": the residual term reduces query rounding (as for the legacy kernel)";
   }
+}
+
+// Every launch configuration of the tc kernel through the engine (hybrid: bf16
+// and int8s partials of one layer merged), head_dim 64 and the 27B shape's
+// 256: streamed == resident bitwise, repeatable, and within fp32 rounding of
+// the default configuration (they differ only in which warp sums which
+// tokens). The fixture's 32-token splits are one stage of a b2 configuration
+// and leave two of four warps without tokens.
+TEST(FormatRoutes, TcConfigsThroughTheEngine) {
+  NEED_GPU();
+  for (const AttnShape& shape : {AttnShape{2, 3, 64, 64, 32, 0.f}, AttnShape{4, 6, 256, 64, 32, 0.f}}) {
+    RouteFixture f(shape);
+    Int8sKernelOptions base;
+    base.kernel = Int8sKernel::tc;
+    for (const std::string route : {"int8s", "hybrid"}) {
+      const std::vector<float> def = f.run(route, Placement::resident, 0, base);
+      const size_t n_o = f.q.size();
+      for (const std::string& cfg : int8s_tc_config_names()) {
+        SCOPED_TRACE(route + ", head_dim " + std::to_string(shape.head_dim) + ", configuration " + cfg);
+        Int8sKernelOptions k = base;
+        k.tc = parse_int8s_tc_config(cfg);
+        const std::vector<float> res = f.run(route, Placement::resident, 0, k);
+        for (float x : res) ASSERT_FALSE(std::isnan(x)) << "an output left unwritten (NaN poison)";
+        EXPECT_TRUE(same_bits(res, f.run(route, Placement::streamed, 3, k))) << "streamed (3-page tiles)";
+        EXPECT_TRUE(same_bits(res, f.run(route, Placement::resident, 0, k))) << "repeatable";
+        double d_o = 0, o_max = 0, d_lse = 0;
+        for (size_t i = 0; i < n_o; ++i) {
+          d_o = std::max(d_o, double(std::fabs(res[i] - def[i])));
+          o_max = std::max(o_max, double(std::fabs(def[i])));
+        }
+        for (size_t i = n_o; i < res.size(); ++i) d_lse = std::max(d_lse, double(std::fabs(res[i] - def[i])));
+        std::printf("  %s d=%d %s vs default configuration: max |dO| / max |O| %.2e, max |dLSE| %.2e\n",
+                    route.c_str(), shape.head_dim, cfg.c_str(), d_o / o_max, d_lse);
+        // Not yet measured on the H200: the bounds of tc vs legacy (above), a larger reordering
+        // (every token's P.V sum); the printed figures let the lead tighten them to ~3x.
+        EXPECT_LT(d_o / o_max, 9e-7);
+        EXPECT_LT(d_lse, 3e-6);
+      }
+    }
+  }
+}
+
+TEST(Int8sTcConfig, NamesParseAndResolve) {
+  // Host only: no GPU needed.
+  const std::vector<std::string>& names = int8s_tc_config_names();
+  ASSERT_GE(names.size(), 2u);
+  EXPECT_EQ(names[0], "w2s3");  // the measured defaults first: head_dim 256, then 64
+  EXPECT_EQ(names[1], "w4s4");
+  for (const std::string& n : names) EXPECT_EQ(int8s_tc_config_name(parse_int8s_tc_config(n)), n);
+  EXPECT_TRUE(parse_int8s_tc_config("").is_default());
+  EXPECT_TRUE(parse_int8s_tc_config("default").is_default());
+  const Int8sTcConfig b2 = parse_int8s_tc_config("w2s2b2");
+  EXPECT_EQ(b2.warps, 2);
+  EXPECT_EQ(b2.stages, 2);
+  EXPECT_EQ(b2.blocks, 2);
+  EXPECT_FALSE(b2.channel_rows);
+  EXPECT_TRUE(parse_int8s_tc_config("w4s2c").channel_rows);
+  for (const char* bad : {"w3s2", "w2s9", "w2s2b1", "fast", "w2", "w2s3cc"}) {
+    try {
+      parse_int8s_tc_config(bad);
+      ADD_FAILURE() << bad << " accepted";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("is not instantiated (w2s3, w4s4"), std::string::npos) << e.what();
+    }
+  }
+  if (!std::getenv("ACTIVEKV_INT8S_TC_CONFIG")) {  // the environment overrides the default
+    EXPECT_EQ(int8s_tc_config_name(resolve_int8s_tc_config({}, 256)), "w2s3");
+    EXPECT_EQ(int8s_tc_config_name(resolve_int8s_tc_config({}, 64)), "w4s4");
+  }
+  EXPECT_EQ(int8s_tc_config_name(resolve_int8s_tc_config(parse_int8s_tc_config("w4s2"), 256)), "w4s2");
+  EXPECT_THROW(resolve_int8s_tc_config(Int8sTcConfig{3, 2, 1}, 256), InvalidArgument);
 }
 
 // The int8s kernel's shared memory limit is set per device

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "activekv/cuda/format_kernels.h"
@@ -29,11 +30,12 @@ std::vector<int8_t> random_codes(size_t n, uint32_t seed) {
   return c;
 }
 
-class Int8sTcFragments : public ::testing::TestWithParam<int> {};
+// (head_dim, P.V in channel rows: pv_block_t instead of pv_block)
+class Int8sTcFragments : public ::testing::TestWithParam<std::tuple<int, bool>> {};
 
 TEST_P(Int8sTcFragments, QkMatchesIntegerDotProducts) {
   NEED_GPU();
-  const int hd = GetParam();
+  const int hd = std::get<0>(GetParam());  // q.k does not depend on the P.V form
   const std::vector<int8_t> q = random_codes(size_t(16) * hd, 1), k = random_codes(size_t(16) * hd, 2);
   const std::vector<int32_t> got = selftest::int8s_tc_qk_block(hd, q, k);
   for (int r = 0; r < 16; ++r)
@@ -48,17 +50,18 @@ TEST_P(Int8sTcFragments, QkMatchesIntegerDotProducts) {
 // integer multiple of 2^-4 below 2^11, exact in fp32: the result is exact.
 TEST_P(Int8sTcFragments, PvExactOnExactWeights) {
   NEED_GPU();
-  const int hd = GetParam();
+  const auto [hd, channel_rows] = GetParam();
   const std::vector<int8_t> v = random_codes(size_t(16) * hd, 3);
   std::mt19937 rng{4};
   std::vector<float> p(8 * 16);
   for (auto& x : p) x = float(rng() % 17) / 16.f;
-  const std::vector<float> got = selftest::int8s_tc_pv_block(hd, p, v);
+  const std::vector<float> got = selftest::int8s_tc_pv_block(hd, p, v, channel_rows);
   for (int g = 0; g < 8; ++g)
     for (int c = 0; c < hd; ++c) {
       float want = 0;
       for (int t = 0; t < 16; ++t) want += p[size_t(g) * 16 + t] * float(v[size_t(t) * hd + c]);
-      ASSERT_EQ(got[size_t(g) * hd + c], want) << "head_dim " << hd << ", head " << g << ", channel " << c;
+      ASSERT_EQ(got[size_t(g) * hd + c], want)
+          << "head_dim " << hd << (channel_rows ? " (channel rows)" : "") << ", head " << g << ", channel " << c;
     }
 }
 
@@ -70,7 +73,7 @@ TEST_P(Int8sTcFragments, PvExactOnExactWeights) {
 // ratio is printed for the lead to tighten.
 TEST_P(Int8sTcFragments, PvTwoTermWeightsWithinDerivedBound) {
   NEED_GPU();
-  const int hd = GetParam();
+  const auto [hd, channel_rows] = GetParam();
   const std::vector<int8_t> v = random_codes(size_t(16) * hd, 5);
   std::mt19937 rng{6};
   std::uniform_real_distribution<float> u(0.f, 1.f);
@@ -78,7 +81,7 @@ TEST_P(Int8sTcFragments, PvTwoTermWeightsWithinDerivedBound) {
   for (size_t i = 0; i < p.size(); ++i) p[i] = i % 7 == 0 ? std::ldexp(u(rng), -int(rng() % 30)) : u(rng);
   p[3] = 1.f;
   p[5] = 0.f;
-  const std::vector<float> got = selftest::int8s_tc_pv_block(hd, p, v);
+  const std::vector<float> got = selftest::int8s_tc_pv_block(hd, p, v, channel_rows);
   double worst = 0;
   for (int g = 0; g < 8; ++g)
     for (int c = 0; c < hd; ++c) {
@@ -90,12 +93,14 @@ TEST_P(Int8sTcFragments, PvTwoTermWeightsWithinDerivedBound) {
       }
       const double err = std::fabs(double(got[size_t(g) * hd + c]) - want);
       worst = std::max(worst, err / (mag + 1e-30));
-      ASSERT_LE(err, 1e-5 * mag + 1e-9) << "head_dim " << hd << ", head " << g << ", channel " << c;
+      ASSERT_LE(err, 1e-5 * mag + 1e-9)
+          << "head_dim " << hd << (channel_rows ? " (channel rows)" : "") << ", head " << g << ", channel " << c;
     }
-  std::printf("  head_dim %d: P.V two-term f16 weights, worst |error| / sum|p v| = %.2e\n", hd, worst);
+  std::printf("  head_dim %d%s: P.V two-term f16 weights, worst |error| / sum|p v| = %.2e\n", hd,
+              channel_rows ? " (channel rows)" : "", worst);
 }
 
-INSTANTIATE_TEST_SUITE_P(HeadDims, Int8sTcFragments, ::testing::Values(64, 256));
+INSTANTIATE_TEST_SUITE_P(HeadDims, Int8sTcFragments, ::testing::Combine(::testing::Values(64, 256), ::testing::Bool()));
 
 TEST(Int8sTcKernel, RejectsGroupsItIsNotInstantiatedFor) {
   // Thrown before any device work: no GPU needed.

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "activekv/cuda/decode_attention.h"
 
@@ -41,6 +42,37 @@ Int8sKernel parse_int8s_kernel(const std::string& name);
 /// The name parse_int8s_kernel takes.
 const char* int8s_kernel_name(Int8sKernel k);
 
+/// Launch configuration of the tc kernel (issue 13), fixed at compile time
+/// per instantiation: `warps` per CTA (each with its own cp.async ring),
+/// `stages` of that ring, `blocks` of 16 tokens per stage (a warp waits for
+/// a stage once and runs its blocks), and `channel_rows`: P.V computed
+/// transposed, channels in the mma rows, so that P's two f16 terms share one
+/// accumulator (half the accumulator registers; int8s_tc_fragments.cuh).
+/// Named "w<warps>s<stages>", then "b<blocks>" when blocks > 1, then "c"
+/// for channel rows, e.g. "w4s2", "w2s2b2", "w4s2c". All zero (the
+/// default) means: the environment variable ACTIVEKV_INT8S_TC_CONFIG if set
+/// (read once per process), else w2s3 for head_dim 256 and w4s4 for 64 (the
+/// configuration measured in bench/results/h200_bench_decode_int8s_tc.json).
+/// Configurations differ only in which warp sums which tokens (fp32
+/// summation order), never in the per-token arithmetic.
+struct Int8sTcConfig {
+  int warps = 0, stages = 0, blocks = 0;
+  bool channel_rows = false;
+  bool is_default() const { return warps == 0 && stages == 0 && blocks == 0 && !channel_rows; }
+};
+
+/// The instantiated configurations' names, the defaults first.
+const std::vector<std::string>& int8s_tc_config_names();
+/// Parses a name of int8s_tc_config_names() ("" or "default": all zero);
+/// anything else throws InvalidArgument listing the instantiated names.
+Int8sTcConfig parse_int8s_tc_config(const std::string& name);
+/// "w4s2", "w2s2b2", "w4s2c"; "default" for all zero.
+std::string int8s_tc_config_name(const Int8sTcConfig& c);
+/// The configuration the tc kernel runs for `c` and head_dim 64 or 256: `c`
+/// itself unless default, else ACTIVEKV_INT8S_TC_CONFIG, else the per-head_dim
+/// default. Throws InvalidArgument for a bad environment value (naming it).
+Int8sTcConfig resolve_int8s_tc_config(const Int8sTcConfig& c, int head_dim);
+
 /// Switches of the int8s kernel. Defaults are the measured choice.
 struct Int8sKernelOptions {
   /// The kernel (`bench decode --int8s-kernel tc|legacy|auto` picks it).
@@ -61,13 +93,16 @@ struct Int8sKernelOptions {
   /// so both give the same bits (tested); the faster is the default (measured
   /// on the H200, docs/formats-gpu.md).
   bool tensor_cores = true;
+  /// tc kernel only: its launch configuration (Int8sTcConfig; default: the
+  /// environment, else the measured default).
+  Int8sTcConfig tc;
 };
 
 /// int8s split attention: same work list, grid, partial layout and merge as
 /// launch_split_attention, but `SplitWork::page` points at an int8s blob
 /// (header first) holding `shape.page_size` tokens, `shape.n_kv_heads` heads
 /// of `shape.head_dim` channels. Per CTA (one split x one KV head; legacy:
-/// 128 threads, tc: 2 warps for head_dim 256, 4 for 64): the channel scales c_j fold into each query head's row, the row
+/// 128 threads, tc: Int8sKernelOptions::tc, by default 2 warps for head_dim 256, 4 for 64): the channel scales c_j fold into each query head's row, the row
 /// is quantised to int8 (one scale per row and page, round half to even,
 /// clipped to +-127; the residual as a second term when query_terms == 2),
 /// q.k runs in int32 on the raw key codes (int8 mma or __dp4a, see
