@@ -38,7 +38,11 @@ constexpr size_t kSeqBudget = 64u << 20;  // each sequence's GPU budget: its who
 runtime::RuntimeOptions options(int64_t n_ctx, const std::string& route, route::KvPlacement placement) {
   runtime::RuntimeOptions o;
   o.n_ctx = n_ctx;
-  o.page_size = 64;  // several pages in a few hundred tokens
+  // Pages of 16 tokens (int8s needs a multiple of 16): even the shortest
+  // prompt (56 tokens + 40 steps) gets a full page past the sink and the
+  // recent window, so hybrid reads int8s pages in every sequence (with 64,
+  // the H200 run at 9abe789 saw prompts 1-3 read none).
+  o.page_size = 16;
   o.route.kind = route::parse_kind(route);
   o.route.recent_pages = 2;
   o.route.tile_pages = 4;
