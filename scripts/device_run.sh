@@ -56,8 +56,9 @@
 #   (mkdir -p .debs && cd .debs && apt-get download libopenblas0-openmp libopenblas-openmp-dev \
 #      libopenblas-dev libgfortran5 libicu72 libicu-dev libfmt9 libfmt-dev libcli11-dev \
 #      nlohmann-json3-dev libgtest-dev libgmock-dev)
-#      (and for `activekv serve`: libcpp-httplib0.11 libcpp-httplib-dev libssl-dev libbrotli-dev libbrotli1
-#      zlib1g-dev; without them the server is not built here and its GPU test not run)
+#      (and for `activekv serve` and its GPU test, ctest -R serve_isolation_cuda: libcpp-httplib0.11
+#      libcpp-httplib-dev libssl-dev libbrotli-dev libbrotli1 zlib1g-dev; at 9abe789 its pkg-config did not
+#      resolve from them there, so the build falls back to no server)
 # The default model (98 MB) is over one call's 64 MiB: split -n 2 models/*.gguf .mp/part_
 # and carry one part per call; this script joins them and checks the sha256.
 # Gemma 3 270M (253 MB; test_cuda_runtime_gemma3 and the eval phase) likewise:
@@ -127,7 +128,7 @@ fi
 run_tests() {
   echo "== GPU tests: every gpu binary; one JSON of all results with the commit and command"
   local rc=0 T
-  for T in decode formats int8s_tc sharded model_ops weights runtime runtime_qwen2 runtime_gemma3 eval; do
+  for T in decode formats int8s_tc sharded model_ops weights runtime runtime_batch runtime_qwen2 runtime_gemma3 eval; do
     [ -x build-device/bin/test_cuda_$T ] || { echo "-- test_cuda_$T not built"; continue; }
     echo "-- test_cuda_$T"
     # [measured] lines and failures reach the log; the rest is in the JSON.
