@@ -183,9 +183,7 @@ DecodeEngine::DecodeEngine(const EngineConfig& cfg) : cfg_(cfg), dev_(std::make_
     own_compute_ = true;
   }
   AKV_CUDA(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
-  int least = 0, greatest = 0;  // greatest: the numerically lowest
-  AKV_CUDA(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-  AKV_CUDA(cudaStreamCreateWithPriority(&side_, cudaStreamNonBlocking, greatest));
+  AKV_CUDA(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
   for (void** e : {&fork_, &join_}) {
     cudaEvent_t x;
     AKV_CUDA(cudaEventCreateWithFlags(&x, cudaEventDisableTiming));
@@ -568,18 +566,26 @@ void DecodeEngine::launch_job(const JobPlan& j, const float* q) {
   const Device& D = *dev_;
   const Partials parts{D.part_o.p, D.part_lse.p, D.cap_splits};
   launch_unpack_lossless13(sh, D.unpack.p + j.unpack.off, j.unpack.n, compute_);
-  // Both kinds (the hybrid route): the bf16 kernel (after the unpack, whose
-  // pages it reads) on the side stream, launched first so its CTAs are
-  // placed before the int8s kernel fills the GPU; joined before the merge.
+  // Both kinds (the hybrid route): the bf16 kernel stays on the compute
+  // stream (after the unpack, whose pages it reads) and the int8s kernel
+  // goes on the side stream behind an event, so the bf16 kernel is the one
+  // the GPU sees first. Its few CTAs (108 KiB of shared memory each for
+  // head_dim 256) must be placed before the int8s kernel fills the SMs:
+  // placed after, they waited for the int8s kernel to drain (the H200
+  // sweep at b0220f2, bf16 on a high-priority side stream: hybrid at 32K
+  // = the serialised time with 38 KiB int8s CTAs, which free too little
+  // at a time for a bf16 CTA). Joined before the merge.
   const bool fork = cfg_.overlap_formats && j.bf16.n > 0 && j.int8s.n > 0;
   if (fork) {
     AKV_CUDA(cudaEventRecord(ev(fork_), compute_));
     AKV_CUDA(cudaStreamWaitEvent(side_, ev(fork_), 0));
   }
-  launch_split_attention(sh, D.work.p + j.bf16.off, j.bf16.n, q, parts, fork ? side_ : compute_);
-  if (fork) AKV_CUDA(cudaEventRecord(ev(join_), side_));
-  launch_split_attention_int8s(sh, D.work.p + j.int8s.off, j.int8s.n, q, parts, cfg_.int8s, compute_);
-  if (fork) AKV_CUDA(cudaStreamWaitEvent(compute_, ev(join_), 0));
+  launch_split_attention(sh, D.work.p + j.bf16.off, j.bf16.n, q, parts, compute_);
+  launch_split_attention_int8s(sh, D.work.p + j.int8s.off, j.int8s.n, q, parts, cfg_.int8s, fork ? side_ : compute_);
+  if (fork) {
+    AKV_CUDA(cudaEventRecord(ev(join_), side_));
+    AKV_CUDA(cudaStreamWaitEvent(compute_, ev(join_), 0));
+  }
 }
 
 void DecodeEngine::enqueue_layer(int layer, const float* q, float* out, float* out_lse) {

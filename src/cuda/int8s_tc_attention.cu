@@ -46,14 +46,18 @@ using namespace detail;  // mma_util.cuh, int8s_tc_fragments.cuh, int8s_query.cu
 constexpr int kRows = 8;  // query heads per KV head the mma rows hold
 
 // The instantiated launch configurations (Int8sTcConfig): warps per CTA, ring
-// stages per warp, 16-token blocks per stage, P.V in channel rows. The first two are the defaults
-// for head_dim 256 and 64 (measured at ca5fc0b); the rest are the sweep's
+// stages per warp, 16-token blocks per stage, P.V in channel rows. The first
+// two are the defaults for head_dim 256 and 64; the rest are the sweep's
 // (bench/gpu/int8s_sweep.sh). Adding one here instantiates it for both
 // head_dims and every group; tests/cuda/test_formats.cpp runs them all.
+// w4s2c for head_dim 256: the H200 sweep at b0220f2 (27B shape, resident,
+// split 512) put it within 1 % of the fastest int8s step at 32K and 128K and
+// fastest for hybrid at both (int8s 0.634 / 1.938 ms against w2s3's 0.881 /
+// 1.959); w4s4 for head_dim 64 is unmeasured by the sweep (the old default).
 struct Cfg { int w, s, b; bool c; };
-constexpr Cfg kConfigs[] = {{2, 3, 1, false}, {4, 4, 1, false}, {2, 2, 1, false}, {2, 4, 1, false},
-                            {4, 2, 1, false}, {4, 3, 1, false}, {2, 2, 2, false}, {4, 2, 2, false},
-                            {2, 2, 1, true},  {2, 3, 1, true},  {4, 2, 1, true},  {4, 3, 1, true},
+constexpr Cfg kConfigs[] = {{4, 2, 1, true},  {4, 4, 1, false}, {2, 3, 1, false}, {2, 2, 1, false},
+                            {2, 4, 1, false}, {4, 2, 1, false}, {4, 3, 1, false}, {2, 2, 2, false},
+                            {4, 2, 2, false}, {2, 2, 1, true},  {2, 3, 1, true},  {4, 3, 1, true},
                             {4, 4, 1, true}};
 constexpr int kNumConfigs = int(sizeof(kConfigs) / sizeof(kConfigs[0]));
 constexpr Cfg default_cfg(int head_dim) { return head_dim >= 256 ? kConfigs[0] : kConfigs[1]; }

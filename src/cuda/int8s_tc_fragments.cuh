@@ -136,28 +136,19 @@ template <int HD>
 __device__ __forceinline__ void qk_block(const uint4* sq, uint32_t stage_k, int lane, int (&c)[2][4]) {
   // ldmatrix x4 addressing: matrix i = (tokens 8(i>>1)..+7, chunk 2ks + (i&1)),
   // so registers 0, 1 are b0, b1 of n-tile 0 and 2, 3 those of n-tile 1.
-  // Two accumulators per n-tile (even and odd k-steps), added at the end:
-  // half the chain of dependent mma, and the same int32 sums (exact).
   const int i = lane >> 3, r = 8 * (i >> 1) + (lane & 7), ch = i & 1;
-  int part[2][2][4];  // [k-step parity][n-tile][entry]
 #pragma unroll
-  for (int k = 0; k < 2; ++k)
+  for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) part[k][nt][e] = 0;
+    for (int e = 0; e < 4; ++e) c[nt][e] = 0;
 #pragma unroll
   for (int ks = 0; ks < HD / 32; ++ks) {
     uint32_t b[4];
     ldsm_x4(b, stage_k + stage_offset<HD>(r, 2 * ks + ch));
     const uint4 a = sq[ks * 32 + lane];
-    mma_s8_16832(part[ks & 1][0], a, b[0], b[1]);
-    mma_s8_16832(part[ks & 1][1], a, b[2], b[3]);
+    mma_s8_16832(c[0], a, b[0], b[1]);
+    mma_s8_16832(c[1], a, b[2], b[3]);
   }
-#pragma unroll
-  for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) c[nt][e] = part[0][nt][e] + part[1][nt][e];
 }
 
 // 4 int8 codes (bytes b0..b3 of w) -> f16 pairs (b0, b2) and (b1, b3), exact:

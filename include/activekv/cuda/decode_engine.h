@@ -148,12 +148,14 @@ struct EngineConfig {
   /// runtime's sequences sharing a model, activekv/runtime/gpu_model.h) order
   /// their steps by that stream; each keeps its own copy stream and events.
   cudaStream_t compute_stream = nullptr;
-  /// A job with both bf16 and int8s pages (the hybrid route): the bf16 split
-  /// kernel runs on a side stream of higher priority, forked from and joined
-  /// back to the compute stream by events, so its few long CTAs (the sink,
-  /// recent and tail pages) overlap the int8s kernel instead of running
-  /// before it (issue 13). They write disjoint partials, so the bits are the
-  /// same either way. false: both on the compute stream, one after the other.
+  /// A job with both bf16 and int8s pages (the hybrid route): the int8s
+  /// kernel runs on a side stream, forked from the compute stream by an event
+  /// recorded before the bf16 kernel (so it does not wait for it), launched
+  /// after it, and joined back before the merge, so the
+  /// bf16 kernel's few long CTAs (the sink, recent and tail pages) overlap
+  /// the int8s kernel instead of running before it (issue 13). They write
+  /// disjoint partials, so the bits are the same either way. false: both on
+  /// the compute stream, one after the other.
   bool overlap_formats = true;
 };
 
@@ -256,7 +258,7 @@ class DecodeEngine {
   EngineConfig cfg_;
   cudaStream_t compute_ = nullptr, copy_ = nullptr;
   bool own_compute_ = false;  // compute_ created here (EngineConfig::compute_stream null)
-  cudaStream_t side_ = nullptr;                      // the bf16 kernel of a mixed job (overlap_formats)
+  cudaStream_t side_ = nullptr;                      // the int8s kernel of a mixed job (overlap_formats)
   void* fork_ = nullptr;                             // cudaEvent_t: compute_ -> side_
   void* join_ = nullptr;                             // cudaEvent_t: side_ -> compute_
   std::vector<void*> events_copy_, events_compute_;  // cudaEvent_t, per ring slot

@@ -51,8 +51,8 @@ const char* int8s_kernel_name(Int8sKernel k);
 /// Named "w<warps>s<stages>", then "b<blocks>" when blocks > 1, then "c"
 /// for channel rows, e.g. "w4s2", "w2s2b2", "w4s2c". All zero (the
 /// default) means: the environment variable ACTIVEKV_INT8S_TC_CONFIG if set
-/// (read once per process), else w2s3 for head_dim 256 and w4s4 for 64 (the
-/// configuration measured in bench/results/h200_bench_decode_int8s_tc.json).
+/// (read once per process), else w4s2c for head_dim 256 (the fastest all
+/// round in the H200 sweep of bench/gpu/int8s_sweep.sh) and w4s4 for 64.
 /// Configurations differ only in which warp sums which tokens (fp32
 /// summation order), never in the per-token arithmetic.
 struct Int8sTcConfig {
@@ -102,7 +102,7 @@ struct Int8sKernelOptions {
 /// launch_split_attention, but `SplitWork::page` points at an int8s blob
 /// (header first) holding `shape.page_size` tokens, `shape.n_kv_heads` heads
 /// of `shape.head_dim` channels. Per CTA (one split x one KV head; legacy:
-/// 128 threads, tc: Int8sKernelOptions::tc, by default 2 warps for head_dim 256, 4 for 64): the channel scales c_j fold into each query head's row, the row
+/// 128 threads, tc: Int8sKernelOptions::tc, by default 4 warps): the channel scales c_j fold into each query head's row, the row
 /// is quantised to int8 (one scale per row and page, round half to even,
 /// clipped to +-127; the residual as a second term when query_terms == 2),
 /// q.k runs in int32 on the raw key codes (int8 mma or __dp4a, see
