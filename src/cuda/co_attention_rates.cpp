@@ -139,7 +139,7 @@ double layer_round_trip_ms(const AttnShape& sh, const std::byte* page0, const st
   const PageRef streamed{page1, nullptr, sh.page_bytes(), PageKind::bf16};
   seq.tables.assign(kLayers, std::vector<PageRef>{cpu_page, streamed});
   engine.update({seq});
-  const size_t q_floats = size_t(sh.n_q_heads()) * size_t(sh.head_dim);
+  const size_t q_floats = size_t(kLayers) * size_t(sh.n_q_heads()) * size_t(sh.head_dim);  // [layer][head][dim]
   DevBuf q(q_floats * sizeof(float), "co-attention calibration: round-trip q");
   DevBuf out(q_floats * sizeof(float), "co-attention calibration: round-trip out");
   AKV_CUDA(cudaMemset(q.p, 0, q_floats * sizeof(float)));
