@@ -57,8 +57,8 @@
 #      libopenblas-dev libgfortran5 libicu72 libicu-dev libfmt9 libfmt-dev libcli11-dev \
 #      nlohmann-json3-dev libgtest-dev libgmock-dev)
 #      (and for `activekv serve` and its GPU test, ctest -R serve_isolation_cuda: libcpp-httplib0.11
-#      libcpp-httplib-dev libssl-dev libbrotli-dev libbrotli1 zlib1g-dev; at 9abe789 its pkg-config did not
-#      resolve from them there, so the build falls back to no server)
+#      libcpp-httplib-dev libssl-dev libbrotli-dev libbrotli1 zlib1g-dev; at 2ba4704 its pkg-config paths did
+#      not resolve there (--define-prefix), so the build fell back to no server; now PKG_CONFIG_SYSROOT_DIR)
 # The default model (98 MB) is over one call's 64 MiB: split -n 2 models/*.gguf .mp/part_
 # and carry one part per call; this script joins them and checks the sha256.
 # Gemma 3 270M (253 MB; test_cuda_runtime_gemma3 and the eval phase) likewise:
@@ -88,12 +88,14 @@ done
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv
 [ -d "$PFX/usr" ] || for f in .debs/*.deb; do dpkg -x "$f" "$PFX" || exit 1; done
 export LD_LIBRARY_PATH=$PFX/usr/lib/$ARCH:$PFX/usr/lib/$ARCH/openblas-openmp${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-# --define-prefix: the carried .pc files say prefix=/usr; pkg-config rewrites
-# it to where they lie. If the server (cpp-httplib) does not build here, the
-# rest builds without it rather than not at all.
+# The carried .pc files say prefix=/usr: PKG_CONFIG_SYSROOT_DIR puts $PFX in
+# front of their -I and -L paths (--define-prefix, tried at 2ba4704, made
+# cpp-httplib's include dir $PFX/usr/lib/include). If the server still does
+# not build here, the rest builds without it rather than not at all.
 configure() {
-  cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$PFX/usr" \
-    -DPKG_CONFIG_ARGN=--define-prefix -DACTIVEKV_MODEL_DIR=/tmp/akv-model "$@" >> /tmp/cmake.log 2>&1
+  PKG_CONFIG_SYSROOT_DIR="$PFX" PKG_CONFIG_PATH="$PFX/usr/lib/$ARCH/pkgconfig:$PFX/usr/share/pkgconfig" \
+    cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$PFX/usr" \
+    -DACTIVEKV_MODEL_DIR=/tmp/akv-model "$@" >> /tmp/cmake.log 2>&1
 }
 : > /tmp/cmake.log
 if ! { configure && cmake --build build-device -j 16 >> /tmp/cmake.log 2>&1; }; then
