@@ -10,6 +10,7 @@ usage: plot_cpu_share.py bench_decode.json [-o cpu_share.png]
 import argparse
 import json
 import sys
+import textwrap
 
 import matplotlib
 
@@ -53,10 +54,13 @@ def main():
         ax.set_ylim(bottom=0)
         ax.legend(fontsize=7)
     fig.suptitle(f"co-attention, {d['device']}, commit {d['commit'][:10]}", fontsize=10)
-    fig.tight_layout()
-    # The PNG carries its provenance: the bench command and commit behind it, and this plot's command.
-    meta = {"Source": f"{d.get('command', '?')} (commit {d.get('commit', '?')})",
-            "Software": "bench/plot_cpu_share.py " + " ".join(sys.argv[1:])}
+    # The PNG carries its provenance, visibly and in its text chunks: the bench
+    # command and commit behind it, and this plot's command.
+    source = f"{d.get('command', '?')} (commit {d.get('commit', '?')})"
+    plot_cmd = "bench/plot_cpu_share.py " + " ".join(sys.argv[1:])
+    fig.text(0.01, 0.005, textwrap.fill("data: " + source, 180) + "\nplot: " + plot_cmd, fontsize=5, va="bottom")
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    meta = {"Source": source, "Description": source, "Comment": "command: " + source, "Software": plot_cmd}
     fig.savefig(a.out, dpi=110, metadata=meta)
     print(f"wrote {a.out}")
 
