@@ -91,7 +91,7 @@ __device__ __forceinline__ void write_row(float* acc, float* y, int64_t rows, in
 }
 
 /// Chunks in flight per warp: with R rows a stage holds R rows' chunks.
-template <int R> __host__ __device__ constexpr int chunk_stages() { return R == 1 ? kStages : R == 2 ? 3 : 2; }
+template <int R> __host__ __device__ constexpr int chunk_stages() { return R == 1 ? kStages : 3; }
 
 /// A warp takes rows [w * R, + R): chunk ch of each of them (64 work items,
 /// quant_dot.cuh) streams through the warp's ring; lane l takes items l and
@@ -362,13 +362,14 @@ void launch_tiled(const DeviceMatrix& w, const XQuant& xq, float* y, bool accumu
                                                                 g.rows_per_cta, xq, w.cols, y, accumulate);
 }
 
-/// ACTIVEKV_MATVEC_ROWS=1|2|4 forces the chunked kernel's rows per warp for
-/// one vector (measurements); 0 = chunked_rows_per_warp's choice.
+/// ACTIVEKV_MATVEC_ROWS=1|2 forces the chunked kernel's rows per warp for
+/// one vector (measurements; 4 rows, measured slower everywhere at f19e007,
+/// is not built); 0 = chunked_rows_per_warp's choice.
 int forced_rows() {
   static const int r = [] {
     const char* e = std::getenv("ACTIVEKV_MATVEC_ROWS");
     const int v = e != nullptr ? std::atoi(e) : 0;
-    return v == 1 || v == 2 || v == 4 ? v : 0;
+    return v == 1 || v == 2 ? v : 0;
   }();
   return r;
 }
@@ -395,7 +396,7 @@ void launch_chunked_r(const DeviceMatrix& w, int n_blocks, const XQuant& xq, flo
   const int64_t warps = (w.rows + R - 1) / R;
   const dim3 grid(unsigned((warps + kWarps - 1) / kWarps)), block(kWarps * 32);
   const size_t smem = size_t(kWarps) * chunk_stages<R>() * R * qdot::Tiling<T>::kStageBytes;
-  // Over the 48 KiB default (Q6_K, Q8_0 at R = 4): raised per device and instantiation, the first time.
+  // Over the 48 KiB default (Q8_0 at R = 2): raised per device and instantiation, the first time.
   static OncePerDevice smem_limit_set;
   smem_limit_set([&] {
     check_cuda(cudaFuncSetAttribute(matvec_blocks_kernel<T, NV, R>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -411,11 +412,8 @@ template <class T, int NV>
 void launch_chunked(const DeviceMatrix& w, int n_blocks, const XQuant& xq, float* y, bool accumulate,
                     cudaStream_t stream) {
   if constexpr (NV == 1) {
-    switch (chunked_rows_per_warp(w.rows, NV, T::kBytes, T::kElems)) {
-      case 4: return launch_chunked_r<T, NV, 4>(w, n_blocks, xq, y, accumulate, stream);
-      case 2: return launch_chunked_r<T, NV, 2>(w, n_blocks, xq, y, accumulate, stream);
-      default: break;
-    }
+    if (chunked_rows_per_warp(w.rows, NV, T::kBytes, T::kElems) == 2)
+      return launch_chunked_r<T, NV, 2>(w, n_blocks, xq, y, accumulate, stream);
   }
   launch_chunked_r<T, NV, 1>(w, n_blocks, xq, y, accumulate, stream);
 }

@@ -243,8 +243,8 @@ struct Shape {
 /// (2563 rows: 5 per CTA of 4 warps at 5120 cols, the last CTA partial) --
 /// fewer than 1024 rows get one row per CTA (the >= 512-CTA rule).
 inline std::vector<Shape> shapes_for(TensorType t) {
-  // 4099 and 8203 rows: the chunked kernel takes 2 and 4 rows per warp there
-  // (one vector), the last warp 3 of them.
+  // 4099 and 8203 rows: the chunked kernel takes 2 rows per warp there for
+  // one vector of a 4-bit type, the last warp 1 of them.
   std::vector<Shape> s = {{133, 256}, {301, 1536}, {67, 5120}, {19, 17408}, {2563, 5120}, {4099, 512}, {8203, 256}};
   if (gguf::block_elements(t) <= 32) s.push_back({45, 576}), s.push_back({8203, 576});  // SmolLM2's d_model
   return s;
