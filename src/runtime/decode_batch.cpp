@@ -2,6 +2,7 @@
 // pass. See activekv/runtime/gpu_model.h.
 #include <fmt/format.h>
 
+#include <array>
 #include <vector>
 
 #include "activekv/runtime/gpu_model.h"
@@ -17,22 +18,23 @@ std::vector<int32_t> GpuModel::decode_batch(std::span<GpuSequence* const> seqs, 
     throw InvalidArgument(fmt::format("decode_batch: {} sequences; one step takes 1..{}", N, GpuForward::kMatvecRows));
   if (tokens.size() != seqs.size())
     throw InvalidArgument(fmt::format("decode_batch: {} sequences but {} tokens", N, tokens.size()));
-  std::vector<GpuSequence::Impl*> S;
+  // Fixed-size: no allocation on the decode path but the returned tokens.
+  std::array<GpuSequence::Impl*, GpuForward::kMatvecRows> S{};
   for (int i = 0; i < N; ++i) {
     if (!seqs[size_t(i)]) throw InvalidArgument(fmt::format("decode_batch: sequence {} is null", i));
     GpuSequence::Impl& I = *seqs[size_t(i)]->impl_;
     if (&I.m != &M) throw InvalidArgument(fmt::format("decode_batch: sequence {} belongs to another model", i));
-    for (const GpuSequence::Impl* o : S)
-      if (o == &I) throw InvalidArgument(fmt::format("decode_batch: sequence {} appears twice", i));
+    for (int j = 0; j < i; ++j)
+      if (S[size_t(j)] == &I) throw InvalidArgument(fmt::format("decode_batch: sequence {} appears twice", i));
     I.check_tokens(tokens.subspan(size_t(i), 1));
-    S.push_back(&I);
+    S[size_t(i)] = &I;
   }
   if (!M.fit_rows(N, N)) throw Error(fmt::format("the GPU has not the memory for a decode batch of {} rows", N));
 
   // Per sequence, as a lone decode step prepares it: its pages, its token
   // id (row i), its position, its engine's tables -- all on the one stream.
   const cudaStream_t s = M.stream;
-  std::vector<int64_t> pos0(S.size());
+  std::array<int64_t, GpuForward::kMatvecRows> pos0{};
   for (int i = 0; i < N; ++i) {
     GpuSequence::Impl& I = *S[size_t(i)];
     pos0[size_t(i)] = I.seq->n_tokens();
@@ -67,7 +69,7 @@ std::vector<int32_t> GpuModel::decode_batch(std::span<GpuSequence* const> seqs, 
     I.ran(i);
     I.decoded_eagerly = true;
   }
-  std::vector<int32_t> next(S.size());
+  std::vector<int32_t> next(static_cast<size_t>(N));
   for (int i = 0; i < N; ++i) {  // the first waits for the whole step
     GpuSequence::Impl& I = *S[size_t(i)];
     next[size_t(i)] = I.fetch_sampled();
