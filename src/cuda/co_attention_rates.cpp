@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "activekv/cpu/decode_attention.h"
+#include "activekv/cuda/decode_engine.h"
 #include "activekv/cuda/device_pages.h"
 #include "activekv/kv/codec_int8s.h"
 #include "activekv/kv/page_store.h"
@@ -114,46 +115,42 @@ std::pair<double, double> together(const cpu::DecodeShape& ds, const std::vector
   return {link, cpu_rate};
 }
 
-struct LatencyProbe {
-  const cpu::DecodeShape* ds;
-  const std::vector<cpu::PageRef>* page;
-  const cpu::CpuAttentionOptions* o;
-  std::vector<float> q, out, lse;
-  cpu::CpuAttentionWorkspace ws;
-};
-
-void CUDART_CB probe_fn(void* p) {
-  auto* x = static_cast<LatencyProbe*>(p);
-  try {
-    cpu::attend_pages(*x->ds, *x->page, x->q.data(), *x->o, x->ws, x->out.data(), x->lse.data());
-  } catch (...) {  // shapes were checked by the loops before: nothing to report here
+// What a layer's CPU share costs beyond its bytes, as a decode step pays it:
+// between one layer's CPU attention and the next's, the partials go up, the
+// GPU waits for them and merges, the next layer's q comes down, and the host
+// function and its thread team start. Measured with the engine itself: 8
+// layers of two pages -- one the CPU's, one streamed -- for 20 steps after 3
+// warm-up ones; the idle time between a step's layers (DecodeEngine::
+// CpuTiming) per layer transition, in ms. (A probe of the host function and
+// the copies alone, in one stream, measured 0.08 ms on the H200 while 128K
+// steps idled ~0.5-0.7 ms per transition: the planner predicted 10-30 % low.)
+double layer_round_trip_ms(const AttnShape& sh, const std::byte* page0, const std::byte* page1,
+                           const cpu::CpuAttentionOptions& o) {
+  constexpr int kLayers = 8, kWarmup = 3, kSteps = 20;
+  EngineConfig ec;
+  ec.n_layers = kLayers;
+  ec.attn = sh;
+  ec.cpu_kernels = o;
+  DecodeEngine engine(ec);
+  SeqPages seq;
+  seq.n_tokens = 2 * int64_t(sh.page_size);
+  PageRef cpu_page{page0, nullptr, sh.page_bytes(), PageKind::bf16};
+  cpu_page.cpu = true;
+  const PageRef streamed{page1, nullptr, sh.page_bytes(), PageKind::bf16};
+  seq.tables.assign(kLayers, std::vector<PageRef>{cpu_page, streamed});
+  engine.update({seq});
+  const size_t q_floats = size_t(kLayers) * size_t(sh.n_q_heads()) * size_t(sh.head_dim);  // [layer][head][dim]
+  DevBuf q(q_floats * sizeof(float), "co-attention calibration: round-trip q");
+  DevBuf out(q_floats * sizeof(float), "co-attention calibration: round-trip out");
+  AKV_CUDA(cudaMemset(q.p, 0, q_floats * sizeof(float)));
+  for (int i = 0; i < kWarmup + kSteps; ++i) {
+    if (i == kWarmup) engine.reset_cpu_timing();
+    engine.enqueue_step(static_cast<const float*>(q.p), static_cast<float*>(out.p), nullptr);
+    engine.synchronize();  // steps apart, as a decode loop runs them: only the idle inside a step counts
   }
-}
-
-// What one layer's CPU share costs beyond its bytes, as the engine runs it:
-// q down, a host function with the kernel's thread team over 16 tokens, the
-// partials up, in one stream. ms per round, median of 5 batches of 10.
-double layer_latency_ms(const cpu::DecodeShape& ds, const cpu::PageRef& first_page, const cpu::CpuAttentionOptions& o,
-                        cudaStream_t s) {
-  const size_t nq = size_t(ds.n_q_heads()), hd = size_t(ds.head_dim);
-  const std::vector<cpu::PageRef> page{cpu::PageRef::from_bf16(first_page.bf16_page, std::min(16, ds.page_size))};
-  LatencyProbe probe{&ds, &page, &o, std::vector<float>(nq * hd, 0.5f), std::vector<float>(nq * hd),
-                     std::vector<float>(nq), {}};
-  Pinned host(nq * hd * sizeof(float) * 2);
-  DevBuf dev(nq * hd * sizeof(float) * 2, "co-attention calibration: latency probe");
-  std::vector<double> per_round;
-  for (int batch = 0; batch < 6; ++batch) {
-    const auto t0 = Clock::now();
-    for (int i = 0; i < 10; ++i) {
-      AKV_CUDA(cudaMemcpyAsync(host.p, dev.p, nq * hd * sizeof(float), cudaMemcpyDeviceToHost, s));
-      AKV_CUDA(cudaLaunchHostFunc(s, probe_fn, &probe));
-      AKV_CUDA(cudaMemcpyAsync(dev.p, host.p, nq * hd * sizeof(float) * 2, cudaMemcpyHostToDevice, s));
-    }
-    AKV_CUDA(cudaStreamSynchronize(s));
-    if (batch > 0) per_round.push_back(seconds_since(t0) * 1e3 / 10);  // the first batch warms up
-  }
-  std::sort(per_round.begin(), per_round.end());
-  return per_round[per_round.size() / 2];
+  const DecodeEngine::CpuTiming t = engine.cpu_timing();
+  const size_t transitions = t.layers - t.steps;
+  return transitions > 0 ? t.idle_ms / double(transitions) : 0.0;
 }
 
 // The GPU over resident pages as the decode engine reads them: one layer
@@ -263,7 +260,9 @@ CoAttentionCalibration measure_co_attention_rates(const AttnShape& sh, int cpu_t
   CoAttentionCalibration c;
   c.together.cpu_threads = cpu_threads;
   c.history_bytes = n_pages * sh.page_bytes();
-  c.together.cpu_layer_latency_ms = layer_latency_ms(ds, bf16_pages[0], o, s);
+  c.together.cpu_layer_latency_ms =
+      layer_round_trip_ms(sh, reinterpret_cast<const std::byte*>(page_of(0).data()),
+                          reinterpret_cast<const std::byte*>(page_of(1).data()), o);
   copy_loop(src.p, dst.p, s, 0.02, nullptr);  // warm-up
   c.link_alone_gbps = copy_loop(src.p, dst.p, s, seconds, nullptr);
   c.cpu_bf16_alone_gbps = cpu_loop(ds, bf16_pages, o, seconds);

@@ -11,9 +11,11 @@
 // pages encoded to int8s, call after call on `cpu_threads` threads for
 // `seconds`. "Together": the copies run on a second host thread while the CPU
 // kernel runs. Bytes of history per second (cpu::history_bytes), 1e9 bytes
-// per GB. The CPU layer latency: a small copy down, a host function running
-// the kernel over 16 tokens, a small copy up, on one stream, timed over 50
-// rounds. The GPU over resident pages (the planner's price of a page with a
+// per GB. The CPU layer latency: the round trip a step pays between one
+// layer's CPU attention and the next's (partials up, the GPU's wait and merge,
+// the next q down, the host function and its threads starting), measured as
+// the idle time between layers of the decode engine itself over 8 layers of
+// one CPU page and one streamed page, 20 steps. The GPU over resident pages (the planner's price of a page with a
 // device copy): the decode engine over device copies of the same bf16 pages,
 // then of their int8s encoding, one layer, step after step for `seconds`
 // each. About 7 x `seconds` plus the encoding (a fraction of a second).

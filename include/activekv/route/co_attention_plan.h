@@ -29,8 +29,9 @@ struct CoAttentionRates {
   double cpu_bf16_gbps = 0;   ///< CPU attention over bf16 pages (bytes of K and V read)
   double cpu_int8s_gbps = 0;  ///< CPU attention over int8s pages (codes and token scales)
   int cpu_threads = 0;        ///< the thread count they were measured with
-  /// Fixed cost of a layer's CPU share, paid when it has any page: q down,
-  /// the host function and its thread team, the partials up (ms).
+  /// Fixed cost of a layer's CPU share, paid when it has any page: the round
+  /// trip between layers -- the partials up, the GPU's merge, the next q
+  /// down, the host function and its thread team starting (ms).
   double cpu_layer_latency_ms = 0;
   /// GPU attention over resident pages, bytes of history read per second
   /// (HBM), bf16 (lossless13 too: unpacked to bf16) and int8s; 0 = not
