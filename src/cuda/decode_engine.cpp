@@ -142,6 +142,7 @@ struct DecodeEngine::Plan {
   std::vector<UnpackWork> unpack;
   std::vector<int32_t> n_splits;  // [layer][seq]
   std::vector<size_t> resident_bytes;  // [layer]
+  std::vector<DecodeEngine::SeqFigures> figures;  // [seq]
   size_t stage_slot_bytes = 0;    // largest streamed job
   int max_unpack = 0;             // most lossless13 pages in one job
   int max_splits = 1;
@@ -247,7 +248,7 @@ int32_t splits_of(int64_t n, int window, int split_tokens) {
 template <class Ref>
 void plan_cpu_layer(const AttnShape& sh, const std::vector<SeqPages>& seqs, int window,
                     const std::vector<Entry>& entries, const std::vector<size_t>& idx, const Ref& ref,
-                    CpuLayerWork& w) {
+                    CpuLayerWork& w, std::vector<DecodeEngine::SeqFigures>& figures) {
   const int per_page = sh.page_size / sh.split_tokens;
   const cpu::DecodeShape ds{sh.n_kv_heads, sh.group, sh.head_dim, sh.page_size, sh.softmax_scale};
   for (size_t e : idx) {
@@ -271,7 +272,21 @@ void plan_cpu_layer(const AttnShape& sh, const std::vector<SeqPages>& seqs, int 
       ++w.rows;
     }
   }
-  for (const auto& s : w.seqs) w.bytes += cpu::history_bytes(ds, s.pages);
+  for (const auto& s : w.seqs) {
+    const size_t bytes = cpu::history_bytes(ds, s.pages);
+    w.bytes += bytes;
+    figures[size_t(s.seq)].cpu += bytes;
+  }
+}
+
+// Adds one byte range of a streamed page to its job's copies; returns the
+// bytes and copy calls it added (extending the last copy adds no call).
+std::pair<size_t, size_t> add_copy(std::vector<kv::StagedCopy>& runs, const std::byte* host, size_t stage,
+                                   size_t bytes, bool strided) {
+  const size_t n0 = runs.size(), last0 = runs.empty() ? 0 : runs.back().bytes();
+  kv::add_staged_copy(runs, host, stage, bytes, strided, kStageAlign);
+  if (runs.size() > n0) return {runs.back().bytes(), 1};
+  return {runs.back().bytes() - last0, 0};
 }
 
 }  // namespace
@@ -285,6 +300,7 @@ void DecodeEngine::update(const std::vector<SeqPages>& seqs) {
   Plan& P = *plan;
   const size_t n_seq = seqs.size();
   P.n_splits.resize(size_t(L) * n_seq);
+  P.figures.assign(n_seq, SeqFigures{});
   for (size_t s = 0; s < seqs.size(); ++s) {
     const SeqPages& sp = seqs[s];
     const std::string name = "sequence " + std::to_string(s);
@@ -341,7 +357,7 @@ void DecodeEngine::update(const std::vector<SeqPages>& seqs) {
         P.cpu->layers.resize(size_t(L));
       }
       plan_cpu_layer(sh, seqs, window(l), entries, on_cpu, [&](size_t e) -> const PageRef& { return ref(e, l); },
-                     P.cpu->layers[size_t(l)]);
+                     P.cpu->layers[size_t(l)], P.figures);
       P.cpu->max_rows = std::max(P.cpu->max_rows, P.cpu->layers[size_t(l)].rows);
       P.cpu->bytes += P.cpu->layers[size_t(l)].bytes;
     }
@@ -366,17 +382,24 @@ void DecodeEngine::update(const std::vector<SeqPages>& seqs) {
         // staged page as the stored one.
         const std::vector<kv::ByteRange> ranges = res && !sh.sharded() ? std::vector<kv::ByteRange>{{0, r.bytes}}
                                                                        : page_ranges(sh, r);
+        SeqFigures& fig = P.figures[size_t(entries[e].seq)];
         if (res) {  // a windowed layer's first page: from its first visible token
           size_t mine = 0;
           for (const auto& b : ranges) mine += b.bytes;
-          P.resident_bytes[size_t(l)] += size_t(mine * uint64_t(sh.page_size - entries[e].lo) / uint64_t(sh.page_size));
+          const size_t read = size_t(mine * uint64_t(sh.page_size - entries[e].lo) / uint64_t(sh.page_size));
+          P.resident_bytes[size_t(l)] += read;
+          fig.resident += read;
+          if (window(l) > 0) fig.windowed_resident += read;
           continue;
         }
         // One copy per run of pages laid out in host memory as in the slot
         // (each page 256-byte aligned): the run also copies the padding
         // between its pages, never past its last page's bytes.
-        for (const auto& b : ranges)
-          kv::add_staged_copy(j.runs, r.host + b.offset, stage + b.offset, b.bytes, cfg_.strided_copies, kStageAlign);
+        for (const auto& b : ranges) {
+          const auto [bytes, calls] = add_copy(j.runs, r.host + b.offset, stage + b.offset, b.bytes, cfg_.strided_copies);
+          fig.streamed += bytes;
+          fig.copies += calls;
+        }
         stage += align_up(r.bytes);
       }
       for (const auto& run : j.runs) {
@@ -640,6 +663,13 @@ void DecodeEngine::synchronize() {
   AKV_CUDA(cudaStreamSynchronize(copy_));
   AKV_CUDA(cudaStreamSynchronize(compute_));
   if (cpu_) cpu_->synchronize();
+}
+
+const DecodeEngine::SeqFigures& DecodeEngine::sequence_figures(size_t seq) const {
+  if (!ready_ || seq >= plan_->figures.size())
+    throw InvalidArgument("DecodeEngine::sequence_figures: sequence " + std::to_string(seq) + " is not in the batch (" +
+                          std::to_string(ready_ ? plan_->figures.size() : 0) + " sequences)");
+  return plan_->figures[seq];
 }
 
 size_t DecodeEngine::cpu_bytes_per_step() const { return cpu_ ? cpu_->bytes_per_step() : 0; }

@@ -2,6 +2,7 @@
 // pass. See activekv/runtime/gpu_model.h.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
 #include <vector>
 
@@ -10,7 +11,6 @@
 #include "sequence_state.h"
 
 namespace activekv::runtime {
-
 std::vector<int32_t> GpuModel::decode_batch(std::span<GpuSequence* const> seqs, std::span<const int32_t> tokens) {
   Impl& M = *impl_;
   const int N = int(seqs.size());
@@ -45,21 +45,45 @@ std::vector<int32_t> GpuModel::decode_batch(std::span<GpuSequence* const> seqs, 
   }
   cuda::check_cuda(cudaMemcpyAsync(M.batch_pos, M.host_pos, size_t(N) * sizeof(int64_t), cudaMemcpyHostToDevice, s),
                    "upload the batch's positions");
-  for (int i = 0; i < N; ++i) {
-    GpuSequence::Impl& I = *S[size_t(i)];
-    I.engine->update(I.history->engine_tables(pos0[size_t(i)] + 1, s));
-    I.engine->begin_step();
+  // Attention: one engine for the whole batch when the sequences can share
+  // one (each layer one launch per kernel over every sequence's page tables,
+  // one merge), else each sequence's own. The same kernels read the same
+  // pages at the same split boundaries either way: the same bits.
+  cuda::DecodeEngine* shared = nullptr;
+  if (N >= 2 && std::all_of(S.begin() + 1, S.begin() + N, [&](const GpuSequence::Impl* I) {
+        return same_engine_config(I->engine->config(), S[0]->engine->config());
+      })) {
+    if (!M.batch_engine || !same_engine_config(M.batch_engine->config(), S[0]->engine->config())) {
+      M.batch_engine.reset();  // waits for its streams
+      M.batch_engine = std::make_unique<cuda::DecodeEngine>(S[0]->engine->config());
+    }
+    shared = M.batch_engine.get();
   }
-
-  // The N rows share every projection (the weights read once); each row's
-  // attention is its own sequence's engine over its own history.
-  const size_t qd = size_t(M.c.n_heads) * size_t(M.c.head_dim), kvd = size_t(M.c.n_kv_heads) * size_t(M.c.head_dim);
-  const LayerAttention attend = [&](int l, int, const float* q, const float* k, const float* v, float* out) {
+  if (shared) {
+    M.batch_tables.resize(size_t(N));
+    for (int i = 0; i < N; ++i)
+      M.batch_tables[size_t(i)] = std::move(S[size_t(i)]->history->engine_tables(pos0[size_t(i)] + 1, s)[0]);
+    shared->update(M.batch_tables);
+    shared->begin_step();
+  } else {
     for (int i = 0; i < N; ++i) {
       GpuSequence::Impl& I = *S[size_t(i)];
-      I.history->write_kv(l, pos0[size_t(i)], 1, k + size_t(i) * kvd, v + size_t(i) * kvd, s);
-      I.engine->enqueue_layer(l, q + size_t(i) * qd, out + size_t(i) * qd, nullptr);
+      I.engine->update(I.history->engine_tables(pos0[size_t(i)] + 1, s));
+      I.engine->begin_step();
     }
+  }
+
+  // The N rows share every projection (the weights read once); the rows'
+  // queries are [N][n_heads][head_dim], the batch engine's query layout.
+  const size_t qd = size_t(M.c.n_heads) * size_t(M.c.head_dim), kvd = size_t(M.c.n_kv_heads) * size_t(M.c.head_dim);
+  const LayerAttention attend = [&](int l, int, const float* q, const float* k, const float* v, float* out) {
+    for (int i = 0; i < N; ++i)
+      S[size_t(i)]->history->write_kv(l, pos0[size_t(i)], 1, k + size_t(i) * kvd, v + size_t(i) * kvd, s);
+    if (shared) {
+      shared->enqueue_layer(l, q, out, nullptr);
+      return;
+    }
+    for (int i = 0; i < N; ++i) S[size_t(i)]->engine->enqueue_layer(l, q + size_t(i) * qd, out + size_t(i) * qd, nullptr);
   };
   M.forward->run(M.batch_ids, M.batch_pos, N, attend, /*all_logits=*/true, s);
   ++M.runs;
@@ -67,14 +91,16 @@ std::vector<int32_t> GpuModel::decode_batch(std::span<GpuSequence* const> seqs, 
     GpuSequence::Impl& I = *S[size_t(i)];
     I.enqueue_sample(M.forward->logits() + size_t(i) * size_t(M.c.vocab_size));
     I.ran(i);
-    I.decoded_eagerly = true;
+    // Its own engine ran this step eagerly (a later graph capture finds it initialised) only without the batch engine.
+    if (!shared) I.decoded_eagerly = true;
   }
   std::vector<int32_t> next(static_cast<size_t>(N));
   for (int i = 0; i < N; ++i) {  // the first waits for the whole step
     GpuSequence::Impl& I = *S[size_t(i)];
     next[size_t(i)] = I.fetch_sampled();
     I.seq->commit(1);
-    I.count_decode_step();
+    I.count_decode_step(shared ? shared->sequence_figures(size_t(i)) : I.engine->sequence_figures(0));
+    I.stats.batched_attention_steps += shared != nullptr;
     I.history->committed();
   }
   return next;

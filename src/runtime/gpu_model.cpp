@@ -47,6 +47,7 @@ GpuModel::Impl::Impl(const gguf::File& f, const model::ModelConfig& cfg, const M
 
 GpuModel::Impl::~Impl() {
   if (stream) cudaStreamSynchronize(stream);
+  batch_engine.reset();  // before the stream it enqueues on
   forward.reset();
   cudaFree(batch_ids);
   cudaFree(batch_pos);

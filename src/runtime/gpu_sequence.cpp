@@ -44,6 +44,30 @@ std::vector<int> layer_windows(const model::ModelConfig& c) {
 
 }  // namespace
 
+cuda::EngineConfig sequence_engine_config(const model::ModelConfig& c, const RuntimeOptions& opt,
+                                          const cuda::AttnShape& attn, cudaStream_t stream) {
+  cuda::EngineConfig ec;
+  ec.n_layers = c.n_layers;
+  ec.attn = attn;
+  ec.tile_pages = opt.route.tile_pages;
+  ec.cpu_kernels.threads = opt.cpu_threads > 0 ? opt.cpu_threads
+                                                : std::max(1, int(std::thread::hardware_concurrency()) - 1);
+  ec.windows = layer_windows(c);
+  ec.compute_stream = stream;  // every sequence's work in the model's one stream
+  return ec;
+}
+
+bool same_engine_config(const cuda::EngineConfig& a, const cuda::EngineConfig& b) {
+  const cuda::AttnShape &x = a.attn, &y = b.attn;
+  const bool same_shape = x.n_kv_heads == y.n_kv_heads && x.group == y.group && x.head_dim == y.head_dim &&
+                          x.page_size == y.page_size && x.split_tokens == y.split_tokens &&
+                          x.softmax_scale == y.softmax_scale && x.kv_head0 == y.kv_head0 &&
+                          x.page_kv_heads == y.page_kv_heads;
+  return same_shape && a.n_layers == b.n_layers && a.tile_pages == b.tile_pages &&
+         a.cpu_kernels.threads == b.cpu_kernels.threads && a.windows == b.windows &&
+         a.compute_stream == b.compute_stream;
+}
+
 void check_sequence_options(const RuntimeOptions& opt, bool observer) {
   if (opt.n_ctx <= 0) throw InvalidArgument("GpuRuntime: n_ctx must be positive");
   if (opt.prefill_chunk <= 0) throw InvalidArgument("GpuRuntime: prefill_chunk must be positive");
@@ -77,15 +101,7 @@ void GpuSequence::Impl::build() {
   pages_per_layer = (opt.n_ctx + opt.page_size - 1) / opt.page_size;
   const size_t cap = m.budget_cap(opt.gpu_kv_mem);  // throws, one line, when the asked budget does not fit
 
-  cuda::EngineConfig ec;
-  ec.n_layers = c.n_layers;
-  ec.attn = attn;
-  ec.tile_pages = opt.route.tile_pages;
-  ec.cpu_kernels.threads = opt.cpu_threads > 0 ? opt.cpu_threads
-                                                : std::max(1, int(std::thread::hardware_concurrency()) - 1);
-  ec.windows = layer_windows(c);
-  ec.compute_stream = m.stream;  // every sequence's work in the model's one stream
-  engine = std::make_unique<cuda::DecodeEngine>(ec);
+  engine = std::make_unique<cuda::DecodeEngine>(sequence_engine_config(c, opt, attn, m.stream));
   prefill_attn = std::make_unique<cuda::PrefillAttention>(attn);
   sampler = std::make_unique<cuda::GpuSampler>(c.vocab_size, opt.sampling);
   rows_cap = std::max(opt.prefill_chunk, opt.stream_chunk > 0 ? opt.stream_chunk : route::kMaxStreamChunk);
@@ -174,13 +190,12 @@ void GpuSequence::Impl::wait_step() {
   cuda::check_cuda(cudaEventSynchronize(token_ready), "waiting for the step");
 }
 
-void GpuSequence::Impl::count_decode_step() {
-  stats.streamed_bytes += engine->bytes_per_step();
-  stats.resident_bytes += engine->resident_bytes_per_step();
-  stats.cpu_bytes += engine->cpu_bytes_per_step();
-  for (int l = 0; l < c.n_layers; ++l)
-    if (engine->window(l) > 0) stats.sliding_bytes += engine->layer_resident_bytes()[size_t(l)];
-  stats.copies += engine->copies_per_step();
+void GpuSequence::Impl::count_decode_step(const cuda::DecodeEngine::SeqFigures& f) {
+  stats.streamed_bytes += f.streamed;
+  stats.resident_bytes += f.resident;
+  stats.cpu_bytes += f.cpu;
+  stats.sliding_bytes += f.windowed_resident;
+  stats.copies += f.copies;
   ++stats.decode_steps;
 }
 
@@ -248,7 +263,7 @@ int32_t GpuSequence::Impl::run_chunk(std::span<const int32_t> tokens, bool prefi
     wait_step();  // the K/V are in the host pages before conversion may read them
   }
   seq->commit(T);
-  if (decode) count_decode_step();
+  if (decode) count_decode_step(engine->sequence_figures(0));
   history->committed();  // schedules conversion of pages that became full
   return next;
 }

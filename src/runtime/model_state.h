@@ -7,7 +7,9 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "activekv/cuda/decode_engine.h"
 #include "activekv/runtime/gpu_forward.h"
 #include "activekv/runtime/gpu_model.h"
 #include "activekv/runtime/gpu_weights.h"
@@ -31,6 +33,11 @@ struct GpuModel::Impl {
   int32_t* batch_ids = nullptr;     // device [kMatvecRows]
   int64_t* batch_pos = nullptr;     // device [kMatvecRows]
   int64_t* host_pos = nullptr;      // pinned [kMatvecRows]
+  // decode_batch's attention: one engine for the batch (one launch per layer
+  // over every sequence's page tables), made at the first batch of two or
+  // more sequences with the same engine configuration; its tables per step.
+  std::unique_ptr<cuda::DecodeEngine> batch_engine;
+  std::vector<cuda::SeqPages> batch_tables;
 
   Impl(const gguf::File& f, const model::ModelConfig& cfg, const ModelOptions& o);
   ~Impl();

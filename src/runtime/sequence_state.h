@@ -25,6 +25,15 @@ namespace activekv::runtime {
 /// GPU work, so GpuRuntime calls it before loading the weights.
 void check_sequence_options(const RuntimeOptions& opt, bool observer);
 
+/// The decode engine a sequence of `opt` on model `c` runs (attention shape
+/// `attn`, enqueued on the model's `stream`).
+cuda::EngineConfig sequence_engine_config(const model::ModelConfig& c, const RuntimeOptions& opt,
+                                          const cuda::AttnShape& attn, cudaStream_t stream);
+/// Whether two such configurations are the same engine: compares every field
+/// sequence_engine_config sets (the others keep their defaults), so that
+/// sequences whose configurations match can share one engine (decode_batch).
+bool same_engine_config(const cuda::EngineConfig& a, const cuda::EngineConfig& b);
+
 struct GpuSequence::Impl {
   GpuModel& owner;
   GpuModel::Impl& m;  // owner's state: weights, forward, stream, budget
@@ -80,8 +89,8 @@ struct GpuSequence::Impl {
   }
   int32_t fetch_sampled();
   void wait_step();  // the host waits for the stream (the step's one synchronisation)
-  /// After a decode step's commit: its engine figures into stats.
-  void count_decode_step();
+  /// After a decode step's commit: its part of the engine's figures into stats.
+  void count_decode_step(const cuda::DecodeEngine::SeqFigures& f);
   bool graph_step(bool decode) const;
 };
 

@@ -72,6 +72,7 @@ struct Decoded {
   std::vector<int32_t> tokens;
   std::vector<std::vector<float>> logits;
   double decode_s = 0;  // wall time of the decode steps (logits downloads included)
+  size_t streamed_bytes = 0, resident_bytes = 0;  // the runtime's figures over the decode steps
 };
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -89,6 +90,8 @@ Decoded solo(const std::vector<int32_t>& prompt, const std::string& route, route
     r.logits.push_back(rt.last_logits());
   }
   r.decode_s = seconds_since(t0);
+  r.streamed_bytes = rt.stats().streamed_bytes;
+  r.resident_bytes = rt.stats().resident_bytes;
   return r;
 }
 
@@ -179,9 +182,16 @@ TEST_P(BatchedDecode, EachSequenceDecodesAsItWouldAlone) {
       EXPECT_GT(seqs[i]->stats().pages.pages[f], 0u) << what << " prompt " << i << ": the route read no compressed page";
     }
     EXPECT_EQ(seqs[i]->stats().decode_steps, size_t(kSteps));
+    // Every step's attention ran on the model's batch engine (one launch per
+    // layer for the 4 sequences), and its figures were split per sequence:
+    // each sequence's bytes are those of its solo run.
+    EXPECT_EQ(seqs[i]->stats().batched_attention_steps, size_t(kSteps)) << what;
     const Decoded alone = solo(P[i], route_name, placement, kSteps);
     solo_s += alone.decode_s;
     expect_same(runs[i], alone, what + " prompt " + std::to_string(i));
+    EXPECT_EQ(seqs[i]->stats().streamed_bytes, alone.streamed_bytes) << what << " prompt " << i;
+    EXPECT_EQ(seqs[i]->stats().resident_bytes, alone.resident_bytes) << what << " prompt " << i;
+    if (placement == route::KvPlacement::host) EXPECT_GT(alone.streamed_bytes, 0u) << what;
   }
   // Not asserted (a 135M model's step is launch-bound): what batching buys here.
   // H200 at 9abe789 (pages of 64): exact/gpu 824 tok/s batched (4.86 ms/step)

@@ -224,6 +224,18 @@ class DecodeEngine {
   };
   CpuTiming cpu_timing() const;
   void reset_cpu_timing();
+  /// One sequence's part of the step's figures above (the batch of the last
+  /// update(); `seq` indexes it): host -> device bytes of its streamed pages
+  /// and the copy calls they start (a page that extends a copy of the page
+  /// before it adds bytes, not a call), bytes of its resident pages read in
+  /// place, of those the bytes in windowed layers, and the bytes the host CPU
+  /// reads of it. Summed over the batch they are bytes_per_step(),
+  /// copies_per_step(), resident_bytes_per_step() and cpu_bytes_per_step().
+  /// Throws InvalidArgument without a batch or for `seq` outside it.
+  struct SeqFigures {
+    size_t streamed = 0, copies = 0, resident = 0, windowed_resident = 0, cpu = 0;
+  };
+  const SeqFigures& sequence_figures(size_t seq) const;
   /// The same two figures per layer: [n_layers] host -> device bytes, resident bytes.
   const std::vector<size_t>& layer_streamed_bytes() const { return layer_streamed_; }
   const std::vector<size_t>& layer_resident_bytes() const { return layer_resident_; }

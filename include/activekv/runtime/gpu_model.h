@@ -11,10 +11,14 @@
 // decode_batch advances N <= kMaxMatvecVectors sequences by one token in one
 // forward pass: the N new tokens are N rows of the shared matvecs, norms and
 // RoPE (each row at its own sequence's position), so the weights are read
-// once per step for all of them; attention runs per sequence over its own
-// history with its own engine and page tables (one launch per layer over all
-// sequences' page tables is issue 13's batched decode, not here); then each
-// sequence's sampler picks its token.
+// once per step for all of them. Attention: when the sequences' engines have
+// the same configuration (sequences opened with the same page size, tiles,
+// CPU threads -- as a server opens them), one decode engine of the model's
+// takes every sequence's page tables, so each layer is one launch per kernel
+// and one merge for the whole batch (its device buffers -- staging ring,
+// partials, work lists -- are the model's, outside the KV budget); else
+// each sequence's own engine attends its row. Then each sequence's sampler
+// picks its token.
 //
 // Exactness: the block-type matvec (the chunked kernel, the default) sums
 // each vector's dot in the same order whatever n_vec -- per lane, items in
@@ -22,7 +26,8 @@
 // -- and the activations are quantised per 32-element block of each row, so
 // a sequence decoded in a batch sees the same logits, bit for bit, as decoded
 // alone (tests/cuda/test_runtime_batch.cpp holds greedy tokens and logits to
-// that). Not verified for ACTIVEKV_MATVEC_KERNEL=tiled (its CTA geometry
+// that); the batch engine's kernels read each sequence's pages at the same
+// split boundaries as its own engine and merge them in the same order. Not verified for ACTIVEKV_MATVEC_KERNEL=tiled (its CTA geometry
 // depends on n_vec).
 //
 // All sequences' GPU work is enqueued on the model's one stream, so the

@@ -86,6 +86,8 @@ struct RuntimeStats {
   size_t decode_steps = 0;
   size_t graph_steps = 0;          ///< decode steps run as a CUDA graph (opt.cuda_graphs)
   size_t graph_instantiations = 0; ///< of them, steps whose graph had to be instantiated anew (new topology)
+  size_t batched_attention_steps = 0;  ///< decode steps in a GpuModel::decode_batch whose attention ran on the
+                                       ///< model's batch engine: one launch per layer for every sequence of the batch
   route::RouteReport pages;        ///< pages per format and segments read, all decode steps
   // The last prefill (activekv/route/prefill_plan.h).
   bool prefill_streamed = false;   ///< its history streamed from host memory (did not fit the GPU budget)
