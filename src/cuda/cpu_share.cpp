@@ -18,9 +18,11 @@ struct CpuShare::Task {
 
 namespace {
 
+// Pinned, and mapped so that kernels read it in place (the partials' gather).
 float* pinned_floats(size_t n, const char* what) {
   void* p = nullptr;
-  const cudaError_t st = cudaHostAlloc(&p, std::max<size_t>(n, 1) * sizeof(float), cudaHostAllocPortable);
+  const cudaError_t st =
+      cudaHostAlloc(&p, std::max<size_t>(n, 1) * sizeof(float), cudaHostAllocPortable | cudaHostAllocMapped);
   if (st != cudaSuccess) {
     (void)cudaGetLastError();
     throw CudaError(std::string("DecodeEngine (CPU share): pinning ") + std::to_string(n * sizeof(float)) +
@@ -53,6 +55,7 @@ void CpuShare::free_staging() {
   cudaFreeHost(stage_o_);
   cudaFreeHost(stage_lse_);
   q_host_ = stage_o_ = stage_lse_ = nullptr;
+  dev_stage_o_ = dev_stage_lse_ = nullptr;
   cap_seq_ = cap_rows_ = 0;
 }
 
@@ -65,6 +68,11 @@ void CpuShare::set_work(std::shared_ptr<const CpuStepWork> work, int n_seq) {
     q_host_ = pinned_floats(seqs * nq * hd, "the queries");
     stage_o_ = pinned_floats(rows * nq * hd, "the partial outputs");
     stage_lse_ = pinned_floats(rows * nq, "the partial LSE");
+    void* d = nullptr;
+    AKV_CUDA(cudaHostGetDevicePointer(&d, stage_o_, 0));
+    dev_stage_o_ = static_cast<const float*>(d);
+    AKV_CUDA(cudaHostGetDevicePointer(&d, stage_lse_, 0));
+    dev_stage_lse_ = static_cast<const float*>(d);
     cap_seq_ = seqs;
     cap_rows_ = rows;
   }
@@ -89,12 +97,14 @@ void CpuShare::start_layer(int layer, const float* q, Partials parts, cudaStream
   auto task = std::make_unique<Task>(Task{this, work_, layer});
   AKV_CUDA(cudaLaunchHostFunc(side_, host_fn, task.get()));
   task.release();  // host_fn owns it now
-  for (const CpuLayerWork::Run& r : w.runs) {
-    const size_t slot = size_t(r.seq) * size_t(parts.max_splits) + size_t(r.split0);
-    AKV_CUDA(cudaMemcpyAsync(parts.o + slot * nq * hd, stage_o_ + r.stage_row * nq * hd,
-                             size_t(r.count) * nq * hd * sizeof(float), cudaMemcpyHostToDevice, side_));
-    AKV_CUDA(cudaMemcpyAsync(parts.lse + slot * nq, stage_lse_ + r.stage_row * nq, size_t(r.count) * nq * sizeof(float),
-                             cudaMemcpyHostToDevice, side_));
+  PartialRuns runs;
+  for (size_t i = 0; i < w.runs.size(); ++i) {
+    const CpuLayerWork::Run& r = w.runs[i];
+    runs.run[runs.n++] = PartialRun{int64_t(r.seq) * parts.max_splits + r.split0, int64_t(r.stage_row), r.count};
+    if (runs.n == PartialRuns::kMax || i + 1 == w.runs.size()) {
+      launch_gather_partials(runs, dev_stage_o_, dev_stage_lse_, parts, int(nq * hd), int(nq), side_);
+      runs.n = 0;
+    }
   }
   AKV_CUDA(cudaEventRecord(done_, side_));
 }

@@ -189,7 +189,13 @@ TEST_P(BatchedDecode, EachSequenceDecodesAsItWouldAlone) {
     const Decoded alone = solo(P[i], route_name, placement, kSteps);
     solo_s += alone.decode_s;
     expect_same(runs[i], alone, what + " prompt " + std::to_string(i));
-    EXPECT_EQ(seqs[i]->stats().streamed_bytes, alone.streamed_bytes) << what << " prompt " << i;
+    // Streamed bytes include the padding (< 256 bytes a page) between staged
+    // pages that one copy spans; the batch engine cuts its tiles across the
+    // sequences, so its copies start elsewhere. Exact pages (12 KiB) have
+    // none; H200 at c9cec5f, hybrid/host: 31-35 KB less over 40 steps.
+    const double pad = 256.0 * double(seqs[i]->stats().streamed_pages);
+    EXPECT_NEAR(double(seqs[i]->stats().streamed_bytes), double(alone.streamed_bytes), pad) << what << " prompt " << i;
+    if (route_name == "exact") EXPECT_EQ(seqs[i]->stats().streamed_bytes, alone.streamed_bytes) << what;
     EXPECT_EQ(seqs[i]->stats().resident_bytes, alone.resident_bytes) << what << " prompt " << i;
     if (placement == route::KvPlacement::host) EXPECT_GT(alone.streamed_bytes, 0u) << what;
   }
