@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <functional>
 #include <thread>
 
@@ -217,6 +218,7 @@ int32_t GpuSequence::Impl::run_chunk(std::span<const int32_t> tokens, bool prefi
   const int T = int(tokens.size());
   const int64_t pos0 = seq->n_tokens();
   const cudaStream_t s = stream();
+  const auto t_enqueue = std::chrono::steady_clock::now();
   seq->reserve(T);  // may throw (store full): nothing written yet
   const bool decode = !prefill;
   history->prepare(pos0, T, prefill, s);  // device copies and published pages the rows need
@@ -254,6 +256,7 @@ int32_t GpuSequence::Impl::run_chunk(std::span<const int32_t> tokens, bool prefi
     enqueue();
     decoded_eagerly = decoded_eagerly || decode;
   }
+  if (decode) stats.decode_enqueue_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_enqueue).count();
   ++m.runs;
   ran(logit_rows - 1);
   int32_t next = -1;

@@ -49,6 +49,12 @@ def prompt(i):
             "nobody expects and a lesson about friendship. Once upon a time," % TOPICS[i])
 
 
+def check_stopped(srv, what):
+    """SIGTERM; a non-zero exit fails with the code and the server's last lines."""
+    code = srv.stop()
+    check(code == 0, "%sserver exit code %s; its last lines:\n%s" % (what, code, "".join(srv.log[-6:])))
+
+
 def settled(port, names=("num_requests_running", "num_requests_waiting", "kv_host_bytes"), timeout=30):
     """True once every gauge in `names` reads 0 (the scheduler updates them at
     the end of its tick, just after the last token went out)."""
@@ -107,7 +113,7 @@ def isolation(kv_format, n_clients, n_tokens=10, gpu=()):
     check(settled(srv.port), "%s: requests running or KV bytes held 30 s after all finished" % kv_format)
     print("[isolation] %s: %d concurrent streaming clients x %d tokens identical to solo runs (%.1f s); "
           "history read by the first 8 alone %.0f bytes" % (kv_format, n_clients, n_tokens, wall, read_alone), flush=True)
-    check(srv.stop() == 0, "%s: server exit code" % kv_format)
+    check_stopped(srv, kv_format + ": ")
     return read_alone
 
 
@@ -258,7 +264,7 @@ def run_hostile():
     print("[hostile] RSS after the first request %.1f MiB, after everything %.1f MiB"
           % (rss_idle / 2 ** 20, rss_end / 2 ** 20))
     check(rss_end < rss_idle + 64 * 2 ** 20, "RSS grew from %d to %d bytes" % (rss_idle, rss_end))
-    check(srv.stop() == 0, "server exit code")
+    check_stopped(srv, "")
 
     # An API key: /v1/* need it, /health and /metrics do not.
     srv = Server(BIN, "-c", "128", "--api-key", "sk-test")
@@ -269,7 +275,7 @@ def run_hostile():
                       headers={"Authorization": "Bearer sk-test"})
     check(ok == 200, "the right key: %d" % ok)
     check(request(srv.port, "GET", "/metrics")[0] == 200, "/metrics needs no key")
-    check(srv.stop() == 0, "server exit code")
+    check_stopped(srv, "")
 
 
 if __name__ == "__main__":

@@ -86,6 +86,11 @@ struct RuntimeStats {
   size_t decode_steps = 0;
   size_t graph_steps = 0;          ///< decode steps run as a CUDA graph (opt.cuda_graphs)
   size_t graph_instantiations = 0; ///< of them, steps whose graph had to be instantiated anew (new topology)
+  /// Host seconds the decode steps spent enqueuing their GPU work (page
+  /// tables and patches, copies, every launch or the graph's capture and
+  /// launch), all decode steps; the GPU runs meanwhile, so a step whose
+  /// enqueue takes about its wall time is bound by the host, not the GPU.
+  double decode_enqueue_s = 0;
   size_t batched_attention_steps = 0;  ///< decode steps in a GpuModel::decode_batch whose attention ran on the
                                        ///< model's batch engine: one launch per layer for every sequence of the batch
   route::RouteReport pages;        ///< pages per format and segments read, all decode steps
