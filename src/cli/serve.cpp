@@ -25,9 +25,11 @@ struct ServeArgs {
 };
 
 int run(const ServeArgs& a) {
-  resolve_device(a.device);  // --device cuda in a CPU-only build: that line
-  // auto is the CPU here even beside a GPU (docs/serve.md): the GPU path is asked for by name.
-  const std::string device = a.device == "cuda" ? "cuda" : "cpu";
+  // auto: the GPU runtime when this build has it and a GPU is usable, as for
+  // generate and bench -- but for --kv-format f32, which only the CPU path
+  // reads. (--device cuda in a CPU-only build, or without a GPU: one line.)
+  std::string device = resolve_device(a.device);
+  if (a.device == "auto" && a.kv_format == "f32") device = "cpu";
   if (device == "cpu" && (a.kv_placement != "auto" || a.gpu_kv_mem_gib > 0))
     throw Error("--kv-placement and --gpu-kv-mem apply to --device cuda");
   if (device == "cuda" && a.kv_format == "f32")
@@ -81,7 +83,8 @@ void add_serve(CLI::App& app, std::function<int()>& run_fn) {
   app.add_option("--kv-format", a->kv_format, "History format, as generate")->capture_default_str()
       ->check(CLI::IsMember({"bf16", "f32", "lossless13", "int8s", "hybrid"}));
   app.add_option("--device", a->device, "cpu, or cuda (the GPU runtime: one copy of the weights, a history per "
-                 "request, up to 8 requests per batched step); auto is the CPU")->capture_default_str()
+                 "request, up to 8 requests per batched step); auto: cuda when this build has it and a GPU is usable (but for "
+                 "--kv-format f32), else cpu")->capture_default_str()
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   app.add_option("--kv-placement", a->kv_placement, "cuda: where each request's history is read from (host: streamed "
                  "from host memory; gpu: resident; partial: the hot pages resident; auto: gpu when it fits the request's "

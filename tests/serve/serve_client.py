@@ -18,7 +18,9 @@ class Server:
     """`activekv serve ARGS --port 0` as a child process; .port once it listens."""
 
     def __init__(self, binary, *args, model=None, threads=2):
-        cmd = [binary, "serve", "-m", model or default_model(), "--port", "0", "-t", str(threads), *args]
+        # The CPU path unless the test names a device: --device auto takes a GPU where there is one.
+        device = () if "--device" in args else ("--device", "cpu")
+        cmd = [binary, "serve", "-m", model or default_model(), "--port", "0", "-t", str(threads), *device, *args]
         self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
         self.log = []
         self.port = None
