@@ -202,27 +202,15 @@ split_attention_kernel(const SplitWork* __restrict__ work, const float* __restri
       }
     }
     float s[2][2];
-    float bm = -INFINITY;
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const float v = (sacc[2][nt][j] + sacc[1][nt][j]) + sacc[0][nt][j];
         s[nt][j] = nt * 8 + 2 * q4 + j < nvalid ? v : -INFINITY;
-        bm = fmaxf(bm, s[nt][j]);
       }
-    bm = fmaxf(bm, __shfl_xor_sync(0xffffffffu, bm, 1));
-    bm = fmaxf(bm, __shfl_xor_sync(0xffffffffu, bm, 2));
-    const float mx = fmaxf(m_run, bm);
-    const bool none = mx == -INFINITY;
-    const float alpha = none ? 1.f : exp2f(m_run - mx);  // m_run = -inf -> 0
     float p[2][2];
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-      for (int j = 0; j < 2; ++j) p[nt][j] = none ? 0.f : exp2f(s[nt][j] - mx);
-    l_run = fmaf(l_run, alpha, (p[0][0] + p[0][1]) + (p[1][0] + p[1][1]));
-    m_run = mx;
+    const float alpha = online_softmax_block(s, m_run, l_run, p);
     // Rescale O^T (columns = heads 2q4, 2q4+1) only when some factor is not exactly 1.
     if (__any_sync(0xffffffffu, alpha != 1.f)) {
       const float a0 = __shfl_sync(0xffffffffu, alpha, (2 * q4) * 4);

@@ -80,11 +80,6 @@ template <int HD, int W, int NS, int B> constexpr size_t tc_smem(int split_token
 }
 constexpr size_t kMaxSmem = 227 * 1024;  // sm_90 opt-in limit per CTA
 
-__device__ __forceinline__ float quad_max(float v) {
-  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
-  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
-}
-
 // Prologue of one KV head: each warp takes query heads warp, warp + W, ... of
 // the 8 mma rows: q'_j = q_j c_j, a = max|q'| / 127, codes of q' (and of the
 // residual when two terms) written into the q.k A fragments; rows of heads
@@ -152,21 +147,8 @@ __device__ __forceinline__ void attend_block(const uint4* sq, uint32_t sk, uint3
       s[nt][j] = t < ntok ? v : -INFINITY;
     }
   // --- online softmax, base 2 ---------------------------------------------
-  const float bm = quad_max(fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1])));
-  float mx = fmaxf(m_run, bm);
-  if (opt.pow2_reference) {
-    if (mx != -INFINITY) mx = ceilf(mx);
-    mx = fmaxf(mx, m_run);  // the reference never moves down
-  }
-  const bool none = mx == -INFINITY;
-  const float alpha = none ? 1.f : exp2f(m_run - mx);  // m_run = -inf -> 0
   float p[2][2];
-#pragma unroll
-  for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-    for (int j = 0; j < 2; ++j) p[nt][j] = none ? 0.f : exp2f(s[nt][j] - mx);
-  l_run = fmaf(l_run, alpha, (p[0][0] + p[0][1]) + (p[1][0] + p[1][1]));
-  m_run = mx;
+  const float alpha = online_softmax_block(s, m_run, l_run, p, opt.pow2_reference);
   // pv_block: both accumulator rows of this lane are head g's, its own alpha.
   // pv_block_t: entries i hold head 2q4 + (i & 1), whose alpha lanes 8q4 and
   // 8q4 + 4 hold (every lane of a head's quad has it).

@@ -83,4 +83,38 @@ __device__ __forceinline__ void split_bf16(float x0, float x1, uint32_t (&o)[N])
 // Three terms (hi, mid, lo): fp32-accurate products with exact bf16 operands.
 __device__ __forceinline__ void split3(float x0, float x1, uint32_t (&o)[3]) { split_bf16<3>(x0, x1, o); }
 
+// Max over the 4 lanes of a quad: the lanes that hold one row of an m16n8
+// C fragment (lanes 4g .. 4g + 3).
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+
+// One 16-token block of an online softmax in base 2, for the score row this
+// lane's quad holds: s = this lane's 4 scores of the block (-inf where
+// masked). Moves the running max m_run to include the block's -- with
+// `pow2_reference` (SPEC §4 trick 2) rounded up to an integer and never
+// down --, writes p = 2^(s - m_run), folds this lane's p into l_run (its own
+// columns; the caller sums the quad at the end) after scaling it, and
+// returns alpha = 2^(m_old - m_new), the factor the output accumulators
+// take. While every score so far is -inf: alpha 1, p 0.
+__device__ __forceinline__ float online_softmax_block(const float (&s)[2][2], float& m_run, float& l_run,
+                                                      float (&p)[2][2], bool pow2_reference = false) {
+  const float bm = quad_max(fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1])));
+  float mx = fmaxf(m_run, bm);
+  if (pow2_reference) {
+    if (mx != -INFINITY) mx = ceilf(mx);
+    mx = fmaxf(mx, m_run);  // the reference never moves down
+  }
+  const bool none = mx == -INFINITY;
+  const float alpha = none ? 1.f : exp2f(m_run - mx);  // m_run = -inf -> 0
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) p[nt][j] = none ? 0.f : exp2f(s[nt][j] - mx);
+  l_run = fmaf(l_run, alpha, (p[0][0] + p[0][1]) + (p[1][0] + p[1][1]));
+  m_run = mx;
+  return alpha;
+}
+
 }  // namespace activekv::cuda::detail
