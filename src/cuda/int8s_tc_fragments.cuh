@@ -189,13 +189,14 @@ __device__ __forceinline__ void p_frag(const float (&p)[2][2], uint32_t (&a)[4])
   a[3] = pack_f16(lo[1][0], lo[1][1]);
 }
 
-// P.V of one block: acc[c][e] += the C fragment of channels 16c + 2n + e
-// (pv_channel). stage_v: the shared address of the block's value codes.
-template <int HD>
-__device__ __forceinline__ void pv_block(uint32_t stage_v, const uint32_t (&a)[4], int lane,
-                                         float (&acc)[HD / 16][2][4]) {
-  // ldmatrix x4 .trans addressing: matrix i = (tokens 8(i&1)..+7, chunk 2cp + (i>>1)),
-  // so registers 0, 1 give b0, b1 of chunk 2cp and 2, 3 those of chunk 2cp + 1.
+// The value codes of one block, 16 channels (one 16-byte chunk) at a time,
+// as f16 pairs: ldmatrix x4 .trans addressing, matrix i = (tokens
+// 8(i&1)..+7, chunk 2cp + (i>>1)), so registers 0, 1 hold tokens 0..7,
+// 8..15 of chunk 2cp and 2, 3 those of chunk 2cp + 1. For chunk c,
+// f(c, e0, o0, e1, o1): e = the even channels' bytes, o = the odd ones',
+// of tokens 2q4, 2q4+1 (e0, o0) and 8+2q4, 9+2q4 (e1, o1).
+template <int HD, class F>
+__device__ __forceinline__ void for_each_v_chunk(uint32_t stage_v, int lane, F&& f) {
   const int i = lane >> 3, r = 8 * (i & 1) + (lane & 7), ch = i >> 1;
 #pragma unroll
   for (int cp = 0; cp < HD / 32; ++cp) {
@@ -203,13 +204,23 @@ __device__ __forceinline__ void pv_block(uint32_t stage_v, const uint32_t (&a)[4
     ldsm_x4_t(w, stage_v + stage_offset<HD>(r, 2 * cp + ch));
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      uint32_t b0e, b0o, b1e, b1o;
-      s8x4_to_f16x2(w[2 * h], b0e, b0o);
-      s8x4_to_f16x2(w[2 * h + 1], b1e, b1o);
-      mma_f16_16816(acc[2 * cp + h][0], a, b0e, b1e);
-      mma_f16_16816(acc[2 * cp + h][1], a, b0o, b1o);
+      uint32_t e0, o0, e1, o1;
+      s8x4_to_f16x2(w[2 * h], e0, o0);
+      s8x4_to_f16x2(w[2 * h + 1], e1, o1);
+      f(2 * cp + h, e0, o0, e1, o1);
     }
   }
+}
+
+// P.V of one block: acc[c][e] += the C fragment of channels 16c + 2n + e
+// (pv_channel). stage_v: the shared address of the block's value codes.
+template <int HD>
+__device__ __forceinline__ void pv_block(uint32_t stage_v, const uint32_t (&a)[4], int lane,
+                                         float (&acc)[HD / 16][2][4]) {
+  for_each_v_chunk<HD>(stage_v, lane, [&](int c, uint32_t e0, uint32_t o0, uint32_t e1, uint32_t o1) {
+    mma_f16_16816(acc[c][0], a, e0, e1);  // B = the even channels of the chunk
+    mma_f16_16816(acc[c][1], a, o0, o1);  // and the odd ones
+  });
 }
 
 // Channel rows: channel and head of pv_block_t's accumulator acc[c][i] for lane (g, q4).
@@ -223,22 +234,11 @@ __host__ __device__ constexpr int pvt_head(int i, int q4) { return 2 * q4 + (i &
 template <int HD>
 __device__ __forceinline__ void pv_block_t(uint32_t stage_v, const uint32_t (&a)[4], int lane,
                                            float (&acc)[HD / 16][1][4]) {
-  // Same ldmatrix .trans addressing as pv_block: registers 0, 1 = tokens 0..7,
-  // 8..15 of chunk 2cp; 2, 3 those of chunk 2cp + 1.
-  const int i = lane >> 3, r = 8 * (i & 1) + (lane & 7), ch = i >> 1;
-#pragma unroll
-  for (int cp = 0; cp < HD / 32; ++cp) {
-    uint32_t w[4];
-    ldsm_x4_t(w, stage_v + stage_offset<HD>(r, 2 * cp + ch));
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      uint32_t v[4];  // the A fragment V^T: rows g / g + 8 = channels 2g / 2g + 1 (even / odd bytes)
-      s8x4_to_f16x2(w[2 * h], v[0], v[1]);
-      s8x4_to_f16x2(w[2 * h + 1], v[2], v[3]);
-      mma_f16_16816(acc[2 * cp + h][0], v, a[0], a[2]);
-      mma_f16_16816(acc[2 * cp + h][0], v, a[1], a[3]);
-    }
-  }
+  for_each_v_chunk<HD>(stage_v, lane, [&](int c, uint32_t e0, uint32_t o0, uint32_t e1, uint32_t o1) {
+    const uint32_t v[4] = {e0, o0, e1, o1};  // the A fragment V^T: rows g / g + 8 = channels 2g / 2g + 1
+    mma_f16_16816(acc[c][0], v, a[0], a[2]);  // P's hi terms
+    mma_f16_16816(acc[c][0], v, a[1], a[3]);  // then its lo terms
+  });
 }
 
 }  // namespace activekv::cuda::detail
