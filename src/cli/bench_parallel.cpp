@@ -232,8 +232,9 @@ void run_parallel_rows(const ModelBenchArgs& a, const BenchDevice& d, const mode
         f.open_s = ms_since(t0) / 1000;
         f.placement = g->placement();
         run.batch_limit = g->max_batch();
-        bench_stage(fmt::format("{}: {} sequences of {} tokens opened in {:.1f} s, GPU budget {} each; {}", where,
-                                n_max, n_ctx, f.open_s, describe_bytes(f.seq_gpu_budget), g->plan()));
+        bench_stage(fmt::format("{}: {} sequences of {} tokens opened in {:.1f} s, GPU budget {} each{}", where, n_max,
+                                n_ctx, f.open_s, describe_bytes(f.seq_gpu_budget),
+                                g->plan().empty() ? "" : "; " + g->plan()));
         // One token source per sequence: sequence s gets the same tokens whatever the other values of --parallel.
         std::vector<TokenSource> sources;
         for (int s = 0; s < n_max; ++s) sources.emplace_back(vocab, 42 + uint64_t(s));
