@@ -188,7 +188,7 @@ case $CASE in
     expect 1 "bench: --parallel 0: a count of sequences is in [1, 1024]" -- bench -m "$m" --device cuda --parallel 0
     expect 1 "bench: --parallel 2 is given twice" -- bench -m "$m" --device cuda --parallel 2,2
     expect 1 "bench: --parallel times decode steps only" -- bench -m "$m" --device cuda --parallel 2 -p 16
-    expect 1 "bench: --parallel times decode steps: -n 0 must be > 0" -- bench -m "$m" --device cuda --parallel 2 -n 0 -p 0
+    expect 1 "bench: --parallel times decode steps: -n 0 must be > 0" -- bench -m "$m" --device cuda --parallel 2 -n 0
     expect 1 "leave out --cuda-graphs" -- bench -m "$m" --device cuda --parallel 2 --cuda-graphs on
     expect 1 "not enough memory for bench --parallel 16: 16 histories of" -- \
       bench -m "$m" --device cuda --parallel 1,16 -d 100000000 -n 1
