@@ -51,6 +51,13 @@
 #           GGUF at 128K with --gpu-kv-mem 4 (about half the bf16 history):
 #           host (link only) against partial (+ --cpu-share auto) for bf16 and
 #           hybrid into $OUT/partial_bench.json (each row's plan line in it)
+#   parallel  N sequences on one GpuModel (issue 16's figures): the bench
+#           --parallel GPU CLI test, then `activekv bench --parallel 1,8,16` on
+#           the 27B-shape GGUF at depth 32K, bf16, one run per placement
+#           (AKV_PAR_PLACEMENTS, default "host gpu"; AKV_PAR_N, default 1,8,16)
+#           into $OUT/parallel_bench_<placement>.json. Estimated (not yet run):
+#           host ~3.5 min (16 fills of 32K at ~4.6 s, x16 steps of ~0.62 s),
+#           gpu ~1.5 min (fills ~2.9 s each)
 #
 # The image lacks our Debian libraries: fetch them here (ignored via .git/info/exclude):
 #   (mkdir -p .debs && cd .debs && apt-get download libopenblas0-openmp libopenblas-openmp-dev \
@@ -248,6 +255,17 @@ EOF
     || echo "-- no plot here (matplotlib?): run bench/plot_model_bench.py on the JSON"
 }
 
+run_parallel() {
+  echo "== bench --parallel: N sequences decoding together on one GpuModel, 27B shape at 32K"
+  ctest --test-dir build-device -R cli_bench_parallel_gpu --output-on-failure | tail -5
+  local G=/tmp/akv-27b-q4_0.gguf p
+  [ -f "$G" ] || python3 tools/make_synthetic_gguf.py "$G" || return 1
+  for p in ${AKV_PAR_PLACEMENTS:-host gpu}; do
+    $AKV bench -m "$G" --parallel "${AKV_PAR_N:-1,8,16}" -d 32768 -n 32 -r 3 -ctk bf16 --kv-placement "$p" \
+      --json "$OUT/parallel_bench_$p.json" || return 1
+  done
+}
+
 run_partial() {
   echo "== partial residency: GPU tests, then host vs partial on the 27B shape at 128K with a 4 GiB budget"
   local rc=0
@@ -346,6 +364,7 @@ case "$PHASE" in
   all) run_tests || RC=1; run_bench ;;
   modelbench) run_modelbench || RC=1 ;;
   partial) run_partial || RC=1 ;;
+  parallel) run_parallel || RC=1 ;;
   eval) run_eval || RC=1 ;;
 esac
 echo "== done in $(( $(date +%s) - t0 )) s, rc=$RC"

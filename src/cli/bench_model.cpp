@@ -16,11 +16,11 @@
 #include <cmath>
 #include <cstdio>
 #include <numeric>
-#include <random>
 #include <set>
 
 #include "activekv/core/error.h"
 #include "activekv/core/text_file.h"
+#include "bench_parallel.h"
 #include "commands.h"
 #include "generate.h"
 #include "memory.h"
@@ -81,36 +81,17 @@ void check_args(const ModelBenchArgs& a, const std::string& device) {
   if (!a.json_out.empty()) check_writable(a.json_out, "bench --json output");
 }
 
-class TokenSource {
- public:
-  explicit TokenSource(int vocab) : dist_(0, vocab - 1) {}
-  std::vector<int32_t> next(int64_t n) {
-    std::vector<int32_t> v(static_cast<size_t>(n));
-    for (int32_t& t : v) t = dist_(rng_);
-    return v;
-  }
-
- private:
-  std::mt19937_64 rng_{42};
-  std::uniform_int_distribution<int32_t> dist_;
-};
-
-void stage(const std::string& what) {
-  fmt::print(stderr, "bench: {}\n", what);
-  std::fflush(stderr);
-}
-
 // Appends random tokens until the history holds `depth` (untimed), then waits for conversion.
 void fill_depth(BenchSession& s, int64_t depth, TokenSource& tokens, const std::string& where) {
   if (s.n_tokens() >= depth) return;
   const int64_t n = depth - s.n_tokens();
-  stage(fmt::format("{}: depth fill by prefill of {} random tokens", where, n));
+  bench_stage(fmt::format("{}: depth fill by prefill of {} random tokens", where, n));
   const auto t0 = std::chrono::steady_clock::now();
   s.prefill(tokens.next(n));
   const double fill_ms = ms_since(t0);
   const auto t1 = std::chrono::steady_clock::now();
   s.wait_conversions();
-  stage(fmt::format("{}: filled in {:.1f} s ({:.0f} tokens/s); conversion caught up {:.1f} s later", where,
+  bench_stage(fmt::format("{}: filled in {:.1f} s ({:.0f} tokens/s); conversion caught up {:.1f} s later", where,
                     fill_ms / 1000, 1000.0 * double(n) / fill_ms, ms_since(t1) / 1000));
 }
 
@@ -158,12 +139,7 @@ BenchRow run_pp(BenchSession& s, const ModelBenchArgs& a, BenchRow row, TokenSou
 
 // After a row (untimed): the last logits must be finite.
 void check_finite(const BenchSession& s, const BenchRow& row, const std::string& where) {
-  const std::vector<float> logits = s.last_logits();
-  const auto bad = std::find_if(logits.begin(), logits.end(), [](float x) { return !std::isfinite(x); });
-  if (bad != logits.end())
-    throw Error(fmt::format("bench: {}: after {} logit {} of {} is {} (not finite): the model's weights or a kernel "
-                            "are broken; nothing was timed on it",
-                            where, row.label(), bad - logits.begin(), logits.size(), *bad));
+  check_finite_logits(s.last_logits(), where, row.label());
 }
 
 void run_rows(const ModelBenchArgs& a, const BenchDevice& dev, int vocab, std::vector<BenchRow>& rows) {
@@ -176,7 +152,7 @@ void run_rows(const ModelBenchArgs& a, const BenchDevice& dev, int vocab, std::v
       for (int64_t depth : a.depths) {
         const std::string where = fmt::format("{} {} d{}", format, placement, depth);
         std::unique_ptr<BenchSession> s = dev.open(format, placement, depth + row_tokens);
-        if (!s->plan().empty()) stage(fmt::format("{}: {}", where, s->plan()));
+        if (!s->plan().empty()) bench_stage(fmt::format("{}: {}", where, s->plan()));
         fill_depth(*s, depth, tokens, where);
         BenchRow base;
         base.depth = depth;
@@ -191,7 +167,7 @@ void run_rows(const ModelBenchArgs& a, const BenchDevice& dev, int vocab, std::v
           row.n_tokens = a.n_gen;
           rows.push_back(run_tg(*s, a, dev, row, tokens));
           check_finite(*s, rows.back(), where);
-          stage(fmt::format("{}: {} {:.2f} t/s", where, rows.back().label(), rows.back().tps_mean()));
+          bench_stage(fmt::format("{}: {} {:.2f} t/s", where, rows.back().label(), rows.back().tps_mean()));
         }
         for (int p : a.prompts) {
           if (p == 0) continue;
@@ -200,7 +176,7 @@ void run_rows(const ModelBenchArgs& a, const BenchDevice& dev, int vocab, std::v
           row.n_tokens = p;
           rows.push_back(run_pp(*s, a, row, tokens));
           check_finite(*s, rows.back(), where);
-          stage(fmt::format("{}: {} {:.2f} t/s", where, rows.back().label(), rows.back().tps_mean()));
+          bench_stage(fmt::format("{}: {} {:.2f} t/s", where, rows.back().label(), rows.back().tps_mean()));
         }
       }
     }
@@ -210,6 +186,7 @@ void run_rows(const ModelBenchArgs& a, const BenchDevice& dev, int vocab, std::v
 int run_model_bench(ModelBenchArgs a) {
   const std::string device = resolve_device(a.device);
   check_args(a, device);
+  check_parallel_args(a, device);
   if (a.convert_threads == 0) a.convert_threads = std::max(1, default_threads() / 2);
   BenchRun run;
   run.model_path = a.model.empty() ? default_model_path() : a.model;
@@ -221,24 +198,27 @@ int run_model_bench(ModelBenchArgs a) {
     run.file_bytes += double(t.n_bytes);
   }
   run.shape_27b = is_27b_shape(file, run.config);
-  stage(run.shape_27b ? "the model is SPEC §1's 27B attention shape with Q4_0 matrices: llama.cpp's figures shown"
+  bench_stage(run.shape_27b ? "the model is SPEC §1's 27B attention shape with Q4_0 matrices: llama.cpp's figures shown"
                       : "not SPEC §1's 27B shape (or not Q4_0): no llama.cpp figures");
-  stage(fmt::format("measuring bandwidths and loading {} on {}", run.model_path, device));
+  if (!a.parallel.empty()) require_parallel_host_fits(a, run.config, available_memory_bytes());
+  bench_stage(fmt::format("measuring bandwidths and loading {} on {}", run.model_path, device));
 #ifdef ACTIVEKV_HAVE_CUDA
-  const BenchDevice dev = device == "cuda" ? gpu_bench_device(a, file, run.config) : cpu_bench_device(a, file);
+  BenchDevice dev = device == "cuda" ? gpu_bench_device(a, file, run.config) : cpu_bench_device(a, file);
+  if (!a.parallel.empty()) add_gpu_parallel(dev, a, file, run.config);  // check_parallel_args: cuda only
 #else
   const BenchDevice dev = cpu_bench_device(a, file);
 #endif
   run.device = &dev;
-  stage(fmt::format("{}: weights {:.1f} GB/s ({}){}; {:.1f} MiB of weights read per decode step", dev.name,
+  bench_stage(fmt::format("{}: weights {:.1f} GB/s ({}){}; {:.1f} MiB of weights read per decode step", dev.name,
                     dev.weight_gbps, dev.weight_link,
                     dev.h2d_gbps > 0 ? fmt::format(", host->device {:.1f} GB/s", dev.h2d_gbps) : std::string(),
                     dev.weight_bytes / double(1 << 20)));
-  run_rows(a, dev, run.config.vocab_size, run.rows);
+  if (a.parallel.empty()) run_rows(a, dev, run.config.vocab_size, run.rows);
+  else run_parallel_rows(a, dev, run.config, run);
   const std::string json = json_report(run);
   if (!a.json_out.empty()) {
     write_text_file(a.json_out, json, "bench --json output");
-    stage("wrote " + a.json_out);
+    bench_stage("wrote " + a.json_out);
   }
   fmt::print("{}", a.output == "json" ? json : markdown_table(run));
   std::fflush(stdout);
@@ -250,7 +230,8 @@ int run_model_bench(ModelBenchArgs a) {
 void add_bench(CLI::App& app, std::function<int()>& run) {
   auto a = std::make_shared<ModelBenchArgs>();
   app.add_option("-m,--model", a->model, "GGUF model (default: $ACTIVEKV_MODEL, else the installed SmolLM2)");
-  app.add_option("-p,--n-prompt", a->prompts, "Prompt sizes: pp rows (0: none)")->delimiter(',')->capture_default_str();
+  CLI::Option* prompts =
+      app.add_option("-p,--n-prompt", a->prompts, "Prompt sizes: pp rows (0: none)")->delimiter(',')->capture_default_str();
   app.add_option("-n,--n-gen", a->n_gen, "Tokens per decode (tg) row (0: none)")->capture_default_str();
   app.add_option("-d,--n-depth", a->depths, "History depths before each row, e.g. 0,32k,128k (k = 1024)")
       ->delimiter(',')->transform(CLI::AsSizeValue(false))->capture_default_str();
@@ -276,9 +257,20 @@ void add_bench(CLI::App& app, std::function<int()>& run) {
   app.add_option("--convert-threads", a->convert_threads, "Background conversion threads (0: half the hardware's)")
       ->capture_default_str();
   app.add_option("--prefill-chunk", a->prefill_chunk, "Tokens per prefill forward pass")->capture_default_str();
+  app.add_option("--parallel", a->parallel,
+                 "CUDA: sequences decoding together on one model (list, e.g. 1,8,16): one tg row per value, "
+                 "`tgN @ dD xP`, every step advancing each sequence one token through GpuModel::decode_batch in rounds "
+                 "of at most 8; decode rows only (no -p)")
+      ->delimiter(',');
+  app.add_option("--seq-gpu-kv-mem", a->seq_gpu_kv_mem_gib,
+                 "--parallel: GiB of GPU budget each sequence gets (0: --gpu-kv-mem, or the free memory, / max N)")
+      ->capture_default_str();
   add_cuda_graphs_option(app, a->cuda_graphs);
   add_cpu_share_option(app, a->cpu_share);
-  run = [a] { return run_model_bench(*a); };
+  run = [a, prompts] {
+    a->prompts_given = prompts->count() > 0;
+    return run_model_bench(*a);
+  };
 }
 
 }  // namespace activekv::cli

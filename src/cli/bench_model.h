@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <random>
 #include <span>
 #include <string>
 #include <vector>
@@ -41,10 +42,41 @@ struct ModelBenchArgs {
   std::string cuda_graphs = "off";          ///< --cuda-graphs on|off: gpu-placement decode steps as CUDA graphs
   double cpu_share = kCpuShareUnset;        ///< --cpu-share: rows whose pages stream, co-attention (CUDA);
                                             ///< unset: resolve_cpu_share per placement
-  double gpu_kv_mem_gib = 0;                ///< --gpu-kv-mem: the GPU budget for the history (0: free less a margin)
+  double gpu_kv_mem_gib = 0;                ///< --gpu-kv-mem: the GPU budget for the history (0: free less a margin);
+                                            ///< with --parallel, the budget all sequences share
+  std::vector<int> parallel;                ///< --parallel: sequences decoding together, one row each (CUDA;
+                                            ///< empty: single-history rows; bench_parallel.h)
+  double seq_gpu_kv_mem_gib = 0;            ///< --seq-gpu-kv-mem: each sequence's GPU budget (0: --gpu-kv-mem / N)
+  bool prompts_given = false;               ///< -p was on the command line (--parallel refuses it)
 };
 
+/// Random token ids in [0, vocab), the same sequence for the same seed (the
+/// histories the bench fills and the tokens it feeds are repeatable).
+class TokenSource {
+ public:
+  explicit TokenSource(int vocab, uint64_t seed = 42) : rng_(seed), dist_(0, vocab - 1) {}
+  std::vector<int32_t> next(int64_t n) {
+    std::vector<int32_t> v(static_cast<size_t>(n));
+    for (int32_t& t : v) t = dist_(rng_);
+    return v;
+  }
+
+ private:
+  std::mt19937_64 rng_;
+  std::uniform_int_distribution<int32_t> dist_;
+};
+
+/// One progress line on stderr ("bench: <what>"), flushed.
+void bench_stage(const std::string& what);
+
+/// Throws Error if a logit is not finite: "bench: <where>: after <label>
+/// logit i of n is x (not finite): ..." (a random model with bad scales, or
+/// a kernel gone wrong, is not timed on).
+void check_finite_logits(const std::vector<float>& logits, const std::string& where, const std::string& label);
+
 /// One history on the device under test, sized for a row's tokens.
+class ParallelGroup;  // bench_parallel.h
+
 class BenchSession {
  public:
   virtual ~BenchSession() = default;
@@ -89,6 +121,12 @@ struct BenchDevice {
   }
   std::function<std::unique_ptr<BenchSession>(const std::string& format, const std::string& placement, int64_t n_ctx)>
       open;
+  /// --parallel (CUDA): n histories of n_ctx tokens against one model, each
+  /// with a GPU budget of seq_budget bytes; empty elsewhere.
+  std::function<std::unique_ptr<ParallelGroup>(const std::string& format, const std::string& placement, int n,
+                                               int64_t n_ctx, uint64_t seq_budget)>
+      open_parallel;
+  uint64_t kv_budget = 0;      ///< --parallel: the GPU bytes the sequences' histories share (the model's budget)
 };
 
 /// Weight bytes one decode step reads: every tensor but the token embedding
@@ -119,11 +157,22 @@ struct BenchRow {
   std::string requested;       ///< --kv-placement as given (placement: what the session ran)
   std::string plan;            ///< the session's plan line (BenchSession::plan)
   double floor_ms = 0;         ///< tg: weight + history bytes over the measured bandwidths (0: none)
+  // --parallel rows (bench_parallel.h): n_tokens steps, each advancing every
+  // one of n_seqs sequences by a token; ms per repetition, history bytes per
+  // token and the floor are per step (all sequences); depth_start is the
+  // shortest sequence's.
+  int n_seqs = 0;              ///< sequences decoding together (0: a single-history row)
+  int rounds = 0;              ///< forward passes per step: ceil(n_seqs / the batch limit)
+  double weight_floor_ms = 0, history_floor_ms = 0;  ///< the floor's two parts (floor_ms their sum)
+  uint64_t seq_gpu_budget = 0; ///< each sequence's GPU budget, bytes
+  std::vector<std::vector<int32_t>> seq_tokens;  ///< [sequence] the tokens the timed steps sampled, all repetitions
 
-  std::string label() const;   ///< "pp512", "tg128 @ d32768"
+  std::string label() const;   ///< "pp512", "tg128 @ d32768"; --parallel: "tg32 @ d32768 x16"
+  /// Tokens per second: all sequences' tokens (n_tokens x max(1, n_seqs)) over the wall time.
   double tps_mean() const;
+  std::vector<double> reps_tps() const;  ///< per repetition, as tps_mean
   double tps_stddev() const;   ///< sample stddev over repetitions (0 for one)
-  double ms_per_token() const; ///< mean over repetitions of ms / n_tokens
+  double ms_per_token() const; ///< mean over repetitions of ms / n_tokens (--parallel: ms per step)
 };
 
 /// llama.cpp's figure from SPEC §1 for a row (ms/token; the cache type it
@@ -136,6 +185,17 @@ struct LlamaCppFigure {
 bool is_27b_shape(const gguf::File& f, const model::ModelConfig& c);
 LlamaCppFigure llama_cpp_figure(const BenchRow& r);
 
+/// --parallel: how one group of sequences was filled (bench_parallel.h).
+struct ParallelFill {
+  std::string format, requested, placement;  ///< -ctk value, --kv-placement as given, the placement that ran
+  int64_t depth = 0;           ///< -d value (a depth of 0 is filled with one token: decode needs a prefilled history)
+  int64_t fill_tokens = 0;     ///< tokens each sequence was prefilled with
+  double open_s = 0;           ///< opening the sequences (their pinned page stores, budgets, engines)
+  std::vector<double> fill_s;  ///< [sequence] its prefill, one after another
+  double conversion_s = 0;     ///< then, until background conversion had caught up in all
+  uint64_t seq_gpu_budget = 0; ///< each sequence's GPU budget, bytes
+};
+
 /// Everything the report needs about the run.
 struct BenchRun {
   std::string model_path;
@@ -144,7 +204,12 @@ struct BenchRun {
   bool shape_27b = false;
   const BenchDevice* device = nullptr;
   std::vector<BenchRow> rows;
+  bool parallel = false;       ///< --parallel rows (bench_parallel.h), reported in their own table
+  std::vector<ParallelFill> fills;
+  int batch_limit = 0;         ///< --parallel: sequences one forward pass advances at most
 };
+/// The run's first line: model, device, depth fill, bandwidths measured.
+std::string run_header_line(const BenchRun& run);
 /// The llama-bench-like markdown table.
 std::string markdown_table(const BenchRun& run);
 /// The JSON document (command, commit, device, model shape, rows with every repetition).

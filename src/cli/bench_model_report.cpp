@@ -2,25 +2,29 @@
 // figures of SPEC §1, the markdown table and the JSON document.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <numeric>
 
 #include "bench_model.h"
+#include "bench_parallel.h"
 #include "provenance.h"
 
 namespace activekv::cli {
 
 std::string BenchRow::label() const {
   const std::string t = fmt::format("{}{}", kind, n_tokens);
-  return depth > 0 ? fmt::format("{} @ d{}", t, depth) : t;
+  const std::string d = depth > 0 ? fmt::format("{} @ d{}", t, depth) : t;
+  return n_seqs > 0 ? fmt::format("{} x{}", d, n_seqs) : d;  // llama-batched-bench's B as llama-bench's label
 }
 
 namespace {
 
 std::vector<double> tps_of(const BenchRow& r) {
+  const double tokens = double(r.n_tokens) * std::max(1, r.n_seqs);  // --parallel: every sequence's tokens
   std::vector<double> v;
-  for (double ms : r.ms) v.push_back(ms > 0 ? 1000.0 * r.n_tokens / ms : 0.0);
+  for (double ms : r.ms) v.push_back(ms > 0 ? 1000.0 * tokens / ms : 0.0);
   return v;
 }
 
@@ -31,6 +35,8 @@ double mean(const std::vector<double>& v) {
 }  // namespace
 
 double BenchRow::tps_mean() const { return mean(tps_of(*this)); }
+
+std::vector<double> BenchRow::reps_tps() const { return tps_of(*this); }
 
 double BenchRow::tps_stddev() const {
   const std::vector<double> v = tps_of(*this);
@@ -82,15 +88,20 @@ LlamaCppFigure llama_cpp_figure(const BenchRow& r) {
   return {};
 }
 
-std::string markdown_table(const BenchRun& run) {
+std::string run_header_line(const BenchRun& run) {
   const BenchDevice& d = *run.device;
-  std::string out = fmt::format(
+  return fmt::format(
       "model: {} ({}), {} params, {:.3g} MB | device: {} | depth fill: {} | bandwidth measured: weights {:.1f} GB/s "
       "({}){}\n\n",
       run.model_path, run.config.name.empty() ? run.config.arch : run.config.name,
       run.params >= 1e9 ? fmt::format("{:.2f}B", run.params / 1e9) : fmt::format("{:.2f}M", run.params / 1e6),
       run.file_bytes / 1e6, d.name, d.depth_fill, d.weight_gbps, d.weight_link,
       d.h2d_gbps > 0 ? fmt::format(", host->device {:.1f} GB/s", d.h2d_gbps) : std::string());
+}
+
+std::string markdown_table(const BenchRun& run) {
+  std::string out = run_header_line(run);
+  if (run.parallel) return out + parallel_markdown(run);
   out += "| kv | placement | test | t/s | ms/token | floor ms | x floor | llama.cpp ms | speed-up |\n";
   out += "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n";
   for (const BenchRow& r : run.rows) {
@@ -117,9 +128,9 @@ std::string markdown_table(const BenchRun& run) {
   return out;
 }
 
-std::string json_report(const BenchRun& run) {
-  const BenchDevice& d = *run.device;
-  const model::ModelConfig& c = run.config;
+namespace {
+
+nlohmann::json single_rows(const BenchRun& run) {
   nlohmann::json rows = nlohmann::json::array();
   for (const BenchRow& r : run.rows) {
     const LlamaCppFigure ref = run.shape_27b ? llama_cpp_figure(r) : LlamaCppFigure{};
@@ -148,7 +159,15 @@ std::string json_report(const BenchRun& run) {
                     {"llama_cpp_cache", ref.cache.empty() ? nlohmann::json(nullptr) : nlohmann::json(ref.cache)},
                     {"speedup_vs_llama_cpp", opt(ref.ms > 0, ref.ms / ms)}});
   }
-  const nlohmann::json j = {
+  return rows;
+}
+
+}  // namespace
+
+std::string json_report(const BenchRun& run) {
+  const BenchDevice& d = *run.device;
+  const model::ModelConfig& c = run.config;
+  nlohmann::json j = {
       {"bench", "model"},
       {"command", command_line()},
       {"commit", git_commit()},
@@ -166,8 +185,9 @@ std::string json_report(const BenchRun& run) {
                 "placement on the GPU, else weights_gbps) + resident_bytes_per_token / weights_gbps (partial "
                 "placement); pp rows: none. Rows with cpu_share > 0 (co-attention) "
                 "count only the streamed history bytes: the link's floor, not the floor of link and CPU together"},
-      {"llama_cpp", "SPEC §1 figures (H200, random-Q4_0 GGUF of the 27B attention shape), only for that shape"},
-      {"rows", rows}};
+      {"llama_cpp", "SPEC §1 figures (H200, random-Q4_0 GGUF of the 27B attention shape), only for that shape"}};
+  if (run.parallel) add_parallel_json(run, j);  // its own rows, floor and fills
+  else j["rows"] = single_rows(run);
   return j.dump(2) + "\n";
 }
 

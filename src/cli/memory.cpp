@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <limits>
 
+#include "activekv/kv/codec.h"
+#include "activekv/kv/codec_lossless13.h"
+
 namespace activekv::cli {
 namespace {
 
@@ -52,6 +55,16 @@ uint64_t fp32_weight_bytes(const gguf::File& f) {
 
 uint64_t page_store_bytes(const kv::KvShape& shape, int64_t n_tokens) {
   return saturating_mul(saturating_mul(pages_per_layer(shape, n_tokens), uint64_t(shape.n_layers)), shape.page_bytes());
+}
+
+uint64_t routed_history_bytes(const kv::KvShape& shape, route::RouteKind kind, int64_t n_tokens) {
+  uint64_t encoded = 0;  // one encoded page's slot: lossless13 at its largest (every plane raw)
+  if (kind != route::RouteKind::exact)
+    encoded = route::compressed_format(kind) == route::ReadFormat::lossless13
+                  ? kv::lossless13_raw_page_bytes(shape)
+                  : kv::encoded_page_bytes(kv::CodecFormat::int8s, shape);
+  const uint64_t pages = saturating_mul(pages_per_layer(shape, n_tokens), uint64_t(shape.n_layers));
+  return saturating_add(page_store_bytes(shape, n_tokens), saturating_mul(pages, encoded));
 }
 
 void require_page_store(const kv::KvShape& shape, int64_t n_tokens) {

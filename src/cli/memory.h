@@ -11,6 +11,7 @@
 #include "activekv/core/error.h"
 #include "activekv/gguf/gguf.h"
 #include "activekv/kv/page_store.h"
+#include "activekv/route/route.h"
 
 namespace activekv::cli {
 
@@ -37,6 +38,13 @@ uint64_t fp32_weight_bytes(const gguf::File& f);
 /// Bytes of the page store for `n_tokens` tokens: whole pages of every layer.
 /// Saturates instead of overflowing.
 uint64_t page_store_bytes(const kv::KvShape& shape, int64_t n_tokens);
+
+/// Bytes one history of `n_tokens` takes as the GPU runtime holds it: the
+/// bf16 page store (page_store_bytes) and room for the route's encoded copy
+/// of every page (published as pages fill; none for the exact route). Host
+/// memory with any placement; the same again on the GPU with gpu placement
+/// (the runtime's HistoryView sizes its resident history so).
+uint64_t routed_history_bytes(const kv::KvShape& shape, route::RouteKind kind, int64_t n_tokens);
 
 /// Checks the page store of `n_tokens` fits (require_memory), naming -c,
 /// the page count and the page size in the message.

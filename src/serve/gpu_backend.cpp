@@ -10,8 +10,6 @@
 #include <vector>
 
 #include "activekv/cuda/quant_matvec.h"
-#include "activekv/kv/codec.h"
-#include "activekv/kv/codec_lossless13.h"
 #include "activekv/route/placement.h"
 #include "activekv/runtime/gpu_model.h"
 #include "activekv/runtime/gpu_sequence.h"
@@ -82,14 +80,7 @@ class GpuBackend final : public Backend {
     // The pinned bf16 page store of the global layers, and room for the
     // route's encoded copy of every page (published as pages fill).
     const kv::KvShape shape{c_.n_global_layers(), c_.n_kv_heads, c_.head_dim, base_.page_size, kv::PageFormat::bf16};
-    const uint64_t pages = uint64_t((n_ctx + shape.page_size - 1) / shape.page_size) * uint64_t(shape.n_layers);
-    uint64_t encoded = 0;
-    if (base_.route.kind != route::RouteKind::exact) {
-      const route::ReadFormat f = route::compressed_format(base_.route.kind);
-      encoded = f == route::ReadFormat::lossless13 ? kv::lossless13_raw_page_bytes(shape)
-                                                   : kv::encoded_page_bytes(kv::CodecFormat::int8s, shape);
-    }
-    return cli::page_store_bytes(shape, n_ctx) + pages * encoded;
+    return cli::routed_history_bytes(shape, base_.route.kind, n_ctx);
   }
   std::unique_ptr<Session> open(int64_t n_ctx, const model::SamplerParams& sampling) override {
     runtime::RuntimeOptions ro = base_;

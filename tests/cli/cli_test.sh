@@ -88,6 +88,66 @@ EOF
     && echo "ok: bench -o md table" || fail "bench -o md: $(cat "$TMP/bench.md" "$TMP/bench.log" | tail -n 5)"
 }
 
+# activekv bench --parallel 1,2 on the tiny model (GPU): every row has finite, positive figures, its
+# rounds, its sequences' tokens, and a floor; the fills are reported; and sequence 0's greedy tokens
+# with --parallel 2 (decoded in a batch of two) are those it decodes alone (--parallel 1), per
+# placement (the exact route: no background conversion to race with).
+check_bench_parallel() {
+  local model json="$TMP/par.json" p n
+  model=$(tiny_model)
+  if ! "$AKV" bench -m "$model" --device cuda --parallel 1,2 -n 4 -d 0,64 -r 2 -ctk bf16,hybrid --kv-placement host,gpu \
+      --page-size 16 -o json > "$json" 2> "$TMP/par.log"; then
+    fail "bench --parallel 1,2 failed: $(tail -n 3 "$TMP/par.log")"
+    return
+  fi
+  python3 - "$json" <<'PY' || fail "bench --parallel: JSON checks failed"
+import json, math, sys
+j = json.load(open(sys.argv[1]))
+assert j["parallel"] is True and j["batch_limit"] >= 2 and j["commit"] and "--parallel" in j["command"], j
+rows = {(r["test"], r["kv_format"], r["kv_placement"]): r for r in j["rows"]}
+want = {(f"tg4{d} x{n}", f, p) for d in ("", " @ d64") for n in (1, 2) for f in ("bf16", "hybrid") for p in ("host", "gpu")}
+assert set(rows) == want, sorted(set(rows) ^ want)
+for key, r in rows.items():
+    n = r["n_seqs"]
+    assert r["rounds"] == 1 and len(r["reps_ms"]) == 2 and len(r["reps_depth_start"]) == 2, key
+    assert all(x > 0 and math.isfinite(x) for x in r["reps_ms"] + r["reps_tokens_per_s"]), key
+    assert r["tokens_per_s_mean"] > 0 and r["ms_per_step"] > 0 and r["floor_ms"] > 0, key
+    assert abs(r["tokens_per_s_per_seq"] * n - r["tokens_per_s_mean"]) < 1e-6 * r["tokens_per_s_mean"], key
+    # Not measured for --parallel before this test's first H200 run; the single-history rows' bound
+    # (check_bench): a ratio well below 1 is a floor counting bytes the step does not read.
+    assert r["floor_ratio"] >= 0.3, (key, r["floor_ratio"])
+    assert r["history_bytes_per_step"] > 0 or r["depth"] == 0, key
+    assert r["reps_depth_start"][0] >= max(r["depth"], 1), key
+    assert len(r["seq_tokens"]) == n and all(len(t) == 2 * 4 for t in r["seq_tokens"]), key
+    assert all(0 <= t < j["model"]["vocab"] for s in r["seq_tokens"] for t in s), key
+# Two sequences read about twice one's history per step (the d64 rows; the x2 row's first sequence is ~10 tokens deeper).
+for f in ("bf16", "hybrid"):
+    for p in ("host", "gpu"):
+        one, two = rows[("tg4 @ d64 x1", f, p)], rows[("tg4 @ d64 x2", f, p)]
+        assert 1.5 < two["history_bytes_per_step"] / one["history_bytes_per_step"] < 2.5, (f, p, one, two)
+fills = j["fills"]
+assert len(fills) == 8, fills
+assert all(len(f["fill_s"]) == 2 and f["fill_tokens_per_seq"] == max(f["depth"], 1) for f in fills), fills
+print("ok: bench --parallel JSON,", len(rows), "rows")
+PY
+  "$AKV" bench -m "$model" --device cuda --parallel 2 -n 4 -d 64 -r 1 --page-size 16 -o md > "$TMP/par.md" \
+      2> "$TMP/par.log" && grep -qF "| tg4 @ d64 x2 | 2 | 1 |" "$TMP/par.md" && grep -qF "rounds of at most" "$TMP/par.md" \
+    && echo "ok: bench --parallel -o md table" || fail "bench --parallel -o md: $(cat "$TMP/par.md" "$TMP/par.log" | tail -n 5)"
+  for p in host gpu; do
+    for n in 1 2; do
+      "$AKV" bench -m "$model" --device cuda --parallel $n -n 8 -d 40 -r 1 -ctk bf16 --kv-placement $p --page-size 16 \
+        -o json > "$TMP/solo$n.json" 2> "$TMP/par.log" || fail "bench --parallel $n --kv-placement $p: $(tail -n 3 "$TMP/par.log")"
+    done
+    python3 - "$TMP/solo1.json" "$TMP/solo2.json" <<'PY' && echo "ok: --kv-placement $p: sequence 0 decodes alike alone and in a batch of 2" \
+      || fail "--kv-placement $p: sequence 0's tokens in a batch of 2 differ from alone"
+import json, sys
+solo, pair = (json.load(open(f))["rows"][0]["seq_tokens"] for f in sys.argv[1:])
+assert len(solo) == 1 and len(pair) == 2 and len(solo[0]) == 8, (solo, pair)
+assert solo[0] == pair[0], (solo[0], pair[0])
+PY
+  done
+}
+
 case $CASE in
   bench)  # activekv bench on the CPU path, and its one-line refusals
     check_bench "--device cpu -t 2" host
@@ -105,6 +165,8 @@ case $CASE in
     expect 1 "bench: --cuda-graphs applies to --device cuda only" -- bench -m "$m" --device cpu --cuda-graphs on
     expect 1 "not enough memory for the KV page store" -- bench -m "$m" --device cpu -d 1000000000 -p 0 -n 1
     expect 1 "cannot write bench --json output" -- bench -m "$m" --device cpu --json /nonexistent_dir/x.json
+    expect 1 "bench: --parallel needs --device cuda" -- bench -m "$m" --device cpu --parallel 1,2 -n 4
+    expect 1 "bench: --seq-gpu-kv-mem applies to --parallel only" -- bench -m "$m" --device cpu --seq-gpu-kv-mem 1
     # Weights of inf (float16 scales overflowed): the first row's logits are NaN, and the bench stops.
     python3 "$(dirname "$0")/../../tools/make_synthetic_gguf.py" "$TMP/inf.gguf" --layers 2 --hidden 256 --heads 4 \
       --kv-heads 2 --head-dim 64 --ffn 512 --vocab 512 --weight-std 1e9 > /dev/null 2>&1
@@ -117,7 +179,19 @@ case $CASE in
     # the rest streamed and split with the host CPU by the planner (--cpu-share auto, the default there).
     check_bench "--device cuda --gpu-kv-mem 0.00005" partial
     ;;
+  bench_parallel_gpu)  # bench --parallel: N sequences on one GpuModel, decode_batch in rounds (bench_parallel.h)
+    check_bench_parallel
+    ;;
   bench_decode_args)  # bench decode's refusals of head shards, before touching a GPU (CUDA builds)
+    # bench --parallel's refusals, also before any GPU work (the model file is read, the GPU not touched)
+    m=$(tiny_model)
+    expect 1 "bench: --parallel 0: a count of sequences is in [1, 1024]" -- bench -m "$m" --device cuda --parallel 0
+    expect 1 "bench: --parallel 2 is given twice" -- bench -m "$m" --device cuda --parallel 2,2
+    expect 1 "bench: --parallel times decode steps only" -- bench -m "$m" --device cuda --parallel 2 -p 16
+    expect 1 "bench: --parallel times decode steps: -n 0 must be > 0" -- bench -m "$m" --device cuda --parallel 2 -n 0
+    expect 1 "leave out --cuda-graphs" -- bench -m "$m" --device cuda --parallel 2 --cuda-graphs on
+    expect 1 "not enough memory for bench --parallel 16: 16 histories of" -- \
+      bench -m "$m" --device cuda --parallel 1,16 -d 100000000 -n 1
     expect 1 "head shards: 5 shards for 4 KV heads" -- bench decode --gpus 0,0,0,0,0
     expect 1 "head shards: device -1 is negative" -- bench decode --gpus 0,-1
     expect 1 "--cpu-share with --gpus of several shards" -- bench decode --gpus 0,0 --cpu-share 0.25
