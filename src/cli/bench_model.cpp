@@ -97,7 +97,7 @@ void fill_depth(BenchSession& s, int64_t depth, TokenSource& tokens, const std::
 
 // n decode steps per repetition, each after conversion caught up and one warm-up step.
 BenchRow run_tg(BenchSession& s, const ModelBenchArgs& a, const BenchDevice& dev, BenchRow row, TokenSource& tokens) {
-  double bytes = 0, resident = 0;
+  double bytes = 0, resident = 0, enqueue_s = 0;
   for (int r = 0; r < a.reps; ++r) {
     s.wait_conversions();
     // The warm-up step (an empty history's first token goes through prefill,
@@ -108,13 +108,15 @@ BenchRow run_tg(BenchSession& s, const ModelBenchArgs& a, const BenchDevice& dev
     // next instantiates the step's graph (once per session): untimed too.
     if (dev.cuda_graphs) next = s.decode(next);
     row.depth_start.push_back(s.n_tokens());
-    const double b0 = s.history_bytes(), r0 = s.resident_history_bytes();
+    const double b0 = s.history_bytes(), r0 = s.resident_history_bytes(), e0 = s.enqueue_seconds();
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < row.n_tokens; ++i) next = s.decode(next);
     row.ms.push_back(ms_since(t0));
     bytes += s.history_bytes() - b0;
     resident += s.resident_history_bytes() - r0;
+    enqueue_s += s.enqueue_seconds() - e0;
   }
+  row.enqueue_ms_per_token = 1e3 * enqueue_s / double(a.reps) / row.n_tokens;
   row.history_bytes_per_token = bytes / double(a.reps) / row.n_tokens;
   row.resident_bytes_per_token = resident / double(a.reps) / row.n_tokens;
   // partial: the streamed bytes over the link (history_gbps of a placement other than gpu) plus the resident ones in HBM.

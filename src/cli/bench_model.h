@@ -103,6 +103,9 @@ class BenchSession {
   virtual std::string plan() const { return {}; }
   /// The host CPU's share of the streamed pages (co-attention; -1 auto; 0: none, and on the CPU).
   virtual double cpu_share() const { return 0; }
+  /// GPU: host seconds all decode steps so far spent enqueuing their work
+  /// (RuntimeStats::decode_enqueue_s); the CPU: 0 (nothing is enqueued).
+  virtual double enqueue_seconds() const { return 0; }
 };
 
 /// The device under test: its bandwidths (measured in this run) and how to open a session.
@@ -157,6 +160,7 @@ struct BenchRow {
   std::string requested;       ///< --kv-placement as given (placement: what the session ran)
   std::string plan;            ///< the session's plan line (BenchSession::plan)
   double floor_ms = 0;         ///< tg: weight + history bytes over the measured bandwidths (0: none)
+  double enqueue_ms_per_token = 0;  ///< tg on the GPU: host time enqueuing a step (about ms/token: host-bound)
   // --parallel rows (bench_parallel.h): n_tokens steps, each advancing every
   // one of n_seqs sequences by a token; ms per repetition, history bytes per
   // token and the floor are per step (all sequences); depth_start is the

@@ -24,6 +24,7 @@ class GpuSession final : public BenchSession {
   int64_t n_tokens() const override { return rt_.n_tokens(); }
   int32_t prefill(std::span<const int32_t> tokens) override { return rt_.prefill(tokens); }
   int32_t decode(int32_t token) override { return rt_.decode(token); }
+  double enqueue_seconds() const override { return rt_.stats().decode_enqueue_s; }
   void wait_conversions() override { rt_.wait_conversions(); }
   double history_bytes() const override {
     return double(gpu_ ? rt_.stats().resident_bytes : rt_.stats().streamed_bytes);

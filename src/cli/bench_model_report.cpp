@@ -117,6 +117,11 @@ std::string markdown_table(const BenchRun& run) {
                        ref.ms > 0 ? fmt::format("{:.2f} ({})", ref.ms, ref.cache) : "—",
                        ref.ms > 0 ? fmt::format("{:.2f}x", ref.ms / ms) : "—");
   }
+  // A GPU step whose enqueue takes about its wall time is bound by the host, not the GPU.
+  for (const BenchRow& r : run.rows)
+    if (r.kind == "tg" && r.enqueue_ms_per_token > 0)
+      out += fmt::format("- {} {} {}: the host spent {:.3f} of {:.3f} ms per token enqueuing the step\n", r.format,
+                         r.placement, r.label(), r.enqueue_ms_per_token, r.ms_per_token());
   // Which plan each history ran and why (GPU sessions; once per format, placement and depth).
   std::string last;
   for (const BenchRow& r : run.rows) {
@@ -155,6 +160,7 @@ nlohmann::json single_rows(const BenchRun& run) {
                     {"history_bytes_per_token", opt(r.kind == "tg", r.history_bytes_per_token)},
                     {"floor_ms", opt(r.floor_ms > 0, r.floor_ms)},
                     {"floor_ratio", opt(r.floor_ms > 0, ms / r.floor_ms)},
+                    {"host_enqueue_ms_per_token", opt(r.kind == "tg" && r.enqueue_ms_per_token > 0, r.enqueue_ms_per_token)},
                     {"llama_cpp_ms", opt(ref.ms > 0, ref.ms)},
                     {"llama_cpp_cache", ref.cache.empty() ? nlohmann::json(nullptr) : nlohmann::json(ref.cache)},
                     {"speedup_vs_llama_cpp", opt(ref.ms > 0, ref.ms / ms)}});
