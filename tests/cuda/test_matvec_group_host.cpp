@@ -113,7 +113,8 @@ std::string thrown(F&& f) {
 TEST(MatvecGroupPlan, BadGroupsThrowOneLine) {
   const DeviceMatrix q = mat(TensorType::Q4_0, 6144, 5120), k = mat(TensorType::Q4_0, 1024, 5120);
   auto msg = [](std::vector<MatvecGroupItem> it, int n_vec = 1, const void* ws = kWs, const float* x = kX) {
-    return thrown([&] { (void)mvhost::plan_group(it.data(), int(it.size()), x, n_vec, ws, BlockMatvecKernel::Chunked); });
+    return thrown(
+        [&] { (void)mvhost::plan_group(it.data(), int(it.size()), x, n_vec, ws, BlockMatvecKernel::Chunked); });
   };
   EXPECT_EQ(msg(items_for({q, k, k}, 1)), "(nothing thrown)");
   EXPECT_EQ(msg({}), "matvec group: 0 matrices (1..4 allowed)");
