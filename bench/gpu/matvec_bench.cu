@@ -6,7 +6,8 @@
 // printed beside it). Not a test: it asserts nothing.
 //
 //   bench_matvec [--types Q4_0,Q4_K,...] [--shapes 6144x5120,...] [--nvec 1,8]
-//                [--kernel tiled|chunked] [--batches 30] [--json out.json]
+//                [--groups 6144+1024+1024x5120,...] [--kernel tiled|chunked]
+//                [--batches 30] [--json out.json]
 //
 // The default shapes are the 27B-shape model's matrices (rows x cols): Q
 // 6144x5120, K/V 1024x5120, O 5120x6144, gate/up 17408x5120, down 5120x17408,
@@ -20,6 +21,13 @@
 // kernel alone (launch_matvec_prequantized: x quantised once, as when Q, K, V
 // share it); `us_with_quantize` is launch_matvec (both kernels). Weights are
 // random bytes (timing does not depend on the values).
+//
+// Groups (--groups, rows of the matrices joined by '+', x cols; default the
+// 27B shape's QKV 6144+1024+1024x5120 and gate/up 17408+17408x5120, "" for
+// none): matrices that read one x, timed as one grouped launch
+// (launch_matvec_prequantized_group) and as one launch per matrix
+// (launch_matvec_prequantized) in the same rotation; GB/s and % of HBM read
+// count the bytes of all the group's matrices.
 #include <cuda_runtime.h>
 
 #include <CLI/CLI.hpp>
@@ -28,8 +36,11 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <stdexcept>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -90,14 +101,51 @@ TensorType parse_type(const std::string& s) {
   throw activekv::InvalidArgument("unknown weight type '" + s + "'");
 }
 
-std::vector<std::string> split(const std::string& s) {
+std::vector<std::string> split(const std::string& s, char sep = ',') {
   std::vector<std::string> out;
   std::stringstream ss(s);
   std::string item;
-  while (std::getline(ss, item, ',')) {
+  while (std::getline(ss, item, sep)) {
     if (!item.empty()) out.push_back(item);
   }
   return out;
+}
+
+/// "R1+R2+...xC": the rows of each matrix and their common cols.
+std::pair<std::vector<int64_t>, int64_t> parse_group(const std::string& g) {
+  const size_t x = g.rfind('x');
+  std::vector<int64_t> rows;
+  int64_t cols = 0;
+  try {
+    if (x == std::string::npos) throw std::invalid_argument(g);
+    for (const std::string& r : split(g.substr(0, x), '+')) rows.push_back(std::stoll(r));
+    cols = std::stoll(g.substr(x + 1));
+  } catch (const std::logic_error&) {
+    rows.clear();
+  }
+  const bool ok = !rows.empty() && int(rows.size()) <= activekv::cuda::kMaxMatvecGroup && cols > 0 &&
+                  std::all_of(rows.begin(), rows.end(), [](int64_t r) { return r > 0; });
+  if (!ok) throw activekv::InvalidArgument("bad group '" + g + "' (expected R1+R2+...xCOLS, 1..4 matrices)");
+  return {rows, cols};
+}
+
+/// The matrices of one group in `copies` rotating copies, each 256-byte aligned.
+struct GroupCopies {
+  std::vector<size_t> offset;  // of matrix i in a copy
+  size_t copy_bytes = 0, weight_bytes = 0;
+  int copies = 0;
+};
+
+GroupCopies layout_group(TensorType type, const std::vector<int64_t>& rows, int64_t cols, size_t l2) {
+  GroupCopies g;
+  const size_t rb = activekv::gguf::row_bytes(type, uint64_t(cols));
+  for (int64_t r : rows) {
+    g.offset.push_back(g.copy_bytes);
+    g.weight_bytes += rb * size_t(r);
+    g.copy_bytes += (rb * size_t(r) + 255) / 256 * 256;
+  }
+  g.copies = int(std::max<size_t>(2, (4 * l2 + g.copy_bytes - 1) / g.copy_bytes));
+  return g;
 }
 
 }  // namespace
@@ -113,6 +161,8 @@ int main(int argc, char** argv) {
   app.add_option("--types", types, "weight types, comma-separated");
   app.add_option("--shapes", shapes, "rows x cols, comma-separated");
   app.add_option("--nvec", nvecs, "vectors per matvec (1..8), comma-separated");
+  std::string groups = "6144+1024+1024x5120,17408+17408x5120";
+  app.add_option("--groups", groups, "grouped launches: R1+R2+...xCOLS, comma-separated (\"\" for none)");
   app.add_option("--kernel", kernel, "block-type matvec kernel")->check(CLI::IsMember({"tiled", "chunked"}));
   app.add_option("--batches", batches, "timed batches per row (median)")->check(CLI::Range(1, 10000));
   app.add_option("--json", json_path, "write the results as JSON here");
@@ -191,6 +241,73 @@ int main(int argc, char** argv) {
         }
       }
     }
+    nlohmann::json group_rows = nlohmann::json::array();
+    if (!split(groups).empty()) {
+      std::printf("\n%-5s %22s %4s %10s %10s %9s %8s %12s %8s\n", "type", "group", "nvec", "MB", "us", "GB/s",
+                  "of read", "us separate", "of read");
+    }
+    for (const std::string& ts : split(types)) {
+      const TensorType type = parse_type(ts);
+      for (const std::string& gs : split(groups)) {
+        const auto parsed = parse_group(gs);
+        const std::vector<int64_t>& g_rows = parsed.first;
+        const int64_t c = parsed.second;
+        const GroupCopies gl = layout_group(type, g_rows, c, l2);
+        const size_t rb = activekv::gguf::row_bytes(type, uint64_t(c));
+        DevBuf w(gl.copy_bytes * gl.copies);
+        fill_random<<<4096, 256>>>(static_cast<uint32_t*>(w.p), gl.copy_bytes * gl.copies / 4, 7);
+        check_cuda(cudaGetLastError(), "fill_random");
+        const int per_batch = gl.copies * std::max(1, (20 + gl.copies - 1) / gl.copies);
+        const int n = int(g_rows.size());
+        int64_t max_rows = 0;
+        for (int64_t r : g_rows) max_rows = std::max(max_rows, r);
+        for (const std::string& ns : split(nvecs)) {
+          const int nv = std::stoi(ns);
+          DevBuf x(size_t(nv) * c * 4), ws(activekv::cuda::matvec_workspace_bytes(c, nv));
+          std::vector<std::unique_ptr<DevBuf>> y;
+          for (int i = 0; i < n; ++i) y.push_back(std::make_unique<DevBuf>(size_t(nv) * max_rows * 4));
+          check_cuda(cudaMemset(x.p, 0, size_t(nv) * c * 4), "cudaMemset");
+          // Copy k's matrices and their items (the outputs are shared by all copies).
+          std::vector<activekv::cuda::DeviceMatrix> mats(size_t(gl.copies) * n);
+          std::vector<activekv::cuda::MatvecGroupItem> items(mats.size());
+          for (int k = 0; k < gl.copies; ++k) {
+            for (int i = 0; i < n; ++i) {
+              const size_t j = size_t(k) * n + i;
+              mats[j] = {type, static_cast<const char*>(w.p) + size_t(k) * gl.copy_bytes + gl.offset[size_t(i)],
+                         g_rows[size_t(i)], c, rb};
+              items[j] = {&mats[j], static_cast<float*>(y[size_t(i)]->p)};
+            }
+          }
+          activekv::cuda::launch_quantize_activations(static_cast<float*>(x.p), c, nv, ws.p, nullptr);
+          const double t_group = time_median(batches, [&] {
+            for (int b = 0; b < per_batch; ++b) {
+              activekv::cuda::launch_matvec_prequantized_group(&items[size_t(b % gl.copies) * n], n,
+                                                               static_cast<float*>(x.p), nv, ws.p, nullptr);
+            }
+          }) / per_batch;
+          const double t_sep = time_median(batches, [&] {
+            for (int b = 0; b < per_batch; ++b) {
+              for (int i = 0; i < n; ++i) {
+                const auto& it = items[size_t(b % gl.copies) * n + i];
+                activekv::cuda::launch_matvec_prequantized(*it.w, static_cast<float*>(x.p), nv, it.y, false, ws.p,
+                                                           nullptr);
+              }
+            }
+          }) / per_batch;
+          check_cuda(cudaDeviceSynchronize(), "grouped matvec");
+          const double gbs = double(gl.weight_bytes) / t_group * 1e-9, gbs_sep = double(gl.weight_bytes) / t_sep * 1e-9;
+          std::printf("%-5s %22s %4d %10.1f %10.2f %9.0f %7.1f%% %12.2f %7.1f%%\n", ts.c_str(), gs.c_str(), nv,
+                      gl.weight_bytes / 1e6, t_group * 1e6, gbs, 100 * gbs / read_gbs, t_sep * 1e6,
+                      100 * gbs_sep / read_gbs);
+          std::fflush(stdout);
+          group_rows.push_back({{"type", ts}, {"group", gs}, {"matrix_rows", g_rows}, {"cols", c}, {"n_vec", nv},
+                                {"weight_bytes", gl.weight_bytes}, {"copies", gl.copies}, {"us", t_group * 1e6},
+                                {"gbs", gbs}, {"ratio_to_read", gbs / read_gbs}, {"ratio_to_copy", gbs / copy_gbs},
+                                {"us_separate", t_sep * 1e6}, {"gbs_separate", gbs_sep},
+                                {"ratio_to_read_separate", gbs_sep / read_gbs}});
+        }
+      }
+    }
     if (!json_path.empty()) {
       const char* commit = std::getenv("AKV_COMMIT");  // the device run names the commit it built
       nlohmann::json out = {{"command", command},
@@ -205,7 +322,11 @@ int main(int argc, char** argv) {
                             {"d2d_copy_method", "cudaMemcpy D2D of 2 GiB, read + write bytes counted, median of 10"},
                             {"timing", "median over batches of >= 20 back-to-back launches rotating >= 4x L2 of "
                                        "weight copies; us = weight kernel (x prequantised)"},
-                            {"rows", rows}};
+                            {"rows", rows},
+                            {"groups_timing", "us = one launch_matvec_prequantized_group over the group's matrices; "
+                                              "us_separate = one launch_matvec_prequantized per matrix; same "
+                                              "rotation; GB/s of all the group's weight bytes"},
+                            {"groups", group_rows}};
       std::ofstream(json_path) << out.dump(2) << "\n";
       std::printf("\nwrote %s\n", json_path.c_str());
     }

@@ -31,6 +31,7 @@
 #include "quant_dot.cuh"
 #include "quant_tile.cuh"
 #include "quant_x.cuh"
+#include "matvec_host.h"
 #include "model_ops_kernels.h"
 #include "once_per_device.h"
 
@@ -38,15 +39,15 @@ namespace activekv::cuda {
 
 namespace {
 
-constexpr int kWarps = 4;    // warps (rows) per CTA
+constexpr int kWarps = mvhost::kWarpsPerCta;
 constexpr int kStages = 4;   // chunks in flight per warp
 
 using qx::align256;
-
-std::string shape_str(const DeviceMatrix& w) {
-  return gguf::type_name(w.type) + " matrix of " + std::to_string(w.rows) + " rows x " +
-         std::to_string(w.cols) + " cols";
-}
+using mvhost::check_matvec_args;
+using mvhost::check_nvec;
+using mvhost::chunked_rows_per_warp;
+using mvhost::is_float_type;
+using mvhost::shape_str;
 
 // ---- activation quantisation ---------------------------------------------------
 
@@ -97,16 +98,18 @@ template <int R> __host__ __device__ constexpr int chunk_stages() { return R == 
 /// quant_dot.cuh) streams through the warp's ring; lane l takes items l and
 /// l + 32 of every chunk, loading each item's x once for the R rows (x is
 /// read through L1 by every warp: at R = 1 it is most of the kernel's L1
-/// traffic). Each row's accumulation is the R = 1 one.
+/// traffic). Each row's accumulation is the R = 1 one. This is the body for
+/// CTA `cta` of one matrix: blockIdx.x in the single-matrix kernel, the CTA's
+/// index within its matrix in the grouped one -- the same per-row code.
 template <class T, int NV, int R>
-__global__ void __launch_bounds__(kWarps * 32)
-    matvec_blocks_kernel(const uint8_t* __restrict__ w, int64_t rows, int64_t row_bytes, int n_blocks,
-                         XQuant xq, int64_t cols, float* __restrict__ y, bool accumulate) {
+__device__ __forceinline__ void chunked_cta(const uint8_t* __restrict__ w, int64_t rows, int64_t row_bytes,
+                                            int n_blocks, XQuant xq, int64_t cols, float* __restrict__ y,
+                                            bool accumulate, int64_t cta) {
   using Tl = qdot::Tiling<T>;
   constexpr int NS = chunk_stages<R>();
   extern __shared__ uint4 smem_u4[];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t row0 = (int64_t(blockIdx.x) * kWarps + warp) * R;
+  const int64_t row0 = (cta * kWarps + warp) * R;
   if (row0 >= rows) return;  // no block-wide barriers below: a warp may leave
   const int n_rows = int(min(int64_t(R), rows - row0));
   uint8_t* stages = reinterpret_cast<uint8_t*>(smem_u4) + warp * NS * R * Tl::kStageBytes;
@@ -165,6 +168,41 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
   for (int r = 0; r < R; ++r)
     if (r < n_rows) write_row<NV>(acc + r * NV, y, rows, row0 + r, accumulate);
+}
+
+template <class T, int NV, int R>
+__global__ void __launch_bounds__(kWarps * 32)
+    matvec_blocks_kernel(const uint8_t* __restrict__ w, int64_t rows, int64_t row_bytes, int n_blocks,
+                         XQuant xq, int64_t cols, float* __restrict__ y, bool accumulate) {
+  chunked_cta<T, NV, R>(w, rows, row_bytes, n_blocks, xq, cols, y, accumulate, blockIdx.x);
+}
+
+/// The matrices of a grouped launch (mvhost::GroupPlan's layout): matrix i
+/// owns CTAs [cta_end[i-1], cta_end[i]).
+struct GroupArgs {
+  const uint8_t* w[kMaxMatvecGroup];
+  float* y[kMaxMatvecGroup];
+  int64_t rows[kMaxMatvecGroup];
+  uint32_t cta_end[kMaxMatvecGroup];
+  int n;
+};
+
+/// This CTA's matrix and its CTA index within that matrix.
+__device__ __forceinline__ int group_part(const GroupArgs& g, int64_t& cta) {
+  int i = 0;
+  while (i < g.n - 1 && blockIdx.x >= g.cta_end[i]) ++i;
+  cta = int64_t(blockIdx.x) - (i > 0 ? int64_t(g.cta_end[i - 1]) : 0);
+  return i;
+}
+
+/// One launch over several matrices of one type and cols: each CTA runs the
+/// single-matrix kernel's code on its own matrix.
+template <class T, int NV, int R>
+__global__ void __launch_bounds__(kWarps * 32)
+    matvec_blocks_group_kernel(GroupArgs g, int64_t row_bytes, int n_blocks, XQuant xq, int64_t cols) {
+  int64_t cta = 0;
+  const int i = group_part(g, cta);
+  chunked_cta<T, NV, R>(g.w[i], g.rows[i], row_bytes, n_blocks, xq, cols, g.y[i], false, cta);
 }
 
 // ---- block-type matvec, tiled ------------------------------------------------------
@@ -230,11 +268,11 @@ __global__ void __launch_bounds__(qtile::kMaxWarps * 32)
 // ---- float-type matvec ---------------------------------------------------------
 
 template <class T, int NV>
-__global__ void __launch_bounds__(kWarps * 32)
-    matvec_float_kernel(const uint8_t* __restrict__ w, int64_t rows, int64_t row_bytes, int64_t cols,
-                        const float* __restrict__ x, float* __restrict__ y, bool accumulate) {
+__device__ __forceinline__ void float_cta(const uint8_t* __restrict__ w, int64_t rows, int64_t row_bytes,
+                                          int64_t cols, const float* __restrict__ x, float* __restrict__ y,
+                                          bool accumulate, int64_t cta) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t row = int64_t(blockIdx.x) * kWarps + warp;
+  const int64_t row = cta * kWarps + warp;
   if (row >= rows) return;
   const uint8_t* wr = w + row * row_bytes;
   float acc[NV];
@@ -254,6 +292,21 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
   }
   write_row<NV>(acc, y, rows, row, accumulate);
+}
+
+template <class T, int NV>
+__global__ void __launch_bounds__(kWarps * 32)
+    matvec_float_kernel(const uint8_t* __restrict__ w, int64_t rows, int64_t row_bytes, int64_t cols,
+                        const float* __restrict__ x, float* __restrict__ y, bool accumulate) {
+  float_cta<T, NV>(w, rows, row_bytes, cols, x, y, accumulate, blockIdx.x);
+}
+
+template <class T, int NV>
+__global__ void __launch_bounds__(kWarps * 32)
+    matvec_float_group_kernel(GroupArgs g, int64_t row_bytes, int64_t cols, const float* __restrict__ x) {
+  int64_t cta = 0;
+  const int i = group_part(g, cta);
+  float_cta<T, NV>(g.w[i], g.rows[i], row_bytes, cols, x, g.y[i], false, cta);
 }
 
 // ---- block-type matvec with fp32 activations --------------------------------------
@@ -308,35 +361,6 @@ void with_nv(int n, F&& f) {
                         std::to_string(kMaxMatvecVectors));
 }
 
-void check_nvec(int n_vec) {
-  if (n_vec < 1 || n_vec > kMaxMatvecVectors) {
-    throw InvalidArgument("matvec: n_vec " + std::to_string(n_vec) + " is outside 1.." +
-                          std::to_string(kMaxMatvecVectors));
-  }
-}
-
-bool is_float_type(gguf::TensorType t) {
-  return t == gguf::TensorType::F32 || t == gguf::TensorType::F16 || t == gguf::TensorType::BF16;
-}
-
-/// `need_x`: x is read (float types, or block types that quantise it here).
-/// `quantises_x`: block types read x's int8 blocks from `ws` (false: fp32 x).
-void check_matvec_args(const DeviceMatrix& w, const float* x, bool need_x, int n_vec, const float* y,
-                       const void* ws, bool quantises_x = true) {
-  validate_matrix(w);
-  check_nvec(n_vec);
-  if ((need_x && x == nullptr) || y == nullptr) {
-    throw InvalidArgument("matvec on " + shape_str(w) + ": x or y is null");
-  }
-  if (is_float_type(w.type)) {
-    if (reinterpret_cast<uintptr_t>(x) % 16 != 0) {
-      throw InvalidArgument("matvec on " + shape_str(w) + ": x must be 16-byte aligned");
-    }
-  } else if (quantises_x && (ws == nullptr || reinterpret_cast<uintptr_t>(ws) % 256 != 0)) {
-    throw InvalidArgument("matvec on " + shape_str(w) + ": the workspace must be non-null and 256-byte aligned");
-  }
-}
-
 BlockMatvecKernel initial_kernel() {
   const char* e = std::getenv("ACTIVEKV_MATVEC_KERNEL");
   if (e != nullptr && std::strcmp(e, "tiled") == 0) return BlockMatvecKernel::Tiled;
@@ -362,32 +386,22 @@ void launch_tiled(const DeviceMatrix& w, const XQuant& xq, float* y, bool accumu
                                                                 g.rows_per_cta, xq, w.cols, y, accumulate);
 }
 
-/// ACTIVEKV_MATVEC_ROWS=1|2 forces the chunked kernel's rows per warp for
-/// one vector (measurements; 4 rows, measured slower everywhere at f19e007,
-/// is not built); 0 = chunked_rows_per_warp's choice.
-int forced_rows() {
-  static const int r = [] {
-    const char* e = std::getenv("ACTIVEKV_MATVEC_ROWS");
-    const int v = e != nullptr ? std::atoi(e) : 0;
-    return v == 1 || v == 2 ? v : 0;
-  }();
-  return r;
+/// The chunked kernel's dynamic shared memory: its stages of R rows per warp.
+template <class T, int R>
+constexpr size_t chunked_smem() {
+  return size_t(kWarps) * chunk_stages<R>() * R * qdot::Tiling<T>::kStageBytes;
 }
 
-/// Rows per warp of the chunked kernel for a type of `block_bytes` per
-/// `block_elems`: 2 (x loaded once for both) for 4-bit types (x's 40 bytes
-/// per 32 elements are most of their L1 traffic) where the matrix has rows
-/// enough (>= 4096: >= 2048 warps), else 1. Measured on the H200 at f19e007
-/// (bench/results/h200_bench_matvec_rows{1,2,4}.json, % of HBM read, 1 vs 2
-/// rows): Q4_0 6144x5120 29.9 vs 34.0, 32000x5120 57.0 vs 58.9, the others
-/// within 1 point; Q8_0 lost 4-8 points with 2 rows, Q6_K won or lost by
-/// shape; 4 rows lost everywhere (fewer warps by shared memory). Batches
-/// (n_vec > 1) already reuse each weight block for their vectors.
-int chunked_rows_per_warp(int64_t rows, int n_vec, int block_bytes, int block_elems) {
-  if (n_vec > 1) return 1;
-  if (forced_rows() != 0) return forced_rows();
-  const bool four_bit = 8 * block_bytes <= 5 * block_elems;  // <= 5 bits per element with the scales
-  return four_bit && rows >= 4096 ? 2 : 1;
+/// Raises `kernel`'s dynamic shared memory limit to `smem` once per device
+/// (over the 48 KiB default: Q8_0 at R = 2). One flag per instantiation:
+/// K (the kernel's type) tells the single and grouped kernels apart.
+template <class T, int NV, int R, class K>
+void allow_smem(K kernel, size_t smem) {
+  static OncePerDevice smem_limit_set;
+  smem_limit_set([&] {
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+               "cudaFuncSetAttribute(matvec kernel)");
+  });
 }
 
 template <class T, int NV, int R>
@@ -395,17 +409,20 @@ void launch_chunked_r(const DeviceMatrix& w, int n_blocks, const XQuant& xq, flo
                       cudaStream_t stream) {
   const int64_t warps = (w.rows + R - 1) / R;
   const dim3 grid(unsigned((warps + kWarps - 1) / kWarps)), block(kWarps * 32);
-  const size_t smem = size_t(kWarps) * chunk_stages<R>() * R * qdot::Tiling<T>::kStageBytes;
-  // Over the 48 KiB default (Q8_0 at R = 2): raised per device and instantiation, the first time.
-  static OncePerDevice smem_limit_set;
-  smem_limit_set([&] {
-    check_cuda(cudaFuncSetAttribute(matvec_blocks_kernel<T, NV, R>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    int(smem)),
-               "cudaFuncSetAttribute(matvec_blocks_kernel)");
-  });
+  constexpr size_t smem = chunked_smem<T, R>();
+  allow_smem<T, NV, R>(matvec_blocks_kernel<T, NV, R>, smem);
   matvec_blocks_kernel<T, NV, R><<<grid, block, smem, stream>>>(static_cast<const uint8_t*>(w.data), w.rows,
                                                                int64_t(w.row_bytes), n_blocks, xq, w.cols, y,
                                                                accumulate);
+}
+
+template <class T, int NV, int R>
+void launch_chunked_group_r(const GroupArgs& g, unsigned ctas, const DeviceMatrix& w0, const XQuant& xq,
+                            cudaStream_t stream) {
+  constexpr size_t smem = chunked_smem<T, R>();
+  allow_smem<T, NV, R>(matvec_blocks_group_kernel<T, NV, R>, smem);
+  matvec_blocks_group_kernel<T, NV, R><<<ctas, kWarps * 32, smem, stream>>>(
+      g, int64_t(w0.row_bytes), int(w0.cols / T::kElems), xq, w0.cols);
 }
 
 template <class T, int NV>
@@ -566,6 +583,45 @@ void launch_matvec_prequantized(const DeviceMatrix& w, const float* x, int n_vec
                                 const void* workspace, cudaStream_t stream) {
   check_matvec_args(w, x, is_float_type(w.type), n_vec, y, workspace);
   run_matvec(w, x, n_vec, y, accumulate, workspace, stream);
+}
+
+void launch_matvec_prequantized_group(const MatvecGroupItem* items, int n, const float* x, int n_vec,
+                                      const void* workspace, cudaStream_t stream) {
+  const mvhost::GroupPlan plan = mvhost::plan_group(items, n, x, n_vec, workspace, g_kernel);
+  if (!plan.one_launch) {  // the tiled kernel: its row sums depend on each matrix's own CTA geometry
+    for (int i = 0; i < n; ++i) run_matvec(*items[i].w, x, n_vec, items[i].y, false, workspace, stream);
+    return;
+  }
+  if (plan.ctas() == 0) return;  // every matrix has 0 rows
+  GroupArgs g{};
+  g.n = n;
+  for (int i = 0; i < n; ++i) {
+    g.w[i] = static_cast<const uint8_t*>(items[i].w->data);
+    g.y[i] = items[i].y;
+    g.rows[i] = items[i].w->rows;
+    g.cta_end[i] = plan.cta_end[i];
+  }
+  const DeviceMatrix& w0 = *items[0].w;
+  const bool is_block = qblk::dispatch_block_type(w0.type, [&](auto t) {
+    using T = decltype(t);
+    const XQuant xq = xquant_of(workspace, w0.cols, n_vec);
+    with_nv(n_vec, [&](auto nv) {
+      constexpr int NV = decltype(nv)::value;
+      if constexpr (NV == 1) {
+        if (plan.rows_per_warp == 2) return launch_chunked_group_r<T, NV, 2>(g, plan.ctas(), w0, xq, stream);
+      }
+      launch_chunked_group_r<T, NV, 1>(g, plan.ctas(), w0, xq, stream);
+    });
+  });
+  if (!is_block) {
+    qblk::dispatch_float_type(w0.type, [&](auto t) {
+      with_nv(n_vec, [&](auto nv) {
+        matvec_float_group_kernel<decltype(t), decltype(nv)::value>
+            <<<plan.ctas(), kWarps * 32, 0, stream>>>(g, int64_t(w0.row_bytes), w0.cols, x);
+      });
+    });
+  }
+  check_cuda(cudaGetLastError(), "grouped matvec kernel launch");
 }
 
 }  // namespace activekv::cuda

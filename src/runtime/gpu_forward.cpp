@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 
 #include "activekv/cuda/model_ops.h"
 #include "device_buffer.h"
@@ -92,7 +93,11 @@ void GpuForward::project(const cuda::DeviceMatrix& w, const float* in, int T, fl
 
 // RMSNorm of `in` into xn_, then several projections of xn_. For a matvec the
 // norm's kernel also quantises its output to int8 (launch_rms_norm_quantize),
-// once for all of them: no launch of its own.
+// once for all of them: no launch of its own; and matrices of one type and
+// cols (Q, K, V; gate, up) run as one grouped launch, so that the small K
+// and V ride with Q instead of each under-filling the GPU. Every output row
+// is bitwise the separate launch's (quant_matvec.h), whatever T: the
+// batch == solo contract (gpu_model.h) holds as before.
 void GpuForward::norm_project(const float* in, const float* norm_w, int T,
                               std::initializer_list<std::pair<const cuda::DeviceMatrix*, float*>> outs,
                               cudaStream_t s) {
@@ -103,7 +108,17 @@ void GpuForward::norm_project(const float* in, const float* norm_w, int T,
     return;
   }
   cuda::launch_rms_norm_quantize(in, norm_w, T, d, c_.rms_eps, xn_, matvec_ws_, s);
-  for (const auto& [w, out] : outs) cuda::launch_matvec_prequantized(*w, xn_, T, out, false, matvec_ws_, s);
+  std::array<cuda::MatvecGroupItem, cuda::kMaxMatvecGroup> group{};
+  const cuda::DeviceMatrix* w0 = outs.begin()->first;
+  bool groupable = outs.size() <= group.size();
+  for (const auto& [w, out] : outs) groupable = groupable && w->type == w0->type && w->cols == w0->cols;
+  if (!groupable) {  // mixed types or cols (a model quantised per tensor): one launch each
+    for (const auto& [w, out] : outs) cuda::launch_matvec_prequantized(*w, xn_, T, out, false, matvec_ws_, s);
+    return;
+  }
+  int n = 0;
+  for (const auto& [w, out] : outs) group[size_t(n++)] = {w, out};
+  cuda::launch_matvec_prequantized_group(group.data(), n, xn_, T, matvec_ws_, s);
 }
 
 // x += W in; with a post-norm (gemma3) x += RMSNorm(W in) * post_norm, the

@@ -12,7 +12,7 @@
 
 #include "activekv/core/bf16.h"
 #include "activekv/gguf/gguf.h"
-#include "matvec_emulation.h"
+#include "matvec_test_util.h"
 
 namespace activekv::cuda {
 namespace {
@@ -30,34 +30,6 @@ std::string source_dir() {
 std::string name_of(const ::testing::TestParamInfo<TensorType>& info) { return gguf::type_name(info.param); }
 
 class WeightKernels : public ::testing::TestWithParam<TensorType> {};
-
-/// Bitwise equality of floats (NaN payloads included), reporting the first mismatch.
-template <class T>
-::testing::AssertionResult same_bits(const T* got, const T* want, size_t n) {
-  for (size_t i = 0; i < n; ++i) {
-    if (std::memcmp(got + i, want + i, sizeof(T)) != 0) {
-      uint32_t g = 0, w = 0;
-      std::memcpy(&g, got + i, sizeof(T));
-      std::memcpy(&w, want + i, sizeof(T));
-      return ::testing::AssertionFailure() << "element " << i << ": got bits 0x" << std::hex << g
-                                           << ", want 0x" << w;
-    }
-  }
-  return ::testing::AssertionSuccess();
-}
-
-/// Selects a block-type matvec kernel for one scope (the one before, after).
-struct KernelScope {
-  BlockMatvecKernel before = block_matvec_kernel();
-  explicit KernelScope(BlockMatvecKernel k) { set_block_matvec_kernel(k); }
-  ~KernelScope() { set_block_matvec_kernel(before); }
-};
-
-/// Every block-type kernel (float types have one).
-std::vector<BlockMatvecKernel> kernels_for(TensorType t) {
-  if (is_float_type(t)) return {BlockMatvecKernel::Tiled};
-  return {BlockMatvecKernel::Tiled, BlockMatvecKernel::Chunked};
-}
 
 TEST_P(WeightKernels, MatvecMatchesCpu) {
   NEED_GPU();

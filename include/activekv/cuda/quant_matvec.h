@@ -106,6 +106,44 @@ void launch_quantize_activations(const float* x, int64_t cols, int n_vec, void* 
 void launch_matvec_prequantized(const DeviceMatrix& w, const float* x, int n_vec, float* y,
                                 bool accumulate, const void* workspace, cudaStream_t stream);
 
+/// One matrix of launch_matvec_prequantized_group and its output
+/// y: device fp32 [n_vec][w->rows].
+struct MatvecGroupItem {
+  const DeviceMatrix* w = nullptr;
+  float* y = nullptr;
+};
+
+/// Most matrices one grouped launch takes (Q, K, V: 3; gate, up: 2).
+inline constexpr int kMaxMatvecGroup = 4;
+
+/// y_i = W_i x for i < n (accumulate = false) in ONE kernel launch: the
+/// matrices that read the same input rows -- Q, K and V after the attention
+/// RMSNorm, gate and up after the FFN's -- so that small ones (the 1024-row K
+/// and V) share the GPU with the big one instead of each under-filling it.
+/// The grid covers every matrix's rows, each CTA working on rows of one
+/// matrix with the single-matrix kernel's per-row code.
+///
+/// Accepts 1 <= n <= kMaxMatvecGroup items with non-null w and y, every
+/// matrix of the SAME type and the SAME cols (rows may differ, 0 included),
+/// each valid (validate_matrix), outputs not overlapping one another; x,
+/// n_vec and the workspace as launch_matvec_prequantized (the workspace holds
+/// x quantised for that cols and n_vec; x is read only for F32/F16/BF16
+/// weights, where it must be 16-byte aligned). Anything else throws
+/// InvalidArgument in one line naming the matrix and what is wrong, before
+/// anything is launched.
+///
+/// Result: every y_i is bitwise what launch_matvec_prequantized(*w_i, x,
+/// n_vec, y_i, false, workspace, stream) writes. Rows per warp (the chunked
+/// kernel's R, 2 for 4-bit types on tall matrices) are chosen once for the
+/// launch from the rows of all matrices together -- the rule exists to have
+/// warps enough to fill the GPU, which is the launch's total -- so a small
+/// matrix may run with R = 2 in a group and R = 1 alone; each row's sum does
+/// not depend on R (quant_matvec.cu), so the bits are the same.
+/// With BlockMatvecKernel::Tiled (whose row sums depend on its per-matrix
+/// CTA geometry) the group runs as one launch per matrix instead.
+void launch_matvec_prequantized_group(const MatvecGroupItem* items, int n, const float* x, int n_vec,
+                                      const void* workspace, cudaStream_t stream);
+
 /// cuda::rms_norm (model_ops.h) of x [T][n] into out and, in the same
 /// kernel, out's int8 blocks into `workspace` as launch_quantize_activations(
 /// out, n, T, workspace) writes them -- both bitwise -- so the matvecs that

@@ -21,9 +21,10 @@
 // picks its token.
 //
 // Exactness: the block-type matvec (the chunked kernel, the default) sums
-// each vector's dot in the same order whatever n_vec -- per lane, items in
-// the same order; per vector, the same warp reduction; explicit fmaf/mul_rn
-// -- and the activations are quantised per 32-element block of each row, so
+// each vector's dot in the same order whatever n_vec, and whether its
+// matrix is launched alone or grouped (Q, K, V; gate, up) -- per lane, items
+// in the same order; per vector, the same warp reduction; explicit
+// fmaf/mul_rn -- and the activations are quantised per 32-element block of each row, so
 // a sequence decoded in a batch sees the same logits, bit for bit, as decoded
 // alone (tests/cuda/test_runtime_batch.cpp holds greedy tokens and logits to
 // that); the batch engine's kernels read each sequence's pages at the same

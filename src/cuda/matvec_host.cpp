@@ -1,0 +1,125 @@
+// Host half of the matvec launches (matvec_host.h).
+#include "matvec_host.h"
+
+#include <cstdlib>
+
+#include "activekv/core/error.h"
+
+namespace activekv::cuda::mvhost {
+
+bool is_float_type(gguf::TensorType t) {
+  return t == gguf::TensorType::F32 || t == gguf::TensorType::F16 || t == gguf::TensorType::BF16;
+}
+
+std::string shape_str(const DeviceMatrix& w) {
+  return gguf::type_name(w.type) + " matrix of " + std::to_string(w.rows) + " rows x " +
+         std::to_string(w.cols) + " cols";
+}
+
+void check_nvec(int n_vec) {
+  if (n_vec < 1 || n_vec > kMaxMatvecVectors) {
+    throw InvalidArgument("matvec: n_vec " + std::to_string(n_vec) + " is outside 1.." +
+                          std::to_string(kMaxMatvecVectors));
+  }
+}
+
+void check_matvec_args(const DeviceMatrix& w, const float* x, bool need_x, int n_vec, const float* y,
+                       const void* ws, bool quantises_x) {
+  validate_matrix(w);
+  check_nvec(n_vec);
+  if ((need_x && x == nullptr) || y == nullptr) {
+    throw InvalidArgument("matvec on " + shape_str(w) + ": x or y is null");
+  }
+  if (is_float_type(w.type)) {
+    if (reinterpret_cast<uintptr_t>(x) % 16 != 0) {
+      throw InvalidArgument("matvec on " + shape_str(w) + ": x must be 16-byte aligned");
+    }
+  } else if (quantises_x && (ws == nullptr || reinterpret_cast<uintptr_t>(ws) % 256 != 0)) {
+    throw InvalidArgument("matvec on " + shape_str(w) + ": the workspace must be non-null and 256-byte aligned");
+  }
+}
+
+namespace {
+
+/// ACTIVEKV_MATVEC_ROWS=1|2, else 0 (read once).
+int forced_rows() {
+  static const int r = [] {
+    const char* e = std::getenv("ACTIVEKV_MATVEC_ROWS");
+    const int v = e != nullptr ? std::atoi(e) : 0;
+    return v == 1 || v == 2 ? v : 0;
+  }();
+  return r;
+}
+
+std::string group_item(int i, const DeviceMatrix& w) {
+  return "matrix " + std::to_string(i) + " (" + shape_str(w) + ")";
+}
+
+/// Throws if two outputs [y, y + n_vec * rows) share a byte: the launch
+/// writes them concurrently, where separate launches would write in order.
+void check_disjoint(const MatvecGroupItem* items, int n, int n_vec) {
+  for (int i = 0; i < n; ++i) {
+    for (int j = i + 1; j < n; ++j) {
+      const auto a = reinterpret_cast<uintptr_t>(items[i].y), b = reinterpret_cast<uintptr_t>(items[j].y);
+      const uintptr_t na = sizeof(float) * uintptr_t(n_vec) * uintptr_t(items[i].w->rows);
+      const uintptr_t nb = sizeof(float) * uintptr_t(n_vec) * uintptr_t(items[j].w->rows);
+      if (na > 0 && nb > 0 && a < b + nb && b < a + na) {
+        throw InvalidArgument("matvec group: the outputs of matrices " + std::to_string(i) + " and " +
+                              std::to_string(j) + " overlap");
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int chunked_rows_per_warp(int64_t rows, int n_vec, int block_bytes, int block_elems) {
+  if (n_vec > 1) return 1;
+  if (forced_rows() != 0) return forced_rows();
+  const bool four_bit = 8 * block_bytes <= 5 * block_elems;  // <= 5 bits per element with the scales
+  return four_bit && rows >= 4096 ? 2 : 1;
+}
+
+GroupPlan plan_group(const MatvecGroupItem* items, int n, const float* x, int n_vec, const void* workspace,
+                     BlockMatvecKernel kernel) {
+  if (items == nullptr || n < 1 || n > kMaxMatvecGroup) {
+    throw InvalidArgument("matvec group: " + std::to_string(items ? n : 0) + " matrices (1.." +
+                          std::to_string(kMaxMatvecGroup) + " allowed)");
+  }
+  for (int i = 0; i < n; ++i) {
+    if (items[i].w == nullptr || items[i].y == nullptr) {
+      throw InvalidArgument("matvec group: matrix " + std::to_string(i) + " has a null matrix or output");
+    }
+  }
+  const DeviceMatrix& w0 = *items[0].w;
+  const bool is_float = is_float_type(w0.type);
+  for (int i = 0; i < n; ++i) {
+    const DeviceMatrix& w = *items[i].w;
+    if (w.type != w0.type || w.cols != w0.cols) {
+      throw InvalidArgument("matvec group: " + group_item(i, w) + " does not match " + group_item(0, w0) +
+                            ": one type and one column count per group");
+    }
+    check_matvec_args(w, x, is_float, n_vec, items[i].y, workspace);
+  }
+  check_disjoint(items, n, n_vec);
+
+  GroupPlan p;
+  p.n = n;
+  p.one_launch = is_float || kernel == BlockMatvecKernel::Chunked;
+  int64_t total_rows = 0;
+  for (int i = 0; i < n; ++i) total_rows += items[i].w->rows;
+  if (!is_float) {
+    p.rows_per_warp = chunked_rows_per_warp(total_rows, n_vec, int(gguf::block_bytes(w0.type)),
+                                            int(gguf::block_elements(w0.type)));
+  }
+  int64_t end = 0;
+  for (int i = 0; i < n; ++i) {
+    const int64_t warps = (items[i].w->rows + p.rows_per_warp - 1) / p.rows_per_warp;
+    end += (warps + kWarpsPerCta - 1) / kWarpsPerCta;
+    if (end > int64_t(INT32_MAX)) throw InvalidArgument("matvec group: too many rows for one launch");
+    p.cta_end[i] = uint32_t(end);
+  }
+  return p;
+}
+
+}  // namespace activekv::cuda::mvhost

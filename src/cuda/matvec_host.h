@@ -1,0 +1,64 @@
+// Internal to the CUDA backend: the host half of the matvec launches
+// (quant_matvec.h) -- argument checks, the chunked kernel's rows-per-warp
+// rule and the grid of a grouped launch -- kept apart from the kernels so
+// that a test without a GPU can hold it (tests/cuda/test_weights_host.cpp).
+// Plain C++ (no device code); quant_matvec.cu includes it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "activekv/cuda/quant_matvec.h"
+
+namespace activekv::cuda::mvhost {
+
+/// Warps per CTA of the chunked and float matvec kernels (each warp R rows).
+inline constexpr int kWarpsPerCta = 4;
+
+bool is_float_type(gguf::TensorType t);
+
+/// "Q4_0 matrix of 6144 rows x 5120 cols", for error messages.
+std::string shape_str(const DeviceMatrix& w);
+
+/// Throws InvalidArgument("matvec: n_vec N is outside 1..8") unless 1 <= n_vec <= kMaxMatvecVectors.
+void check_nvec(int n_vec);
+
+/// The checks of one matvec launch (throw InvalidArgument): validate_matrix(w),
+/// n_vec, y non-null, x non-null when `need_x`; float types need x 16-byte
+/// aligned; block types (when `quantises_x`: they read x's int8 blocks) need
+/// the workspace non-null and 256-byte aligned.
+void check_matvec_args(const DeviceMatrix& w, const float* x, bool need_x, int n_vec, const float* y,
+                       const void* ws, bool quantises_x = true);
+
+/// Rows per warp of the chunked kernel for `rows` rows of a type of
+/// `block_bytes` per `block_elems`: 2 (x loaded once for both) for 4-bit
+/// types (x's 40 bytes per 32 elements are most of their L1 traffic) where
+/// there are rows enough (>= 4096: >= 2048 warps), else 1; always 1 for
+/// n_vec > 1 (batches already reuse each weight block for their vectors).
+/// ACTIVEKV_MATVEC_ROWS=1|2 in the environment forces it for one vector
+/// (measurements). Measured on the H200 at f19e007 (bench/results/
+/// h200_bench_matvec_rows{1,2,4}.json, % of HBM read, 1 vs 2 rows): Q4_0
+/// 6144x5120 29.9 vs 34.0, 32000x5120 57.0 vs 58.9, the others within 1
+/// point; Q8_0 lost 4-8 points with 2 rows, Q6_K won or lost by shape; 4
+/// rows lost everywhere (fewer warps by shared memory; not built).
+int chunked_rows_per_warp(int64_t rows, int n_vec, int block_bytes, int block_elems);
+
+/// The grid of launch_matvec_prequantized_group: matrix i owns CTAs
+/// [i ? cta_end[i-1] : 0, cta_end[i]), each of kWarpsPerCta warps of
+/// rows_per_warp rows, so that a CTA never holds rows of two matrices and
+/// its rows within the matrix are those of the single-matrix launch's CTA
+/// of the same index.
+struct GroupPlan {
+  int n = 0;
+  int rows_per_warp = 1;    // one R for the whole launch (1 for float types)
+  bool one_launch = true;   // false: the tiled kernel, one launch per matrix
+  uint32_t cta_end[kMaxMatvecGroup] = {};
+  uint32_t ctas() const { return n > 0 ? cta_end[n - 1] : 0; }
+};
+
+/// Checks a group as launch_matvec_prequantized_group documents (throws
+/// InvalidArgument, nothing launched) and lays out its grid for `kernel`.
+GroupPlan plan_group(const MatvecGroupItem* items, int n, const float* x, int n_vec, const void* workspace,
+                     BlockMatvecKernel kernel);
+
+}  // namespace activekv::cuda::mvhost

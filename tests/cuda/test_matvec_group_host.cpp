@@ -1,0 +1,170 @@
+// Host half of the grouped matvec (launch_matvec_prequantized_group,
+// src/cuda/matvec_host.h): its argument checks (one line naming the matrix
+// and the problem, thrown before anything is launched) and its grid -- which
+// CTAs each matrix owns, and the one rows-per-warp choice for the launch.
+// No GPU needed: the pointers are never dereferenced here. The GPU half is
+// test_matvec_group.cpp.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "activekv/core/error.h"
+#include "matvec_host.h"
+
+namespace activekv::cuda {
+namespace {
+
+using gguf::TensorType;
+
+/// A fake device address (16-byte aligned, never dereferenced).
+template <class T = void>
+T* fake(uintptr_t a) {
+  return reinterpret_cast<T*>(a);
+}
+
+DeviceMatrix mat(TensorType t, int64_t rows, int64_t cols) {
+  return {t, fake(uintptr_t(1) << 24), rows, cols, gguf::row_bytes(t, uint64_t(cols))};
+}
+
+void* const kWs = fake(uintptr_t(1) << 30);  // 256-byte aligned
+const float* const kX = fake<const float>(uintptr_t(1) << 31);
+
+/// Items for `ms`, outputs laid out one after another (disjoint) for n_vec vectors.
+std::vector<MatvecGroupItem> items_for(const std::vector<DeviceMatrix>& ms, int n_vec) {
+  std::vector<MatvecGroupItem> it;
+  uintptr_t y = uintptr_t(1) << 32;
+  for (const DeviceMatrix& m : ms) {
+    it.push_back({&m, fake<float>(y)});
+    y += 4 * uintptr_t(n_vec) * uintptr_t(m.rows) + 256;
+  }
+  return it;
+}
+
+mvhost::GroupPlan plan(const std::vector<DeviceMatrix>& ms, int n_vec,
+                       BlockMatvecKernel k = BlockMatvecKernel::Chunked) {
+  const auto it = items_for(ms, n_vec);
+  return mvhost::plan_group(it.data(), int(it.size()), kX, n_vec, kWs, k);
+}
+
+std::vector<uint32_t> ends(const mvhost::GroupPlan& p) { return {p.cta_end, p.cta_end + p.n}; }
+
+bool rows_forced() { return std::getenv("ACTIVEKV_MATVEC_ROWS") != nullptr; }
+
+// Which rows-per-warp rule holds: one choice for the launch, from its total
+// rows. In the 27B QKV group (Q4_0, one vector) K and V (1024 rows) run with
+// 2 rows per warp, where alone they take 1 (too few rows); each row's sum
+// does not depend on it, and test_matvec_group.cpp holds their outputs
+// bitwise the separate launches'.
+TEST(MatvecGroupPlan, OneRowsPerWarpForTheLaunch) {
+  if (rows_forced()) GTEST_SKIP() << "ACTIVEKV_MATVEC_ROWS forces the choice";
+  const std::vector<DeviceMatrix> qkv = {mat(TensorType::Q4_0, 6144, 5120), mat(TensorType::Q4_0, 1024, 5120),
+                                         mat(TensorType::Q4_0, 1024, 5120)};
+  EXPECT_EQ(mvhost::chunked_rows_per_warp(1024, 1, 18, 32), 1);
+  EXPECT_EQ(mvhost::chunked_rows_per_warp(6144, 1, 18, 32), 2);
+  mvhost::GroupPlan p = plan(qkv, 1);
+  EXPECT_EQ(p.rows_per_warp, 2);
+  EXPECT_TRUE(p.one_launch);
+  // 6144 rows / 2 per warp / 4 warps per CTA = 768 CTAs; 1024 rows: 128.
+  EXPECT_EQ(ends(p), (std::vector<uint32_t>{768, 896, 1024}));
+  // Batches: one row per warp (as alone).
+  p = plan(qkv, 2);
+  EXPECT_EQ(p.rows_per_warp, 1);
+  EXPECT_EQ(ends(p), (std::vector<uint32_t>{1536, 1792, 2048}));
+  // Q8_0 (8.5 bits per element) keeps 1 row per warp.
+  p = plan({mat(TensorType::Q8_0, 6144, 5120), mat(TensorType::Q8_0, 1024, 5120)}, 1);
+  EXPECT_EQ(p.rows_per_warp, 1);
+  EXPECT_EQ(ends(p), (std::vector<uint32_t>{1536, 1792}));
+  // gate/up, Q4_K: 17408 / 2 / 4 = 2176 CTAs each.
+  p = plan({mat(TensorType::Q4_K, 17408, 5120), mat(TensorType::Q4_K, 17408, 5120)}, 1);
+  EXPECT_EQ(p.rows_per_warp, 2);
+  EXPECT_EQ(ends(p), (std::vector<uint32_t>{2176, 4352}));
+  // Small matrices that reach 4096 rows together: 2 rows per warp; an empty
+  // matrix owns no CTA; odd rows round up to whole warps and CTAs.
+  p = plan({mat(TensorType::Q4_0, 4099, 256), mat(TensorType::Q4_0, 0, 256), mat(TensorType::Q4_0, 5, 256)}, 1);
+  EXPECT_EQ(p.rows_per_warp, 2);
+  EXPECT_EQ(ends(p), (std::vector<uint32_t>{513, 513, 514}));
+}
+
+TEST(MatvecGroupPlan, FloatTypesAndTheTiledKernel) {
+  // Float types: one launch, one row per warp, whatever the block kernel.
+  const std::vector<DeviceMatrix> f = {mat(TensorType::F16, 4096, 512), mat(TensorType::F16, 9, 512)};
+  for (auto k : {BlockMatvecKernel::Chunked, BlockMatvecKernel::Tiled}) {
+    const mvhost::GroupPlan p = plan(f, 1, k);
+    EXPECT_TRUE(p.one_launch);
+    EXPECT_EQ(p.rows_per_warp, 1);
+    EXPECT_EQ(ends(p), (std::vector<uint32_t>{1024, 1027}));
+  }
+  // The tiled block kernel: one launch per matrix (its sums depend on each matrix's CTA geometry).
+  EXPECT_FALSE(plan({mat(TensorType::Q4_0, 64, 512)}, 1, BlockMatvecKernel::Tiled).one_launch);
+}
+
+template <class F>
+std::string thrown(F&& f) {
+  try {
+    f();
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  return "(nothing thrown)";
+}
+
+TEST(MatvecGroupPlan, BadGroupsThrowOneLine) {
+  const DeviceMatrix q = mat(TensorType::Q4_0, 6144, 5120), k = mat(TensorType::Q4_0, 1024, 5120);
+  auto msg = [](std::vector<MatvecGroupItem> it, int n_vec = 1, const void* ws = kWs, const float* x = kX) {
+    return thrown(
+        [&] { (void)mvhost::plan_group(it.data(), int(it.size()), x, n_vec, ws, BlockMatvecKernel::Chunked); });
+  };
+  EXPECT_EQ(msg(items_for({q, k, k}, 1)), "(nothing thrown)");
+  EXPECT_EQ(msg({}), "matvec group: 0 matrices (1..4 allowed)");
+  const std::vector<DeviceMatrix> five(5, k);
+  EXPECT_EQ(msg(items_for(five, 1)), "matvec group: 5 matrices (1..4 allowed)");
+  // (items_for points into its argument: the matrices outlive the items)
+  const std::vector<DeviceMatrix> qk = {q, k}, qkk = {q, k, k};
+  auto it = items_for(qk, 1);
+  it[1].w = nullptr;
+  EXPECT_EQ(msg(it), "matvec group: matrix 1 has a null matrix or output");
+  it = items_for(qk, 1);
+  it[0].y = nullptr;
+  EXPECT_EQ(msg(it), "matvec group: matrix 0 has a null matrix or output");
+  const DeviceMatrix k4 = mat(TensorType::Q4_K, 1024, 5120);
+  EXPECT_EQ(msg(items_for({q, k4}, 1)),
+            "matvec group: matrix 1 (Q4_K matrix of 1024 rows x 5120 cols) does not match matrix 0 (Q4_0 matrix of "
+            "6144 rows x 5120 cols): one type and one column count per group");
+  const DeviceMatrix wide = mat(TensorType::Q4_0, 1024, 6144);
+  EXPECT_NE(msg(items_for({q, k, wide}, 1)).find("matrix 2 (Q4_0 matrix of 1024 rows x 6144 cols) does not match"),
+            std::string::npos);
+  // Outputs: matrix 2's starts inside matrix 0's.
+  it = items_for(qkk, 1);
+  it[2].y = it[0].y + 6143;
+  EXPECT_EQ(msg(it), "matvec group: the outputs of matrices 0 and 2 overlap");
+  it[2].y = it[1].y + 1023;  // one float into matrix 1's
+  EXPECT_EQ(msg(it), "matvec group: the outputs of matrices 1 and 2 overlap");
+  it[2].y = it[1].y + 1024;  // right after matrix 1's: fine
+  EXPECT_EQ(msg(it), "(nothing thrown)");
+  // An empty matrix's output overlaps nothing.
+  const std::vector<DeviceMatrix> q_empty = {q, mat(TensorType::Q4_0, 0, 5120)};
+  it = items_for(q_empty, 1);
+  it[1].y = it[0].y + 10;
+  EXPECT_EQ(msg(it), "(nothing thrown)");
+  // The single launch's checks, per matrix.
+  EXPECT_EQ(msg(items_for({q, k}, 9), 9), "matvec: n_vec 9 is outside 1..8");
+  EXPECT_EQ(msg(items_for({q, k}, 1), 1, nullptr),
+            "matvec on Q4_0 matrix of 6144 rows x 5120 cols: the workspace must be non-null and 256-byte aligned");
+  DeviceMatrix bad = k;
+  bad.row_bytes += 2;
+  EXPECT_NE(msg(items_for({q, bad}, 1)).find("row_bytes"), std::string::npos);
+  // Float weights read x itself.
+  const DeviceMatrix f = mat(TensorType::BF16, 64, 512);
+  EXPECT_EQ(msg(items_for({f, f}, 1), 1, nullptr, nullptr),
+            "matvec on BF16 matrix of 64 rows x 512 cols: x or y is null");
+  // The public launch checks the same way, before any CUDA call (none happens here).
+  const std::vector<DeviceMatrix> q_k4 = {q, k4};
+  it = items_for(q_k4, 1);
+  EXPECT_NE(thrown([&] { launch_matvec_prequantized_group(it.data(), 2, kX, 1, kWs, nullptr); }).find("does not match"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace activekv::cuda
