@@ -44,7 +44,7 @@ def main():
         ap.error("give exactly one of --port and --start")
     srv = None
     if a.start:
-        srv = Server(a.start, *a.serve_args.split())
+        srv = Server(a.start, *a.serve_args.split(), device=None)  # serve's own default device (auto)
         srv.wait_ready()
         a.port = srv.port
 

@@ -25,6 +25,9 @@ struct ServeArgs {
 };
 
 int run(const ServeArgs& a) {
+#ifdef ACTIVEKV_HAVE_SERVE
+  serve::block_stop_signals();  // first: the GPU probe below starts the CUDA driver's threads
+#endif
   // auto: the GPU runtime when this build has it and a GPU is usable, as for
   // generate and bench -- but for --kv-format f32, which only the CPU path
   // reads. (--device cuda in a CPU-only build, or without a GPU: one line.)

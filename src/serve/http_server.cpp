@@ -253,14 +253,28 @@ void load(State& s) {
 
 }  // namespace
 
-int run_server(const ServeOptions& o) {
-  // SIGINT/SIGTERM go to one waiting thread (blocked everywhere else, so
-  // every thread started below inherits the mask); it stops the server.
+namespace {
+
+sigset_t stop_signals() {
   sigset_t sigs;
   sigemptyset(&sigs);
   sigaddset(&sigs, SIGINT);
   sigaddset(&sigs, SIGTERM);
+  return sigs;
+}
+
+}  // namespace
+
+void block_stop_signals() {
+  const sigset_t sigs = stop_signals();
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+}
+
+int run_server(const ServeOptions& o) {
+  // SIGINT/SIGTERM go to one waiting thread (blocked everywhere else, so
+  // every thread started below inherits the mask); it stops the server.
+  block_stop_signals();  // again: the caller should have, before any thread (header)
+  sigset_t sigs = stop_signals();
   signal(SIGPIPE, SIG_IGN);  // a client that went away is a failed write, not a dead server
 
   State s;

@@ -17,10 +17,11 @@ def default_model():
 class Server:
     """`activekv serve ARGS --port 0` as a child process; .port once it listens."""
 
-    def __init__(self, binary, *args, model=None, threads=2):
-        # The CPU path unless the test names a device: --device auto takes a GPU where there is one.
-        device = () if "--device" in args else ("--device", "cpu")
-        cmd = [binary, "serve", "-m", model or default_model(), "--port", "0", "-t", str(threads), *device, *args]
+    def __init__(self, binary, *args, model=None, threads=2, device="cpu"):
+        # The tests run the CPU path unless they name a device (--device auto
+        # takes a GPU where there is one); device=None leaves serve's default.
+        dev = () if device is None or "--device" in args else ("--device", device)
+        cmd = [binary, "serve", "-m", model or default_model(), "--port", "0", "-t", str(threads), *dev, *args]
         self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
         self.log = []
         self.port = None

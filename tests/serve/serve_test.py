@@ -181,7 +181,8 @@ def run_hostile():
     # Bad command lines: one line naming the problem, exit 1.
     for args, words in ([["--port", str(port)], "cannot listen"], [["--port", "0", "--kv-placement", "gpu"], "--kv-placement"],
                         [["--port", "0", "-m", "/nonexistent.gguf"], "nonexistent"]):
-        r = subprocess.run([BIN, "serve", *args], capture_output=True, text=True, timeout=60)
+        # --device cpu: with auto, a GPU machine would start a GPU server for --kv-placement gpu (H200, 9392ece).
+        r = subprocess.run([BIN, "serve", "--device", "cpu", *args], capture_output=True, text=True, timeout=60)
         last = r.stderr.strip().splitlines()[-2:] if r.stderr.strip() else [""]
         check(r.returncode == 1 and any(words in line for line in last),
               "serve %s: exit %d, %r" % (" ".join(args), r.returncode, r.stderr[-300:]))

@@ -35,6 +35,16 @@ struct ServeOptions {
   int http_threads = 0;             ///< HTTP worker threads; 0: max_seqs + max_queue + 8
 };
 
+/// Blocks SIGINT and SIGTERM in the calling thread, so that every thread it
+/// starts afterwards -- the CUDA driver's (a GPU probe, the GPU runtime),
+/// OpenMP's, the server's -- inherits the mask and run_server's one waiting
+/// thread receives them. Call it before anything starts a thread: a thread
+/// that leaves them unblocked takes SIGTERM's default action and kills the
+/// process instead of stopping the server (the H200 at a071632: after
+/// `--device auto` probed the GPU, every server exited non-zero when told to
+/// stop; with --device cpu, no probe, they exited 0).
+void block_stop_signals();
+
 /// Binds host:port (printing "activekv serve: listening on http://HOST:PORT"
 /// to stderr), loads the model while /health answers 503, then serves until
 /// SIGINT or SIGTERM. Returns the exit code. Throws Error for a port that
