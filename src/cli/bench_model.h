@@ -144,6 +144,9 @@ BenchDevice cpu_bench_device(const ModelBenchArgs& a, const gguf::File& f);
 #ifdef ACTIVEKV_HAVE_CUDA
 /// The GPU device: runtime::GpuRuntime; measures HBM read and H2D bandwidth.
 BenchDevice gpu_bench_device(const ModelBenchArgs& a, const gguf::File& f, const model::ModelConfig& c);
+/// The options `generate --device cuda` would take for the bench's flags (greedy sampling).
+struct GenerateArgs;
+GenerateArgs bench_generate_args(const ModelBenchArgs& a);
 #endif
 
 /// One row: a test (ppN or tgN) at a depth, format and placement, all repetitions.

@@ -46,6 +46,21 @@ class GpuSession final : public BenchSession {
 
 }  // namespace
 
+GenerateArgs bench_generate_args(const ModelBenchArgs& a) {
+  GenerateArgs g;
+  g.model = a.model;
+  g.page_size = a.page_size;
+  g.recent_pages = a.recent_pages;
+  g.tile_pages = a.tile_pages;
+  g.convert_threads = a.convert_threads;
+  g.prefill_chunk = a.prefill_chunk;
+  g.cuda_graphs = a.cuda_graphs;
+  g.cpu_share = a.cpu_share;  // resolved per placement by runtime_options (resolve_cpu_share)
+  g.gpu_kv_mem_gib = a.gpu_kv_mem_gib;
+  g.sampling.temperature = 0;  // greedy: no sampling cost beyond an argmax, and repeatable
+  return g;
+}
+
 BenchDevice gpu_bench_device(const ModelBenchArgs& a, const gguf::File& f, const model::ModelConfig& c) {
   cudaDeviceProp prop{};
   if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) throw Error("--device cuda: no usable CUDA GPU");
@@ -60,17 +75,7 @@ BenchDevice gpu_bench_device(const ModelBenchArgs& a, const gguf::File& f, const
   d.cuda_graphs = a.cuda_graphs == "on";
   // 64 MiB copies: the size class of the engine's tile copies (SPEC §1: ~55 GB/s from 16 MiB up).
   d.h2d_gbps = gpu_bench::measure_h2d_gbps(size_t(64) << 20, 16, 5);
-  GenerateArgs g;  // the runtime options `generate --device cuda` would build
-  g.model = a.model;
-  g.page_size = a.page_size;
-  g.recent_pages = a.recent_pages;
-  g.tile_pages = a.tile_pages;
-  g.convert_threads = a.convert_threads;
-  g.prefill_chunk = a.prefill_chunk;
-  g.cuda_graphs = a.cuda_graphs;
-  g.cpu_share = a.cpu_share;  // resolved per placement by runtime_options (resolve_cpu_share)
-  g.gpu_kv_mem_gib = a.gpu_kv_mem_gib;
-  g.sampling.temperature = 0;  // greedy: no sampling cost beyond an argmax, and repeatable
+  const GenerateArgs g = bench_generate_args(a);
   d.open = [&f, c, g](const std::string& format, const std::string& placement, int64_t n_ctx) {
     GenerateArgs o = g;
     o.kv_format = format;

@@ -113,27 +113,18 @@ StepFloor parallel_step_floor(const BenchDevice& d, const std::string& placement
 namespace {
 
 // One step: every one of the first n sequences appends next[s] and next[s]
-// becomes the token it sampled; rounds of at most max_batch sequences.
-void step(ParallelGroup& g, int n, std::vector<int32_t>& next, const std::vector<int>& index) {
+// becomes the token it sampled; rounds of at most max_batch sequences. With
+// `check`, each round's logits are checked right after its forward pass
+// (the untimed step after a row, named by `where` and `label`).
+void step(ParallelGroup& g, int n, std::vector<int32_t>& next, const std::vector<int>& index, bool check = false,
+          const std::string& where = {}, const std::string& label = {}) {
   const int b = g.max_batch();
   for (int s = 0; s < n; s += b) {
     const size_t k = size_t(std::min(b, n - s));
     const std::vector<int32_t> out = g.decode_batch(std::span(index).subspan(size_t(s), k),
                                                     std::span<const int32_t>(next).subspan(size_t(s), k));
     std::copy(out.begin(), out.end(), next.begin() + s);
-  }
-}
-
-// The untimed check step after a row: each round's logits right after its forward pass.
-void check_step(ParallelGroup& g, int n, std::vector<int32_t>& next, const std::vector<int>& index,
-                const std::string& where, const std::string& label) {
-  const int b = g.max_batch();
-  for (int s = 0; s < n; s += b) {
-    const size_t k = size_t(std::min(b, n - s));
-    const std::vector<int32_t> out = g.decode_batch(std::span(index).subspan(size_t(s), k),
-                                                    std::span<const int32_t>(next).subspan(size_t(s), k));
-    std::copy(out.begin(), out.end(), next.begin() + s);
-    for (size_t i = 0; i < k; ++i)
+    for (size_t i = 0; check && i < k; ++i)
       check_finite_logits(g.last_logits(s + int(i)), fmt::format("{} sequence {}", where, s + int(i)), label);
   }
 }
@@ -254,7 +245,7 @@ void run_parallel_rows(const ModelBenchArgs& a, const BenchDevice& d, const mode
         for (int n : ns) {
           run.rows.push_back(run_row(*g, n, a, d, base, next, index));
           const BenchRow& row = run.rows.back();
-          check_step(*g, n, next, index, where, row.label());
+          step(*g, n, next, index, /*check=*/true, where, row.label());
           bench_stage(fmt::format("{}: {} {:.2f} t/s in all, {:.3f} ms per step ({} rounds), {:.2f}x its floor", where,
                                   row.label(), row.tps_mean(), row.ms_per_token(), row.rounds,
                                   row.ms_per_token() / row.floor_ms));

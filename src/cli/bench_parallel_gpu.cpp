@@ -74,15 +74,10 @@ void add_gpu_parallel(BenchDevice& d, const ModelBenchArgs& a, const gguf::File&
   mo.gpu_kv_mem = size_t(a.gpu_kv_mem_gib * double(1ull << 30));
   auto model = std::make_shared<runtime::GpuModel>(f, c, mo);
   d.kv_budget = model->kv_budget();
-  GenerateArgs g;  // the runtime options `generate --device cuda` would build, as gpu_bench_device's
-  g.model = a.model;
-  g.page_size = a.page_size;
-  g.recent_pages = a.recent_pages;
-  g.tile_pages = a.tile_pages;
-  g.convert_threads = a.convert_threads;
-  g.prefill_chunk = a.prefill_chunk;
-  g.cpu_share = a.cpu_share;
-  g.sampling.temperature = 0;  // greedy: repeatable, and a sequence's tokens are those it would decode alone
+  // As gpu_bench_device's; greedy, so a sequence's tokens are those it would decode alone. The GPU
+  // budget is the model's (mo), split per sequence by the caller; graphs are refused with --parallel.
+  GenerateArgs g = bench_generate_args(a);
+  g.gpu_kv_mem_gib = 0;
   d.open_parallel = [model, g](const std::string& format, const std::string& placement, int n, int64_t n_ctx,
                                uint64_t seq_budget) {
     GenerateArgs o = g;

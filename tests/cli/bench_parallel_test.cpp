@@ -37,6 +37,16 @@ ModelBenchArgs parallel_args() {
   return a;
 }
 
+// A one-layer model shape: the driver needs only its counts.
+model::ModelConfig tiny_config() {
+  model::ModelConfig c;
+  c.n_layers = 1;
+  c.n_kv_heads = 1;
+  c.head_dim = 64;
+  c.vocab_size = 100;
+  return c;
+}
+
 TEST(BenchParallel, RoundsAreTheForwardPassesOfAStep) {
   EXPECT_EQ(batch_rounds(1, 8), 1);
   EXPECT_EQ(batch_rounds(8, 8), 1);
@@ -230,11 +240,7 @@ TEST(BenchParallel, DriverAdvancesEverySequenceOncePerStepInRoundsOfTheBatchLimi
     g->batch_sizes = &passes;
     return std::unique_ptr<ParallelGroup>(std::move(g));
   };
-  model::ModelConfig c;
-  c.n_layers = 1;
-  c.n_kv_heads = 1;
-  c.head_dim = 64;
-  c.vocab_size = 100;
+  const model::ModelConfig c = tiny_config();
   BenchRun run;
   run.device = &d;
   run_parallel_rows(a, d, c, run);
@@ -283,11 +289,7 @@ TEST(BenchParallel, DriverChecksEverySequencesLogits) {
   d.open_parallel = [](const std::string&, const std::string&, int n, int64_t n_ctx, uint64_t) {
     return std::unique_ptr<ParallelGroup>(std::make_unique<FakeGroup>(n, 8, n_ctx, std::nanf("")));
   };
-  model::ModelConfig c;
-  c.n_layers = 1;
-  c.n_kv_heads = 1;
-  c.head_dim = 64;
-  c.vocab_size = 100;
+  const model::ModelConfig c = tiny_config();
   BenchRun run;
   run.device = &d;
   expect_error([&] { run_parallel_rows(a, d, c, run); }, "sequence 0: after tg1 x2 logit 1 of 2 is nan (not finite)");
