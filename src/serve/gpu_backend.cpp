@@ -3,8 +3,8 @@
 // (its own page store, device pages within its share of the GPU budget,
 // route, engine and sampler), decode steps of up to 8 requests in one forward
 // pass (GpuModel::decode_batch: the weights read once per step for all;
-// attention per request over its own pages -- one launch over all requests'
-// page tables is issue 13's batched decode, not yet).
+// attention one launch per layer over all requests' page tables, each
+// request reading only its own pages).
 #include <fmt/format.h>
 
 #include <vector>
