@@ -15,8 +15,9 @@
 //   4. every decoding request samples its next token (text out to its
 //      client, stop strings, end of text, max_tokens), then all that go on
 //      take one batched decode step (Backend::step_batch, in groups of its
-//      max_batch: the projections and FFN over all their rows at once,
-//      attention per request over its own pages).
+//      max_batch: the projections and FFN over all their rows at once;
+//      attention over each request's own pages -- per request on the CPU,
+//      one launch per layer for the group on the GPU).
 // A request that throws fails alone: a batched step that throws is retried
 // one request at a time, and only the requests that throw again fail.
 #pragma once
