@@ -68,9 +68,11 @@ for key, r in rows.items():
         # A step cannot read its bytes faster than the bandwidth measured beside it (over a working
         # set of the weights' size): a ratio well below 1 means a floor counting bytes the step does
         # not read. Measured on the 2-core dev machine (CPU; the tiny model's step is mostly
-        # overhead): 2.9-13 with a build running beside it. Bound 0.3: the bandwidth and the steps
-        # are timed apart, and a loaded machine can slow the one and not the other.
-        assert r["floor_ms"] > 0 and r["floor_ratio"] >= 0.3, (key, r["floor_ratio"])
+        # overhead): 2.9-13 with a build running beside it, but 0.19 and 0.24 (tg4 @ d64, host) in
+        # two runs while another whole build shared the 2 cores (.ci/run at 1dabdbd, a helper's ctest):
+        # the bandwidth and the steps are timed apart, and load can slow the one and not the other.
+        # Bound 0.1: a floor counting 10x the bytes still fails.
+        assert r["floor_ms"] > 0 and r["floor_ratio"] >= 0.1, (key, r["floor_ratio"])
         # GPU host placement at depth 0: the few tokens sit in the tail page, which has a device copy,
         # so nothing streams; every other decode row reads history.
         assert r["history_bytes_per_token"] > 0 or r["depth"] == 0, key
@@ -113,8 +115,8 @@ for key, r in rows.items():
     assert all(x > 0 and math.isfinite(x) for x in r["reps_ms"] + r["reps_tokens_per_s"]), key
     assert r["tokens_per_s_mean"] > 0 and r["ms_per_step"] > 0 and r["floor_ms"] > 0, key
     assert abs(r["tokens_per_s_per_seq"] * n - r["tokens_per_s_mean"]) < 1e-6 * r["tokens_per_s_mean"], key
-    # Not measured for --parallel before this test's first H200 run; the single-history rows' bound
-    # (check_bench): a ratio well below 1 is a floor counting bytes the step does not read.
+    # GPU rows (this test runs on the H200 only; passed there at 3b949ac): a ratio well below 1 is
+    # a floor counting bytes the step does not read.
     assert r["floor_ratio"] >= 0.3, (key, r["floor_ratio"])
     assert r["history_bytes_per_step"] > 0 or r["depth"] == 0, key
     assert r["reps_depth_start"][0] >= max(r["depth"], 1), key
