@@ -20,6 +20,9 @@
 
 #include "activekv/core/error.h"
 #include "activekv/core/text_file.h"
+#ifdef ACTIVEKV_HAVE_CUDA
+#include "activekv/cuda/decode_attention.h"
+#endif
 #include "bench_parallel.h"
 #include "commands.h"
 #include "generate.h"
@@ -188,6 +191,9 @@ void run_rows(const ModelBenchArgs& a, const BenchDevice& dev, int vocab, std::v
 int run_model_bench(ModelBenchArgs a) {
   const std::string device = resolve_device(a.device);
   check_args(a, device);
+#ifdef ACTIVEKV_HAVE_CUDA
+  if (device == "cuda") cuda::require_gpu(0, "bench --device cuda");  // one line, before loading anything
+#endif
   check_parallel_args(a, device);
   if (a.convert_threads == 0) a.convert_threads = std::max(1, default_threads() / 2);
   BenchRun run;

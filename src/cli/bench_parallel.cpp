@@ -40,8 +40,8 @@ void check_parallel_args(const ModelBenchArgs& a, const std::string& device) {
     return;
   }
   if (device != "cuda")
-    throw Error("bench: --parallel needs --device cuda (N sequences decoding together on one runtime::GpuModel; "
-                "the CPU path has no batched decode)");
+    throw Error("bench: --parallel needs a GPU (--device cuda; --device auto finds none usable here, or this build "
+                "has no CUDA backend): the CPU path has no batched decode");
   parallel_values(a.parallel);
   if (a.n_gen < 1) throw Error(fmt::format("bench: --parallel times decode steps: -n {} must be > 0", a.n_gen));
   if (a.prompts_given)

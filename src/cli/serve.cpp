@@ -4,6 +4,9 @@
 #include <fmt/format.h>
 
 #include "activekv/core/error.h"
+#ifdef ACTIVEKV_HAVE_CUDA
+#include "activekv/cuda/decode_attention.h"
+#endif
 #include "commands.h"
 #include "generate.h"
 #include "options.h"
@@ -37,6 +40,9 @@ int run(const ServeArgs& a) {
     throw Error("--kv-placement and --gpu-kv-mem apply to --device cuda");
   if (device == "cuda" && a.kv_format == "f32")
     throw Error("--kv-format f32 is the CPU path's reference format; on the GPU use bf16, lossless13, int8s or hybrid");
+#ifdef ACTIVEKV_HAVE_CUDA
+  if (device == "cuda") cuda::require_gpu(0, "serve --device cuda");  // one line, before binding the port
+#endif
 #ifdef ACTIVEKV_HAVE_SERVE
   serve::ServeOptions o;
   o.model_path = a.model.empty() ? default_model_path() : a.model;

@@ -67,7 +67,7 @@ TEST(BenchParallel, ValuesAreSortedAndBadOnesRefused) {
 
 TEST(BenchParallel, ArgumentChecks) {
   EXPECT_NO_THROW(check_parallel_args(parallel_args(), "cuda"));
-  expect_error([] { check_parallel_args(parallel_args(), "cpu"); }, "bench: --parallel needs --device cuda");
+  expect_error([] { check_parallel_args(parallel_args(), "cpu"); }, "bench: --parallel needs a GPU (--device cuda");
   ModelBenchArgs a = parallel_args();
   a.n_gen = 0;
   expect_error([&] { check_parallel_args(a, "cuda"); }, "-n 0 must be > 0");

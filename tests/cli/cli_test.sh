@@ -167,7 +167,7 @@ case $CASE in
     expect 1 "bench: --cuda-graphs applies to --device cuda only" -- bench -m "$m" --device cpu --cuda-graphs on
     expect 1 "not enough memory for the KV page store" -- bench -m "$m" --device cpu -d 1000000000 -p 0 -n 1
     expect 1 "cannot write bench --json output" -- bench -m "$m" --device cpu --json /nonexistent_dir/x.json
-    expect 1 "bench: --parallel needs --device cuda" -- bench -m "$m" --device cpu --parallel 1,2 -n 4
+    expect 1 "bench: --parallel needs a GPU (--device cuda" -- bench -m "$m" --device cpu --parallel 1,2 -n 4
     expect 1 "bench: --seq-gpu-kv-mem applies to --parallel only" -- bench -m "$m" --device cpu --seq-gpu-kv-mem 1
     # Weights of inf (float16 scales overflowed): the first row's logits are NaN, and the bench stops.
     python3 "$(dirname "$0")/../../tools/make_synthetic_gguf.py" "$TMP/inf.gguf" --layers 2 --hidden 256 --heads 4 \
