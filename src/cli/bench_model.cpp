@@ -191,9 +191,6 @@ void run_rows(const ModelBenchArgs& a, const BenchDevice& dev, int vocab, std::v
 int run_model_bench(ModelBenchArgs a) {
   const std::string device = resolve_device(a.device);
   check_args(a, device);
-#ifdef ACTIVEKV_HAVE_CUDA
-  if (device == "cuda") cuda::require_gpu(0, "bench --device cuda");  // one line, before loading anything
-#endif
   check_parallel_args(a, device);
   if (a.convert_threads == 0) a.convert_threads = std::max(1, default_threads() / 2);
   BenchRun run;
@@ -206,9 +203,13 @@ int run_model_bench(ModelBenchArgs a) {
     run.file_bytes += double(t.n_bytes);
   }
   run.shape_27b = is_27b_shape(file, run.config);
+  if (!a.parallel.empty()) require_parallel_host_fits(a, run.config, available_memory_bytes());
+#ifdef ACTIVEKV_HAVE_CUDA
+  // After every check of the arguments, before the first progress line: one line without a GPU.
+  if (device == "cuda") cuda::require_gpu(0, "bench --device cuda");
+#endif
   bench_stage(run.shape_27b ? "the model is SPEC §1's 27B attention shape with Q4_0 matrices: llama.cpp's figures shown"
                       : "not SPEC §1's 27B shape (or not Q4_0): no llama.cpp figures");
-  if (!a.parallel.empty()) require_parallel_host_fits(a, run.config, available_memory_bytes());
   bench_stage(fmt::format("measuring bandwidths and loading {} on {}", run.model_path, device));
 #ifdef ACTIVEKV_HAVE_CUDA
   BenchDevice dev = device == "cuda" ? gpu_bench_device(a, file, run.config) : cpu_bench_device(a, file);
