@@ -74,6 +74,7 @@ void check_args(const ModelBenchArgs& a, const std::string& device) {
   if (a.cpu_share != kCpuShareUnset && device == "cpu")
     throw Error("bench: --cpu-share applies to --device cuda only (the CPU path attends every page on the CPU)");
   if (a.gpu_kv_mem_gib != 0 && device == "cpu") throw Error("bench: --gpu-kv-mem applies to --device cuda only");
+  if (a.profile_timed && device == "cpu") throw Error("bench: --profile-timed applies to --device cuda only");
   if (!(a.gpu_kv_mem_gib >= 0)) throw Error(fmt::format("bench: --gpu-kv-mem {}: GiB >= 0", a.gpu_kv_mem_gib));
   if (a.reps < 1) throw Error(fmt::format("bench: -r {}: at least one repetition", a.reps));
   if (a.output != "md" && a.output != "json") throw Error(fmt::format("bench: -o {}: md or json", a.output));
@@ -112,9 +113,11 @@ BenchRow run_tg(BenchSession& s, const ModelBenchArgs& a, const BenchDevice& dev
     if (dev.cuda_graphs) next = s.decode(next);
     row.depth_start.push_back(s.n_tokens());
     const double b0 = s.history_bytes(), r0 = s.resident_history_bytes(), e0 = s.enqueue_seconds();
+    dev.mark_timed(true);
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < row.n_tokens; ++i) next = s.decode(next);
     row.ms.push_back(ms_since(t0));
+    dev.mark_timed(false);
     bytes += s.history_bytes() - b0;
     resident += s.resident_history_bytes() - r0;
     enqueue_s += s.enqueue_seconds() - e0;
@@ -276,6 +279,9 @@ void add_bench(CLI::App& app, std::function<int()>& run) {
       ->capture_default_str();
   add_cuda_graphs_option(app, a->cuda_graphs);
   add_cpu_share_option(app, a->cpu_share);
+  app.add_flag("--profile-timed", a->profile_timed,
+               "CUDA: only the timed decode steps between cudaProfilerStart and cudaProfilerStop (for ncu "
+               "--profile-from-start off)");
   run = [a, prompts] {
     a->prompts_given = prompts->count() > 0;
     return run_model_bench(*a);

@@ -40,6 +40,7 @@ struct ModelBenchArgs {
   int convert_threads = 0;                  ///< 0: half the hardware threads, at least 1
   int prefill_chunk = 512;
   std::string cuda_graphs = "off";          ///< --cuda-graphs on|off: gpu-placement decode steps as CUDA graphs
+  bool profile_timed = false;               ///< --profile-timed: cudaProfilerStart/Stop around the timed decode steps
   double cpu_share = kCpuShareUnset;        ///< --cpu-share: rows whose pages stream, co-attention (CUDA);
                                             ///< unset: resolve_cpu_share per placement
   double gpu_kv_mem_gib = 0;                ///< --gpu-kv-mem: the GPU budget for the history (0: free less a margin);
@@ -130,6 +131,13 @@ struct BenchDevice {
                                                int64_t n_ctx, uint64_t seq_budget)>
       open_parallel;
   uint64_t kv_budget = 0;      ///< --parallel: the GPU bytes the sequences' histories share (the model's budget)
+  /// --profile-timed: called with true before a tg row's timed steps and
+  /// false after them (cudaProfilerStart/Stop, so that `ncu
+  /// --profile-from-start off` sees those kernels only); empty otherwise.
+  std::function<void(bool)> timed_range;
+  void mark_timed(bool on) const {
+    if (timed_range) timed_range(on);
+  }
 };
 
 /// Weight bytes one decode step reads: every tensor but the token embedding

@@ -2,6 +2,7 @@
 // runtime `generate --device cuda` runs, and the two bandwidths its floor is
 // made of (bench/gpu/bandwidth.h, the same measurements as bench_matvec and
 // calibrate).
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
@@ -75,6 +76,11 @@ BenchDevice gpu_bench_device(const ModelBenchArgs& a, const gguf::File& f, const
   d.cuda_graphs = a.cuda_graphs == "on";
   // 64 MiB copies: the size class of the engine's tile copies (SPEC §1: ~55 GB/s from 16 MiB up).
   d.h2d_gbps = gpu_bench::measure_h2d_gbps(size_t(64) << 20, 16, 5);
+  if (a.profile_timed)
+    d.timed_range = [](bool on) {
+      (void)cudaDeviceSynchronize();  // the range holds the timed steps' kernels, not earlier ones still queued
+      (void)(on ? cudaProfilerStart() : cudaProfilerStop());
+    };
   const GenerateArgs g = bench_generate_args(a);
   d.open = [&f, c, g](const std::string& format, const std::string& placement, int64_t n_ctx) {
     GenerateArgs o = g;

@@ -171,12 +171,14 @@ BenchRow run_row(ParallelGroup& g, int n, const ModelBenchArgs& a, const BenchDe
     step(g, n, next, index);  // warm-up: uploads of newly published pages, first touches
     row.depth_start.push_back(shortest(g, n));
     const double b0 = g.history_bytes(), r0 = g.resident_history_bytes();
+    d.mark_timed(true);
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < row.n_tokens; ++i) {
       step(g, n, next, index);
       for (int s = 0; s < n; ++s) row.seq_tokens[size_t(s)].push_back(next[size_t(s)]);  // reserved: no allocation
     }
     row.ms.push_back(ms_since(t0));
+    d.mark_timed(false);
     bytes += g.history_bytes() - b0;
     resident += g.resident_history_bytes() - r0;
   }
