@@ -127,17 +127,25 @@ __global__ void bf16_kernel4(const float4* x, uint2* out, int64_t n4) {
 
 // ---- RMSNorm: one block per row ---------------------------------------------
 
+// Threads per row: wide rows (a model's d_model) take 1024, so that a decode
+// step's single row is not one 256-thread block walking it five float4s deep
+// twice over; narrow ones (QK-norm over a head) 256. A function of the row
+// width alone: a row's result never depends on how many rows a launch has
+// (the batch == solo contract).
+constexpr int kWideNormThreads = 1024;
+int norm_threads(int n) { return n >= 2048 ? kWideNormThreads : kThreads; }
+
 __device__ inline double sq(float v) { return double(v) * double(v); }  // exact in double
 
 // kQuant (needs kVec4, n % 32 == 0): each output block of 32 is also
 // quantised for the matvec into qx/ds (row blockIdx.x of the workspace) by the
 // 8 lanes that hold it (qx::quantize_block): the norm's output feeds the next
 // matvecs without a launch of its own to quantise it.
-template <bool kVec4, bool kQuant>
-__global__ void rms_norm_kernel(const float* x, const float* w, int n, float eps, float* out, int8_t* qx,
-                                float2* ds) {
+template <int kBlock, bool kVec4, bool kQuant>
+__global__ void __launch_bounds__(kBlock) rms_norm_kernel(const float* x, const float* w, int n, float eps, float* out,
+                                                          int8_t* qx, float2* ds) {
   static_assert(kVec4 || !kQuant, "the quantising epilogue reads float4s");
-  using Reduce = cub::BlockReduce<double, kThreads>;
+  using Reduce = cub::BlockReduce<double, kBlock>;
   __shared__ typename Reduce::TempStorage tmp;
   __shared__ float inv_s;
   const float* xr = x + size_t(blockIdx.x) * n;
@@ -145,12 +153,12 @@ __global__ void rms_norm_kernel(const float* x, const float* w, int n, float eps
   double ss = 0.0;
   if constexpr (kVec4) {
     const float4* x4 = reinterpret_cast<const float4*>(xr);
-    for (int i = threadIdx.x; i < n / 4; i += kThreads) {
+    for (int i = threadIdx.x; i < n / 4; i += kBlock) {
       const float4 v = x4[i];
       ss += sq(v.x) + sq(v.y) + sq(v.z) + sq(v.w);
     }
   } else {
-    for (int i = threadIdx.x; i < n; i += kThreads) ss += sq(xr[i]);
+    for (int i = threadIdx.x; i < n; i += kBlock) ss += sq(xr[i]);
   }
   const double total = Reduce(tmp).Sum(ss);
   // ops.cpp: float(1.0 / std::sqrt(ss / n + double(eps))); double sqrt and
@@ -163,7 +171,7 @@ __global__ void rms_norm_kernel(const float* x, const float* w, int n, float eps
     const float4* w4 = reinterpret_cast<const float4*>(w);
     float4* o4 = reinterpret_cast<float4*>(o);
     auto f = [inv](float a, float b) { return __fmul_rn(__fmul_rn(a, inv), b); };
-    for (int i = threadIdx.x; i < n / 4; i += kThreads) {
+    for (int i = threadIdx.x; i < n / 4; i += kBlock) {
       const float4 r = apply4(x4[i], w4[i], f);
       o4[i] = r;
       if constexpr (kQuant) {  // i = 8 * block + g; the 8 lanes of a block are all here (n / 4 % 8 == 0)
@@ -174,32 +182,50 @@ __global__ void rms_norm_kernel(const float* x, const float* w, int n, float eps
       }
     }
   } else {
-    for (int i = threadIdx.x; i < n; i += kThreads) o[i] = __fmul_rn(__fmul_rn(xr[i], inv), w[i]);
+    for (int i = threadIdx.x; i < n; i += kBlock) o[i] = __fmul_rn(__fmul_rn(xr[i], inv), w[i]);
   }
 }
 
-// ---- RoPE: one thread per (row, pair), looping over the heads ----------------
+// ---- RoPE: one thread per (row, head, pair) -----------------------------------
 
-// x2 (n_heads2 heads) is a second tensor at the same positions, rotated by
-// the same thread (q and k in one launch); nullptr for none.
+// x2 (n_heads2 heads) is a second tensor at the same positions (q and k in
+// one launch); nullptr for none. Heads [0, n_heads) are x's, the rest x2's.
+// A thread per head, not a loop over the heads: a decode step has one row,
+// and 128 threads walking 28 heads serially took the step's longest small
+// kernel (ncu on the H200, 27B shape, 7e9c6b0). Every thread computes its
+// pair's angle (double cos and sin, as ops.cpp): the same bits in each head.
 template <bool kHalfSplit>
 __global__ void rope_kernel(float* x, int n_heads, float* x2, int n_heads2, int T, int head_dim, const int64_t* pos,
                             const double* freqs, int half) {
-  const int64_t work = int64_t(T) * half;
+  const int heads = n_heads + n_heads2;
+  const int64_t work = int64_t(T) * heads * half;
   for (int64_t w = thread_index(); w < work; w += grid_stride()) {
-    const int t = int(w / half), i = int(w % half);
+    const int i = int(w % half);
+    const int64_t th = w / half;
+    const int t = int(th / heads), h = int(th % heads);
     const double angle = double(pos[t]) * freqs[i];
     const float cs = float(cos(angle)), sn = float(sin(angle));
     const int a = kHalfSplit ? i : 2 * i;
     const int b = kHalfSplit ? i + half : 2 * i + 1;
-    auto rotate = [&](float* v) {
-      const float x0 = v[a], x1 = v[b];
-      v[a] = __fsub_rn(__fmul_rn(x0, cs), __fmul_rn(x1, sn));
-      v[b] = __fadd_rn(__fmul_rn(x0, sn), __fmul_rn(x1, cs));
-    };
-    for (int h = 0; h < n_heads; ++h) rotate(x + (size_t(t) * n_heads + h) * head_dim);
-    if (x2 != nullptr)
-      for (int h = 0; h < n_heads2; ++h) rotate(x2 + (size_t(t) * n_heads2 + h) * head_dim);
+    float* v = h < n_heads ? x + (size_t(t) * n_heads + h) * head_dim
+                           : x2 + (size_t(t) * n_heads2 + (h - n_heads)) * head_dim;
+    const float x0 = v[a], x1 = v[b];
+    v[a] = __fsub_rn(__fmul_rn(x0, cs), __fmul_rn(x1, sn));
+    v[b] = __fadd_rn(__fmul_rn(x0, sn), __fmul_rn(x1, cs));
+  }
+}
+
+}  // namespace
+
+namespace {
+
+template <bool kVec4, bool kQuant>
+void launch_rms_norm(const float* x, const float* weight, int T, int n, float eps, float* out, int8_t* qx,
+                     float2* ds, cudaStream_t stream) {
+  if (norm_threads(n) == kWideNormThreads) {
+    rms_norm_kernel<kWideNormThreads, kVec4, kQuant><<<T, kWideNormThreads, 0, stream>>>(x, weight, n, eps, out, qx, ds);
+  } else {
+    rms_norm_kernel<kThreads, kVec4, kQuant><<<T, kThreads, 0, stream>>>(x, weight, n, eps, out, qx, ds);
   }
 }
 
@@ -208,9 +234,9 @@ __global__ void rope_kernel(float* x, int n_heads, float* x2, int n_heads2, int 
 void rms_norm(const float* x, const float* weight, int T, int n, float eps, float* out, cudaStream_t stream) {
   if (T == 0 || n == 0) return;
   if (n % 4 == 0 && aligned16(x) && aligned16(weight) && aligned16(out)) {
-    rms_norm_kernel<true, false><<<T, kThreads, 0, stream>>>(x, weight, n, eps, out, nullptr, nullptr);
+    launch_rms_norm<true, false>(x, weight, T, n, eps, out, nullptr, nullptr, stream);
   } else {
-    rms_norm_kernel<false, false><<<T, kThreads, 0, stream>>>(x, weight, n, eps, out, nullptr, nullptr);
+    launch_rms_norm<false, false>(x, weight, T, n, eps, out, nullptr, nullptr, stream);
   }
   check_launch("rms_norm kernel launch");
 }
@@ -220,8 +246,8 @@ bool rms_norm_quantize(const float* x, const float* weight, int T, int n, float 
   if (n % 32 != 0 || !aligned16(x) || !aligned16(weight) || !aligned16(out)) return false;
   if (T == 0 || n == 0) return true;
   const qdot::XQuant xq = qx::xquant_of(workspace, n, T);
-  rms_norm_kernel<true, true><<<T, kThreads, 0, stream>>>(x, weight, n, eps, out, const_cast<int8_t*>(xq.qx),
-                                                          const_cast<float2*>(xq.ds));
+  launch_rms_norm<true, true>(x, weight, T, n, eps, out, const_cast<int8_t*>(xq.qx), const_cast<float2*>(xq.ds),
+                              stream);
   check_launch("rms_norm (quantising) kernel launch");
   return true;
 }
@@ -229,8 +255,9 @@ bool rms_norm_quantize(const float* x, const float* weight, int T, int n, float 
 void rope(float* x, int n_heads, float* x2, int n_heads2, int T, int head_dim, const int64_t* pos,
           const double* freqs, int rope_dim, bool half_split, cudaStream_t stream) {
   const int half = rope_dim / 2;
+  if (x2 == nullptr) n_heads2 = 0;
   if (T == 0 || (n_heads == 0 && n_heads2 == 0) || half == 0) return;
-  const int grid = grid_for(int64_t(T) * half);
+  const int grid = grid_for(int64_t(T) * (n_heads + n_heads2) * half);
   if (half_split) {
     rope_kernel<true><<<grid, kThreads, 0, stream>>>(x, n_heads, x2, n_heads2, T, head_dim, pos, freqs, half);
   } else {

@@ -143,6 +143,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, RmsNorm,
                          ::testing::Values(NormCase{1, 576, 0, false},     // SmolLM2-135M decode
                                            NormCase{64, 576, 0, true},     // prefill, in place
                                            NormCase{17, 4096, 0, false},   // 7B width
+                                           NormCase{1, 5120, 0, false},    // the 27B shape, decode
                                            NormCase{3, 8192, 0, true},     // 70B width
                                            NormCase{33, 1000, 1, false},   // misaligned: scalar path
                                            NormCase{9, 4099, 0, true}));   // n % 4 != 0: scalar path
