@@ -41,12 +41,12 @@ void check_matvec_args(const DeviceMatrix& w, const float* x, bool need_x, int n
 
 namespace {
 
-/// ACTIVEKV_MATVEC_ROWS=1|2, else 0 (read once).
+/// ACTIVEKV_MATVEC_ROWS=1|2|4, else 0 (read once).
 int forced_rows() {
   static const int r = [] {
     const char* e = std::getenv("ACTIVEKV_MATVEC_ROWS");
     const int v = e != nullptr ? std::atoi(e) : 0;
-    return v == 1 || v == 2 ? v : 0;
+    return v == 1 || v == 2 || v == 4 ? v : 0;
   }();
   return r;
 }
@@ -74,8 +74,8 @@ void check_disjoint(const MatvecGroupItem* items, int n, int n_vec) {
 }  // namespace
 
 int chunked_rows_per_warp(int64_t rows, int n_vec, int block_bytes, int block_elems) {
-  if (n_vec > 1) return 1;
-  if (forced_rows() != 0) return forced_rows();
+  if (const int f = forced_rows(); f != 0) return f == 4 && n_vec != kRowsFourVectors ? 2 : f;
+  if (n_vec > 1) return rows >= 4096 ? (n_vec == kRowsFourVectors ? 4 : 2) : 1;
   const bool four_bit = 8 * block_bytes <= 5 * block_elems;  // <= 5 bits per element with the scales
   return four_bit && rows >= 4096 ? 2 : 1;
 }

@@ -31,16 +31,22 @@ void check_matvec_args(const DeviceMatrix& w, const float* x, bool need_x, int n
                        const void* ws, bool quantises_x = true);
 
 /// Rows per warp of the chunked kernel for `rows` rows of a type of
-/// `block_bytes` per `block_elems`: 2 (x loaded once for both) for 4-bit
-/// types (x's 40 bytes per 32 elements are most of their L1 traffic) where
-/// there are rows enough (>= 4096: >= 2048 warps), else 1; always 1 for
-/// n_vec > 1 (batches already reuse each weight block for their vectors).
-/// ACTIVEKV_MATVEC_ROWS=1|2 in the environment forces it for one vector
-/// (measurements). Measured on the H200 at f19e007 (bench/results/
-/// h200_bench_matvec_rows{1,2,4}.json, % of HBM read, 1 vs 2 rows): Q4_0
-/// 6144x5120 29.9 vs 34.0, 32000x5120 57.0 vs 58.9, the others within 1
-/// point; Q8_0 lost 4-8 points with 2 rows, Q6_K won or lost by shape; 4
-/// rows lost everywhere (fewer warps by shared memory; not built).
+/// `block_bytes` per `block_elems`. One vector: 2 (x loaded once for both)
+/// for 4-bit types (x's 40 bytes per 32 elements are most of their L1
+/// traffic) where there are rows enough (>= 4096: >= 2048 warps), else 1.
+/// Measured on the H200 at f19e007 (bench/results/h200_bench_matvec_rows
+/// {1,2,4}.json, % of HBM read, 1 vs 2 rows): Q4_0 6144x5120 29.9 vs 34.0,
+/// 32000x5120 57.0 vs 58.9, the others within 1 point; Q8_0 lost 4-8 points
+/// with 2 rows, Q6_K won or lost by shape; 4 rows lost for one vector.
+/// Several vectors (a batched decode step), any type, >= 4096 rows: 2, or 4
+/// for kRowsFourVectors vectors. There x is n_vec x 40 bytes per 32 elements
+/// against a 4-bit block's 18: at one row per warp the 8-vector Q4_0 matvec
+/// read its weights at ~0.8 TB/s, 3.1x the one-vector time (ncu on the
+/// H200, 27B shape, 7e9c6b0), bound by x's loads; each x load now serves 2
+/// or 4 rows. Each row's sum is the same whatever the rows per warp.
+/// ACTIVEKV_MATVEC_ROWS=1|2|4 in the environment forces it (measurements;
+/// 4 becomes 2 but for kRowsFourVectors vectors, the only instantiation).
+constexpr int kRowsFourVectors = 8;
 int chunked_rows_per_warp(int64_t rows, int n_vec, int block_bytes, int block_elems);
 
 /// The grid of launch_matvec_prequantized_group: matrix i owns CTAs

@@ -425,14 +425,23 @@ void launch_chunked_group_r(const GroupArgs& g, unsigned ctas, const DeviceMatri
       g, int64_t(w0.row_bytes), int(w0.cols / T::kElems), xq, w0.cols);
 }
 
+/// Calls f(std::integral_constant<int, R>) for rows per warp R: 1, 2, or
+/// 4 (built only for mvhost::kRowsFourVectors vectors; else 2).
+template <int NV, class F>
+void with_rows(int r, F&& f) {
+  if constexpr (NV == mvhost::kRowsFourVectors) {
+    if (r == 4) return f(std::integral_constant<int, 4>{});
+  }
+  if (r >= 2) return f(std::integral_constant<int, 2>{});
+  f(std::integral_constant<int, 1>{});
+}
+
 template <class T, int NV>
 void launch_chunked(const DeviceMatrix& w, int n_blocks, const XQuant& xq, float* y, bool accumulate,
                     cudaStream_t stream) {
-  if constexpr (NV == 1) {
-    if (chunked_rows_per_warp(w.rows, NV, T::kBytes, T::kElems) == 2)
-      return launch_chunked_r<T, NV, 2>(w, n_blocks, xq, y, accumulate, stream);
-  }
-  launch_chunked_r<T, NV, 1>(w, n_blocks, xq, y, accumulate, stream);
+  with_rows<NV>(chunked_rows_per_warp(w.rows, NV, T::kBytes, T::kElems), [&](auto r) {
+    launch_chunked_r<T, NV, decltype(r)::value>(w, n_blocks, xq, y, accumulate, stream);
+  });
 }
 
 void run_matvec(const DeviceMatrix& w, const float* x, int n_vec, float* y, bool accumulate, const void* ws,
@@ -607,10 +616,8 @@ void launch_matvec_prequantized_group(const MatvecGroupItem* items, int n, const
     const XQuant xq = xquant_of(workspace, w0.cols, n_vec);
     with_nv(n_vec, [&](auto nv) {
       constexpr int NV = decltype(nv)::value;
-      if constexpr (NV == 1) {
-        if (plan.rows_per_warp == 2) return launch_chunked_group_r<T, NV, 2>(g, plan.ctas(), w0, xq, stream);
-      }
-      launch_chunked_group_r<T, NV, 1>(g, plan.ctas(), w0, xq, stream);
+      with_rows<NV>(plan.rows_per_warp,
+                    [&](auto r) { launch_chunked_group_r<T, NV, decltype(r)::value>(g, plan.ctas(), w0, xq, stream); });
     });
   });
   if (!is_block) {

@@ -68,10 +68,15 @@ TEST(MatvecGroupPlan, OneRowsPerWarpForTheLaunch) {
   EXPECT_TRUE(p.one_launch);
   // 6144 rows / 2 per warp / 4 warps per CTA = 768 CTAs; 1024 rows: 128.
   EXPECT_EQ(ends(p), (std::vector<uint32_t>{768, 896, 1024}));
-  // Batches: one row per warp (as alone).
+  // Batches: 2 rows per warp (each x load serves both), 4 for 8 vectors.
   p = plan(qkv, 2);
-  EXPECT_EQ(p.rows_per_warp, 1);
-  EXPECT_EQ(ends(p), (std::vector<uint32_t>{1536, 1792, 2048}));
+  EXPECT_EQ(p.rows_per_warp, 2);
+  EXPECT_EQ(ends(p), (std::vector<uint32_t>{768, 896, 1024}));
+  p = plan(qkv, mvhost::kRowsFourVectors);
+  EXPECT_EQ(p.rows_per_warp, 4);  // 6144 / 4 / 4 = 384 CTAs; 1024 rows: 64
+  EXPECT_EQ(ends(p), (std::vector<uint32_t>{384, 448, 512}));
+  EXPECT_EQ(mvhost::chunked_rows_per_warp(2048, 8, 18, 32), 1);  // too few rows: 1, any vector count
+  EXPECT_EQ(mvhost::chunked_rows_per_warp(6144, 3, 34, 32), 2);  // Q8_0 too, with several vectors
   // Q8_0 (8.5 bits per element) keeps 1 row per warp.
   p = plan({mat(TensorType::Q8_0, 6144, 5120), mat(TensorType::Q8_0, 1024, 5120)}, 1);
   EXPECT_EQ(p.rows_per_warp, 1);
