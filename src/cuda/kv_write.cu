@@ -9,21 +9,16 @@
 namespace activekv::cuda {
 namespace {
 
-// One thread per (token, head, channel pair): two bf16 of K and two of V.
-__global__ void write_kv_kernel(const float* __restrict__ k, const float* __restrict__ v, int64_t row_stride, int n,
-                                int slot0, int n_kv, int hd, int page_size, __nv_bfloat162* dev,
-                                __nv_bfloat162* host) {
-  const int pairs = n_kv * hd / 2;
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= int64_t(n) * pairs) return;
-  const int t = int(i / pairs), r = int(i % pairs);
+// Pair r (of n_kv * hd / 2) of one token's K and V, into slot `slot` of a
+// page's planes: two bf16 of K and two of V.
+__device__ __forceinline__ void write_pair(const float* __restrict__ kr, const float* __restrict__ vr, int r,
+                                           int slot, int n_kv, int hd, int page_size, __nv_bfloat162* dev,
+                                           __nv_bfloat162* host) {
   const int h = (2 * r) / hd, c = (2 * r) % hd;
-  const float* kr = k + int64_t(t) * row_stride + 2 * r;
-  const float* vr = v + int64_t(t) * row_stride + 2 * r;
-  const __nv_bfloat162 kb = __floats2bfloat162_rn(kr[0], kr[1]);
-  const __nv_bfloat162 vb = __floats2bfloat162_rn(vr[0], vr[1]);
+  const __nv_bfloat162 kb = __floats2bfloat162_rn(kr[2 * r], kr[2 * r + 1]);
+  const __nv_bfloat162 vb = __floats2bfloat162_rn(vr[2 * r], vr[2 * r + 1]);
   const int64_t plane = int64_t(page_size) * hd / 2;  // bf16 pairs per plane
-  const int64_t ko = int64_t(h) * plane + (int64_t(slot0 + t) * hd + c) / 2;
+  const int64_t ko = int64_t(h) * plane + (int64_t(slot) * hd + c) / 2;
   const int64_t vo = ko + int64_t(n_kv) * plane;
   if (dev) {
     dev[ko] = kb;
@@ -34,6 +29,35 @@ __global__ void write_kv_kernel(const float* __restrict__ k, const float* __rest
     host[vo] = vb;
   }
 }
+
+// One thread per (token, head, channel pair), tokens into consecutive slots of one page.
+__global__ void write_kv_kernel(const float* __restrict__ k, const float* __restrict__ v, int64_t row_stride, int n,
+                                int slot0, int n_kv, int hd, int page_size, __nv_bfloat162* dev,
+                                __nv_bfloat162* host) {
+  const int pairs = n_kv * hd / 2;
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= int64_t(n) * pairs) return;
+  const int t = int(i / pairs), r = int(i % pairs);
+  write_pair(k + int64_t(t) * row_stride, v + int64_t(t) * row_stride, r, slot0 + t, n_kv, hd, page_size, dev, host);
+}
+
+struct KvSlots {
+  KvSlot s[kMaxKvSlots];
+};
+
+// One thread per (row, head, channel pair), row t into its own slot.
+__global__ void write_kv_slots_kernel(const float* __restrict__ k, const float* __restrict__ v, int64_t row_stride,
+                                      int n, KvSlots slots, int n_kv, int hd, int page_size) {
+  const int pairs = n_kv * hd / 2;
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= int64_t(n) * pairs) return;
+  const int t = int(i / pairs), r = int(i % pairs);
+  const KvSlot& to = slots.s[t];
+  write_pair(k + int64_t(t) * row_stride, v + int64_t(t) * row_stride, r, to.slot, n_kv, hd, page_size,
+             static_cast<__nv_bfloat162*>(to.device_page), static_cast<__nv_bfloat162*>(to.host_page));
+}
+
+constexpr int kBlock = 256;
 
 }  // namespace
 
@@ -46,11 +70,31 @@ void launch_write_kv(const AttnShape& sh, const float* k, const float* v, int64_
   if (!device_page && !host_page) throw InvalidArgument("launch_write_kv: no page to write");
   if (sh.head_dim % 2 != 0) throw InvalidArgument("launch_write_kv: odd head_dim");
   const int64_t threads = int64_t(n) * sh.n_kv_heads * sh.head_dim / 2;
-  const int block = 256;
-  write_kv_kernel<<<unsigned((threads + block - 1) / block), block, 0, stream>>>(
+  write_kv_kernel<<<unsigned((threads + kBlock - 1) / kBlock), kBlock, 0, stream>>>(
       k, v, row_stride, n, slot0, sh.n_kv_heads, sh.head_dim, sh.page_size, static_cast<__nv_bfloat162*>(device_page),
       static_cast<__nv_bfloat162*>(host_page));
   check_cuda(cudaGetLastError(), "write_kv_kernel launch");
+}
+
+void launch_write_kv_slots(const AttnShape& sh, const float* k, const float* v, int64_t row_stride,
+                           const KvSlot* slots, int n, cudaStream_t stream) {
+  if (n < 1 || n > kMaxKvSlots)
+    throw InvalidArgument("launch_write_kv_slots: " + std::to_string(n) + " rows, 1.." + std::to_string(kMaxKvSlots) +
+                          " allowed");
+  if (sh.head_dim % 2 != 0) throw InvalidArgument("launch_write_kv_slots: odd head_dim");
+  KvSlots all{};
+  for (int i = 0; i < n; ++i) {
+    if (slots[i].slot < 0 || slots[i].slot >= sh.page_size)
+      throw InvalidArgument("launch_write_kv_slots: row " + std::to_string(i) + "'s slot " +
+                            std::to_string(slots[i].slot) + " outside a page of " + std::to_string(sh.page_size));
+    if (!slots[i].device_page && !slots[i].host_page)
+      throw InvalidArgument("launch_write_kv_slots: row " + std::to_string(i) + " has no page to write");
+    all.s[i] = slots[i];
+  }
+  const int64_t threads = int64_t(n) * sh.n_kv_heads * sh.head_dim / 2;
+  write_kv_slots_kernel<<<unsigned((threads + kBlock - 1) / kBlock), kBlock, 0, stream>>>(
+      k, v, row_stride, n, all, sh.n_kv_heads, sh.head_dim, sh.page_size);
+  check_cuda(cudaGetLastError(), "write_kv_slots_kernel launch");
 }
 
 }  // namespace activekv::cuda

@@ -76,9 +76,24 @@ std::vector<int32_t> GpuModel::decode_batch(std::span<GpuSequence* const> seqs, 
   // The N rows share every projection (the weights read once); the rows'
   // queries are [N][n_heads][head_dim], the batch engine's query layout.
   const size_t qd = size_t(M.c.n_heads) * size_t(M.c.head_dim), kvd = size_t(M.c.n_kv_heads) * size_t(M.c.head_dim);
+  // The rows' K/V in one launch per layer when their pages share a layout
+  // (they do for one model's sequences), else one per sequence: the same
+  // bytes either way.
+  static_assert(cuda::kMaxKvSlots >= GpuForward::kMatvecRows);
+  const cuda::AttnShape& a0 = S[0]->history->attn_shape();
+  const bool one_write = std::all_of(S.begin(), S.begin() + N, [&](const GpuSequence::Impl* I) {
+    const cuda::AttnShape& a = I->history->attn_shape();
+    return a.page_size == a0.page_size && a.n_kv_heads == a0.n_kv_heads && a.head_dim == a0.head_dim;
+  });
+  std::array<cuda::KvSlot, GpuForward::kMatvecRows> slots{};
   const LayerAttention attend = [&](int l, int, const float* q, const float* k, const float* v, float* out) {
-    for (int i = 0; i < N; ++i)
-      S[size_t(i)]->history->write_kv(l, pos0[size_t(i)], 1, k + size_t(i) * kvd, v + size_t(i) * kvd, s);
+    if (one_write) {
+      for (int i = 0; i < N; ++i) slots[size_t(i)] = S[size_t(i)]->history->kv_slot(l, pos0[size_t(i)]);
+      cuda::launch_write_kv_slots(a0, k, v, int64_t(kvd), slots.data(), N, s);
+    } else {
+      for (int i = 0; i < N; ++i)
+        S[size_t(i)]->history->write_kv(l, pos0[size_t(i)], 1, k + size_t(i) * kvd, v + size_t(i) * kvd, s);
+    }
     if (shared) {
       shared->enqueue_layer(l, q, out, nullptr);
       return;

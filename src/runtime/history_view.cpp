@@ -246,28 +246,28 @@ int HistoryView::store_layer(int layer) const {
   return g;
 }
 
+cuda::KvSlot HistoryView::kv_slot(int layer, int64_t pos) const {
+  const int ps = seq_.shape().page_size;
+  const size_t p = size_t(pos / ps);
+  const int slot = int(pos % ps);
+  if (ring_->sliding(layer)) return {ring_->page(layer, int64_t(p)), nullptr, slot};  // a sliding layer has no host pages
+  // The host page through its mapped pinned address (the store's memory is
+  // cudaHostAllocMapped; with unified addressing the pointers coincide).
+  const int g = store_layer(layer);
+  return {dev_[size_t(g)][p].ptr, const_cast<std::byte*>(host_page(g, p)), slot};
+}
+
 void HistoryView::write_kv(int layer, int64_t pos0, int T, const float* k, const float* v, cudaStream_t s) {
   const int ps = seq_.shape().page_size;
   const int64_t row = int64_t(seq_.shape().n_kv_heads) * seq_.shape().head_dim;
-  const bool ring = ring_->sliding(layer);
-  const int g = ring ? -1 : store_layer(layer);
-  if (ring && T > ring_->max_rows())
+  if (ring_->sliding(layer) && T > ring_->max_rows())
     throw InvalidArgument(fmt::format("HistoryView: {} rows at once, the sliding layers' rings hold chunks of {}", T,
                                       ring_->max_rows()));
   for (int64_t t = pos0; t < pos0 + T;) {
-    const size_t p = size_t(t / ps);
-    const int slot = int(t % ps);
-    const int n = int(std::min<int64_t>(ps - slot, pos0 + T - t));
-    if (ring) {  // the ring page only: a sliding layer has no host pages
-      cuda::launch_write_kv(attn_, k + (t - pos0) * row, v + (t - pos0) * row, row, n, slot,
-                            ring_->page(layer, int64_t(p)), nullptr, s);
-    } else {
-      // The host page through its mapped pinned address (the store's memory is
-      // cudaHostAllocMapped; with unified addressing the pointers coincide).
-      void* host = const_cast<std::byte*>(host_page(g, p));
-      cuda::launch_write_kv(attn_, k + (t - pos0) * row, v + (t - pos0) * row, row, n, slot, dev_[size_t(g)][p].ptr,
-                            host, s);
-    }
+    const cuda::KvSlot to = kv_slot(layer, t);
+    const int n = int(std::min<int64_t>(ps - to.slot, pos0 + T - t));
+    cuda::launch_write_kv(attn_, k + (t - pos0) * row, v + (t - pos0) * row, row, n, to.slot, to.device_page,
+                          to.host_page, s);
     t += n;
   }
 }

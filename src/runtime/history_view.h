@@ -28,6 +28,7 @@
 #include "activekv/cuda/co_attention_rates.h"
 #include "activekv/cuda/decode_engine.h"
 #include "activekv/cuda/device_pages.h"
+#include "activekv/cuda/kv_write.h"
 #include "activekv/cuda/patch.h"
 #include "activekv/cuda/prefill.h"
 #include "activekv/kv/page_store.h"
@@ -74,6 +75,12 @@ class HistoryView {
   /// Stores K/V of rows [pos0, pos0 + T) of `layer` (device fp32
   /// [T][n_kv_heads*head_dim]) as bf16 into the device copies and the host pages.
   void write_kv(int layer, int64_t pos0, int T, const float* k, const float* v, cudaStream_t s);
+  /// Where row `pos` of `layer` goes (prepare()d): its page's device copy
+  /// (a sliding layer's ring page) and host page, and its slot -- what
+  /// write_kv writes, for a decode batch's one launch (launch_write_kv_slots).
+  cuda::KvSlot kv_slot(int layer, int64_t pos) const;
+  /// The attention shape of this history's pages (page size, heads, head_dim).
+  const cuda::AttnShape& attn_shape() const { return attn_; }
   /// The engine's page tables for a step over `n_tokens` tokens, one per model
   /// layer: a global layer's along the route (uploading, with gpu placement,
   /// published encoded pages not yet on the GPU; what it reads is added to

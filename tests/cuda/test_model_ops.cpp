@@ -21,6 +21,7 @@
 
 #include "activekv/core/bf16.h"
 #include "activekv/core/error.h"
+#include "activekv/cuda/kv_write.h"
 #include "activekv/cuda/model_ops.h"
 #include "activekv/cuda/quant_matvec.h"
 #include "activekv/model/ops.h"
@@ -512,6 +513,55 @@ TEST(ModelOps, EmptyIsANoOpAndBadArgumentsThrow) {
   } catch (const InvalidArgument& e) {
     EXPECT_STREQ(e.what(), "cuda::rope: rope_dim 64 exceeds head_dim 32");
   }
+}
+
+// ---------------------------------------------------------------------------
+// A decode batch's K/V in one launch (launch_write_kv_slots, decode_batch):
+// every byte of every page -- device copies and a mapped host page -- is
+// what launch_write_kv writes row by row, and nothing else is touched.
+
+TEST(KvWriteSlots, BitwiseRowByRowWrites) {
+  AKV_NEED_GPU();
+  AttnShape sh;
+  sh.n_kv_heads = 4, sh.group = 6, sh.head_dim = 256, sh.page_size = 16, sh.split_tokens = 16;
+  const size_t page_elems = sh.page_bytes() / 2, row = size_t(sh.n_kv_heads) * sh.head_dim;
+  constexpr int kRows = 3;
+  std::mt19937_64 rng(77);
+  DeviceArray<float> k(random_rows(kRows, int(row), rng)), v(random_rows(kRows, int(row), rng));
+  // Two device pages and one host page per side (batched, row by row), poisoned alike.
+  DeviceArray<uint16_t> dev[4] = {DeviceArray<uint16_t>(page_elems), DeviceArray<uint16_t>(page_elems),
+                                  DeviceArray<uint16_t>(page_elems), DeviceArray<uint16_t>(page_elems)};
+  for (auto& d : dev) d.poison();
+  uint16_t* host[2];
+  for (auto& h : host) {
+    testing::ck(cudaMallocHost(&h, sh.page_bytes()), "cudaMallocHost");
+    std::fill(h, h + page_elems, uint16_t(0xFFFF));
+  }
+  // Row 0 -> page A slot 5; row 1 -> page B slot 0 and the host page; row 2 -> page A slot 15.
+  const KvSlot batched[kRows] = {{dev[0].get(), nullptr, 5}, {dev[1].get(), host[0], 0}, {dev[0].get(), nullptr, 15}};
+  const KvSlot alone[kRows] = {{dev[2].get(), nullptr, 5}, {dev[3].get(), host[1], 0}, {dev[2].get(), nullptr, 15}};
+  Stream s;
+  launch_write_kv_slots(sh, k.get(), v.get(), int64_t(row), batched, kRows, s.get());
+  for (int i = 0; i < kRows; ++i)
+    launch_write_kv(sh, k.get() + i * row, v.get() + i * row, int64_t(row), 1, alone[i].slot, alone[i].device_page,
+                    alone[i].host_page, s.get());
+  s.sync();
+  EXPECT_EQ(dev[0].download(), dev[2].download());
+  EXPECT_EQ(dev[1].download(), dev[3].download());
+  EXPECT_TRUE(std::equal(host[0], host[0] + page_elems, host[1]));
+  size_t written = 0;  // 2 rows in page A: 2 x K and V of 4 heads x 256 channels
+  for (const uint16_t e : dev[0].download()) written += e != 0xFFFF;
+  EXPECT_EQ(written, size_t(2) * 2 * row);
+
+  KvSlot bad = batched[0];
+  EXPECT_THROW(launch_write_kv_slots(sh, k.get(), v.get(), int64_t(row), batched, 0, s.get()), InvalidArgument);
+  EXPECT_THROW(launch_write_kv_slots(sh, k.get(), v.get(), int64_t(row), batched, kMaxKvSlots + 1, s.get()),
+               InvalidArgument);
+  bad.slot = sh.page_size;
+  EXPECT_THROW(launch_write_kv_slots(sh, k.get(), v.get(), int64_t(row), &bad, 1, s.get()), InvalidArgument);
+  bad = KvSlot{nullptr, nullptr, 0};
+  EXPECT_THROW(launch_write_kv_slots(sh, k.get(), v.get(), int64_t(row), &bad, 1, s.get()), InvalidArgument);
+  for (auto* h : host) cudaFreeHost(h);
 }
 
 }  // namespace

@@ -21,4 +21,23 @@ namespace activekv::cuda {
 void launch_write_kv(const AttnShape& shape, const float* k, const float* v, int64_t row_stride, int n, int slot0,
                      void* device_page, void* host_page, cudaStream_t stream);
 
+/// Where one token's K/V goes: slot `slot` of a page's device copy and/or
+/// its host page (mapped pinned), at least one non-null.
+struct KvSlot {
+  void* device_page = nullptr;
+  void* host_page = nullptr;
+  int slot = 0;
+};
+
+/// Most rows of one launch_write_kv_slots (a decode batch's rows).
+inline constexpr int kMaxKvSlots = 8;
+
+/// A decode batch's K/V in one launch: row i (k + i * row_stride, as
+/// launch_write_kv) into slots[i], i < n, each its own sequence's page; the
+/// bytes written are launch_write_kv's for each row alone. slots: host
+/// array, read at the call. Throws InvalidArgument for n outside
+/// 1..kMaxKvSlots, a slot outside the page, or a slot with no page.
+void launch_write_kv_slots(const AttnShape& shape, const float* k, const float* v, int64_t row_stride,
+                           const KvSlot* slots, int n, cudaStream_t stream);
+
 }  // namespace activekv::cuda
