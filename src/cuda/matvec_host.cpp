@@ -75,9 +75,10 @@ void check_disjoint(const MatvecGroupItem* items, int n, int n_vec) {
 
 int chunked_rows_per_warp(int64_t rows, int n_vec, int block_bytes, int block_elems) {
   if (const int f = forced_rows(); f != 0) return f == 4 && n_vec != kRowsFourVectors ? 2 : f;
-  if (n_vec > 1) return rows >= 4096 ? (n_vec == kRowsFourVectors ? 4 : 2) : 1;
   const bool four_bit = 8 * block_bytes <= 5 * block_elems;  // <= 5 bits per element with the scales
-  return four_bit && rows >= 4096 ? 2 : 1;
+  if (rows < 4096) return 1;
+  if (n_vec > 1) return n_vec == kRowsFourVectors && four_bit ? 4 : 2;
+  return four_bit ? 2 : 1;
 }
 
 GroupPlan plan_group(const MatvecGroupItem* items, int n, const float* x, int n_vec, const void* workspace,

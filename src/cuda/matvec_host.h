@@ -38,14 +38,19 @@ void check_matvec_args(const DeviceMatrix& w, const float* x, bool need_x, int n
 /// {1,2,4}.json, % of HBM read, 1 vs 2 rows): Q4_0 6144x5120 29.9 vs 34.0,
 /// 32000x5120 57.0 vs 58.9, the others within 1 point; Q8_0 lost 4-8 points
 /// with 2 rows, Q6_K won or lost by shape; 4 rows lost for one vector.
-/// Several vectors (a batched decode step), any type, >= 4096 rows: 2, or 4
-/// for kRowsFourVectors vectors. There x is n_vec x 40 bytes per 32 elements
-/// against a 4-bit block's 18: at one row per warp the 8-vector Q4_0 matvec
-/// read its weights at ~0.8 TB/s, 3.1x the one-vector time (ncu on the
-/// H200, 27B shape, 7e9c6b0), bound by x's loads; each x load now serves 2
-/// or 4 rows. Each row's sum is the same whatever the rows per warp.
-/// ACTIVEKV_MATVEC_ROWS=1|2|4 in the environment forces it (measurements;
-/// 4 becomes 2 but for kRowsFourVectors vectors, the only instantiation).
+/// Several vectors (a batched decode step), any type, >= 4096 rows: 2, or
+/// 4 for kRowsFourVectors vectors of a 4-bit type. There x is n_vec x 40
+/// bytes per 32 elements against a 4-bit block's 18: at one row per warp the
+/// 8-vector Q4_0 matvec read its weights at ~0.7 TB/s, bound by x's loads;
+/// each x load now serves 2 or 4 rows. Measured on the H200 at cb7140c
+/// (bench/results/h200_bench_matvec_rows{0,1,2,4}_cb7140c.json, 8 vectors,
+/// us for 1 / 2 / 4 rows per warp): Q4_0 17408x5120 70.2 / 49.6 / 48.0,
+/// 32000x5120 124.2 / 85.3 / 82.4; Q4_K 6144x5120 29.7 / 23.2 / 20.3;
+/// Q6_K 6144x5120 56.5 / 39.6 / 44.6; Q8_0 32000x5120 132.4 / 103.2 / 109.9
+/// -- 4 rows win for 4-bit types only. Each row's sum is the same whatever
+/// the rows per warp. ACTIVEKV_MATVEC_ROWS=1|2|4 in the environment forces
+/// it (measurements; 4 becomes 2 but for kRowsFourVectors vectors, the only
+/// instantiation).
 constexpr int kRowsFourVectors = 8;
 int chunked_rows_per_warp(int64_t rows, int n_vec, int block_bytes, int block_elems);
 

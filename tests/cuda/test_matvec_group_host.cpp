@@ -77,6 +77,8 @@ TEST(MatvecGroupPlan, OneRowsPerWarpForTheLaunch) {
   EXPECT_EQ(ends(p), (std::vector<uint32_t>{384, 448, 512}));
   EXPECT_EQ(mvhost::chunked_rows_per_warp(2048, 8, 18, 32), 1);  // too few rows: 1, any vector count
   EXPECT_EQ(mvhost::chunked_rows_per_warp(6144, 3, 34, 32), 2);  // Q8_0 too, with several vectors
+  EXPECT_EQ(mvhost::chunked_rows_per_warp(6144, 8, 34, 32), 2);  // but 4 rows only for 4-bit types
+  EXPECT_EQ(mvhost::chunked_rows_per_warp(6144, 8, 210, 256), 2);  // Q6_K
   // Q8_0 (8.5 bits per element) keeps 1 row per warp.
   p = plan({mat(TensorType::Q8_0, 6144, 5120), mat(TensorType::Q8_0, 1024, 5120)}, 1);
   EXPECT_EQ(p.rows_per_warp, 1);
