@@ -57,7 +57,7 @@ tot = collections.defaultdict(float); cnt = collections.Counter()
 for r in rows:
     v = float(r[vi].replace(",", "")); u = r[ui]
     us = v / 1000 if u in ("ns", "nsecond") else v * 1000 if u in ("ms", "msecond") else v
-    k = r[ki].replace("(anonymous namespace)::", "").replace("activekv::cuda::", "")
+    k = r[ki].replace("(anonymous namespace)::", "").replace("<unnamed>::", "").replace("activekv::cuda::", "")
     name = k.split("(")[0].split("<")[0] + ("<" + k.split("<")[1].split(">")[0] + ">" if "<" in k else "")
     tot[name] += us; cnt[name] += 1
 all_us = sum(tot.values())
