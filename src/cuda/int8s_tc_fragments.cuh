@@ -97,6 +97,13 @@ __host__ __device__ constexpr uint32_t stage_offset(int r, int c) {
   return uint32_t(r * HD + 16 * chunk_slot<HD>(r, c));
 }
 
+// D (16x8 s32) += A (16x32 s8) * B (32x8 s8): exact int32 sums.
+__device__ __forceinline__ void mma_s8_16832(int (&d)[4], const uint4& a, uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};\n"
+               : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+               : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
+}
 // D (16x8 f32) += A (16x16 f16) * B (16x8 f16).
 __device__ __forceinline__ void mma_f16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "

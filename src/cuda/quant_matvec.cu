@@ -32,7 +32,6 @@
 #include "quant_tile.cuh"
 #include "quant_x.cuh"
 #include "matvec_host.h"
-#include "matvec_tc.h"
 #include "model_ops_kernels.h"
 #include "once_per_device.h"
 
@@ -448,10 +447,6 @@ void launch_chunked(const DeviceMatrix& w, int n_blocks, const XQuant& xq, float
 void run_matvec(const DeviceMatrix& w, const float* x, int n_vec, float* y, bool accumulate, const void* ws,
                 cudaStream_t stream) {
   if (w.rows == 0) return;
-  if (g_kernel == BlockMatvecKernel::Chunked && mvtc::takes(w.type, n_vec)) {  // several vectors: tensor cores
-    mvtc::launch(w, n_vec, xquant_of(ws, w.cols, n_vec), y, accumulate, stream);
-    return;
-  }
   const auto* wp = static_cast<const uint8_t*>(w.data);
   const dim3 grid(unsigned((w.rows + kWarps - 1) / kWarps)), block(kWarps * 32);
   const bool is_block = qblk::dispatch_block_type(w.type, [&](auto t) {
@@ -607,10 +602,6 @@ void launch_matvec_prequantized_group(const MatvecGroupItem* items, int n, const
     return;
   }
   if (plan.ctas() == 0) return;  // every matrix has 0 rows
-  if (mvtc::takes(items[0].w->type, n_vec)) {  // several vectors: tensor cores (their own grid)
-    mvtc::launch_group(items, n, n_vec, xquant_of(workspace, items[0].w->cols, n_vec), stream);
-    return;
-  }
   GroupArgs g{};
   g.n = n;
   for (int i = 0; i < n; ++i) {
