@@ -18,6 +18,33 @@
 #include "activekv/cuda/patch.h"
 
 namespace activekv::cuda {
+
+// Every field of EngineConfig and of its parts. The sizes are x86-64's at
+// the time of writing: a new field changes them, and the comparison below
+// must then take it in (tests/cuda/test_engine_config_host.cpp, one change
+// per field).
+static_assert(sizeof(EngineConfig) == 136 && sizeof(AttnShape) == 32 && sizeof(Int8sKernelOptions) == 28 &&
+                  sizeof(Int8sTcConfig) == 16 && sizeof(cpu::CpuAttentionOptions) == 16,
+              "a field was added: compare it in same_engine_config");
+
+bool same_engine_config(const EngineConfig& a, const EngineConfig& b) {
+  const AttnShape &x = a.attn, &y = b.attn;
+  const bool shape = x.n_kv_heads == y.n_kv_heads && x.group == y.group && x.head_dim == y.head_dim &&
+                     x.page_size == y.page_size && x.split_tokens == y.split_tokens &&
+                     x.softmax_scale == y.softmax_scale && x.kv_head0 == y.kv_head0 &&
+                     x.page_kv_heads == y.page_kv_heads;
+  const Int8sKernelOptions &i = a.int8s, &j = b.int8s;
+  const bool int8s = i.kernel == j.kernel && i.query_terms == j.query_terms &&
+                     i.skip_unit_rescale == j.skip_unit_rescale && i.pow2_reference == j.pow2_reference &&
+                     i.tensor_cores == j.tensor_cores && i.tc.warps == j.tc.warps && i.tc.stages == j.tc.stages &&
+                     i.tc.blocks == j.tc.blocks && i.tc.channel_rows == j.tc.channel_rows;
+  const cpu::CpuAttentionOptions &c = a.cpu_kernels, &d = b.cpu_kernels;
+  const bool cpu = c.threads == d.threads && c.split_tokens == d.split_tokens &&
+                   c.int8s_query_terms == d.int8s_query_terms && c.isa == d.isa;
+  return shape && int8s && cpu && a.n_layers == b.n_layers && a.tile_pages == b.tile_pages &&
+         a.windows == b.windows && a.ring_slots == b.ring_slots && a.strided_copies == b.strided_copies &&
+         a.compute_stream == b.compute_stream && a.overlap_formats == b.overlap_formats;
+}
 namespace {
 
 cudaEvent_t ev(void* p) { return static_cast<cudaEvent_t>(p); }

@@ -51,9 +51,9 @@ std::vector<int32_t> GpuModel::decode_batch(std::span<GpuSequence* const> seqs, 
   // pages at the same split boundaries either way: the same bits.
   cuda::DecodeEngine* shared = nullptr;
   if (N >= 2 && std::all_of(S.begin() + 1, S.begin() + N, [&](const GpuSequence::Impl* I) {
-        return same_engine_config(I->engine->config(), S[0]->engine->config());
+        return cuda::same_engine_config(I->engine->config(), S[0]->engine->config());
       })) {
-    if (!M.batch_engine || !same_engine_config(M.batch_engine->config(), S[0]->engine->config())) {
+    if (!M.batch_engine || !cuda::same_engine_config(M.batch_engine->config(), S[0]->engine->config())) {
       M.batch_engine.reset();  // waits for its streams
       M.batch_engine = std::make_unique<cuda::DecodeEngine>(S[0]->engine->config());
     }

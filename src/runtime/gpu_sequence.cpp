@@ -58,17 +58,6 @@ cuda::EngineConfig sequence_engine_config(const model::ModelConfig& c, const Run
   return ec;
 }
 
-bool same_engine_config(const cuda::EngineConfig& a, const cuda::EngineConfig& b) {
-  const cuda::AttnShape &x = a.attn, &y = b.attn;
-  const bool same_shape = x.n_kv_heads == y.n_kv_heads && x.group == y.group && x.head_dim == y.head_dim &&
-                          x.page_size == y.page_size && x.split_tokens == y.split_tokens &&
-                          x.softmax_scale == y.softmax_scale && x.kv_head0 == y.kv_head0 &&
-                          x.page_kv_heads == y.page_kv_heads;
-  return same_shape && a.n_layers == b.n_layers && a.tile_pages == b.tile_pages &&
-         a.cpu_kernels.threads == b.cpu_kernels.threads && a.windows == b.windows &&
-         a.compute_stream == b.compute_stream;
-}
-
 void check_sequence_options(const RuntimeOptions& opt, bool observer) {
   if (opt.n_ctx <= 0) throw InvalidArgument("GpuRuntime: n_ctx must be positive");
   if (opt.prefill_chunk <= 0) throw InvalidArgument("GpuRuntime: prefill_chunk must be positive");

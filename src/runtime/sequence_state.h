@@ -29,10 +29,6 @@ void check_sequence_options(const RuntimeOptions& opt, bool observer);
 /// `attn`, enqueued on the model's `stream`).
 cuda::EngineConfig sequence_engine_config(const model::ModelConfig& c, const RuntimeOptions& opt,
                                           const cuda::AttnShape& attn, cudaStream_t stream);
-/// Whether two such configurations are the same engine: compares every field
-/// sequence_engine_config sets (the others keep their defaults), so that
-/// sequences whose configurations match can share one engine (decode_batch).
-bool same_engine_config(const cuda::EngineConfig& a, const cuda::EngineConfig& b);
 
 struct GpuSequence::Impl {
   GpuModel& owner;

@@ -159,6 +159,12 @@ struct EngineConfig {
   bool overlap_formats = true;
 };
 
+/// Whether two configurations are the same engine, every field compared
+/// (a field added to EngineConfig or its parts fails a static_assert in
+/// decode_engine.cpp until it is compared). GpuModel::decode_batch lets
+/// sequences share one engine only when this holds.
+bool same_engine_config(const EngineConfig& a, const EngineConfig& b);
+
 class DecodeEngine {
  public:
   /// Creates the streams and events. Throws InvalidArgument for a bad config,
