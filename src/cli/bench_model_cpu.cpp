@@ -68,7 +68,7 @@ class HostReadProbe {
   volatile uint64_t sink_ = 0;  // the sums go somewhere: the reads are not optimised away
 };
 
-// The figure of the run's header: ~1 GiB per timing, median of 5 (seconds on DRAM).
+// The figure of the run's header: ~1 GiB per timing, the median of 5 after a warm-up (~6 GiB read).
 constexpr size_t kUpFrontBytes = size_t(1) << 30;
 constexpr int kUpFrontReps = 5;
 // A probe around a tg repetition: the fastest of 5 short timings (16 MiB:
