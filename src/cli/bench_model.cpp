@@ -3,7 +3,8 @@
 // sized for the row's tokens; the depth filled by prefill of random tokens
 // (untimed); then the tg rows (after background conversion has caught up
 // and one untimed warm-up step -- two with --cuda-graphs on --, n timed
-// decode steps, token out of each) and
+// decode steps, token out of each; on the CPU between two untimed host-read
+// bandwidth probes, which price the row's floor) and
 // the pp rows (one timed prefill of p tokens each), every repetition on the
 // same history, which grows by what the previous one appended (recorded per
 // repetition as depth_start).
@@ -99,7 +100,13 @@ void fill_depth(BenchSession& s, int64_t depth, TokenSource& tokens, const std::
                     fill_ms / 1000, 1000.0 * double(n) / fill_ms, ms_since(t1) / 1000));
 }
 
-// n decode steps per repetition, each after conversion caught up and one warm-up step.
+// The bandwidth probe around a repetition's timed steps (BenchDevice::probe_gbps; none on the GPU).
+void probe(const BenchDevice& dev, BenchRow& row) {
+  if (dev.probe_gbps) row.probe_gbps.push_back(dev.probe_gbps());
+}
+
+// n decode steps per repetition, each after conversion caught up and one
+// warm-up step; on the CPU between two bandwidth probes, untimed.
 BenchRow run_tg(BenchSession& s, const ModelBenchArgs& a, const BenchDevice& dev, BenchRow row, TokenSource& tokens) {
   double bytes = 0, resident = 0, enqueue_s = 0;
   for (int r = 0; r < a.reps; ++r) {
@@ -113,11 +120,13 @@ BenchRow run_tg(BenchSession& s, const ModelBenchArgs& a, const BenchDevice& dev
     if (dev.cuda_graphs) next = s.decode(next);
     row.depth_start.push_back(s.n_tokens());
     const double b0 = s.history_bytes(), r0 = s.resident_history_bytes(), e0 = s.enqueue_seconds();
+    probe(dev, row);
     dev.mark_timed(true);
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < row.n_tokens; ++i) next = s.decode(next);
     row.ms.push_back(ms_since(t0));
     dev.mark_timed(false);
+    probe(dev, row);
     bytes += s.history_bytes() - b0;
     resident += s.resident_history_bytes() - r0;
     enqueue_s += s.enqueue_seconds() - e0;
@@ -125,10 +134,15 @@ BenchRow run_tg(BenchSession& s, const ModelBenchArgs& a, const BenchDevice& dev
   row.enqueue_ms_per_token = 1e3 * enqueue_s / double(a.reps) / row.n_tokens;
   row.history_bytes_per_token = bytes / double(a.reps) / row.n_tokens;
   row.resident_bytes_per_token = resident / double(a.reps) / row.n_tokens;
+  // The weights' link at the probes' mean where the device probes (the CPU:
+  // the history's too), else at what was measured before the rows.
+  row.floor_gbps = row.probe_gbps.empty() ? dev.weight_gbps
+                                          : std::accumulate(row.probe_gbps.begin(), row.probe_gbps.end(), 0.0) /
+                                                double(row.probe_gbps.size());
   // partial: the streamed bytes over the link (history_gbps of a placement other than gpu) plus the resident ones in HBM.
-  row.floor_ms = dev.weight_bytes / (dev.weight_gbps * 1e6) +
-                 row.history_bytes_per_token / (dev.history_gbps(row.placement) * 1e6) +
-                 row.resident_bytes_per_token / (dev.weight_gbps * 1e6);
+  row.floor_ms = dev.weight_bytes / (row.floor_gbps * 1e6) +
+                 row.history_bytes_per_token / (dev.history_gbps(row.placement, row.floor_gbps) * 1e6) +
+                 row.resident_bytes_per_token / (row.floor_gbps * 1e6);
   return row;
 }
 

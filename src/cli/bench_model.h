@@ -120,9 +120,21 @@ struct BenchDevice {
   bool cuda_graphs = false;    ///< GPU decode steps with gpu placement ran as CUDA graphs (--cuda-graphs on)
   /// GB/s of the history path for a placement (host and partial -- its
   /// streamed pages --: H2D; gpu: HBM; cpu: host read).
-  double history_gbps(const std::string& placement) const {
-    return placement != "gpu" && h2d_gbps > 0 ? h2d_gbps : weight_gbps;
+  double history_gbps(const std::string& placement) const { return history_gbps(placement, weight_gbps); }
+  /// As above, with the weights' link (and the CPU's history path) at
+  /// `weights_gbps`: a tg row's probed bandwidth (probe_gbps).
+  double history_gbps(const std::string& placement, double weights_gbps) const {
+    return placement != "gpu" && h2d_gbps > 0 ? h2d_gbps : weights_gbps;
   }
+  /// The CPU: a short host-read probe (GB/s, the working set weight_gbps was
+  /// measured on) that run_tg calls right before and right after each
+  /// repetition's timed steps; the row's floor takes the probes' mean, so
+  /// that steps and bandwidth are timed under the same load (weight_gbps,
+  /// measured once before the rows, could come from a quieter or a busier
+  /// minute). Empty on the GPU: its floors use the bandwidths measured up front.
+  std::function<double()> probe_gbps;
+  /// What probe_gbps measures, for the report (empty without probes).
+  std::string probe_note;
   std::function<std::unique_ptr<BenchSession>(const std::string& format, const std::string& placement, int64_t n_ctx)>
       open;
   /// --parallel (CUDA): n histories of n_ctx tokens against one model, each
@@ -171,6 +183,8 @@ struct BenchRow {
   std::string requested;       ///< --kv-placement as given (placement: what the session ran)
   std::string plan;            ///< the session's plan line (BenchSession::plan)
   double floor_ms = 0;         ///< tg: weight + history bytes over the measured bandwidths (0: none)
+  double floor_gbps = 0;       ///< tg: the weights' link GB/s the floor used: the probes' mean, else weight_gbps
+  std::vector<double> probe_gbps;  ///< tg with BenchDevice::probe_gbps: GB/s before and after each repetition, in order
   double enqueue_ms_per_token = 0;  ///< tg on the GPU: host time enqueuing a step (about ms/token: host-bound)
   // --parallel rows (bench_parallel.h): n_tokens steps, each advancing every
   // one of n_seqs sequences by a token; ms per repetition, history bytes per

@@ -96,7 +96,9 @@ std::string run_header_line(const BenchRun& run) {
       run.model_path, run.config.name.empty() ? run.config.arch : run.config.name,
       run.params >= 1e9 ? fmt::format("{:.2f}B", run.params / 1e9) : fmt::format("{:.2f}M", run.params / 1e6),
       run.file_bytes / 1e6, d.name, d.depth_fill, d.weight_gbps, d.weight_link,
-      d.h2d_gbps > 0 ? fmt::format(", host->device {:.1f} GB/s", d.h2d_gbps) : std::string());
+      d.h2d_gbps > 0 ? fmt::format(", host->device {:.1f} GB/s", d.h2d_gbps) : std::string()) +
+         (d.probe_gbps && !run.parallel ? fmt::format("tg floors: {} (lines below the table).\n\n", d.probe_note)
+                                         : std::string());
 }
 
 std::string markdown_table(const BenchRun& run) {
@@ -122,6 +124,14 @@ std::string markdown_table(const BenchRun& run) {
     if (r.kind == "tg" && r.enqueue_ms_per_token > 0)
       out += fmt::format("- {} {} {}: the host spent {:.3f} of {:.3f} ms per token enqueuing the step\n", r.format,
                          r.placement, r.label(), r.enqueue_ms_per_token, r.ms_per_token());
+  // The bandwidth each probed floor used (CPU tg rows: BenchDevice::probe_gbps).
+  for (const BenchRow& r : run.rows)
+    if (!r.probe_gbps.empty())
+      out += fmt::format("- {} {} {}: floor at {:.1f} GB/s {}, the mean of {} probes around the timed steps "
+                         "({:.1f}-{:.1f})\n",
+                         r.format, r.placement, r.label(), r.floor_gbps, run.device->weight_link, r.probe_gbps.size(),
+                         *std::min_element(r.probe_gbps.begin(), r.probe_gbps.end()),
+                         *std::max_element(r.probe_gbps.begin(), r.probe_gbps.end()));
   // Which plan each history ran and why (GPU sessions; once per format, placement and depth).
   std::string last;
   for (const BenchRow& r : run.rows) {
@@ -160,6 +170,8 @@ nlohmann::json single_rows(const BenchRun& run) {
                     {"history_bytes_per_token", opt(r.kind == "tg", r.history_bytes_per_token)},
                     {"floor_ms", opt(r.floor_ms > 0, r.floor_ms)},
                     {"floor_ratio", opt(r.floor_ms > 0, ms / r.floor_ms)},
+                    {"floor_weights_gbps", opt(r.floor_ms > 0, r.floor_gbps)},
+                    {"bandwidth_probes_gbps", r.probe_gbps.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.probe_gbps)},
                     {"host_enqueue_ms_per_token", opt(r.kind == "tg" && r.enqueue_ms_per_token > 0, r.enqueue_ms_per_token)},
                     {"llama_cpp_ms", opt(ref.ms > 0, ref.ms)},
                     {"llama_cpp_cache", ref.cache.empty() ? nlohmann::json(nullptr) : nlohmann::json(ref.cache)},
@@ -181,7 +193,8 @@ std::string json_report(const BenchRun& run) {
       {"depth_fill", d.depth_fill},
       {"cuda_graphs", d.cuda_graphs},
       {"bandwidth", {{"weights_gbps", d.weight_gbps}, {"weights_link", d.weight_link},
-                     {"h2d_gbps", d.h2d_gbps > 0 ? nlohmann::json(d.h2d_gbps) : nlohmann::json(nullptr)}}},
+                     {"h2d_gbps", d.h2d_gbps > 0 ? nlohmann::json(d.h2d_gbps) : nlohmann::json(nullptr)},
+                     {"probes", d.probe_note.empty() ? nlohmann::json(nullptr) : nlohmann::json(d.probe_note)}}},
       {"weight_bytes_per_token", d.weight_bytes},
       {"model", {{"path", run.model_path}, {"name", c.name}, {"arch", c.arch}, {"n_layers", c.n_layers},
                  {"d_model", c.d_model}, {"n_heads", c.n_heads}, {"n_kv_heads", c.n_kv_heads},
@@ -190,7 +203,10 @@ std::string json_report(const BenchRun& run) {
       {"floor", "tg rows: weight_bytes_per_token / weights_gbps + history_bytes_per_token / (h2d_gbps for host "
                 "placement on the GPU, else weights_gbps) + resident_bytes_per_token / weights_gbps (partial "
                 "placement); pp rows: none. Rows with cpu_share > 0 (co-attention) "
-                "count only the streamed history bytes: the link's floor, not the floor of link and CPU together"},
+                "count only the streamed history bytes: the link's floor, not the floor of link and CPU together. "
+                "weights_gbps there is the row's floor_weights_gbps: the mean of its bandwidth_probes_gbps (taken "
+                "before and after each repetition's timed steps, in that order; bandwidth.probes says how) where the "
+                "device probes (the CPU), else bandwidth.weights_gbps (measured once, before the rows)"},
       {"llama_cpp", "SPEC §1 figures (H200, random-Q4_0 GGUF of the 27B attention shape), only for that shape"}};
   if (run.parallel) add_parallel_json(run, j);  // its own rows, floor and fills
   else j["rows"] = single_rows(run);
