@@ -41,6 +41,7 @@ struct State {
   std::atomic<bool> ready{false};
   std::atomic<bool> draining{false};  // a stop signal came: nothing new is admitted
   std::atomic<int> in_flight{0};      // completions admitted whose response is not yet written
+  std::atomic<bool> cut{false};       // the drain is over: whole responses still waiting give up
   std::map<std::string, std::string> allow;  // route -> its methods (the Allow header of a 405)
   Metrics metrics;
   std::unique_ptr<Tokenizer> tok;
@@ -112,12 +113,20 @@ std::shared_ptr<Job> make_job(const State& s, const CompletionRequest& r) {
   return std::make_shared<Job>(std::move(prompt), max_tokens, sp, r.stop);
 }
 
-// Waits for the whole completion (non-streamed). A failure inside the server is a 500.
-void respond_whole(httplib::Response& res, const std::shared_ptr<Job>& job, const ResponseHead& head) {
+// Waits for the whole completion (non-streamed). A failure inside the server
+// is a 500; a server that stops first (the drain over: `cut`) a 503, so that
+// the bound holds (httplib's stop waits for the handlers; it cuts only streams).
+void respond_whole(httplib::Response& res, const std::shared_ptr<Job>& job, const ResponseHead& head,
+                   const std::atomic<bool>& cut) {
   std::string text;
   Job::Update u;
   do {
-    u = job->wait(std::chrono::milliseconds(1000));
+    if (cut) {
+      job->cancel();
+      return send_error(res, ApiError(503, "the server stopped before the request finished", "service_unavailable",
+                                      "", "server_shutting_down"));
+    }
+    u = job->wait(std::chrono::milliseconds(100));
     for (const std::string& p : u.pieces) text += p;
   } while (!u.finished);
   if (!u.error.empty()) return send_error(res, ApiError(500, u.error, "internal_server_error"));
@@ -187,7 +196,7 @@ void handle_completion(State& s, const httplib::Request& req, httplib::Response&
   if (r.stream) {
     respond_stream(res, job, head, r.include_usage, std::move(in_flight));
   } else {
-    respond_whole(res, job, head);
+    respond_whole(res, job, head, s.cut);
   }
 }
 
@@ -419,7 +428,8 @@ int run_server(const ServeOptions& o) {
     sigwait(&sigs, &sig);
     if (stopped_here) return;
     drain(s, sigs);
-    svr.stop();  // streams still open end here, without [DONE]
+    s.cut = true;  // whole responses still waiting answer 503
+    svr.stop();    // streams still open end here, without [DONE]
   });
   int rc = 0;
   try {

@@ -479,11 +479,27 @@ def run_drain():
 
     # 2. Bounded: a stream longer than --drain-seconds is cut at the bound;
     #    a second signal cuts at once; --drain-seconds 0 cuts at once; an idle server stops at once.
+    #    A whole request running beside the stream is answered 503 at the cut
+    #    (it held the exit until it finished, unbounded, before).
     for drain, second, lo, hi in (("1", False, 0.8, 6), ("60", True, 0.0, 6), ("0", False, 0.0, 4)):
-        srv = Server(BIN, "-c", "4096", "--max-seqs", "1", "--drain-seconds", drain)
+        srv = Server(BIN, "-c", "4096", "--max-seqs", "2", "--drain-seconds", drain)
         srv.wait_ready()
         conn, r = open_stream(srv.port, "/v1/completions", {**COUNT, "max_tokens": 4000})
         read_event(r)
+        whole = []
+
+        def post_whole(port=srv.port):
+            try:
+                whole.append(post_json(port, "/v1/completions", {**COUNT, "max_tokens": 4000}))
+            except OSError as e:
+                whole.append(repr(e))
+
+        t = threading.Thread(target=post_whole)
+        t.start()
+        t0 = time.time()
+        while metric(srv.port, "num_requests_running") < 2 and time.time() - t0 < 30:
+            time.sleep(0.02)
+        check(metric(srv.port, "num_requests_running") == 2, "the whole request was not admitted within 30 s")
         t0 = time.time()
         srv.proc.send_signal(signal.SIGTERM)
         if second:
@@ -500,6 +516,9 @@ def run_drain():
         check(code == 0, "%s: exit code %s; last lines:\n%s" % (what, code, "".join(srv.log[-6:])))
         check(lo <= took <= hi, "%s: exited %.1f s after the (last) signal, [%.1f, %.1f] expected" % (what, took, lo, hi))
         check(end is None, "%s: a 4000-token stream should have been cut, got %r" % (what, end))
+        t.join(60)
+        check(whole and whole[0][0] == 503 and whole[0][1]["error"]["code"] == "server_shutting_down",
+              "%s: a 4000-token whole request should have been answered 503 at the cut: %r" % (what, whole))
         print("[drain] %s: a long stream cut, exit %.2f s after the (last) signal" % (what, took), flush=True)
     srv = Server(BIN, "-c", "128", "--max-seqs", "1")
     srv.wait_ready()
