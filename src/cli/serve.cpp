@@ -23,7 +23,7 @@ struct ServeArgs {
   std::string kv_placement = "auto";
   int port = 8080, threads = default_threads(), max_seqs = 8, max_queue = 64, n_ctx = 0;
   int page_size = 1024, recent_pages = 2, tile_pages = 32, convert_threads = 1, prefill_chunk = 256;
-  double host_kv_mem_gib = 0, gpu_kv_mem_gib = 0;
+  double host_kv_mem_gib = 0, gpu_kv_mem_gib = 0, drain_seconds = 5;
   bool sync_conversion = false;
 };
 
@@ -65,6 +65,7 @@ int run(const ServeArgs& a) {
   o.convert_threads = a.convert_threads;
   o.prefill_chunk = a.prefill_chunk;
   o.sync_conversion = a.sync_conversion;
+  o.drain_seconds = a.drain_seconds;
   return serve::run_server(o);
 #else
   throw Error("serve: this activekv was built without cpp-httplib (Debian: libcpp-httplib-dev; scripts/setup.sh installs it)");
@@ -109,6 +110,10 @@ void add_serve(CLI::App& app, std::function<int()>& run_fn) {
       ->capture_default_str()->check(CLI::Range(1, 256));
   app.add_option("--prefill-chunk", a->prefill_chunk, "Prompt tokens per prefill pass (one pass per scheduler tick)")
       ->capture_default_str()->check(CLI::Range(1, 1 << 16));
+  app.add_option("--drain-seconds", a->drain_seconds, "On SIGINT/SIGTERM: stop admitting (503 with Retry-After, /health "
+                 "503) and give running requests up to this long to finish, streams with data: [DONE]; a second "
+                 "signal stops at once (0: stop at once, cutting streams)")
+      ->capture_default_str()->check(CLI::Range(0.0, 86400.0));
   app.add_flag("--sync-conversion", a->sync_conversion,
                "Wait for page conversion after every step, so compressed formats give the same tokens whatever the "
                "timing (tests; slower)");

@@ -10,7 +10,7 @@
 namespace activekv::serve {
 
 struct ApiError : std::runtime_error {
-  int status;         ///< HTTP status: 400, 401, 404, 413, 429, 500, 503
+  int status;         ///< HTTP status: 400, 401, 404, 405, 413, 429, 500, 503
   std::string type;   ///< "invalid_request_error", "authentication_error", "not_found_error", ...
   std::string param;  ///< the request field at fault; empty: null
   std::string code;   ///< e.g. "context_length_exceeded", "model_not_found"; empty: null

@@ -1,15 +1,18 @@
 // `activekv serve`'s HTTP layer (cpp-httplib): routes, authentication, the
 // OpenAI request -> Job -> response flow, and the server's life (bind, load
-// while /health says 503, serve, stop on SIGINT/SIGTERM).
+// while /health says 503, serve, drain on SIGINT/SIGTERM, stop).
 #include <fmt/format.h>
 #include <httplib.h>
 #include <omp.h>
 #include <signal.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <random>
 #include <thread>
@@ -36,6 +39,10 @@ struct State {
   std::string model_id;
   int64_t created = 0;
   std::atomic<bool> ready{false};
+  std::atomic<bool> draining{false};  // a stop signal came: nothing new is admitted
+  std::atomic<int> in_flight{0};      // completions admitted whose response is not yet written
+  std::atomic<bool> cut{false};       // the drain is over: whole responses still waiting give up
+  std::map<std::string, std::string> allow;  // route -> its methods (the Allow header of a 405)
   Metrics metrics;
   std::unique_ptr<Tokenizer> tok;
   std::unique_ptr<Backend> backend;  // the model, on the CPU or the GPU
@@ -51,6 +58,28 @@ void send_error(httplib::Response& res, const ApiError& e) {
 void check_ready(const State& s) {
   if (!s.ready) throw ApiError(503, "the model is loading", "service_unavailable", "", "model_loading");
 }
+
+// 503 with Retry-After while the server drains: by then it has stopped (a
+// supervisor may have started it again).
+void send_shutting_down(const State& s, httplib::Response& res) {
+  send_error(res, ApiError(503, "the server is shutting down; retry later", "service_unavailable", "",
+                           "server_shutting_down"));
+  res.set_header("Retry-After", std::to_string(std::max(1, int(std::ceil(s.opt.drain_seconds)))));
+}
+
+// Holds State::in_flight up from admission until the response is written: a
+// whole response's handler scope, a stream's provider (destroyed with the
+// response, after its last chunk). The drain waits for the count to reach 0.
+class InFlight {
+ public:
+  explicit InFlight(State& s) : s_(s) { ++s_.in_flight; }
+  ~InFlight() { --s_.in_flight; }
+  InFlight(const InFlight&) = delete;
+  InFlight& operator=(const InFlight&) = delete;
+
+ private:
+  State& s_;
+};
 
 // The prompt as token ids: the chat template for chat, the text or ids as given otherwise.
 std::vector<int32_t> prompt_tokens(const State& s, const CompletionRequest& r) {
@@ -84,12 +113,20 @@ std::shared_ptr<Job> make_job(const State& s, const CompletionRequest& r) {
   return std::make_shared<Job>(std::move(prompt), max_tokens, sp, r.stop);
 }
 
-// Waits for the whole completion (non-streamed). A failure inside the server is a 500.
-void respond_whole(httplib::Response& res, const std::shared_ptr<Job>& job, const ResponseHead& head) {
+// Waits for the whole completion (non-streamed). A failure inside the server
+// is a 500; a server that stops first (the drain over: `cut`) a 503, so that
+// the bound holds (httplib's stop waits for the handlers; it cuts only streams).
+void respond_whole(httplib::Response& res, const std::shared_ptr<Job>& job, const ResponseHead& head,
+                   const std::atomic<bool>& cut) {
   std::string text;
   Job::Update u;
   do {
-    u = job->wait(std::chrono::milliseconds(1000));
+    if (cut) {
+      job->cancel();
+      return send_error(res, ApiError(503, "the server stopped before the request finished", "service_unavailable",
+                                      "", "server_shutting_down"));
+    }
+    u = job->wait(std::chrono::milliseconds(100));
     for (const std::string& p : u.pieces) text += p;
   } while (!u.finished);
   if (!u.error.empty()) return send_error(res, ApiError(500, u.error, "internal_server_error"));
@@ -101,14 +138,16 @@ void respond_whole(httplib::Response& res, const std::shared_ptr<Job>& job, cons
 // second while nothing comes (a queued request), so that a client that went
 // away is noticed (the write fails) and its request cancelled.
 void respond_stream(httplib::Response& res, const std::shared_ptr<Job>& job, const ResponseHead& head,
-                    bool include_usage) {
+                    bool include_usage, std::shared_ptr<InFlight> in_flight) {
   struct Stream {
     std::shared_ptr<Job> job;
     ResponseHead head;
-    bool include_usage = false, started = false, ended = false;
+    bool include_usage = false;
+    std::shared_ptr<InFlight> in_flight;
+    bool started = false, ended = false;
     Clock::time_point last_write = Clock::now();
   };
-  auto st = std::make_shared<Stream>(Stream{job, head, include_usage});
+  auto st = std::make_shared<Stream>(Stream{job, head, include_usage, std::move(in_flight)});
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
       "text/event-stream",
@@ -145,15 +184,19 @@ void respond_stream(httplib::Response& res, const std::shared_ptr<Job>& job, con
 }
 
 void handle_completion(State& s, const httplib::Request& req, httplib::Response& res, bool chat) {
+  // Counted before the drain flag is read (the stopper sets the flag, then
+  // reads the count): either this request sees the drain or the drain waits for it.
+  auto in_flight = std::make_shared<InFlight>(s);
+  if (s.draining) return send_shutting_down(s, res);
   check_ready(s);
   const CompletionRequest r = parse_completion_request(req.body, chat);
   std::shared_ptr<Job> job = make_job(s, r);
   s.scheduler->submit(job);
   const ResponseHead head = new_head(chat, s.model_id);
   if (r.stream) {
-    respond_stream(res, job, head, r.include_usage);
+    respond_stream(res, job, head, r.include_usage, std::move(in_flight));
   } else {
-    respond_whole(res, job, head);
+    respond_whole(res, job, head, s.cut);
   }
 }
 
@@ -176,30 +219,66 @@ bool authorised(const State& s, const httplib::Request& req) {
   return req.get_header_value("Authorization") == "Bearer " + s.opt.api_key;
 }
 
-void add_routes(httplib::Server& svr, State& s) {
-  svr.set_pre_routing_handler([&s](const httplib::Request& req, httplib::Response& res) {
-    if (req.path.rfind("/v1/", 0) != 0 || authorised(s, req)) return httplib::Server::HandlerResponse::Unhandled;
+// Registers GET (and so HEAD) and POST handlers, noting each route's methods
+// for the 405 answer to any other method on it.
+struct Router {
+  httplib::Server& svr;
+  State& s;
+  void get(const std::string& path, httplib::Server::Handler h) {
+    svr.Get(path, std::move(h));
+    s.allow[path] = "GET, HEAD";
+  }
+  void post(const std::string& path, httplib::Server::Handler h) {
+    svr.Post(path, std::move(h));
+    s.allow[path] = "POST";
+  }
+};
+
+// Whether `method` is one of `allow`'s ("GET, HEAD").
+bool allows(const std::string& allow, const std::string& method) {
+  return (", " + allow + ", ").find(", " + method + ", ") != std::string::npos;
+}
+
+// Before routing: while draining, 503 for all but /metrics; an API key for
+// /v1/*; 405 for a known route asked with a method it does not answer
+// (httplib alone says 404, as for a route that does not exist).
+httplib::Server::HandlerResponse pre_route(const State& s, const httplib::Request& req, httplib::Response& res) {
+  if (s.draining && req.path != "/metrics") {
+    send_shutting_down(s, res);
+  } else if (req.path.rfind("/v1/", 0) == 0 && !authorised(s, req)) {
     send_error(res, ApiError(401, "invalid or missing API key (Authorization: Bearer <key>)", "authentication_error",
                              "", "invalid_api_key"));
-    return httplib::Server::HandlerResponse::Handled;
-  });
-  svr.Get("/health", [&s](const httplib::Request&, httplib::Response& res) {
+  } else if (auto it = s.allow.find(req.path); it != s.allow.end() && !allows(it->second, req.method)) {
+    send_error(res, ApiError(405, fmt::format("{} does not answer {}; use {}", req.path, req.method, it->second),
+                             "invalid_request_error", "", "method_not_allowed"));
+    res.set_header("Allow", it->second);
+  } else {
+    return httplib::Server::HandlerResponse::Unhandled;
+  }
+  return httplib::Server::HandlerResponse::Handled;
+}
+
+void add_routes(httplib::Server& svr, State& s) {
+  svr.set_pre_routing_handler(
+      [&s](const httplib::Request& req, httplib::Response& res) { return pre_route(s, req, res); });
+  Router route{svr, s};
+  route.get("/health", [&s](const httplib::Request&, httplib::Response& res) {
     if (!s.ready) return send_error(res, ApiError(503, "the model is loading", "service_unavailable", "", "model_loading"));
     res.set_content("{\"status\":\"ok\"}", "application/json");
   });
-  svr.Get("/metrics", [&s](const httplib::Request&, httplib::Response& res) {
+  route.get("/metrics", [&s](const httplib::Request&, httplib::Response& res) {
     res.set_content(s.metrics.render(s.model_id), "text/plain; version=0.0.4");
   });
-  svr.Get("/v1/models", [&s](const httplib::Request&, httplib::Response& res) {
+  route.get("/v1/models", [&s](const httplib::Request&, httplib::Response& res) {
     guarded(res, [&] {
       check_ready(s);
       res.set_content(dump(models_json(s.model_id, s.created, s.n_ctx)), "application/json");
     });
   });
-  svr.Post("/v1/completions", [&s](const httplib::Request& req, httplib::Response& res) {
+  route.post("/v1/completions", [&s](const httplib::Request& req, httplib::Response& res) {
     guarded(res, [&] { handle_completion(s, req, res, false); });
   });
-  svr.Post("/v1/chat/completions", [&s](const httplib::Request& req, httplib::Response& res) {
+  route.post("/v1/chat/completions", [&s](const httplib::Request& req, httplib::Response& res) {
     guarded(res, [&] { handle_completion(s, req, res, true); });
   });
   // Unknown routes (404), bodies over the payload limit (413) and the like: OpenAI's shape too.
@@ -220,6 +299,16 @@ void add_routes(httplib::Server& svr, State& s) {
     }
     send_error(res, ApiError(500, msg, "internal_server_error"));
   });
+}
+
+// The model of the startup line: its GGUF general.name, the file as the user
+// gave it (two quantisations of one model share the name), and the id
+// clients send as `model`, e.g.
+//   "Smollm2 135M 8k Lc100K Mix1 Ep2 (models/SmolLM2-135M-Instruct.Q4_1.gguf) as 'SmolLM2-135M-Instruct.Q4_1'"
+std::string loaded_what(const State& s) {
+  const std::string& name = s.backend->config().name;
+  const std::string file = name.empty() ? s.opt.model_path : fmt::format("{} ({})", name, s.opt.model_path);
+  return fmt::format("{} as '{}'", file, s.model_id);
 }
 
 // Loads the tokenizer and the model, and starts the scheduler.
@@ -247,7 +336,7 @@ void load(State& s) {
   s.scheduler = std::make_unique<Scheduler>(*s.backend, *s.tok, so, s.metrics);
   fmt::print(stderr, "activekv serve: {} loaded ({} layers, context {}) on {}, up to {} requests at once, "
              "host KV budget {}\n",
-             s.model_id, s.backend->config().n_layers, s.n_ctx, s.backend->describe(), o.max_seqs,
+             loaded_what(s), s.backend->config().n_layers, s.n_ctx, s.backend->describe(), o.max_seqs,
              so.host_kv_budget ? cli::describe_bytes(so.host_kv_budget) : std::string("unlimited"));
 }
 
@@ -261,6 +350,32 @@ sigset_t stop_signals() {
   sigaddset(&sigs, SIGINT);
   sigaddset(&sigs, SIGTERM);
   return sigs;
+}
+
+// After the first stop signal: nothing new is admitted (503), and the
+// requests in flight get up to --drain-seconds to finish (streams to send
+// their last chunk and `data: [DONE]`). Returns early when all are done or at
+// a second signal.
+void drain(State& s, const sigset_t& sigs) {
+  s.draining = true;  // before reading in_flight: see handle_completion
+  const int n = s.in_flight;
+  if (n == 0 || s.opt.drain_seconds <= 0) return;
+  fmt::print(stderr, "activekv serve: stopping: {} request(s) running, up to {} s to finish (a second signal stops "
+             "at once)\n", n, s.opt.drain_seconds);
+  const auto deadline = Clock::now() + std::chrono::duration<double>(s.opt.drain_seconds);
+  const timespec poll{0, 20'000'000};  // 20 ms
+  while (s.in_flight > 0) {
+    if (Clock::now() >= deadline) {
+      fmt::print(stderr, "activekv serve: {} request(s) still running after {} s: cut\n", int(s.in_flight),
+                 s.opt.drain_seconds);
+      return;
+    }
+    if (sigtimedwait(&sigs, nullptr, &poll) > 0) {
+      fmt::print(stderr, "activekv serve: second signal: {} request(s) cut\n", int(s.in_flight));
+      return;
+    }
+  }
+  fmt::print(stderr, "activekv serve: every running request finished\n");
 }
 
 }  // namespace
@@ -307,10 +422,14 @@ int run_server(const ServeOptions& o) {
   fmt::print(stderr, "activekv serve: listening on http://{}:{}\n", o.host, port);
 
   std::thread listener([&] { svr.listen_after_bind(); });
+  std::atomic<bool> stopped_here{false};  // the server stopped without a signal (loading failed)
   std::thread stopper([&] {
     int sig = 0;
     sigwait(&sigs, &sig);
-    svr.stop();
+    if (stopped_here) return;
+    drain(s, sigs);
+    s.cut = true;  // whole responses still waiting answer 503
+    svr.stop();    // streams still open end here, without [DONE]
   });
   int rc = 0;
   try {
@@ -320,9 +439,11 @@ int run_server(const ServeOptions& o) {
     fmt::print(stderr, "activekv serve: error: {}\n", e.what());
     rc = 1;
     while (!svr.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(5));  // stop() needs a running server
+    stopped_here = true;
     svr.stop();
   }
   listener.join();
+  stopped_here = true;
   pthread_kill(stopper.native_handle(), SIGTERM);  // wakes it if no signal came (it has not returned: joinable)
   stopper.join();
   s.scheduler.reset();  // fails what is still queued or running

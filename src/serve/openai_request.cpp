@@ -123,12 +123,30 @@ void parse_sampling(const json& body, CompletionRequest& r) {
 
 }  // namespace
 
+std::string json_error_message(const std::string& body, size_t byte) {
+  const std::string what = "the request body is not valid JSON: ";
+  if (body.find_first_not_of(" \t\r\n") == std::string::npos)
+    return "the request body is empty; it must be a JSON object";
+  // nlohmann's byte is 1-based, the position of the last byte it read; past
+  // the end when the body stopped inside a value.
+  if (byte == 0 || byte > body.size())
+    return what + fmt::format("it ends inside a value after {} bytes (an unclosed object, array or string?)", body.size());
+  const auto c = static_cast<unsigned char>(body[byte - 1]);
+  if (c < 0x20 || c == 0x7F)
+    return what + fmt::format("syntax error at byte {} (a control character, 0x{:02X}: escape it inside strings)", byte, c);
+  if (c >= 0x80)
+    return what + fmt::format("syntax error at byte {} (byte 0x{:02X}: invalid UTF-8, or text outside a string)", byte, c);
+  return what + fmt::format("syntax error at byte {} (unexpected '{}')", byte, char(c));
+}
+
 CompletionRequest parse_completion_request(const std::string& body_text, bool chat) {
   json body;
   try {
     body = json::parse(body_text);
   } catch (const json::parse_error& e) {
-    throw ApiError::bad_request(fmt::format("the body is not valid JSON: {}", e.what()));
+    throw ApiError::bad_request(json_error_message(body_text, e.byte));
+  } catch (const json::out_of_range&) {  // a number past double's range (1e999): parsed, not representable
+    throw ApiError::bad_request("the request body holds a number too large to represent (past 1.8e308)");
   }
   if (!body.is_object()) throw ApiError::bad_request("the body must be a JSON object");
   CompletionRequest r;

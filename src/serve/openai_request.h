@@ -29,8 +29,16 @@ struct CompletionRequest {
 };
 
 /// Parses a request body. Throws ApiError 400 for malformed JSON (invalid
-/// UTF-8 included), a body that is not an object, and any field of the wrong
+/// UTF-8 included; the message from json_error_message), a number past
+/// double's range, a body that is not an object, and any field of the wrong
 /// type or out of range (the message and `param` name it).
 CompletionRequest parse_completion_request(const std::string& body, bool chat);
+
+/// What is wrong with a body the JSON parser refused, in one line for the
+/// user: where (`byte`, 1-based, as nlohmann's parse_error::byte; past the
+/// end: the body stopped inside a value) and the byte found there -- never
+/// the parser's exception names or ids.
+/// e.g. "the request body is not valid JSON: syntax error at byte 17 (unexpected '}')".
+std::string json_error_message(const std::string& body, size_t byte);
 
 }  // namespace activekv::serve

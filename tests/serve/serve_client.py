@@ -66,8 +66,8 @@ class Server:
             return -9
 
 
-def request(port, method, path, body=None, headers=None, timeout=600):
-    """(status, body bytes); body may be a dict (sent as JSON), str or bytes."""
+def exchange(port, method, path, body=None, headers=None, timeout=600):
+    """(status, response headers, body bytes); body may be a dict (sent as JSON), str or bytes."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     if isinstance(body, dict):
         body = json.dumps(body)
@@ -77,7 +77,13 @@ def request(port, method, path, body=None, headers=None, timeout=600):
     r = conn.getresponse()
     data = r.read()
     conn.close()
-    return r.status, data
+    return r.status, r.headers, data
+
+
+def request(port, method, path, body=None, headers=None, timeout=600):
+    """(status, body bytes), as exchange."""
+    status, _, data = exchange(port, method, path, body, headers, timeout)
+    return status, data
 
 
 def post_json(port, path, body, headers=None):
@@ -85,31 +91,50 @@ def post_json(port, path, body, headers=None):
     return status, json.loads(data) if data else None
 
 
+def open_stream(port, path, body, headers=None, timeout=600):
+    """POSTs `body` with stream: true; returns (connection, response) for read_event."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    conn.request("POST", path, body=json.dumps({**body, "stream": True}),
+                 headers={"Content-Type": "application/json", **(headers or {})})
+    return conn, conn.getresponse()
+
+
+def read_event(r):
+    """The next `data:` event of a stream: its JSON object, "[DONE]", or None
+    when the connection ended (a stream cut without [DONE])."""
+    while True:
+        try:
+            line = r.readline()
+        except (http.client.IncompleteRead, ConnectionError):
+            return None
+        if not line:
+            return None
+        line = line.decode().rstrip("\n")
+        if line == "data: [DONE]":
+            return "[DONE]"
+        if line.startswith("data: "):
+            return json.loads(line[6:])
+
+
 def stream(port, path, body, max_events=None, headers=None, timeout=600):
     """POSTs with stream: true. Returns (status, events, done, times): events
     are the parsed `data:` JSON objects, done whether `data: [DONE]` came,
     times the arrival time of each event. With max_events, closes the
     connection after that many events (a client that goes away)."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    conn.request("POST", path, body=json.dumps({**body, "stream": True}),
-                 headers={"Content-Type": "application/json", **(headers or {})})
-    r = conn.getresponse()
+    conn, r = open_stream(port, path, body, headers, timeout)
     if r.status != 200:
         data = r.read()
         conn.close()
         return r.status, [json.loads(data)], False, []
     events, times, done = [], [], False
     while True:
-        line = r.readline()
-        if not line:
+        e = read_event(r)
+        if e is None:
             break
-        line = line.decode().rstrip("\n")
-        if not line.startswith("data: "):
-            continue
-        if line == "data: [DONE]":
+        if e == "[DONE]":
             done = True
             break
-        events.append(json.loads(line[6:]))
+        events.append(e)
         times.append(time.time())
         if max_events is not None and len(events) >= max_events:
             break

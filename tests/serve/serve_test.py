@@ -10,20 +10,32 @@
                                      (--device cuda; ctest label gpu): every
                                      format, host and gpu placement, 12 at once
                                      (a step of 8 and one of 4)
+  serve_test.py ACTIVEKV methods     a known route asked with the wrong method: 405,
+                                     Allow, OpenAI's error shape
+  serve_test.py ACTIVEKV json_errors malformed bodies: 400, one line saying where
+                                     and what, no parser internals
+  serve_test.py ACTIVEKV startup     the startup line names the file as given
+  serve_test.py ACTIVEKV drain       SIGTERM lets running streams end with [DONE]
+                                     (bounded by --drain-seconds; a second signal
+                                     cuts), new requests 503 meanwhile
 
 Sizes fit CI's 2 cores: 16 concurrent streaming clients for bf16 (8 decoded
 at once, 8 queued), 8 for each compressed format. Every failure prints what
 was expected and what came."""
 import json
 import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_client import Server, metric, metric_text, post_json, request, stream  # noqa: E402
+from serve_client import (Server, default_model, exchange, metric, metric_text, open_stream, post_json,  # noqa: E402
+                          read_event, request, stream)
 
 BIN = sys.argv[1]
 FAILURES = []
@@ -279,8 +291,247 @@ def run_hostile():
     check_stopped(srv, "")
 
 
+def error_of(data):
+    """The `error` object of an OpenAI error body with all four keys, else None."""
+    try:
+        err = json.loads(data)["error"]
+        return err if all(k in err for k in ("message", "type", "param", "code")) else None
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def run_methods():
+    """Issue 16's trial: GET /v1/completions answered 404, as for a route that
+    does not exist. A known route asked with another method: 405, the Allow
+    header, OpenAI's error shape; the right methods and unknown routes as before."""
+    srv = Server(BIN, "-c", "128", "--max-seqs", "1")
+    srv.wait_ready()
+    port = srv.port
+    routes = {"/v1/completions": "POST", "/v1/chat/completions": "POST", "/v1/models": "GET, HEAD",
+              "/health": "GET, HEAD", "/metrics": "GET, HEAD"}
+    for path, allow in routes.items():
+        for method in ("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"):
+            if method in allow.split(", "):
+                continue
+            status, headers, data = exchange(port, method, path, {"prompt": "a"} if method != "GET" else None)
+            what = "%s %s -> %d %s %s" % (method, path, status, dict(headers), data[:200])
+            check(status == 405, "405 expected: " + what)
+            check(headers.get("Allow") == allow, "Allow: %s expected: %s" % (allow, what))
+            if method != "HEAD":  # a HEAD answer has no body
+                err = error_of(data)
+                check(err is not None and err["code"] == "method_not_allowed" and path in err["message"],
+                      "OpenAI's error shape, code method_not_allowed, naming the route expected: " + what)
+    # The right methods still answer; HEAD as GET; unknown routes still 404.
+    check(post_json(port, "/v1/completions", {"prompt": "Hello", "max_tokens": 2})[0] == 200, "POST /v1/completions")
+    for path in ("/v1/models", "/health", "/metrics"):
+        check(request(port, "GET", path)[0] == 200, "GET %s" % path)
+    check(request(port, "HEAD", "/health")[0] == 200, "HEAD /health")
+    check(request(port, "GET", "/v1/nothing")[0] == 404, "GET /v1/nothing: 404 expected")
+    check(request(port, "POST", "/v1/embeddings")[0] == 404, "POST /v1/embeddings: 404 expected")
+    print("[methods] %d routes x wrong methods: 405 with Allow" % len(routes))
+    check_stopped(srv, "")
+
+
+def run_json_errors():
+    """Issue 16's trial: a malformed body's 400 quoted nlohmann's
+    "[json.exception.parse_error.101] ..."; now one line saying where and what."""
+    srv = Server(BIN, "-c", "128", "--max-seqs", "1")
+    srv.wait_ready()
+    cases = [('{"prompt": "a", }', 400, "the request body is not valid JSON: syntax error at byte 17 (unexpected '}')"),
+             ('{"prompt": ', 400, "the request body is not valid JSON: it ends inside a value after 11 bytes"),
+             (b'{"prompt": "\xff"}', 400, "byte 13 (byte 0xFF: invalid UTF-8"),
+             ("", 400, "the request body is empty; it must be a JSON object"),
+             # Valid JSON, a number no double holds: was a 500 quoting out_of_range.406.
+             ('{"prompt": "a", "temperature": 1e999}', 400, "a number too large to represent")]
+    for body, want_status, want in cases:
+        status, data = request(srv.port, "POST", "/v1/completions", body)
+        err = error_of(data)
+        what = "%r -> %d %s" % (body, status, data[:300])
+        check(status == want_status and err is not None, "%d in OpenAI's shape expected: %s" % (want_status, what))
+        if err is not None:
+            m = err["message"]
+            check(want in m, "message %r expected in: %s" % (want, what))
+            check("json.exception" not in m and "parse_error" not in m and "\n" not in m,
+                  "parser internals or several lines: " + what)
+    print("[json_errors] %d malformed bodies: one line each" % len(cases))
+    check_stopped(srv, "")
+
+
+def loaded_line(srv, timeout=10):
+    """The startup line "activekv serve: ... loaded (...)" (the log is read by
+    a thread: it may come just after /health's 200)."""
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        for line in list(srv.log):
+            if " loaded (" in line:
+                return line.strip()
+        time.sleep(0.05)
+    return ""
+
+
+def run_startup():
+    """Issue 16's trial: the startup line named the model only by its name, so
+    two quantisations of one model were not told apart. Now it names the
+    file as the user gave it; /v1/models's id (the file name less .gguf) is
+    unchanged and accepted as `model`."""
+    rel = os.path.relpath(default_model())
+    stem = os.path.basename(rel)[:-len(".gguf")]
+    tmp = tempfile.mkdtemp(prefix="serve-startup-")
+    other = os.path.join(tmp, "SmolLM2-135M-Instruct.other-quant.gguf")  # the same file under another name
+    os.symlink(os.path.abspath(rel), other)
+    lines = []
+    try:
+        for path, model_id in ((rel, stem), (other, "SmolLM2-135M-Instruct.other-quant")):
+            srv = Server(BIN, "-c", "128", "--max-seqs", "1", model=path)
+            srv.wait_ready()
+            line = loaded_line(srv)
+            lines.append(line)
+            check("(%s) as '%s'" % (path, model_id) in line,
+                  "the startup line should name the file as given and the id: %r" % line)
+            status, models = post_json(srv.port, "/v1/completions", {"prompt": "Hi", "max_tokens": 2, "model": model_id})
+            check(status == 200, "model %r refused: %d %s" % (model_id, status, models))
+            got, data = request(srv.port, "GET", "/v1/models")
+            ids = [m["id"] for m in json.loads(data)["data"]] if got == 200 else data
+            check(ids == [model_id], "/v1/models ids %r, [%r] expected" % (ids, model_id))
+            check_stopped(srv, "")
+    finally:
+        shutil.rmtree(tmp)
+    # The GGUF's general.name leads both lines, the same model.
+    names = [line.split(": ", 1)[1].split(" (")[0] if ": " in line else "" for line in lines]
+    check(names[0] and names[0] == names[1] and names[0] not in (stem, rel),
+          "both lines should lead with the same general.name: %r" % lines)
+    print("[startup] %s" % lines[0])
+
+
+def exit_within(srv, seconds):
+    """(exit code, seconds to exit), or (None, seconds) if still running (then killed)."""
+    t0 = time.time()
+    try:
+        code = srv.proc.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        srv.proc.kill()
+        srv.proc.wait()
+        code = None
+    return code, time.time() - t0
+
+
+# A prompt the greedy model continues for hundreds of tokens without an end of text.
+COUNT = {"prompt": "1, 2, 3, 4, 5, 6, 7, 8, 9, 10,", "temperature": 0, "stream_options": {"include_usage": True}}
+
+
+def run_drain():
+    """Issue 16's trial: SIGTERM cut running streams without `data: [DONE]`.
+    Now the first signal stops admitting (503 with Retry-After, /health 503,
+    /metrics still 200) and running requests finish within --drain-seconds."""
+    # 1. A stream and a whole (non-streamed) request running at the signal
+    #    both end whole, the stream with [DONE]; then the server exits 0.
+    # 64 tokens: 2 s alone on an idle 2-core machine (160 took 5.0 s), 16 s beside the whole request on
+    # one busy with a compiler (160 took 39.8 s); the probes below take ~0.3 s and must find it running.
+    n = 64
+    srv = Server(BIN, "-c", "512", "--max-seqs", "2", "--drain-seconds", "120")
+    srv.wait_ready()
+    port = srv.port
+    conn, r = open_stream(port, "/v1/completions", {**COUNT, "max_tokens": n})
+    first = read_event(r)
+    check(isinstance(first, dict), "first event: %r" % (first,))
+    whole = []
+    t = threading.Thread(target=lambda: whole.append(post_json(port, "/v1/completions", {**COUNT, "max_tokens": 32})))
+    t.start()
+    t0 = time.time()
+    while metric(port, "num_requests_running") < 2 and time.time() - t0 < 30:
+        time.sleep(0.02)
+    check(metric(port, "num_requests_running") == 2, "the whole request was not admitted within 30 s")
+    t_signal = time.time()
+    srv.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.2)  # the stopper thread sets the drain flag
+    try:
+        status, headers, data = exchange(port, "POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 2})
+        err = error_of(data)
+        check(status == 503 and err is not None and err["code"] == "server_shutting_down",
+              "a new request while draining: %d %s" % (status, data[:200]))
+        check(headers.get("Retry-After", "").isdigit(), "503 without Retry-After: %s" % dict(headers))
+        check(request(port, "GET", "/health")[0] == 503, "/health while draining: 503 expected")
+        check(request(port, "GET", "/metrics")[0] == 200, "/metrics while draining: 200 expected")
+    except OSError as e:
+        check(False, "the server stopped listening before the running stream ended: %s" % e)
+    t_probed = time.time()
+    events, end = [first], None
+    while True:
+        e = read_event(r)
+        if not isinstance(e, dict):
+            end = e
+            break
+        events.append(e)
+    t_end = time.time()
+    conn.close()
+    check(end == "[DONE]", "the running stream ended without data: [DONE] (%d events)" % len(events))
+    check(t_end > t_probed, "the stream ended before the drain was probed: make it longer than %d tokens" % n)
+    usage = [e["usage"] for e in events if e.get("usage")]
+    check(usage and usage[0]["completion_tokens"] == n, "the stream should run to max_tokens %d: usage %r" % (n, usage))
+    t.join()
+    check(whole and whole[0][0] == 200 and whole[0][1]["usage"]["completion_tokens"] == 32,
+          "the whole request admitted before the signal should answer 200 with its 32 tokens: %r" % (whole,))
+    code, waited = exit_within(srv, 30)
+    check(code == 0, "exit code %s after the drain; last lines:\n%s" % (code, "".join(srv.log[-6:])))
+    check(waited < 5, "the server took %.1f s to exit after the last stream ended" % waited)
+    print("[drain] a %d-token stream finished %.1f s after SIGTERM, with [DONE]; the server exited %.2f s later"
+          % (n, t_end - t_signal, waited), flush=True)
+
+    # 2. Bounded: a stream longer than --drain-seconds is cut at the bound;
+    #    a second signal cuts at once; --drain-seconds 0 cuts at once; an idle server stops at once.
+    #    A whole request running beside the stream is answered 503 at the cut
+    #    (it held the exit until it finished, unbounded, before).
+    for drain, second, lo, hi in (("1", False, 0.8, 6), ("60", True, 0.0, 6), ("0", False, 0.0, 4)):
+        srv = Server(BIN, "-c", "4096", "--max-seqs", "2", "--drain-seconds", drain)
+        srv.wait_ready()
+        conn, r = open_stream(srv.port, "/v1/completions", {**COUNT, "max_tokens": 4000})
+        read_event(r)
+        whole = []
+
+        def post_whole(port=srv.port):
+            try:
+                whole.append(post_json(port, "/v1/completions", {**COUNT, "max_tokens": 4000}))
+            except OSError as e:
+                whole.append(repr(e))
+
+        t = threading.Thread(target=post_whole)
+        t.start()
+        t0 = time.time()
+        while metric(srv.port, "num_requests_running") < 2 and time.time() - t0 < 30:
+            time.sleep(0.02)
+        check(metric(srv.port, "num_requests_running") == 2, "the whole request was not admitted within 30 s")
+        t0 = time.time()
+        srv.proc.send_signal(signal.SIGTERM)
+        if second:
+            time.sleep(0.5)
+            t0 = time.time()
+            srv.proc.send_signal(signal.SIGTERM)
+        code, _ = exit_within(srv, 60)
+        took = time.time() - t0
+        end = read_event(r)
+        while isinstance(end, dict):
+            end = read_event(r)
+        conn.close()
+        what = "--drain-seconds %s%s" % (drain, " and a second signal" if second else "")
+        check(code == 0, "%s: exit code %s; last lines:\n%s" % (what, code, "".join(srv.log[-6:])))
+        check(lo <= took <= hi, "%s: exited %.1f s after the (last) signal, [%.1f, %.1f] expected" % (what, took, lo, hi))
+        check(end is None, "%s: a 4000-token stream should have been cut, got %r" % (what, end))
+        t.join(60)
+        check(whole and whole[0][0] == 503 and whole[0][1]["error"]["code"] == "server_shutting_down",
+              "%s: a 4000-token whole request should have been answered 503 at the cut: %r" % (what, whole))
+        print("[drain] %s: a long stream cut, exit %.2f s after the (last) signal" % (what, took), flush=True)
+    srv = Server(BIN, "-c", "128", "--max-seqs", "1")
+    srv.wait_ready()
+    srv.proc.send_signal(signal.SIGTERM)
+    code, took = exit_within(srv, 30)
+    check(code == 0 and took < 3, "an idle server (default drain) should exit at once: code %s, %.1f s" % (code, took))
+    out = subprocess.run([BIN, "serve", "--help"], capture_output=True, text=True, timeout=60).stdout
+    check("--drain-seconds" in out, "serve --help does not list --drain-seconds")
+
+
 if __name__ == "__main__":
-    {"isolation": run_isolation, "hostile": run_hostile, "isolation_cuda": run_isolation_cuda}[sys.argv[2]]()
+    {"isolation": run_isolation, "hostile": run_hostile, "isolation_cuda": run_isolation_cuda, "methods": run_methods,
+     "json_errors": run_json_errors, "startup": run_startup, "drain": run_drain}[sys.argv[2]]()
     if FAILURES:
         print("%d failure(s)" % len(FAILURES))
         sys.exit(1)

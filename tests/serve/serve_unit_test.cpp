@@ -107,6 +107,36 @@ TEST(OpenAiRequest, RefusesHostileBodiesNamingTheField) {
   EXPECT_EQ(refusal("{\"messages\": [{\"role\": \"user\", \"content\": 5}]}", true).param, "content");
 }
 
+// A new user's trial (issue 16) got nlohmann's "[json.exception.parse_error.101]
+// parse error at line 1, column 17: ..." back: the parser's internals. Now one
+// line saying where and what, and no exception names or ids.
+TEST(OpenAiRequest, MalformedJsonSaysWhereAndWhatWithoutParserInternals) {
+  auto message = [](const std::string& body) {
+    const std::string m = refusal(body).what();
+    EXPECT_EQ(m.find("json.exception"), std::string::npos) << m;
+    EXPECT_EQ(m.find("parse_error"), std::string::npos) << m;
+    EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+    return m;
+  };
+  EXPECT_EQ(message(R"({"prompt": "a", })"), "the request body is not valid JSON: syntax error at byte 17 (unexpected '}')");
+  EXPECT_EQ(message(R"({"a": 1} x)"), "the request body is not valid JSON: syntax error at byte 10 (unexpected 'x')");
+  EXPECT_EQ(message(R"({"prompt": )"),
+            "the request body is not valid JSON: it ends inside a value after 11 bytes (an unclosed object, array or "
+            "string?)");
+  EXPECT_EQ(message(""), "the request body is empty; it must be a JSON object");
+  EXPECT_EQ(message(" \r\n"), "the request body is empty; it must be a JSON object");
+  EXPECT_EQ(message("{\"prompt\": \"\xff\"}"),
+            "the request body is not valid JSON: syntax error at byte 13 (byte 0xFF: invalid UTF-8, or text outside a "
+            "string)");
+  EXPECT_EQ(message("{\"prompt\": \"a\nb\"}"),
+            "the request body is not valid JSON: syntax error at byte 14 (a control character, 0x0A: escape it inside "
+            "strings)");
+  // Well-formed JSON, but a number no double holds: was a 500 quoting out_of_range.406.
+  EXPECT_EQ(refusal(R"({"prompt": "a", "temperature": 1e999})").status, 400);
+  EXPECT_EQ(message(R"({"prompt": "a", "temperature": 1e999})"),
+            "the request body holds a number too large to represent (past 1.8e308)");
+}
+
 TEST(OpenAiRequest, ReadsTheFieldsItKnows) {
   const CompletionRequest r = parse_completion_request(
       R"({"model": "m", "prompt": ["hi"], "max_tokens": 7, "temperature": 0, "top_p": 0.5, "top_k": 3,

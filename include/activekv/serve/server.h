@@ -33,6 +33,10 @@ struct ServeOptions {
   double gpu_kv_mem_gib = 0;        ///< cuda: GPU memory all histories share (each request gets 1/max_seqs); 0: free less a margin
   bool sync_conversion = false;     ///< wait for page conversion every step (deterministic compressed reads; tests)
   int http_threads = 0;             ///< HTTP worker threads; 0: max_seqs + max_queue + 8
+  /// Seconds the first SIGINT/SIGTERM gives the requests in flight to finish
+  /// (new ones get 503 with Retry-After, /health 503); 0: stop at once,
+  /// cutting streams without `data: [DONE]`. A second signal stops at once.
+  double drain_seconds = 5;
 };
 
 /// Blocks SIGINT and SIGTERM in the calling thread, so that every thread it
@@ -47,8 +51,9 @@ void block_stop_signals();
 
 /// Binds host:port (printing "activekv serve: listening on http://HOST:PORT"
 /// to stderr), loads the model while /health answers 503, then serves until
-/// SIGINT or SIGTERM. Returns the exit code. Throws Error for a port that
-/// cannot be bound and for a model that cannot be loaded.
+/// SIGINT or SIGTERM, draining first (ServeOptions::drain_seconds). Returns
+/// the exit code. Throws Error for a port that cannot be bound and for a
+/// model that cannot be loaded.
 int run_server(const ServeOptions& o);
 
 }  // namespace activekv::serve
