@@ -215,15 +215,12 @@ __global__ void rope_kernel(float* x, int n_heads, float* x2, int n_heads2, int 
   }
 }
 
-}  // namespace
-
-namespace {
-
 template <bool kVec4, bool kQuant>
 void launch_rms_norm(const float* x, const float* weight, int T, int n, float eps, float* out, int8_t* qx,
                      float2* ds, cudaStream_t stream) {
   if (norm_threads(n) == kWideNormThreads) {
-    rms_norm_kernel<kWideNormThreads, kVec4, kQuant><<<T, kWideNormThreads, 0, stream>>>(x, weight, n, eps, out, qx, ds);
+    rms_norm_kernel<kWideNormThreads, kVec4, kQuant>
+        <<<T, kWideNormThreads, 0, stream>>>(x, weight, n, eps, out, qx, ds);
   } else {
     rms_norm_kernel<kThreads, kVec4, kQuant><<<T, kThreads, 0, stream>>>(x, weight, n, eps, out, qx, ds);
   }
