@@ -113,6 +113,10 @@ int main(int argc, char** argv) {
   activekv::cli::add_missing_cuda(*bench_dec, run_bench_decode);
   activekv::cli::add_missing_cuda(*cal, run_calibrate);
 #endif
+  // Argument errors in the form of every other error: one line, named by the flag.
+  app.failure_message([](const CLI::App*, const CLI::Error& e) {
+    return fmt::format("activekv: error: {} (--help lists the options)\n", e.what());
+  });
   CLI11_PARSE(app, argc, argv);
   try {
     if (*ins) return run_inspect();
