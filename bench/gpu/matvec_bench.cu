@@ -7,12 +7,15 @@
 //
 //   bench_matvec [--types Q4_0,Q4_K,...] [--shapes 6144x5120,...] [--nvec 1,8]
 //                [--groups 6144+1024+1024x5120,...] [--kernel tiled|chunked]
-//                [--batches 30] [--json out.json]
+//                [--layout split|gguf] [--batches 30] [--json out.json]
 //
 // The default shapes are the 27B-shape model's matrices (rows x cols): Q
 // 6144x5120, K/V 1024x5120, O 5120x6144, gate/up 17408x5120, down 5120x17408,
 // output 32000x5120. --kernel picks the block-type matvec kernel
-// (set_block_matvec_kernel; default chunked, the runtime's).
+// (set_block_matvec_kernel; default chunked, the runtime's) for matrices in
+// the GGUF layout; --layout split (the default, the runtime's: GpuWeights)
+// puts Q4_0, Q4_1, Q5_0 and Q8_0 matrices in the split layout, which has a
+// kernel of its own (quant_matvec.h's WeightLayout); other types stay GGUF.
 //
 // Timing: CUDA events around a batch of back-to-back launches on one stream
 // (>= 20), rotating between enough copies of the matrix that their bytes are
@@ -51,6 +54,7 @@ namespace {
 
 using activekv::cuda::check_cuda;
 using activekv::gguf::TensorType;
+using activekv::cuda::WeightLayout;
 
 struct DevBuf {
   void* p = nullptr;
@@ -136,6 +140,11 @@ struct GroupCopies {
   int copies = 0;
 };
 
+/// The layout a matrix of `type` gets under --layout: split where the type has one.
+WeightLayout layout_for(TensorType type, const std::string& layout) {
+  return layout == "split" && activekv::cuda::has_split_layout(type) ? WeightLayout::Split : WeightLayout::Gguf;
+}
+
 GroupCopies layout_group(TensorType type, const std::vector<int64_t>& rows, int64_t cols, size_t l2) {
   GroupCopies g;
   const size_t rb = activekv::gguf::row_bytes(type, uint64_t(cols));
@@ -164,6 +173,9 @@ int main(int argc, char** argv) {
   std::string groups = "6144+1024+1024x5120,17408+17408x5120";
   app.add_option("--groups", groups, "grouped launches: R1+R2+...xCOLS, comma-separated (\"\" for none)");
   app.add_option("--kernel", kernel, "block-type matvec kernel")->check(CLI::IsMember({"tiled", "chunked"}));
+  std::string layout = "split";
+  app.add_option("--layout", layout, "weight layout of Q4_0/Q4_1/Q5_0/Q8_0 matrices")
+      ->check(CLI::IsMember({"split", "gguf"}));
   app.add_option("--batches", batches, "timed batches per row (median)")->check(CLI::Range(1, 10000));
   app.add_option("--json", json_path, "write the results as JSON here");
   CLI11_PARSE(app, argc, argv);
@@ -190,6 +202,7 @@ int main(int argc, char** argv) {
                  "cudaMemcpyAsync");
     });
     const double copy_gbs = double(big) / t_copy * 1e-9;
+    std::printf("layout: %s (Q4_0, Q4_1, Q5_0, Q8_0)\n", layout.c_str());
     std::printf("block-type kernel: %s\ndevice %s, %d SMs, L2 %.0f MB\nHBM floor: read-only kernel %.0f GB/s; cudaMemcpy D2D %.0f GB/s "
                 "(read + write)\n\n",
                 kernel.c_str(), prop.name, prop.multiProcessorCount, l2 / 1e6, read_gbs, copy_gbs);
@@ -205,9 +218,11 @@ int main(int argc, char** argv) {
           throw activekv::InvalidArgument("bad shape '" + ss + "' (expected ROWSxCOLS)");
         }
         const size_t rb = activekv::gguf::row_bytes(type, uint64_t(c)), bytes = rb * size_t(r);
+        const size_t stride = (bytes + 255) / 256 * 256;  // every copy 256-byte aligned, as cudaMalloc'd weights
         const int copies = int(std::max<size_t>(2, (4 * l2 + bytes - 1) / bytes));
-        DevBuf w(bytes * copies);
-        fill_random<<<4096, 256>>>(static_cast<uint32_t*>(w.p), bytes * copies / 4, 7);
+        DevBuf w(stride * copies);
+        fill_random<<<4096, 256>>>(static_cast<uint32_t*>(w.p), stride * copies / 4, 7);
+        const WeightLayout wl = layout_for(type, layout);
         check_cuda(cudaGetLastError(), "fill_random");
         const int per_batch = copies * std::max(1, (20 + copies - 1) / copies);
         for (const std::string& ns : split(nvecs)) {
@@ -215,7 +230,7 @@ int main(int argc, char** argv) {
           DevBuf x(size_t(nv) * c * 4), y(size_t(nv) * r * 4), ws(activekv::cuda::matvec_workspace_bytes(c, nv));
           check_cuda(cudaMemset(x.p, 0, size_t(nv) * c * 4), "cudaMemset");  // finite x: time is value-independent
           auto mat = [&](int k) {
-            return activekv::cuda::DeviceMatrix{type, static_cast<const char*>(w.p) + size_t(k) * bytes, r, c, rb};
+            return activekv::cuda::DeviceMatrix{type, static_cast<const char*>(w.p) + size_t(k) * stride, r, c, rb, wl};
           };
           activekv::cuda::launch_quantize_activations(static_cast<float*>(x.p), c, nv, ws.p, nullptr);
           const double t_kernel = time_median(batches, [&] {
@@ -274,7 +289,7 @@ int main(int argc, char** argv) {
             for (int i = 0; i < n; ++i) {
               const size_t j = size_t(k) * n + i;
               mats[j] = {type, static_cast<const char*>(w.p) + size_t(k) * gl.copy_bytes + gl.offset[size_t(i)],
-                         g_rows[size_t(i)], c, rb};
+                         g_rows[size_t(i)], c, rb, layout_for(type, layout)};
               items[j] = {&mats[j], static_cast<float*>(y[size_t(i)]->p)};
             }
           }
@@ -314,6 +329,7 @@ int main(int argc, char** argv) {
                             {"commit", commit ? commit : "unknown"},
                             {"device", prop.name},
                             {"block_kernel", kernel},
+                            {"layout", layout},
                             {"sms", prop.multiProcessorCount},
                             {"l2_bytes", l2},
                             {"hbm_read_gbs", read_gbs},

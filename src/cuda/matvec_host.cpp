@@ -12,7 +12,8 @@ bool is_float_type(gguf::TensorType t) {
 }
 
 std::string shape_str(const DeviceMatrix& w) {
-  return gguf::type_name(w.type) + " matrix of " + std::to_string(w.rows) + " rows x " +
+  return gguf::type_name(w.type) + (w.layout == WeightLayout::Split ? " matrix (split layout) of " : " matrix of ") +
+         std::to_string(w.rows) + " rows x " +
          std::to_string(w.cols) + " cols";
 }
 
@@ -96,9 +97,9 @@ GroupPlan plan_group(const MatvecGroupItem* items, int n, const float* x, int n_
   const bool is_float = is_float_type(w0.type);
   for (int i = 0; i < n; ++i) {
     const DeviceMatrix& w = *items[i].w;
-    if (w.type != w0.type || w.cols != w0.cols) {
+    if (w.type != w0.type || w.cols != w0.cols || w.layout != w0.layout) {
       throw InvalidArgument("matvec group: " + group_item(i, w) + " does not match " + group_item(0, w0) +
-                            ": one type and one column count per group");
+                            ": one type, layout and column count per group");
     }
     check_matvec_args(w, x, is_float, n_vec, items[i].y, workspace);
   }
@@ -106,7 +107,8 @@ GroupPlan plan_group(const MatvecGroupItem* items, int n, const float* x, int n_
 
   GroupPlan p;
   p.n = n;
-  p.one_launch = is_float || kernel == BlockMatvecKernel::Chunked;
+  // Split matrices always run the split kernel, whose rows do not depend on the grid.
+  p.one_launch = is_float || kernel == BlockMatvecKernel::Chunked || w0.layout == WeightLayout::Split;
   int64_t total_rows = 0;
   for (int i = 0; i < n; ++i) total_rows += items[i].w->rows;
   if (!is_float) {

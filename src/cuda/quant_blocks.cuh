@@ -386,8 +386,8 @@ AKV_QHD uint32_t codes4(const S& b, int u, int g) {
 
 /// Dequantises elements 4g..4g+3 of unit u of block b into out[0..3],
 /// bit-identical to gguf::dequantize.
-template <class T>
-AKV_QHD void dequant4(const uint8_t* b, int u, int g, float* out) {
+template <class T, class S>
+AKV_QHD void dequant4(const S& b, int u, int g, float* out) {
   const uint32_t c = codes4<T>(b, u, g);
   const float a = T::scale(b, u, g);
   if constexpr (T::kHasMin) {

@@ -12,6 +12,7 @@
 #include "activekv/core/error.h"
 #include "activekv/cuda/quant_matvec.h"
 #include "quant_blocks.cuh"
+#include "quant_split.cuh"
 
 namespace activekv::cuda {
 
@@ -48,28 +49,36 @@ struct OutBF16 {
   }
 };
 
-/// Decodes piece p (elements T::kPiece * p ..) of a row into dst.
-template <class T, class Out>
-__device__ __forceinline__ void decode_piece(const uint8_t* row, int64_t p, typename Out::Elem* dst) {
-  if constexpr (T::kPiece == 32) {
-    const uint8_t* b = row + (p / T::kUnits) * T::kBytes;
-    const int u = int(p % T::kUnits);
+/// Unit u of a block (any byte source, quant_blocks.cuh) into dst.
+template <class T, class Out, class S>
+__device__ __forceinline__ void decode_unit(const S& b, int u, typename Out::Elem* dst) {
 #pragma unroll
-    for (int h = 0; h < 4; ++h) {
-      float v[8];
-      qblk::dequant4<T>(b, u, 2 * h, v);
-      qblk::dequant4<T>(b, u, 2 * h + 1, v + 4);
-      Out::store8(dst + 8 * h, v);
-    }
+  for (int h = 0; h < 4; ++h) {
+    float v[8];
+    qblk::dequant4<T>(b, u, 2 * h, v);
+    qblk::dequant4<T>(b, u, 2 * h + 1, v + 4);
+    Out::store8(dst + 8 * h, v);
+  }
+}
+
+/// Decodes piece p (elements T::kPiece * p ..) of row r into dst; kSplit:
+/// the matrix is in the split layout (quant_split.cuh).
+template <class T, class Out, bool kSplit>
+__device__ __forceinline__ void decode_piece(const uint8_t* w, int64_t rows, int64_t row_bytes, int64_t cols,
+                                             int64_t r, int64_t p, typename Out::Elem* dst) {
+  if constexpr (kSplit) {
+    decode_unit<T, Out>(qsplit::split_block<T>(w, rows, r, p, cols / T::kElems), 0, dst);
+  } else if constexpr (T::kPiece == 32) {
+    decode_unit<T, Out>(w + r * row_bytes + (p / T::kUnits) * T::kBytes, int(p % T::kUnits), dst);
   } else {
     float v[8];
-    T::decode8(row, 8 * p, v);
+    T::decode8(w + r * row_bytes, 8 * p, v);
     Out::store8(dst, v);
   }
 }
 
 /// out row i = W row (ids ? ids[i] : row0 + i), for i < n_rows.
-template <class T, class Out>
+template <class T, class Out, bool kSplit>
 __global__ void __launch_bounds__(kThreads)
     dequant_rows_kernel(const uint8_t* __restrict__ w, int64_t rows, int64_t row_bytes, int64_t cols,
                         const int32_t* __restrict__ ids, int64_t row0, int64_t n_rows,
@@ -85,7 +94,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int k = 0; k < kPiece; k += 8) Out::fill8_nan(dst + k);
     return;
   }
-  decode_piece<T, Out>(w + r * row_bytes, p, dst);
+  decode_piece<T, Out, kSplit>(w, rows, row_bytes, cols, r, p, dst);
 }
 
 template <class Out>
@@ -97,7 +106,14 @@ void launch_rows(const DeviceMatrix& w, const int32_t* ids, int64_t row0, int64_
     const int64_t threads = n_rows * (w.cols / T::kPiece);
     const int64_t grid = (threads + kThreads - 1) / kThreads;
     if (grid > 0x7fffffff) throw InvalidArgument("dequantise: too many rows in one launch");
-    dequant_rows_kernel<T, Out><<<unsigned(grid), kThreads, 0, stream>>>(
+    if constexpr (qsplit::SplitOf<T>::kOk) {
+      if (w.layout == WeightLayout::Split) {
+        dequant_rows_kernel<T, Out, true><<<unsigned(grid), kThreads, 0, stream>>>(
+            wp, w.rows, int64_t(w.row_bytes), w.cols, ids, row0, n_rows, out);
+        return;
+      }
+    }
+    dequant_rows_kernel<T, Out, false><<<unsigned(grid), kThreads, 0, stream>>>(
         wp, w.rows, int64_t(w.row_bytes), w.cols, ids, row0, n_rows, out);
   };
   if (!qblk::dispatch_block_type(w.type, go)) qblk::dispatch_float_type(w.type, go);

@@ -55,13 +55,13 @@ AKV_QHD void load_unit_x(int64_t xb, XQuant xq, int64_t cols, UnitX<NV>& x) {
   }
 }
 
-/// Dot of unit u of block b with x, added to acc[v] for every vector:
+/// Dot of unit u of block b (a byte source: quant_blocks.cuh) with x, added to acc[v] for every vector:
 /// acc += d_x * (A * sum(code * q) + B * sum(q)). sum(code * q) is taken as
 /// sum(raw * q) - kOffset * sum(q) (d.y holds sum(q), an exact integer):
 /// the same int32, without subtracting kOffset from every code byte -- the
 /// H200 profile showed this kernel instruction-bound.
-template <class T, int NV>
-AKV_QHD void dot_unit_x(const uint8_t* b, int u, const UnitX<NV>& x, float* acc) {
+template <class T, int NV, class S>
+AKV_QHD void dot_unit_x(const S& b, int u, const UnitX<NV>& x, float* acc) {
   uint32_t c[8];
   AKV_UNROLL
   for (int g = 0; g < 8; ++g) c[g] = T::raw4(b, u, g);

@@ -31,7 +31,10 @@
 #include "quant_dot.cuh"
 #include "quant_tile.cuh"
 #include "quant_x.cuh"
+#include "quant_split.cuh"
+#include "split_matvec.h"
 #include "matvec_host.h"
+#include "matvec_kernel_util.cuh"
 #include "model_ops_kernels.h"
 #include "once_per_device.h"
 
@@ -48,6 +51,11 @@ using mvhost::check_nvec;
 using mvhost::chunked_rows_per_warp;
 using mvhost::is_float_type;
 using mvhost::shape_str;
+using mvkern::GroupArgs;
+using mvkern::group_part;
+using mvkern::with_nv;
+using mvkern::with_rows;
+using mvkern::write_row;
 
 // ---- activation quantisation ---------------------------------------------------
 
@@ -74,22 +82,6 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
-template <int NV>
-__device__ __forceinline__ void write_row(float* acc, float* y, int64_t rows, int64_t row, bool accumulate) {
-#pragma unroll
-  for (int v = 0; v < NV; ++v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) acc[v] += __shfl_xor_sync(0xffffffffu, acc[v], o);
-  }
-  if ((threadIdx.x & 31) == 0) {
-#pragma unroll
-    for (int v = 0; v < NV; ++v) {
-      float* p = y + v * rows + row;
-      *p = accumulate ? *p + acc[v] : acc[v];
-    }
-  }
-}
 
 /// Chunks in flight per warp: with R rows a stage holds R rows' chunks.
 template <int R> __host__ __device__ constexpr int chunk_stages() { return R == 1 ? kStages : 3; }
@@ -175,24 +167,6 @@ __global__ void __launch_bounds__(kWarps * 32)
     matvec_blocks_kernel(const uint8_t* __restrict__ w, int64_t rows, int64_t row_bytes, int n_blocks,
                          XQuant xq, int64_t cols, float* __restrict__ y, bool accumulate) {
   chunked_cta<T, NV, R>(w, rows, row_bytes, n_blocks, xq, cols, y, accumulate, blockIdx.x);
-}
-
-/// The matrices of a grouped launch (mvhost::GroupPlan's layout): matrix i
-/// owns CTAs [cta_end[i-1], cta_end[i]).
-struct GroupArgs {
-  const uint8_t* w[kMaxMatvecGroup];
-  float* y[kMaxMatvecGroup];
-  int64_t rows[kMaxMatvecGroup];
-  uint32_t cta_end[kMaxMatvecGroup];
-  int n;
-};
-
-/// This CTA's matrix and its CTA index within that matrix.
-__device__ __forceinline__ int group_part(const GroupArgs& g, int64_t& cta) {
-  int i = 0;
-  while (i < g.n - 1 && blockIdx.x >= g.cta_end[i]) ++i;
-  cta = int64_t(blockIdx.x) - (i > 0 ? int64_t(g.cta_end[i - 1]) : 0);
-  return i;
 }
 
 /// One launch over several matrices of one type and cols: each CTA runs the
@@ -315,7 +289,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 // activation rounding, for comparisons with the CPU reference. One warp per
 // row, each lane 4 elements at a time straight from global (weights decoded by
 // dequant4, bit-identical to gguf::dequantize); not tuned for bandwidth.
-template <class T, int NV>
+template <class T, int NV, bool kSplit>
 __global__ void __launch_bounds__(kWarps * 32)
     matvec_blocks_f32x_kernel(const uint8_t* __restrict__ w, int64_t rows, int64_t row_bytes, int64_t cols,
                               const float* __restrict__ x, float* __restrict__ y, bool accumulate) {
@@ -329,7 +303,12 @@ __global__ void __launch_bounds__(kWarps * 32)
   for (int64_t e = 4 * lane; e < cols; e += 128) {
     float wv[4];
     const int in_block = int(e % T::kElems);
-    qblk::dequant4<T>(wr + (e / T::kElems) * T::kBytes, in_block / 32, (in_block % 32) / 4, wv);
+    if constexpr (kSplit) {
+      const auto b = qsplit::split_block<T>(w, rows, row, e / T::kElems, cols / T::kElems);
+      qblk::dequant4<T>(b, in_block / 32, (in_block % 32) / 4, wv);
+    } else {
+      qblk::dequant4<T>(wr + (e / T::kElems) * T::kBytes, in_block / 32, (in_block % 32) / 4, wv);
+    }
 #pragma unroll
     for (int v = 0; v < NV; ++v) {
       const float4 xv = __ldg(reinterpret_cast<const float4*>(x + v * cols + e));
@@ -343,23 +322,6 @@ __global__ void __launch_bounds__(kWarps * 32)
 }
 
 // ---- host side -----------------------------------------------------------------
-
-/// Calls f(std::integral_constant<int, n>) for n in 1..kMaxMatvecVectors.
-template <class F>
-void with_nv(int n, F&& f) {
-  switch (n) {
-    case 1: f(std::integral_constant<int, 1>{}); return;
-    case 2: f(std::integral_constant<int, 2>{}); return;
-    case 3: f(std::integral_constant<int, 3>{}); return;
-    case 4: f(std::integral_constant<int, 4>{}); return;
-    case 5: f(std::integral_constant<int, 5>{}); return;
-    case 6: f(std::integral_constant<int, 6>{}); return;
-    case 7: f(std::integral_constant<int, 7>{}); return;
-    case 8: f(std::integral_constant<int, 8>{}); return;
-  }
-  throw InvalidArgument("matvec: n_vec " + std::to_string(n) + " is outside 1.." +
-                        std::to_string(kMaxMatvecVectors));
-}
 
 BlockMatvecKernel initial_kernel() {
   const char* e = std::getenv("ACTIVEKV_MATVEC_KERNEL");
@@ -425,17 +387,6 @@ void launch_chunked_group_r(const GroupArgs& g, unsigned ctas, const DeviceMatri
       g, int64_t(w0.row_bytes), int(w0.cols / T::kElems), xq, w0.cols);
 }
 
-/// Calls f(std::integral_constant<int, R>) for rows per warp R: 1, 2, or
-/// 4 (built only for mvhost::kRowsFourVectors vectors; else 2).
-template <int NV, class F>
-void with_rows(int r, F&& f) {
-  if constexpr (NV == mvhost::kRowsFourVectors) {
-    if (r == 4) return f(std::integral_constant<int, 4>{});
-  }
-  if (r >= 2) return f(std::integral_constant<int, 2>{});
-  f(std::integral_constant<int, 1>{});
-}
-
 template <class T, int NV>
 void launch_chunked(const DeviceMatrix& w, int n_blocks, const XQuant& xq, float* y, bool accumulate,
                     cudaStream_t stream) {
@@ -449,6 +400,11 @@ void run_matvec(const DeviceMatrix& w, const float* x, int n_vec, float* y, bool
   if (w.rows == 0) return;
   const auto* wp = static_cast<const uint8_t*>(w.data);
   const dim3 grid(unsigned((w.rows + kWarps - 1) / kWarps)), block(kWarps * 32);
+  if (w.layout == WeightLayout::Split) {
+    splitmv::run(w, xquant_of(ws, w.cols, n_vec), n_vec, y, accumulate, stream);
+    check_cuda(cudaGetLastError(), "matvec (split layout) kernel launch");
+    return;
+  }
   const bool is_block = qblk::dispatch_block_type(w.type, [&](auto t) {
     using T = decltype(t);
     const XQuant xq = xquant_of(ws, w.cols, n_vec);
@@ -490,10 +446,22 @@ void require_gpu_kernel(const std::string& tensor_name, gguf::TensorType t) {
   }
 }
 
+bool has_split_layout(gguf::TensorType t) {
+  bool ok = false;
+  qblk::dispatch_block_type(t, [&](auto traits) { ok = qsplit::SplitOf<decltype(traits)>::kOk; });
+  return ok;
+}
+
 void validate_matrix(const DeviceMatrix& w) {
   if (!has_gpu_kernel(w.type)) {
     throw InvalidArgument("no GPU kernel for weight type " + gguf::type_name(w.type) + " (" +
                           std::to_string(w.rows) + " rows x " + std::to_string(w.cols) + " cols)");
+  }
+  if (w.layout == WeightLayout::Split && !has_split_layout(w.type)) {
+    throw InvalidArgument(shape_str(w) + ": the split layout exists for Q4_0, Q4_1, Q5_0 and Q8_0 only");
+  }
+  if (w.layout != WeightLayout::Split && w.layout != WeightLayout::Gguf) {
+    throw InvalidArgument(shape_str(w) + ": unknown layout " + std::to_string(int(w.layout)));
   }
   const int64_t blk = int64_t(gguf::block_elements(w.type));
   const int64_t mult = is_float_type(w.type) ? 8 : blk;
@@ -509,6 +477,19 @@ void validate_matrix(const DeviceMatrix& w) {
   if (w.rows > 0 && (w.data == nullptr || reinterpret_cast<uintptr_t>(w.data) % 16 != 0)) {
     throw InvalidArgument(shape_str(w) + ": device data must be non-null and 16-byte aligned");
   }
+}
+
+void launch_repack_split(const void* src_gguf, const DeviceMatrix& dst, cudaStream_t stream) {
+  if (dst.layout != WeightLayout::Split) throw InvalidArgument("repack: the destination's layout must be Split");
+  validate_matrix(dst);
+  const size_t bytes = size_t(dst.rows) * dst.row_bytes;
+  const auto* s = static_cast<const uint8_t*>(src_gguf);
+  const auto* d = static_cast<const uint8_t*>(dst.data);
+  if (bytes > 0 && (s == nullptr || (s < d + bytes && d < s + bytes))) {
+    throw InvalidArgument("repack: the GGUF source of the " + shape_str(dst) + " is null or overlaps it");
+  }
+  splitmv::repack(src_gguf, dst, stream);
+  check_cuda(cudaGetLastError(), "repack kernel launch");
 }
 
 size_t matvec_workspace_bytes(int64_t cols, int n_vec) {
@@ -577,7 +558,15 @@ void launch_matvec_f32_activations(const DeviceMatrix& w, const float* x, int n_
   const bool is_block = qblk::dispatch_block_type(w.type, [&](auto t) {
     using T = decltype(t);
     with_nv(n_vec, [&](auto nv) {
-      matvec_blocks_f32x_kernel<T, decltype(nv)::value>
+      constexpr int NV = decltype(nv)::value;
+      if constexpr (qsplit::SplitOf<T>::kOk) {
+        if (w.layout == WeightLayout::Split) {
+          matvec_blocks_f32x_kernel<T, NV, true>
+              <<<grid, block, 0, stream>>>(wp, w.rows, int64_t(w.row_bytes), w.cols, x, y, accumulate);
+          return;
+        }
+      }
+      matvec_blocks_f32x_kernel<T, NV, false>
           <<<grid, block, 0, stream>>>(wp, w.rows, int64_t(w.row_bytes), w.cols, x, y, accumulate);
     });
   });
@@ -611,6 +600,11 @@ void launch_matvec_prequantized_group(const MatvecGroupItem* items, int n, const
     g.cta_end[i] = plan.cta_end[i];
   }
   const DeviceMatrix& w0 = *items[0].w;
+  if (w0.layout == WeightLayout::Split) {
+    splitmv::run_group(g, plan, w0, xquant_of(workspace, w0.cols, n_vec), n_vec, stream);
+    check_cuda(cudaGetLastError(), "grouped matvec (split layout) kernel launch");
+    return;
+  }
   const bool is_block = qblk::dispatch_block_type(w0.type, [&](auto t) {
     using T = decltype(t);
     const XQuant xq = xquant_of(workspace, w0.cols, n_vec);

@@ -3,9 +3,13 @@
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 
 #include "activekv/cuda/device_pages.h"
+#include "device_buffer.h"
 #include "activekv/gguf/tensor_type.h"
 #include "activekv/model/tensors.h"
 
@@ -35,6 +39,19 @@ void for_each_tensor(const model::ModelTensors& m, F&& f) {
       if (t) f(t);
 }
 
+/// Whether matrices of split-capable types are stored split (quant_matvec.h's
+/// WeightLayout): yes, unless ACTIVEKV_WEIGHT_LAYOUT=gguf (A/B measurements).
+bool split_wanted() {
+  const char* e = std::getenv("ACTIVEKV_WEIGHT_LAYOUT");
+  if (e == nullptr || std::strcmp(e, "split") == 0) return true;
+  if (std::strcmp(e, "gguf") == 0) return false;
+  throw InvalidArgument(fmt::format("ACTIVEKV_WEIGHT_LAYOUT is '{}': use split (the default) or gguf", e));
+}
+
+bool stored_split(const gguf::TensorInfo* t, bool split) {
+  return split && !is_vector(t) && cuda::has_split_layout(t->type);
+}
+
 }  // namespace
 
 size_t GpuWeights::bytes_needed(const gguf::File& f, const model::ModelConfig& c) {
@@ -51,11 +68,22 @@ GpuWeights::GpuWeights(const gguf::File& f, const model::ModelConfig& c) {
       throw Error(fmt::format("tensor '{}' has type {}, which ActiveKV cannot read", t->name, gguf::type_name(t->type)));
     bytes_ += device_bytes(t);
   });
+  // Split matrices are uploaded into a scratch buffer and repacked from
+  // there: the largest of them is needed beside the weights while loading.
+  const bool split = split_wanted();
+  size_t scratch_bytes = 0;
+  for_each_tensor(m, [&](const gguf::TensorInfo* t) {
+    if (stored_split(t, split)) scratch_bytes = std::max(scratch_bytes, size_t(t->n_bytes));
+  });
   const cuda::GpuMemory mem = cuda::gpu_memory();
-  if (bytes_ > mem.free) {
-    throw Error(fmt::format("the model's weights need {:.2f} GiB on the GPU, {:.2f} GiB are free", double(bytes_) / (1ull << 30),
+  if (bytes_ + scratch_bytes > mem.free) {
+    throw Error(fmt::format("the model's weights need {:.2f} GiB on the GPU (and {:.2f} GiB more while loading), "
+                            "{:.2f} GiB are free",
+                            double(bytes_) / (1ull << 30), double(scratch_bytes) / (1ull << 30),
                             double(mem.free) / (1ull << 30)));
   }
+  std::unique_ptr<cuda::DevBuf> scratch;
+  if (scratch_bytes > 0) scratch = std::make_unique<cuda::DevBuf>(scratch_bytes, "GpuWeights: repack scratch");
   const cudaError_t e = cudaMalloc(&base_, bytes_);
   if (e != cudaSuccess) {
     cudaGetLastError();
@@ -75,9 +103,15 @@ GpuWeights::GpuWeights(const gguf::File& f, const model::ModelConfig& c) {
     return p;
   };
   auto mat = [&](const gguf::TensorInfo* t) {
-    cuda::check_cuda(cudaMemcpy(next, t->data, t->n_bytes, cudaMemcpyHostToDevice), "GpuWeights: upload");
-    const cuda::DeviceMatrix dm{t->type, next, int64_t(t->dims[1]), int64_t(t->dims[0]),
-                                gguf::row_bytes(t->type, t->dims[0])};
+    cuda::DeviceMatrix dm{t->type, next, int64_t(t->dims[1]), int64_t(t->dims[0]),
+                          gguf::row_bytes(t->type, t->dims[0])};
+    if (stored_split(t, split)) {
+      dm.layout = cuda::WeightLayout::Split;
+      cuda::check_cuda(cudaMemcpy(scratch->p, t->data, t->n_bytes, cudaMemcpyHostToDevice), "GpuWeights: upload");
+      cuda::launch_repack_split(scratch->p, dm, nullptr);  // the next copy on the same (legacy) stream waits for it
+    } else {
+      cuda::check_cuda(cudaMemcpy(next, t->data, t->n_bytes, cudaMemcpyHostToDevice), "GpuWeights: upload");
+    }
     next += device_bytes(t);
     return dm;
   };
@@ -107,6 +141,7 @@ GpuWeights::GpuWeights(const gguf::File& f, const model::ModelConfig& c) {
       matrix_bytes_ += size_t(d->rows) * d->row_bytes;
     layers.push_back(L);
   }
+  cuda::check_cuda(cudaDeviceSynchronize(), "GpuWeights: repack");
 }
 
 GpuWeights::~GpuWeights() {

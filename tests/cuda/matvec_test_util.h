@@ -40,4 +40,11 @@ inline std::vector<BlockMatvecKernel> kernels_for(TensorType t) {
   return {BlockMatvecKernel::Tiled, BlockMatvecKernel::Chunked};
 }
 
+/// The kernel whose arithmetic a launch with `kernel` selected runs on a
+/// matrix of `layout`: split matrices always run the split kernel, whose
+/// rows are the chunked kernel's bit for bit (split_matvec.cu).
+inline BlockMatvecKernel arithmetic_of(BlockMatvecKernel kernel, WeightLayout layout) {
+  return layout == WeightLayout::Split ? BlockMatvecKernel::Chunked : kernel;
+}
+
 }  // namespace activekv::cuda::wtest

@@ -53,19 +53,20 @@ TEST_P(MatvecGroup, BitwiseTheSeparateLaunches) {
   NEED_GPU();
   const TensorType t = GetParam();
   uint64_t seed = 7000 + 100 * uint64_t(t);
+  for (const WeightLayout layout : layouts_for(t))
   for (const GroupCase& gc : cases()) {
     const int n = int(gc.rows.size());
     std::vector<HostMatrix> h;
     std::vector<std::unique_ptr<DeviceCopy>> dw;
     for (int64_t r : gc.rows) {
       h.push_back(random_matrix(t, r, gc.cols, seed++));
-      dw.push_back(std::make_unique<DeviceCopy>(h.back()));
+      dw.push_back(std::make_unique<DeviceCopy>(h.back(), layout));
     }
     for (const BlockMatvecKernel kernel : kernels_for(t)) {
       const KernelScope scope(kernel);
       for (int n_vec = 1; n_vec <= kMaxMatvecVectors; ++n_vec) {
-        SCOPED_TRACE(std::string(gc.what) + " " + gguf::type_name(t) + " " + kernel_name(kernel) + " n_vec " +
-                     std::to_string(n_vec));
+        SCOPED_TRACE(std::string(gc.what) + " " + gguf::type_name(t) + " " + kernel_name(kernel) + " " +
+                     layout_name(layout) + " n_vec " + std::to_string(n_vec));
         const std::vector<float> x = random_x(n_vec, gc.cols, seed++);
         DevMem dx(x.size() * 4), ws(matvec_workspace_bytes(gc.cols, n_vec));
         upload(dx, x);
@@ -97,8 +98,9 @@ TEST_P(MatvecGroup, BitwiseTheSeparateLaunches) {
           ck(cudaDeviceSynchronize(), "separate matvec");
           const auto sep = download<float>(dsep, ny);
           ASSERT_TRUE(same_bits(y.data() + off[size_t(i)], sep.data(), ny)) << "grouped vs separate launch";
-          if (gc.emulate && (kernel == BlockMatvecKernel::Chunked || is_float_type(t))) {  // tiled: separate launches
-            const std::vector<float> want = emulate_matvec(h[size_t(i)], x, n_vec, kernel);
+          const BlockMatvecKernel arith = arithmetic_of(kernel, layout);
+          if (gc.emulate && (arith == BlockMatvecKernel::Chunked || is_float_type(t))) {  // tiled: separate launches
+            const std::vector<float> want = emulate_matvec(h[size_t(i)], x, n_vec, arith);
             ASSERT_TRUE(same_bits(y.data() + off[size_t(i)], want.data(), ny)) << "grouped vs CPU emulation";
           }
         }

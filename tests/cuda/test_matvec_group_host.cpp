@@ -105,6 +105,10 @@ TEST(MatvecGroupPlan, FloatTypesAndTheTiledKernel) {
   }
   // The tiled block kernel: one launch per matrix (its sums depend on each matrix's CTA geometry).
   EXPECT_FALSE(plan({mat(TensorType::Q4_0, 64, 512)}, 1, BlockMatvecKernel::Tiled).one_launch);
+  // Split matrices run the split kernel whichever block kernel is selected: one launch.
+  DeviceMatrix split = mat(TensorType::Q4_0, 64, 512);
+  split.layout = WeightLayout::Split;
+  EXPECT_TRUE(plan({split}, 1, BlockMatvecKernel::Tiled).one_launch);
 }
 
 template <class F>
@@ -138,7 +142,12 @@ TEST(MatvecGroupPlan, BadGroupsThrowOneLine) {
   const DeviceMatrix k4 = mat(TensorType::Q4_K, 1024, 5120);
   EXPECT_EQ(msg(items_for({q, k4}, 1)),
             "matvec group: matrix 1 (Q4_K matrix of 1024 rows x 5120 cols) does not match matrix 0 (Q4_0 matrix of "
-            "6144 rows x 5120 cols): one type and one column count per group");
+            "6144 rows x 5120 cols): one type, layout and column count per group");
+  DeviceMatrix k_split = k;
+  k_split.layout = WeightLayout::Split;
+  EXPECT_EQ(msg(items_for({q, k_split}, 1)),
+            "matvec group: matrix 1 (Q4_0 matrix (split layout) of 1024 rows x 5120 cols) does not match matrix 0 "
+            "(Q4_0 matrix of 6144 rows x 5120 cols): one type, layout and column count per group");
   const DeviceMatrix wide = mat(TensorType::Q4_0, 1024, 6144);
   EXPECT_NE(msg(items_for({q, k, wide}, 1)).find("matrix 2 (Q4_0 matrix of 1024 rows x 6144 cols) does not match"),
             std::string::npos);

@@ -13,6 +13,7 @@
 #include "activekv/core/bf16.h"
 #include "activekv/gguf/gguf.h"
 #include "matvec_test_util.h"
+#include "quant_split.cuh"
 
 namespace activekv::cuda {
 namespace {
@@ -35,6 +36,7 @@ TEST_P(WeightKernels, MatvecMatchesCpu) {
   NEED_GPU();
   const TensorType t = GetParam();
   const double emul_bound = is_float_type(t) ? kEmulBoundFloat : kEmulBoundQuant;
+  for (const WeightLayout layout : layouts_for(t))
   for (const BlockMatvecKernel kernel : kernels_for(t)) {
     const KernelScope scope(kernel);
     MatvecErrors worst;
@@ -42,7 +44,7 @@ TEST_P(WeightKernels, MatvecMatchesCpu) {
     for (const Shape& s : shapes_for(t)) {
       const HostMatrix h = random_matrix(t, s.rows, s.cols, seed++);
       const std::vector<float> wd = h.dequant();
-      DeviceCopy dw(h);
+      DeviceCopy dw(h, layout);
       for (int n_vec : {1, 2, 8}) {
         const std::vector<float> x = random_x(n_vec, s.cols, seed++);
         DevMem dx(x.size() * 4), dy(size_t(n_vec * s.rows) * 4), ws(matvec_workspace_bytes(s.cols, n_vec));
@@ -52,10 +54,10 @@ TEST_P(WeightKernels, MatvecMatchesCpu) {
         launch_matvec(dw.m, dx.as<float>(), n_vec, dy.as<float>(), false, ws.p, nullptr);
         ck(cudaDeviceSynchronize(), "matvec");
         const auto y = download<float>(dy, size_t(n_vec * s.rows));
-        SCOPED_TRACE(gguf::type_name(t) + " " + kernel_name(kernel) + " " + std::to_string(s.rows) + "x" +
-                     std::to_string(s.cols) + " n_vec " + std::to_string(n_vec));
+        SCOPED_TRACE(gguf::type_name(t) + " " + kernel_name(kernel) + " " + layout_name(layout) + " " +
+                     std::to_string(s.rows) + "x" + std::to_string(s.cols) + " n_vec " + std::to_string(n_vec));
         // The kernel's arithmetic, replayed on the CPU (matvec_emulation.h): equal bits.
-        const std::vector<float> want = emulate_matvec(h, x, n_vec, kernel);
+        const std::vector<float> want = emulate_matvec(h, x, n_vec, arithmetic_of(kernel, layout));
         EXPECT_TRUE(same_bits(y.data(), want.data(), y.size())) << "GPU matvec vs its CPU emulation";
         const MatvecErrors e = compare_matvec(h, wd, x, n_vec, y, emul_bound);
         EXPECT_LE(e.rel_emul, emul_bound);
@@ -66,9 +68,9 @@ TEST_P(WeightKernels, MatvecMatchesCpu) {
         worst.merge(e);
       }
     }
-    std::printf("[measured] %-5s %-7s matvec: max rel err vs CPU emulation %.3g (bound %.3g); vs fp64 with exact "
-                "x: %.3g of the hard bound (bound %.3g), max z %.3g (bound %.3g)\n",
-                gguf::type_name(t).c_str(), kernel_name(kernel), worst.rel_emul, emul_bound, worst.worst_ratio,
+    std::printf("[measured] %-5s %-7s %-5s matvec: max rel err vs CPU emulation %.3g (bound %.3g); vs fp64 with "
+                "exact x: %.3g of the hard bound (bound %.3g), max z %.3g (bound %.3g)\n",
+                gguf::type_name(t).c_str(), kernel_name(kernel), layout_name(layout), worst.rel_emul, emul_bound, worst.worst_ratio,
                 kWorstRatioBound, worst.z, kZBound);
   }
 }
@@ -79,11 +81,12 @@ TEST_P(WeightKernels, EveryBatchSizeAccumulateAndPrequantized) {
   // 1101 rows: the tiled kernel puts 2 rows in a CTA (the last CTA has 1 row).
   const Shape s{1101, 512};
   const HostMatrix h = random_matrix(t, s.rows, s.cols, 77 + uint64_t(t));
-  DeviceCopy dw(h);
+  for (const WeightLayout layout : layouts_for(t))
   for (const BlockMatvecKernel kernel : kernels_for(t)) {
     const KernelScope scope(kernel);
+    DeviceCopy dw(h, layout);
     for (int n_vec = 1; n_vec <= kMaxMatvecVectors; ++n_vec) {
-      SCOPED_TRACE(std::string(kernel_name(kernel)) + " n_vec " + std::to_string(n_vec));
+      SCOPED_TRACE(std::string(kernel_name(kernel)) + " " + layout_name(layout) + " n_vec " + std::to_string(n_vec));
       const size_t ny = size_t(n_vec * s.rows);
       const std::vector<float> x = random_x(n_vec, s.cols, 500 + n_vec);
       std::vector<float> y0(ny);
@@ -98,7 +101,7 @@ TEST_P(WeightKernels, EveryBatchSizeAccumulateAndPrequantized) {
       launch_matvec(dw.m, dx.as<float>(), n_vec, dy2.as<float>(), true, ws.p, nullptr);
       ck(cudaDeviceSynchronize(), "matvec");
       const auto y = download<float>(dy, ny), yacc = download<float>(dy2, ny);
-      const std::vector<float> want = emulate_matvec(h, x, n_vec, kernel);
+      const std::vector<float> want = emulate_matvec(h, x, n_vec, arithmetic_of(kernel, layout));
       ASSERT_TRUE(same_bits(y.data(), want.data(), ny)) << "GPU matvec vs its CPU emulation";
       // Accumulate adds the same (deterministic) dot to y in place: fp32 y0 + dot, bitwise.
       for (size_t i = 0; i < ny; ++i) {
@@ -132,9 +135,11 @@ TEST_P(WeightKernels, MatvecF32ActivationsMatchesFp64) {
   for (const Shape& s : shapes_for(t)) {
     const HostMatrix h = random_matrix(t, s.rows, s.cols, seed++);
     const std::vector<float> wd = h.dequant();
-    DeviceCopy dw(h);
     constexpr double bound = 1.5e-7;
+    std::vector<float> first_layout;  // y on the GGUF layout: the split one must give the same bits
+    for (const WeightLayout layout : layouts_for(t))
     for (int n_vec : {1, 3}) {
+      DeviceCopy dw(h, layout);
       const std::vector<float> x = random_x(n_vec, s.cols, seed++);
       DevMem dx(x.size() * 4), dy(size_t(n_vec * s.rows) * 4);
       upload(dx, x);
@@ -142,7 +147,12 @@ TEST_P(WeightKernels, MatvecF32ActivationsMatchesFp64) {
       launch_matvec_f32_activations(dw.m, dx.as<float>(), n_vec, dy.as<float>(), false, nullptr);
       ck(cudaDeviceSynchronize(), "matvec f32 activations");
       const auto y = download<float>(dy, size_t(n_vec * s.rows));
-      SCOPED_TRACE(gguf::type_name(t) + " " + std::to_string(s.rows) + "x" + std::to_string(s.cols));
+      SCOPED_TRACE(gguf::type_name(t) + " " + layout_name(layout) + " " + std::to_string(s.rows) + "x" +
+                   std::to_string(s.cols));
+      if (n_vec == 1 && layout == WeightLayout::Gguf) first_layout = y;
+      if (n_vec == 1 && layout == WeightLayout::Split) {
+        ASSERT_TRUE(same_bits(y.data(), first_layout.data(), y.size())) << "split layout vs GGUF layout";
+      }
       for (int v = 0; v < n_vec; ++v)
         for (int64_t r = 0; r < s.rows; ++r) {
           double dot = 0, mag = 0;
@@ -170,7 +180,9 @@ TEST_P(WeightKernels, GatherAndDequantizeBf16Bitwise) {
       SCOPED_TRACE(std::to_string(s.rows) + "x" + std::to_string(s.cols) + (raw ? " raw bits" : ""));
       const HostMatrix h = random_matrix(t, s.rows, s.cols, 3000 + uint64_t(t) * 7 + uint64_t(s.cols), raw);
       const std::vector<float> wd = h.dequant();
-      DeviceCopy dw(h);
+      for (const WeightLayout layout : layouts_for(t)) {
+      SCOPED_TRACE(layout_name(layout));
+      DeviceCopy dw(h, layout);
       // Gather: first, last, a repeat, and one id out of range (NaN row).
       const std::vector<int32_t> ids = {int32_t(s.rows - 1), 0, 5, 5, int32_t(s.rows), 17};
       DevMem dids(ids.size() * 4), dout(ids.size() * size_t(s.cols) * 4);
@@ -197,6 +209,7 @@ TEST_P(WeightKernels, GatherAndDequantizeBf16Bitwise) {
       std::vector<uint16_t> want(size_t(n * s.cols));
       for (size_t i = 0; i < want.size(); ++i) want[i] = f32_to_bf16(wd[size_t(row0 * s.cols) + i]).bits;
       ASSERT_TRUE(same_bits(gbf.data(), want.data(), want.size())) << "dequantize_bf16";
+      }
     }
   }
 }
@@ -253,6 +266,33 @@ TEST(WeightKernelsFixture, TypesGgufGatherIsBitExact) {
   }
 }
 
+// ---- the split layout ---------------------------------------------------------------
+
+// The GPU repack puts every byte where quant_split.cuh's offsets (which every
+// reader uses) say: each block read back through SplitPtr is the GGUF block.
+TEST(SplitLayout, RepackPutsEveryBlockWhereTheReadersLook) {
+  NEED_GPU();
+  for (const TensorType t : all_types()) {
+    if (!has_split_layout(t)) continue;
+    qblk::dispatch_block_type(t, [&](auto traits) {
+      using T = decltype(traits);
+      if constexpr (qsplit::SplitOf<T>::kOk) {
+        const HostMatrix h = random_matrix(t, 37, 320, 4242 + uint64_t(t));
+        DeviceCopy dw(h, WeightLayout::Split);
+        const auto got = download<uint8_t>(dw.mem, h.bytes.size());
+        const int64_t n_blocks = h.cols / T::kElems;
+        uint8_t block[T::kBytes];
+        for (int64_t r = 0; r < h.rows; ++r)
+          for (int64_t b = 0; b < n_blocks; ++b) {
+            qsplit::gguf_block(qsplit::split_block<T>(got.data(), h.rows, r, b, n_blocks), block);
+            ASSERT_EQ(0, std::memcmp(block, h.bytes.data() + r * h.row_bytes + b * T::kBytes, T::kBytes))
+                << gguf::type_name(t) << " row " << r << " block " << b;
+          }
+      }
+    });
+  }
+}
+
 // ---- argument errors ---------------------------------------------------------------
 
 template <class F>
@@ -305,6 +345,21 @@ TEST(WeightKernelsErrors, UnsupportedTypesAndBadShapesThrow) {
   EXPECT_NE(thrown_message([&] { (void)matvec_workspace_bytes(100, 1); }).find("cols 100"), std::string::npos);
   DeviceMatrix f16{TensorType::F16, buf.p, 4, 12, 24};  // cols not a multiple of 8
   EXPECT_NE(mv(f16).find("multiple of 8"), std::string::npos) << mv(f16);
+  // The split layout: only for Q4_0, Q4_1, Q5_0, Q8_0; the repack needs a
+  // split destination and a source that does not overlap it.
+  m = good;
+  m.layout = WeightLayout::Split;
+  EXPECT_NE(mv(m).find("Q4_K matrix (split layout) of 10 rows x 512 cols: the split layout exists for"),
+            std::string::npos)
+      << mv(m);
+  const DeviceMatrix q4{TensorType::Q4_0, buf.as<uint8_t>() + 4096, 10, 512, gguf::row_bytes(TensorType::Q4_0, 512),
+                        WeightLayout::Split};
+  EXPECT_NE(thrown_message([&] { launch_repack_split(buf.p, DeviceMatrix{q4.type, q4.data, 10, 512, q4.row_bytes}, nullptr); })
+                .find("must be Split"),
+            std::string::npos);
+  EXPECT_NE(thrown_message([&] { launch_repack_split(buf.as<uint8_t>() + 4096 + 64, q4, nullptr); }).find("overlaps"),
+            std::string::npos);
+  EXPECT_EQ(thrown_message([&] { launch_repack_split(buf.p, q4, nullptr); }), "(nothing thrown)");
   ck(cudaDeviceSynchronize(), "good launch");
 }
 

@@ -10,6 +10,7 @@
 
 #include "activekv/core/bf16.h"
 #include "matvec_emulation.h"
+#include "quant_split.cuh"
 
 namespace activekv::cuda {
 namespace {
@@ -122,6 +123,59 @@ TEST(WeightKernelsHostQuant, ActivationQuantisationIsInRange) {
     ASSERT_LE(std::abs(int(q.qx[i])), 127);
     ASSERT_LE(std::fabs(double(x[i]) - double(d) * q.qx[i]), double(d) / 2 * (1 + 1e-6)) << i;
   }
+}
+
+// The split layout (quant_split.cuh): a matrix repacked by its offsets, each
+// block read through SplitPtr (memory) and SplitRegs (registers, what the
+// split matvec holds) decodes and dots bit for bit as its GGUF bytes do --
+// so the split kernel's rows are the chunked kernel's (the GPU test checks
+// the kernels themselves, and the GPU repack against these offsets).
+TEST(SplitLayoutHost, SourcesReadTheGgufBytes) {
+  int checked = 0;
+  for (const TensorType t : all_types()) {
+    qblk::dispatch_block_type(t, [&](auto traits) {
+      using T = decltype(traits);
+      if constexpr (qsplit::SplitOf<T>::kOk) {
+        SCOPED_TRACE(gguf::type_name(t));
+        const HostMatrix h = random_matrix(t, 5, 256, 515 + uint64_t(t));
+        const int64_t n_blocks = h.cols / T::kElems;
+        std::vector<uint8_t> split(h.bytes.size());
+        for (int64_t r = 0; r < h.rows; ++r)
+          for (int64_t b = 0; b < n_blocks; ++b) {
+            const uint8_t* g = h.bytes.data() + r * h.row_bytes + b * T::kBytes;
+            constexpr int kHead = qsplit::SplitOf<T>::kHead;
+            std::memcpy(split.data() + qsplit::head_offset<T>(h.rows, r, b, n_blocks), g, kHead);
+            std::memcpy(split.data() + qsplit::payload_offset<T>(r, b, n_blocks), g + kHead, T::kBytes - kHead);
+          }
+        const std::vector<float> x = random_x(2, h.cols, 99);
+        const QuantizedX q = quantize_like_kernel(x, 2, h.cols);
+        const qdot::XQuant xq = q.view();
+        for (int64_t r = 0; r < h.rows; ++r)
+          for (int64_t b = 0; b < n_blocks; ++b) {
+            const uint8_t* g = h.bytes.data() + r * h.row_bytes + b * T::kBytes;
+            const qsplit::SplitPtr<T> sp = qsplit::split_block<T>(split.data(), h.rows, r, b, n_blocks);
+            qsplit::SplitRegs<T> regs;
+            qsplit::load_regs_host(sp, regs);
+            for (int q = 0; q < 8; ++q) {
+              float want[4], via_ptr[4], via_regs[4];
+              qblk::dequant4<T>(g, 0, q, want);
+              qblk::dequant4<T>(sp, 0, q, via_ptr);
+              qblk::dequant4<T>(regs, 0, q, via_regs);
+              ASSERT_EQ(0, std::memcmp(want, via_ptr, sizeof want)) << "SplitPtr, row " << r << " block " << b;
+              ASSERT_EQ(0, std::memcmp(want, via_regs, sizeof want)) << "SplitRegs, row " << r << " block " << b;
+            }
+            qdot::UnitX<2> ux;
+            qdot::load_unit_x<2>(b, xq, h.cols, ux);
+            float want[2] = {0.5f, -0.25f}, got[2] = {0.5f, -0.25f};
+            qdot::dot_unit_x<T, 2>(g, 0, ux, want);
+            qdot::dot_unit_x<T, 2>(regs, 0, ux, got);
+            ASSERT_EQ(0, std::memcmp(want, got, sizeof want)) << "dot, row " << r << " block " << b;
+          }
+        ++checked;
+      }
+    });
+  }
+  EXPECT_EQ(checked, 4);  // Q4_0, Q4_1, Q5_0, Q8_0
 }
 
 }  // namespace

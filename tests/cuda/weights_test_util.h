@@ -154,15 +154,31 @@ inline HostMatrix random_matrix(TensorType t, int64_t rows, int64_t cols, uint64
   return m;
 }
 
-/// A HostMatrix uploaded (cudaMalloc: 256-byte aligned).
+/// A HostMatrix uploaded (cudaMalloc: 256-byte aligned), in the GGUF layout
+/// or repacked on the GPU into the split one (launch_repack_split).
 struct DeviceCopy {
   DevMem mem;
   DeviceMatrix m;
-  explicit DeviceCopy(const HostMatrix& h)
-      : mem(h.bytes.size()), m{h.type, mem.p, h.rows, h.cols, h.row_bytes} {
-    upload(mem, h.bytes);
+  explicit DeviceCopy(const HostMatrix& h, WeightLayout layout = WeightLayout::Gguf)
+      : mem(h.bytes.size()), m{h.type, mem.p, h.rows, h.cols, h.row_bytes, layout} {
+    if (layout == WeightLayout::Gguf) {
+      upload(mem, h.bytes);
+      return;
+    }
+    DevMem src(h.bytes.size());
+    upload(src, h.bytes);
+    launch_repack_split(src.p, m, nullptr);
+    ck(cudaDeviceSynchronize(), "repack");
   }
 };
+
+/// The layouts a type has: GGUF, and split for Q4_0, Q4_1, Q5_0, Q8_0.
+inline std::vector<WeightLayout> layouts_for(TensorType t) {
+  if (has_split_layout(t)) return {WeightLayout::Gguf, WeightLayout::Split};
+  return {WeightLayout::Gguf};
+}
+
+inline const char* layout_name(WeightLayout l) { return l == WeightLayout::Split ? "split" : "gguf"; }
 
 /// Random activations in [-1, 1] for n_vec vectors of cols, with one
 /// all-zero block (amax = 0) and one block holding a single large value.

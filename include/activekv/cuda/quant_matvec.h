@@ -4,7 +4,9 @@
 // A weight tensor with GGUF dims [cols, rows] is `rows` rows of `cols`
 // elements; each row is cols / block_elements(type) blocks laid out exactly as
 // in the GGUF file (ggml-common.h; our CPU decoder is src/gguf/dequant*.cpp).
-// The device copy is those bytes unchanged: no fp32 copy exists anywhere.
+// The device copy is those bytes (no fp32 copy exists anywhere), in the GGUF
+// layout or, for the 32-element block types Q4_0, Q4_1, Q5_0 and Q8_0, in
+// the split layout (WeightLayout below) that the model's weights use.
 //
 // Types with a kernel: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K
 // (every type gguf::TensorType names).
@@ -33,10 +35,24 @@
 
 namespace activekv::cuda {
 
-/// A weight matrix on the device, bytes exactly as in the GGUF file.
+/// How a matrix's blocks sit in device memory.
+///   Gguf:  row r at data + r * row_bytes, its blocks as in the GGUF file.
+///   Split: (Q4_0, Q4_1, Q5_0, Q8_0 only) the same bytes in two regions: the
+///          codes of every block, [rows][cols/32][P] with P = 16 (32 for
+///          Q8_0) -- each block's last P bytes -- then the rest of every
+///          block, [rows][cols/32][H] with H = 2 (Q4_0, Q8_0), 4 (Q4_1), 6
+///          (Q5_0). The codes are then 16-byte aligned: the matvec reads them
+///          with 16-byte loads straight from global memory instead of staging
+///          2-byte aligned rows through shared memory (src/cuda/quant_split.cuh).
+///          Every kernel gives the same bits on either layout.
+/// launch_repack_split writes the split layout from the GGUF one.
+enum class WeightLayout : uint8_t { Gguf, Split };
+
+/// A weight matrix on the device, bytes as in the GGUF file (`layout`).
 /// Requirements (checked by every launch_*): `type` has a kernel, cols > 0 is a
 /// multiple of block_elements(type) (and of 8 for F32/F16/BF16), row_bytes ==
-/// gguf::row_bytes(type, cols), rows >= 0, and `data` is 16-byte aligned
+/// gguf::row_bytes(type, cols), rows >= 0, a Split layout only for a type
+/// with has_split_layout, and `data` is 16-byte aligned
 /// (cudaMalloc is; a tensor at a GGUF offset inside one upload buffer is when
 /// the file's alignment is a multiple of 16 -- the default, 32, is). Row r
 /// starts at data + r * row_bytes (rows need not be 16-byte aligned: Q6_K's
@@ -47,7 +63,17 @@ struct DeviceMatrix {
   int64_t rows = 0;
   int64_t cols = 0;
   size_t row_bytes = 0;
+  WeightLayout layout = WeightLayout::Gguf;
 };
+
+/// True for the types with a split layout: Q4_0, Q4_1, Q5_0, Q8_0.
+bool has_split_layout(gguf::TensorType t);
+
+/// Writes dst (dst.layout == Split, a type with has_split_layout, valid as
+/// validate_matrix checks) from the same matrix in the GGUF layout at
+/// `src_gguf` (device, dst.rows * dst.row_bytes bytes, not overlapping
+/// dst.data). Throws InvalidArgument otherwise. Asynchronous on `stream`.
+void launch_repack_split(const void* src_gguf, const DeviceMatrix& dst, cudaStream_t stream);
 
 /// Most vectors one matvec launch takes (batched decode).
 inline constexpr int kMaxMatvecVectors = 8;
@@ -124,7 +150,7 @@ inline constexpr int kMaxMatvecGroup = 4;
 /// matrix with the single-matrix kernel's per-row code.
 ///
 /// Accepts 1 <= n <= kMaxMatvecGroup items with non-null w and y, every
-/// matrix of the SAME type and the SAME cols (rows may differ, 0 included),
+/// matrix of the SAME type, layout and cols (rows may differ, 0 included),
 /// each valid (validate_matrix), outputs not overlapping one another; x,
 /// n_vec and the workspace as launch_matvec_prequantized (the workspace holds
 /// x quantised for that cols and n_vec; x is read only for F32/F16/BF16

@@ -1,9 +1,13 @@
 // A model's weights on the GPU, in their GGUF types (SPEC §8: never expanded
 // to fp32 on host or GPU).
 //
-// Every matrix is uploaded once, byte for byte as in the file, into one
-// device allocation, and read by the quantised matvec and GEMM kernels of
-// activekv/cuda/quant_matvec.h. The norm weights and biases (vectors of a
+// Every matrix is uploaded once, its bytes as in the file, into one device
+// allocation, and read by the quantised matvec and GEMM kernels of
+// activekv/cuda/quant_matvec.h. Matrices of Q4_0, Q4_1, Q5_0 and Q8_0 are
+// stored in the split layout (cuda::WeightLayout: the same bytes, the codes
+// 16-byte aligned for the matvec), repacked on the GPU through a scratch
+// buffer the size of the largest of them; ACTIVEKV_WEIGHT_LAYOUT=gguf keeps
+// every matrix as in the file (for A/B measurements). The norm weights and biases (vectors of a
 // few thousand values) are widened to fp32 on upload, since the row kernels
 // read them as fp32. Before anything is allocated the constructor checks
 // that every matrix has a GPU kernel and that the bytes fit the free device

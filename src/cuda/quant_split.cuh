@@ -1,0 +1,212 @@
+// Internal to the CUDA backend: the split layout of a weight matrix of a
+// 32-element block type (WeightLayout::Split in quant_matvec.h).
+//
+// A GGUF Q4_0 block is 18 bytes: an f16 scale, then 16 bytes of codes. Rows
+// of such blocks put the codes at 2-byte alignment, so a kernel reads them
+// with 16-bit loads or stages them through shared memory first; either costs
+// more instructions per byte than the decode matvec can afford (the H200
+// profile at f19e007: the chunked kernel issued 0.71 warp instructions per
+// cycle per scheduler at 52 % of DRAM bandwidth). The split layout keeps the
+// same bytes in two regions of the matrix:
+//
+//   payload [rows][n_blocks][kPayload]   the codes (the block's last kPayload bytes)
+//   head    [rows][n_blocks][kHead]      the rest (scale, min, fifth bits)
+//
+// so that every block's codes are one or two 16-byte loads from a 16-byte
+// aligned address (the matrix starts 16-byte aligned and kPayload is 16 or
+// 32). The matrix's size is unchanged. Readers see a split block through a
+// byte source (quant_blocks.cuh): SplitPtr in memory, SplitRegs in registers;
+// both present the block's GGUF byte offsets, so every traits function and
+// every dot product is the GGUF layout's, bit for bit.
+#pragma once
+
+#include <cstdint>
+
+#include "quant_blocks.cuh"
+
+namespace activekv::cuda::qsplit {
+
+using qblk::Q4_0;
+using qblk::Q4_1;
+using qblk::Q5_0;
+using qblk::Q8_0;
+
+/// kOk: the type has a split layout; kHead + kPayload == T::kBytes; the
+/// payload is the block's last kPayload bytes.
+template <class T>
+struct SplitOf {
+  static constexpr bool kOk = false;
+  static constexpr int kHead = 0, kPayload = 0;
+};
+template <>
+struct SplitOf<Q4_0> {  // f16 d | 16 bytes of nibbles
+  static constexpr bool kOk = true;
+  static constexpr int kHead = 2, kPayload = 16;
+};
+template <>
+struct SplitOf<Q4_1> {  // f16 d, f16 m | 16 bytes of nibbles
+  static constexpr bool kOk = true;
+  static constexpr int kHead = 4, kPayload = 16;
+};
+template <>
+struct SplitOf<Q5_0> {  // f16 d, 4 bytes of fifth bits | 16 bytes of nibbles
+  static constexpr bool kOk = true;
+  static constexpr int kHead = 6, kPayload = 16;
+};
+template <>
+struct SplitOf<Q8_0> {  // f16 d | 32 int8 codes
+  static constexpr bool kOk = true;
+  static constexpr int kHead = 2, kPayload = 32;
+};
+
+/// Byte offsets of block b of row r in a split matrix of `rows` rows of
+/// `n_blocks` blocks (host and device; the repack kernel and every reader).
+template <class T>
+AKV_QHD int64_t payload_offset(int64_t r, int64_t b, int64_t n_blocks) {
+  return (r * n_blocks + b) * SplitOf<T>::kPayload;
+}
+template <class T>
+AKV_QHD int64_t head_offset(int64_t rows, int64_t r, int64_t b, int64_t n_blocks) {
+  return rows * n_blocks * SplitOf<T>::kPayload + (r * n_blocks + b) * SplitOf<T>::kHead;
+}
+
+/// A split block in memory. Offsets below kHead read the head (2-byte
+/// aligned), the rest the payload (16-byte aligned, so 4-byte reads there
+/// are aligned: every traits' payload read is at kHead + 4k).
+template <class T>
+struct SplitPtr {
+  const uint8_t* head;
+  const uint8_t* payload;
+};
+
+template <class T>
+AKV_QHD SplitPtr<T> split_block(const uint8_t* w, int64_t rows, int64_t r, int64_t b, int64_t n_blocks) {
+  return {w + head_offset<T>(rows, r, b, n_blocks), w + payload_offset<T>(r, b, n_blocks)};
+}
+
+/// The GGUF bytes of a split block, for the CPU reference of the repack.
+template <class T>
+void gguf_block(const SplitPtr<T>& s, uint8_t* out) {
+  for (int i = 0; i < SplitOf<T>::kHead; ++i) out[i] = s.head[i];
+  for (int i = 0; i < SplitOf<T>::kPayload; ++i) out[SplitOf<T>::kHead + i] = s.payload[i];
+}
+
+template <class T>
+struct SplitRegs;
+
+}  // namespace activekv::cuda::qsplit
+
+namespace activekv::cuda::qblk {
+
+// Byte sources over split blocks (found by argument-dependent lookup from
+// the traits' unqualified src_* calls: declared in qblk beside the others).
+
+template <int Align, class T>
+AKV_QHD uint32_t src_u32(const qsplit::SplitPtr<T>& s, int off) {
+  constexpr int kHead = qsplit::SplitOf<T>::kHead;
+  return off < kHead ? ld32<2>(s.head + off) : ld32<4>(s.payload + (off - kHead));
+}
+template <class T>
+AKV_QHD uint32_t src_u8(const qsplit::SplitPtr<T>& s, int off) {
+  constexpr int kHead = qsplit::SplitOf<T>::kHead;
+  return off < kHead ? s.head[off] : s.payload[off - kHead];
+}
+template <class T>
+AKV_QHD float src_half(const qsplit::SplitPtr<T>& s, int off) {
+  return ld_half(s.head + off);  // every f16 of these types is in the head
+}
+
+}  // namespace activekv::cuda::qblk
+
+namespace activekv::cuda::qsplit {
+
+/// A split block in registers: the head's bytes in words (little endian,
+/// byte 0 first), the payload's 4-byte words. Indices are compile-time
+/// constants once the callers are unrolled.
+template <class T>
+struct SplitRegs {
+  static constexpr int kHeadWords = (SplitOf<T>::kHead + 3) / 4, kPayloadWords = SplitOf<T>::kPayload / 4;
+  uint32_t head[kHeadWords];
+  uint32_t payload[kPayloadWords];
+};
+
+#ifdef __CUDACC__
+/// 16 bytes streamed from global memory: read once, so kept out of L1
+/// (which the activations' loads use) -- ld.global.nc.L1::no_allocate.
+__device__ __forceinline__ uint4 ld_stream16(const uint8_t* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+/// Loads block s into registers: the payload in 16-byte loads, the head in
+/// 4-byte loads when its size keeps them aligned, else 2-byte ones.
+template <class T>
+__device__ __forceinline__ void load_regs(const SplitPtr<T>& s, SplitRegs<T>& r) {
+  constexpr int kHead = SplitOf<T>::kHead;
+#pragma unroll
+  for (int i = 0; i < SplitRegs<T>::kPayloadWords / 4; ++i) {
+    const uint4 v = ld_stream16(s.payload + 16 * i);
+    r.payload[4 * i] = v.x, r.payload[4 * i + 1] = v.y, r.payload[4 * i + 2] = v.z, r.payload[4 * i + 3] = v.w;
+  }
+  if constexpr (kHead % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < kHead / 4; ++i) r.head[i] = __ldg(reinterpret_cast<const uint32_t*>(s.head) + i);
+  } else {
+    const uint16_t* h = reinterpret_cast<const uint16_t*>(s.head);
+#pragma unroll
+    for (int i = 0; i < SplitRegs<T>::kHeadWords; ++i) {
+      const uint32_t lo = __ldg(h + 2 * i);
+      const uint32_t hi = 2 * (2 * i + 1) < kHead ? uint32_t(__ldg(h + 2 * i + 1)) : 0u;
+      r.head[i] = lo | (hi << 16);
+    }
+  }
+}
+#endif
+
+/// Loads block s into registers on the host (the CPU tests of the sources).
+template <class T>
+void load_regs_host(const SplitPtr<T>& s, SplitRegs<T>& r) {
+  uint8_t hb[4 * SplitRegs<T>::kHeadWords] = {};
+  for (int i = 0; i < SplitOf<T>::kHead; ++i) hb[i] = s.head[i];
+  for (int i = 0; i < SplitRegs<T>::kHeadWords; ++i)
+    r.head[i] = uint32_t(hb[4 * i]) | uint32_t(hb[4 * i + 1]) << 8 | uint32_t(hb[4 * i + 2]) << 16 |
+                uint32_t(hb[4 * i + 3]) << 24;
+  for (int i = 0; i < SplitRegs<T>::kPayloadWords; ++i)
+    r.payload[i] = uint32_t(s.payload[4 * i]) | uint32_t(s.payload[4 * i + 1]) << 8 |
+                   uint32_t(s.payload[4 * i + 2]) << 16 | uint32_t(s.payload[4 * i + 3]) << 24;
+}
+
+}  // namespace activekv::cuda::qsplit
+
+namespace activekv::cuda::qblk {
+
+template <int Align, class T>
+AKV_QHD uint32_t src_u32(const qsplit::SplitRegs<T>& s, int off) {
+  constexpr int kHead = qsplit::SplitOf<T>::kHead;
+  if (off >= kHead) return s.payload[(off - kHead) >> 2];  // kHead + 4k: aligned within the payload
+  const int i = off >> 2;
+  const uint32_t hi = i + 1 < qsplit::SplitRegs<T>::kHeadWords ? s.head[i + 1] : 0u;
+  return (off & 3) == 0 ? s.head[i] : funnel_bytes(s.head[i], hi, off & 3);
+}
+template <class T>
+AKV_QHD uint32_t src_u8(const qsplit::SplitRegs<T>& s, int off) {
+  constexpr int kHead = qsplit::SplitOf<T>::kHead;
+  if (off >= kHead) return (s.payload[(off - kHead) >> 2] >> (8 * ((off - kHead) & 3))) & 0xffu;
+  return (s.head[off >> 2] >> (8 * (off & 3))) & 0xffu;
+}
+/// binary16 -> binary32 by the hardware on the device (exact but for NaN
+/// payloads, which the matvec does not promise to keep), by bits on the host.
+template <class T>
+AKV_QHD float src_half(const qsplit::SplitRegs<T>& s, int off) {
+  const uint16_t h = uint16_t(s.head[off >> 2] >> (8 * (off & 3)));
+#ifdef __CUDA_ARCH__
+  return __half2float(__ushort_as_half(h));
+#else
+  return half_bits_to_float(h);
+#endif
+}
+
+}  // namespace activekv::cuda::qblk

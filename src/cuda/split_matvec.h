@@ -1,0 +1,28 @@
+// Internal to the CUDA backend: the block-type matvec on matrices in the
+// split layout (WeightLayout::Split; quant_split.cuh), and the repack that
+// writes that layout. quant_matvec.cu routes split matrices here after its
+// argument checks; nothing here checks arguments again.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "activekv/cuda/quant_matvec.h"
+#include "matvec_host.h"
+#include "matvec_kernel_util.cuh"
+#include "quant_dot.cuh"
+
+namespace activekv::cuda::splitmv {
+
+/// y = W x for a split matrix (rows > 0), x prequantised in xq: bitwise the
+/// chunked kernel's y for the same matrix in the GGUF layout.
+void run(const DeviceMatrix& w, const qdot::XQuant& xq, int n_vec, float* y, bool accumulate, cudaStream_t stream);
+
+/// The grouped launch over split matrices of one type and cols (plan from
+/// mvhost::plan_group with the chunked kernel's rows per warp).
+void run_group(const mvkern::GroupArgs& g, const mvhost::GroupPlan& plan, const DeviceMatrix& w0,
+               const qdot::XQuant& xq, int n_vec, cudaStream_t stream);
+
+/// dst (split) from src (GGUF layout), one thread per block.
+void repack(const void* src_gguf, const DeviceMatrix& dst, cudaStream_t stream);
+
+}  // namespace activekv::cuda::splitmv
