@@ -109,8 +109,8 @@ int run_generate_gpu(const GenerateArgs& a) {
     r.step_ms.push_back(ms_since(ts));
   }
   if (a.cuda_graphs == "on")  // what ran as graphs: none with host placement (not captured), the first step eager
-    fmt::print(stderr, "activekv: CUDA graphs: {} of {} decode steps ({} instantiations){}\n", st.graph_steps,
-               st.decode_steps, st.graph_instantiations,
+    fmt::print(stderr, "activekv: CUDA graphs: {} of {} decode steps ({} instantiations; {} enqueued ahead){}\n",
+               st.graph_steps, st.decode_steps, st.graph_instantiations, st.lookahead_steps,
                st.placement.placement == route::KvPlacement::host ? "; host placement is not captured" : "");
   r.decode_route = st.pages;
   r.streamed_bytes = double(st.streamed_bytes);

@@ -54,6 +54,12 @@ GpuSampler::GpuSampler(int vocab, model::SamplerParams params) : vocab_(vocab), 
 
 GpuSampler::~GpuSampler() = default;
 
+void GpuSampler::rewind(uint64_t draws) {
+  if (draws > draws_)
+    throw InvalidArgument(fmt::format("sampler: rewind to draw {} past the {} made", draws, draws_));
+  draws_ = draws;
+}
+
 void GpuSampler::sample(const float* logits_dev, int32_t* token_dev, cudaStream_t stream) {
   if (logits_dev == nullptr) throw InvalidArgument("GpuSampler::sample: logits_dev is null");
   if (token_dev == nullptr) throw InvalidArgument("GpuSampler::sample: token_dev is null");

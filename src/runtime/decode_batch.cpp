@@ -27,6 +27,7 @@ std::vector<int32_t> GpuModel::decode_batch(std::span<GpuSequence* const> seqs, 
     for (int j = 0; j < i; ++j)
       if (S[size_t(j)] == &I) throw InvalidArgument(fmt::format("decode_batch: sequence {} appears twice", i));
     I.check_tokens(tokens.subspan(size_t(i), 1));
+    I.discard_ahead();  // a lookahead step of a solo decode: this batch step replaces it
     S[size_t(i)] = &I;
   }
   if (!M.fit_rows(N, N)) throw Error(fmt::format("the GPU has not the memory for a decode batch of {} rows", N));

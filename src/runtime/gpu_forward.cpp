@@ -184,9 +184,12 @@ void GpuForward::layer(int l, int T, const int64_t* pos, const LayerAttention& a
 }
 
 void GpuForward::run(const int32_t* ids, const int64_t* pos, int T, const LayerAttention& attend, bool all_logits,
-                     cudaStream_t s) {
+                     cudaStream_t s, int logits_row) {
   if (T <= 0 || T > max_rows_)
     throw InvalidArgument(fmt::format("GpuForward::run: {} rows, the buffers hold 1..{}", T, max_rows_));
+  if (logits_row < 0 || logits_row + (all_logits ? T : 1) > max_rows_)
+    throw InvalidArgument(fmt::format("GpuForward::run: logits row {} for {} rows, the buffer holds {}", logits_row,
+                                      all_logits ? T : 1, max_rows_));
   const int d = c_.d_model;
   cuda::launch_gather_rows_f32(w_.token_embd, ids, T, x_, s);
   if (c_.embed_scale != 1.0f) cuda::scale(x_, c_.embed_scale, int64_t(T) * d, s);
@@ -194,7 +197,8 @@ void GpuForward::run(const int32_t* ids, const int64_t* pos, int T, const LayerA
   for (int l = 0; l < c_.n_layers; ++l) layer(l, T, pos, attend, s);
   const int first = all_logits ? 0 : T - 1;
   const int rows = T - first;
-  norm_project(x_ + size_t(first) * d, w_.output_norm, rows, {{&w_.output, logits_}}, s);
+  norm_project(x_ + size_t(first) * d, w_.output_norm, rows,
+               {{&w_.output, logits_ + size_t(logits_row) * size_t(c_.vocab_size)}}, s);
 }
 
 }  // namespace activekv::runtime

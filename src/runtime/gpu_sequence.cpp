@@ -104,10 +104,12 @@ void GpuSequence::Impl::build() {
     cuda::check_cuda(cudaMemcpy(pos, p.data(), p.size() * sizeof(int64_t), cudaMemcpyHostToDevice), "upload positions");
   }
   void* h = nullptr;
-  cuda::check_cuda(cudaHostAlloc(&h, size_t(rows_cap + 1) * sizeof(int32_t), cudaHostAllocPortable),
+  cuda::check_cuda(cudaHostAlloc(&h, size_t(rows_cap + 2) * sizeof(int32_t), cudaHostAllocPortable),
                    "cudaHostAlloc (token ids)");
   host_ids = static_cast<int32_t*>(h);
   cuda::check_cuda(cudaEventCreateWithFlags(&token_ready, cudaEventDisableTiming), "cudaEventCreate");
+  for (cudaEvent_t& e : slot_ready)
+    cuda::check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
 
   // The page store, pinned, sized for the context; then the placement within the budget.
   store = std::make_unique<kv::PageStore>(kv_shape, size_t(pages_per_layer) * size_t(kv_shape.n_layers),
@@ -115,6 +117,10 @@ void GpuSequence::Impl::build() {
   seq = std::make_unique<kv::SequenceKv>(*store);
   history = std::make_unique<HistoryView>(*seq, layer_windows(c), rows_cap, attn, opt, stats, cap);
   if (opt.cuda_graphs && stats.placement.placement == route::KvPlacement::gpu) graph = std::make_unique<StepGraph>();
+  // Lookahead needs the graphs (only graphed steps look ahead) and a second
+  // logits row, so that the step ahead leaves the last step's logits alone.
+  const char* env = std::getenv("ACTIVEKV_LOOKAHEAD");
+  lookahead = opt.lookahead && graph && forward().max_rows() >= 2 && !(env && std::string(env) == "0");
   // gpu placement holds its history; the others may fill the budget (a resident prompt, partial's pools).
   reserved = stats.placement.placement == route::KvPlacement::gpu
                  ? std::min(stats.placement.history_bytes, history->budget())
@@ -125,6 +131,7 @@ GpuSequence::Impl::~Impl() { release(); }
 
 void GpuSequence::Impl::release() {
   if (engine) engine->synchronize();
+  if (ahead) cudaStreamSynchronize(stream());  // a lookahead step may still use the buffers freed below
   history.reset();  // cancels conversions before the sequence frees its pages
   seq.reset();
   cudaFree(ids);
@@ -132,6 +139,10 @@ void GpuSequence::Impl::release() {
   cudaFree(sampled);
   if (host_ids) cudaFreeHost(host_ids);
   if (token_ready) cudaEventDestroy(token_ready);
+  for (cudaEvent_t& e : slot_ready) {
+    if (e) cudaEventDestroy(e);
+    e = nullptr;
+  }
   ids = nullptr;
   pos = nullptr;
   sampled = nullptr;
@@ -159,10 +170,10 @@ void GpuSequence::Impl::stage_decode_token(int32_t token, int32_t* dst, cudaStre
 
 // Enqueues the sampling from one row of logits and the copy of the token id
 // to pinned host memory (capturable: no synchronisation).
-void GpuSequence::Impl::enqueue_sample(const float* logits_row) {
+void GpuSequence::Impl::enqueue_sample(const float* logits_row, int slot) {
   const cudaStream_t s = stream();
   sampler->sample(logits_row, sampled, s);
-  cuda::check_cuda(cudaMemcpyAsync(host_ids + rows_cap, sampled, sizeof(int32_t), cudaMemcpyDeviceToHost, s),
+  cuda::check_cuda(cudaMemcpyAsync(host_ids + rows_cap + slot, sampled, sizeof(int32_t), cudaMemcpyDeviceToHost, s),
                    "download the sampled token");
 }
 
@@ -171,6 +182,13 @@ void GpuSequence::Impl::enqueue_sample(const float* logits_row) {
 int32_t GpuSequence::Impl::fetch_sampled() {
   wait_step();
   last_sampled = host_ids[rows_cap];
+  sampled_valid = true;
+  return last_sampled;
+}
+
+int32_t GpuSequence::Impl::fetch_slot(int slot) {
+  cuda::check_cuda(cudaEventSynchronize(slot_ready[slot]), "waiting for the step");
+  last_sampled = host_ids[rows_cap + slot];
   sampled_valid = true;
   return last_sampled;
 }
@@ -199,65 +217,144 @@ bool GpuSequence::Impl::graph_step(bool decode) const {
 
 // Runs one chunk of rows through the model (a decode step: one row through
 // the engine; prefill: rows attending over device copies of the history),
-// commits it to the history and samples. With graphs (graph_step), what
-// reads host state that changes -- device page copies, page-table and
-// work-list patches, the token id's upload -- is enqueued first, eagerly;
-// the forward pass and the sampler are captured and launched as one graph.
+// commits it to the history and samples.
 int32_t GpuSequence::Impl::run_chunk(std::span<const int32_t> tokens, bool prefill, bool all_logits, bool sample) {
-  const int T = int(tokens.size());
-  const int64_t pos0 = seq->n_tokens();
+  return finish_chunk(enqueue_chunk(tokens, seq->n_tokens(), prefill, all_logits, sample, 0, 0));
+}
+
+// Enqueues a chunk up to its sampled id's copy home. With graphs
+// (graph_step), what reads host state that changes -- device page copies,
+// page-table and work-list patches, the token id's upload -- is enqueued
+// first, eagerly; the forward pass and the sampler are captured and launched
+// as one graph. Nothing here waits for the GPU, so a lookahead step can be
+// enqueued behind the running one: every host buffer the GPU reads later is
+// a PatchBuffer's (double-buffered) or a captured kernel argument.
+GpuSequence::Impl::Step GpuSequence::Impl::enqueue_chunk(std::span<const int32_t> tokens, int64_t pos0, bool prefill,
+                                                         bool all_logits, bool sample, int slot, int logits_row) {
+  Step st;
+  st.pos = pos0;
+  st.T = tokens.empty() ? 1 : int(tokens.size());
+  st.decode = !prefill;
+  st.sample = sample;
+  st.slot = slot;
+  st.logits_row = logits_row;
+  st.logits_rows = all_logits ? st.T : 1;
+  st.draws_before = sampler->draws();
+  const int T = st.T;
   const cudaStream_t s = stream();
   const auto t_enqueue = std::chrono::steady_clock::now();
-  seq->reserve(T);  // may throw (store full): nothing written yet
-  const bool decode = !prefill;
+  seq->reserve(pos0 + T - seq->n_tokens());  // may throw (store full): nothing written yet
   history->prepare(pos0, T, prefill, s);  // device copies and published pages the rows need
-  if (decode) {
+  if (tokens.empty()) {  // lookahead: the token the step before samples, on the GPU
+    cuda::check_cuda(cudaMemcpyAsync(ids, sampled, sizeof(int32_t), cudaMemcpyDeviceToDevice, s), "token id");
+  } else if (st.decode) {
     stage_decode_token(tokens[0], ids, s);
   } else {
     std::copy(tokens.begin(), tokens.end(), host_ids);
     cuda::check_cuda(cudaMemcpyAsync(ids, host_ids, size_t(T) * sizeof(int32_t), cudaMemcpyHostToDevice, s),
                      "upload token ids");
   }
-  if (decode) {
+  if (st.decode) {
     engine->update(history->engine_tables(pos0 + 1, s));
     engine->begin_step();
   }
   const LayerAttention attend = [&](int l, int rows, const float* q, const float* k, const float* v, float* out) {
     history->write_kv(l, pos0, rows, k, v, s);
-    if (decode) {
+    if (st.decode) {
       engine->enqueue_layer(l, q, out, nullptr);
     } else {
       history->prefill_attention(l, pos0, rows, q, out, *prefill_attn, s);
     }
   };
-  const int logit_rows = all_logits ? T : 1;
   GpuForward& fw = forward();
   const auto enqueue = [&] {  // from the token id on the GPU to the sampled id in pinned memory
-    fw.run(ids, pos + pos0, T, attend, all_logits, s);
-    if (sample) enqueue_sample(fw.logits() + size_t(logit_rows - 1) * size_t(c.vocab_size));
+    fw.run(ids, pos + pos0, T, attend, all_logits, s, logits_row);
+    if (sample) enqueue_sample(fw.logits() + size_t(logits_row + st.logits_rows - 1) * size_t(c.vocab_size), slot);
   };
-  if (graph_step(decode)) {
+  st.graph = graph_step(st.decode);
+  if (st.graph) {
     graph->capture(s, enqueue);
     graph->launch(s);
-    ++stats.graph_steps;
     stats.graph_instantiations = graph->instantiations();
   } else {
     enqueue();
-    decoded_eagerly = decoded_eagerly || decode;
+    decoded_eagerly = decoded_eagerly || st.decode;
   }
-  if (decode) stats.decode_enqueue_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_enqueue).count();
-  ++m.runs;
-  ran(logit_rows - 1);
+  if (sample) cuda::check_cuda(cudaEventRecord(slot_ready[slot], s), "cudaEventRecord");
+  st.run = ++m.runs;
+  if (st.decode) st.figures = engine->sequence_figures(0);
+  st.enqueue_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_enqueue).count();
+  return st;
+}
+
+// Waits for an enqueued chunk, commits it and counts it.
+int32_t GpuSequence::Impl::finish_chunk(const Step& st) {
   int32_t next = -1;
-  if (sample) {
-    next = fetch_sampled();
+  if (st.sample) {
+    next = fetch_slot(st.slot);
   } else {
     wait_step();  // the K/V are in the host pages before conversion may read them
   }
-  seq->commit(T);
-  if (decode) count_decode_step(engine->sequence_figures(0));
+  // Its logits are this sequence's last unless another run came after it
+  // (this sequence's own lookahead step writes the other row: allowed).
+  if (st.run == m.runs || (ahead && ahead->run == m.runs && st.run + 1 == m.runs)) {
+    last_row = st.logits_row + st.logits_rows - 1;
+    last_run = st.run;
+  } else {
+    last_row = -1;
+  }
+  seq->commit(st.T);
+  if (st.decode) {
+    stats.decode_enqueue_s += st.enqueue_s;
+    stats.graph_steps += st.graph;
+    count_decode_step(st.figures);
+  }
   history->committed();  // schedules conversion of pages that became full
   return next;
+}
+
+// A decode step. With lookahead, the step after it is enqueued before this
+// one's token is read back, fed that token on the GPU: the host captures
+// step n+1 while the GPU runs step n. The next call finds it enqueued when
+// its token is the one sampled (a generation loop's case), else discards it
+// and enqueues its own at the same position (stream order: its K/V row is
+// written over, the discarded step's sampler draw given back).
+int32_t GpuSequence::Impl::decode_step(int32_t token) {
+  const int64_t pos0 = seq->n_tokens();
+  std::optional<Step> cur;
+  if (ahead && ahead->pos == pos0 && sampled_valid && token == last_sampled) {
+    cur = ahead;
+    ahead.reset();
+    ++stats.lookahead_steps;
+  } else {
+    discard_ahead();
+    const int row = lookahead ? int(pos0 & 1) : 0;
+    cur = enqueue_chunk(std::span(&token, 1), pos0, false, false, true, int(pos0 & 1), row);
+  }
+  if (lookahead && cur->graph && pos0 + 2 <= opt.n_ctx && room_for(pos0 + 2)) {
+    const int next = int((pos0 + 1) & 1);
+    ahead = enqueue_chunk({}, pos0 + 1, false, false, true, next, next);
+  }
+  return finish_chunk(*cur);
+}
+
+// Whether the page store can hold `end` tokens (reserving them): a full
+// store refuses the lookahead step, not the step asked for.
+bool GpuSequence::Impl::room_for(int64_t end) {
+  try {
+    seq->reserve(end - seq->n_tokens());
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+void GpuSequence::Impl::discard_ahead() {
+  if (!ahead) return;
+  sampler->rewind(ahead->draws_before);
+  sampled_valid = false;  // the device's sampled id is the discarded step's
+  ++stats.lookahead_discarded;
+  ahead.reset();
 }
 
 // Where the prompt's history lives while it prefills, and the chunk: resident
@@ -300,6 +397,7 @@ route::PrefillPlan GpuSequence::Impl::begin_prefill(int64_t n) {
 int32_t GpuSequence::Impl::prefill_all(std::span<const int32_t> tokens, bool all_logits, const ChunkFn& after_chunk,
                                        bool sample) {
   check_tokens(tokens);
+  discard_ahead();
   const route::PrefillPlan plan = begin_prefill(int64_t(tokens.size()));
   int32_t next = -1;
   try {
@@ -351,7 +449,7 @@ int32_t GpuSequence::decode(int32_t token) {
   Impl& I = *impl_;
   const int32_t one[1] = {token};
   I.check_tokens(one);
-  return I.run_chunk(one, false, false);
+  return I.decode_step(token);
 }
 
 std::vector<float> GpuSequence::prefill_logits(std::span<const int32_t> tokens) {
@@ -371,7 +469,9 @@ std::vector<float> GpuSequence::last_logits() const {
   const Impl& I = *impl_;
   std::vector<float> out(size_t(I.c.vocab_size));
   if (I.last_row < 0) throw InvalidArgument("last_logits: nothing was run yet");
-  if (I.last_run != I.m.runs)
+  // A lookahead step of this sequence may have run since: it wrote the other row.
+  const bool only_ahead_since = I.ahead && I.ahead->run == I.m.runs && I.last_run + 1 == I.m.runs;
+  if (I.last_run != I.m.runs && !only_ahead_since)
     throw InvalidArgument("last_logits: another sequence ran on the model since (the logits buffer is shared)");
   cuda::check_cuda(cudaMemcpy(out.data(), I.forward().logits() + size_t(I.last_row) * out.size(),
                               out.size() * sizeof(float), cudaMemcpyDeviceToHost),

@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 
 #include "activekv/cuda/decode_engine.h"
@@ -54,12 +55,32 @@ struct GpuSequence::Impl {
   int32_t* ids = nullptr;     // device [rows_cap]: the rows' token ids
   int64_t* pos = nullptr;     // device [n_ctx]: 0, 1, 2, ... (a row at p reads pos + p)
   int32_t* sampled = nullptr; // device: the last sampled token
-  int32_t* host_ids = nullptr;  // pinned [rows_cap + 1]: uploads, and the sampled token back
+  int32_t* host_ids = nullptr;  // pinned [rows_cap + 2]: uploads, then the sampled token back (two slots)
   cudaEvent_t token_ready = nullptr;
+  cudaEvent_t slot_ready[2] = {nullptr, nullptr};  // after the D2H copy of a step's sampled token into its slot
   bool sampled_valid = false;   // *sampled holds the token the last step sampled
   int32_t last_sampled = -1;
   int last_row = -1;            // row of the model's logits that holds this sequence's last ones
   uint64_t last_run = 0;        // the model's run that wrote them
+
+  /// A chunk enqueued on the stream and not yet committed: what finishing
+  /// (or, for a lookahead step, discarding) it needs.
+  struct Step {
+    int64_t pos = 0;            // its first row
+    int T = 1;
+    bool decode = false, sample = true, graph = false;
+    int logits_row = 0;         // its logits: model rows [logits_row, + logits_rows)
+    int logits_rows = 1;
+    int slot = 0;               // its sampled id: host_ids[rows_cap + slot], after slot_ready[slot]
+    uint64_t draws_before = 0;  // the sampler's draw index before it
+    uint64_t run = 0;           // the model's run (m.runs) it is
+    double enqueue_s = 0;       // host time enqueuing it
+    cuda::DecodeEngine::SeqFigures figures;  // the engine's figures for it (decode)
+  };
+  /// Lookahead (RuntimeOptions::lookahead): the decode step enqueued after
+  /// the last one returned, its token the one that step sampled on the GPU.
+  std::optional<Step> ahead;
+  bool lookahead = false;  // opt.lookahead, cuda_graphs, not ACTIVEKV_LOOKAHEAD=0, two logits rows
 
   Impl(GpuModel& model, const RuntimeOptions& o);
   ~Impl();
@@ -74,16 +95,32 @@ struct GpuSequence::Impl {
   /// One chunk through the model; returns the sampled token, or -1 with
   /// `sample` false (the sampler not run: its draw count unchanged).
   int32_t run_chunk(std::span<const int32_t> tokens, bool prefill, bool all_logits, bool sample = true);
+  /// The two halves of run_chunk. enqueue_chunk: rows [pos0, + T) (T =
+  /// tokens.size(), or one decode row fed the device's last sampled token
+  /// when `tokens` is empty) up to the sampled id's copy into its slot;
+  /// commits nothing. finish_chunk: waits for it, commits, counts it.
+  Step enqueue_chunk(std::span<const int32_t> tokens, int64_t pos0, bool prefill, bool all_logits, bool sample,
+                     int slot, int logits_row);
+  int32_t finish_chunk(const Step& st);
+  /// A decode step of `token` at n_tokens, with lookahead where it applies.
+  int32_t decode_step(int32_t token);
+  /// Forgets a lookahead step (its token was not the one asked for, or a
+  /// prompt comes): gives back its sampler draw; its K/V row is rewritten by
+  /// whatever runs at that position next, in stream order.
+  void discard_ahead();
+  bool room_for(int64_t end);  // the page store holds `end` tokens (reserved now), or false
   route::PrefillPlan begin_prefill(int64_t n);
   using ChunkFn = std::function<void(size_t done, size_t n)>;
   int32_t prefill_all(std::span<const int32_t> tokens, bool all_logits, const ChunkFn& after_chunk, bool sample = true);
-  void enqueue_sample(const float* logits_row);
+  /// Samples from one row of logits into `sampled`, and copies the id into host slot `slot` (0 or 1).
+  void enqueue_sample(const float* logits_row, int slot = 0);
   /// Its logits are row `row` of the model's latest run (the caller counted it in m.runs).
   void ran(int row) {
     last_row = row;
     last_run = m.runs;
   }
   int32_t fetch_sampled();
+  int32_t fetch_slot(int slot);  // waits for slot_ready[slot], reads the slot's sampled token
   void wait_step();  // the host waits for the stream (the step's one synchronisation)
   /// After a decode step's commit: its part of the engine's figures into stats.
   void count_decode_step(const cuda::DecodeEngine::SeqFigures& f);

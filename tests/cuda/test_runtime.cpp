@@ -430,6 +430,62 @@ TEST(GpuRuntime, APromptAfterGraphedDecodeStepsStillWorks) {
   EXPECT_EQ(0, std::memcmp(off.second.data(), on.second.data(), off.second.size() * sizeof(float)));
 }
 
+// Lookahead (RuntimeOptions::lookahead): with graphs, the step after each
+// decode step is enqueued before that step's token is read back, fed the
+// token sampled on the GPU; when the next call asks for that token it is
+// used, else discarded (its sampler draw given back, its K/V row written
+// over). Either way the same bits as without lookahead: sampled generation
+// (temperature: the draw counter), teacher forcing every third step (steps
+// ahead discarded), a prompt after decode steps (the step ahead discarded),
+// and last_logits after each step (the step ahead writes the other row).
+TEST(GpuRuntime, LookaheadOnAndOffGiveTheSameBits) {
+  NEED_GPU();
+  const std::vector<int32_t> ids = golden_ids();
+  struct Run {
+    std::vector<int32_t> tokens;
+    std::vector<std::vector<float>> logits;
+    runtime::RuntimeStats stats;
+  };
+  auto run = [&](bool lookahead, bool forcing) {
+    runtime::RuntimeOptions o = options(400, "exact", route::KvPlacement::gpu);
+    o.cuda_graphs = true;
+    o.lookahead = lookahead;
+    o.sampling.temperature = 0.8f;
+    o.sampling.seed = 11;
+    runtime::GpuRuntime rt(testing::model_file(), testing::shared_model().config(), o);
+    Run r;
+    r.tokens.push_back(rt.prefill(std::span(ids).first(100)));
+    for (int i = 0; i < 40; ++i) {  // crosses page 1 -> 2 (pages of 64)
+      r.tokens.push_back(rt.decode(forcing && i % 3 == 1 ? ids[size_t(100 + i)] : r.tokens.back()));
+      r.logits.push_back(rt.last_logits());
+    }
+    r.tokens.push_back(rt.prefill(std::span(ids).subspan(140, 50)));
+    for (int i = 0; i < 20; ++i) r.tokens.push_back(rt.decode(r.tokens.back()));
+    r.logits.push_back(rt.last_logits());
+    r.stats = rt.stats();
+    return r;
+  };
+  for (const bool forcing : {false, true}) {
+    SCOPED_TRACE(forcing ? "teacher forcing every third step" : "free running");
+    const Run off = run(false, forcing), on = run(true, forcing);
+    EXPECT_EQ(off.tokens, on.tokens);
+    ASSERT_EQ(off.logits.size(), on.logits.size());
+    for (size_t i = 0; i < off.logits.size(); ++i)
+      ASSERT_EQ(0, std::memcmp(off.logits[i].data(), on.logits[i].data(), off.logits[i].size() * sizeof(float)))
+          << "step " << i;
+    EXPECT_EQ(off.stats.lookahead_steps, 0u);
+    EXPECT_EQ(on.stats.graph_steps, off.stats.graph_steps);
+    EXPECT_EQ(on.stats.decode_steps, off.stats.decode_steps);
+    // Free running: every graphed step but the first of each decode run was
+    // enqueued ahead (the first eager step and the one after a prompt are not).
+    if (!forcing) EXPECT_GE(on.stats.lookahead_steps, on.stats.graph_steps - 2);
+    EXPECT_GE(on.stats.lookahead_discarded, forcing ? 10u : 1u);  // at least the prompt's
+    std::printf("[measured] lookahead (%s): %zu steps used ahead, %zu discarded, of %zu decode steps\n",
+                forcing ? "forcing" : "free", on.stats.lookahead_steps, on.stats.lookahead_discarded,
+                on.stats.decode_steps);
+  }
+}
+
 // A second prompt after decode steps (a chat's next turn; `activekv bench`'s
 // pp row after its tg row): with host placement each layer keeps one tail page
 // on the GPU, and the earlier decode's tail must give its slot back when the

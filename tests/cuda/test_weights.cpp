@@ -136,11 +136,11 @@ TEST_P(WeightKernels, MatvecF32ActivationsMatchesFp64) {
     const HostMatrix h = random_matrix(t, s.rows, s.cols, seed++);
     const std::vector<float> wd = h.dequant();
     constexpr double bound = 1.5e-7;
-    std::vector<float> first_layout;  // y on the GGUF layout: the split one must give the same bits
-    for (const WeightLayout layout : layouts_for(t))
     for (int n_vec : {1, 3}) {
+    const std::vector<float> x = random_x(n_vec, s.cols, seed++);
+    std::vector<float> gguf_y;  // y on the GGUF layout: the split one must give the same bits
+    for (const WeightLayout layout : layouts_for(t)) {
       DeviceCopy dw(h, layout);
-      const std::vector<float> x = random_x(n_vec, s.cols, seed++);
       DevMem dx(x.size() * 4), dy(size_t(n_vec * s.rows) * 4);
       upload(dx, x);
       dy.poison();
@@ -149,10 +149,8 @@ TEST_P(WeightKernels, MatvecF32ActivationsMatchesFp64) {
       const auto y = download<float>(dy, size_t(n_vec * s.rows));
       SCOPED_TRACE(gguf::type_name(t) + " " + layout_name(layout) + " " + std::to_string(s.rows) + "x" +
                    std::to_string(s.cols));
-      if (n_vec == 1 && layout == WeightLayout::Gguf) first_layout = y;
-      if (n_vec == 1 && layout == WeightLayout::Split) {
-        ASSERT_TRUE(same_bits(y.data(), first_layout.data(), y.size())) << "split layout vs GGUF layout";
-      }
+      if (layout == WeightLayout::Gguf) gguf_y = y;
+      else ASSERT_TRUE(same_bits(y.data(), gguf_y.data(), y.size())) << "split layout vs GGUF layout";
       for (int v = 0; v < n_vec; ++v)
         for (int64_t r = 0; r < s.rows; ++r) {
           double dot = 0, mag = 0;
@@ -165,6 +163,7 @@ TEST_P(WeightKernels, MatvecF32ActivationsMatchesFp64) {
           worst = std::max(worst, rel);
           ASSERT_LE(rel, bound) << "row " << r << " vector " << v;
         }
+    }
     }
   }
   std::printf("[measured] %-5s matvec, fp32 activations: max |y - fp64| / sum|w x| = %.3g\n",

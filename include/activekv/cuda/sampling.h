@@ -51,6 +51,10 @@ class GpuSampler {
 
   /// Calls of sample() so far: the draw index the next call uses.
   uint64_t draws() const { return draws_; }
+  /// Gives back the draws of enqueued calls whose tokens were discarded (a
+  /// lookahead step): the next call uses draw index `draws` (<= draws(),
+  /// else InvalidArgument), as if those calls had not been made.
+  void rewind(uint64_t draws);
   int vocab() const { return vocab_; }
   const model::SamplerParams& params() const { return params_; }
 

@@ -72,11 +72,15 @@ class GpuForward {
   /// own sequence's in a batched decode: RoPE reads pos[t] per row), every
   /// layer, then the head for the last row, or for every row if all_logits.
   /// Rows never mix: each row's output depends on that row's input and its
-  /// attention only. Enqueued on `stream`. Throws InvalidArgument for a bad T.
+  /// attention only. The logits go to rows [logits_row, ...) of logits():
+  /// a lookahead decode step writes row 1 while its predecessor's row 0 is
+  /// still wanted (gpu_sequence.cpp). Enqueued on `stream`. Throws
+  /// InvalidArgument for a bad T, or logits rows past max_rows.
   void run(const int32_t* ids, const int64_t* pos, int T, const LayerAttention& attend, bool all_logits,
-           cudaStream_t stream);
+           cudaStream_t stream, int logits_row = 0);
 
-  /// Device fp32 logits of the last run: [vocab] (last row) or [T][vocab].
+  /// Device fp32 logits of the runs: [max_rows][vocab]; a run's are rows
+  /// [logits_row, + 1) (the last row) or [logits_row, + T) (all_logits).
   const float* logits() const { return logits_; }
   int max_rows() const { return max_rows_; }
   const model::ModelConfig& config() const { return c_; }

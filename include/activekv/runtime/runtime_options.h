@@ -44,6 +44,11 @@ struct RuntimeOptions {
                               ///< per step, the instantiated graph updated: src/runtime/step_graph.h);
                               ///< bitwise the same results. `host` placement (copy stream, events) and
                               ///< prefill always launch kernel by kernel.
+  bool lookahead = true;      ///< with cuda_graphs: while a decode step runs on the GPU, the host captures and
+                              ///< launches the next one, fed the token this step samples on the GPU (the
+                              ///< host's capture no longer waits between steps; gpu_sequence.cpp). A step
+                              ///< whose token turns out different (teacher forcing, a new prompt) is
+                              ///< discarded: the same bits as without it. ACTIVEKV_LOOKAHEAD=0 turns it off.
   /// Co-attention (host or partial placement; issue 12): the fraction of each layer's
   /// pages, oldest first, that the host CPU attends in place each decode step
   /// while the GPU streams the rest (never the tail page, never a lossless13
@@ -86,10 +91,14 @@ struct RuntimeStats {
   size_t decode_steps = 0;
   size_t graph_steps = 0;          ///< decode steps run as a CUDA graph (opt.cuda_graphs)
   size_t graph_instantiations = 0; ///< of them, steps whose graph had to be instantiated anew (new topology)
+  size_t lookahead_steps = 0;      ///< decode steps that were already enqueued when asked for (opt.lookahead)
+  size_t lookahead_discarded = 0;  ///< steps enqueued ahead and discarded (another token, a prompt, a batch)
   /// Host seconds the decode steps spent enqueuing their GPU work (page
   /// tables and patches, copies, every launch or the graph's capture and
   /// launch), all decode steps; the GPU runs meanwhile, so a step whose
   /// enqueue takes about its wall time is bound by the host, not the GPU.
+  /// With lookahead a step is enqueued while the one before runs (and a
+  /// discarded step's enqueue is not counted).
   double decode_enqueue_s = 0;
   size_t batched_attention_steps = 0;  ///< decode steps in a GpuModel::decode_batch whose attention ran on the
                                        ///< model's batch engine: one launch per layer for every sequence of the batch
