@@ -70,7 +70,7 @@ void check_args(const ModelBenchArgs& a, const std::string& device) {
       throw Error(fmt::format("bench: --kv-placement {} needs --device cuda (the CPU path reads the history in host "
                               "memory)", p));
   }
-  if (a.cuda_graphs != "off" && device == "cpu")
+  if (a.cuda_graphs == "on" && device == "cpu")
     throw Error("bench: --cuda-graphs applies to --device cuda only");
   if (a.cpu_share != kCpuShareUnset && device == "cpu")
     throw Error("bench: --cpu-share applies to --device cuda only (the CPU path attends every page on the CPU)");

@@ -39,7 +39,7 @@ struct ModelBenchArgs {
   int tile_pages = 32;
   int convert_threads = 0;                  ///< 0: half the hardware threads, at least 1
   int prefill_chunk = 512;
-  std::string cuda_graphs = "off";          ///< --cuda-graphs on|off: gpu-placement decode steps as CUDA graphs
+  std::string cuda_graphs = "auto";         ///< --cuda-graphs auto|on|off: gpu-placement decode steps as CUDA graphs
   bool profile_timed = false;               ///< --profile-timed: cudaProfilerStart/Stop around the timed decode steps
   double cpu_share = kCpuShareUnset;        ///< --cpu-share: rows whose pages stream, co-attention (CUDA);
                                             ///< unset: resolve_cpu_share per placement

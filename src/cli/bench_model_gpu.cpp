@@ -73,7 +73,7 @@ BenchDevice gpu_bench_device(const ModelBenchArgs& a, const gguf::File& f, const
   // 4 GiB (far past the L2) unless the GPU has less than 16 GiB free.
   d.weight_gbps = gpu_bench::measure_hbm_read_gbps(std::min(size_t(4) << 30, free / 4), 10);
   d.weight_link = "HBM read";
-  d.cuda_graphs = a.cuda_graphs == "on";
+  d.cuda_graphs = a.cuda_graphs != "off";
   // 64 MiB copies: the size class of the engine's tile copies (SPEC §1: ~55 GB/s from 16 MiB up).
   d.h2d_gbps = gpu_bench::measure_h2d_gbps(size_t(64) << 20, 16, 5);
   if (a.profile_timed)

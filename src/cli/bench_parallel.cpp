@@ -46,7 +46,7 @@ void check_parallel_args(const ModelBenchArgs& a, const std::string& device) {
   if (a.n_gen < 1) throw Error(fmt::format("bench: --parallel times decode steps: -n {} must be > 0", a.n_gen));
   if (a.prompts_given)
     throw Error("bench: --parallel times decode steps only (a pp row is one history's prefill): leave out -p");
-  if (a.cuda_graphs != "off")
+  if (a.cuda_graphs == "on")
     throw Error("bench: --parallel runs GpuModel::decode_batch, which launches kernel by kernel: leave out "
                 "--cuda-graphs");
   if (!(a.seq_gpu_kv_mem_gib >= 0))

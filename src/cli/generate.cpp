@@ -194,7 +194,7 @@ void check_args(const GenerateArgs& a, const std::string& device) {
   if (device == "cuda" && a.kv_format == "f32")
     throw Error("--kv-format f32 is the CPU path's reference format; on the GPU use bf16, lossless13, int8s or hybrid");
   if (device == "cpu" && (a.kv_placement != "auto" || a.gpu_kv_mem_gib > 0 || a.matvec_activations != "int8" ||
-                          a.cuda_graphs != "off" || a.cpu_share != kCpuShareUnset))
+                          a.cuda_graphs == "on" || a.cpu_share != kCpuShareUnset))
     throw Error("--kv-placement, --gpu-kv-mem, --matvec-activations, --cuda-graphs and --cpu-share apply to --device "
                 "cuda only");
   if (!a.json_out.empty()) check_writable(a.json_out, "generate --json output");

@@ -38,7 +38,7 @@ struct GenerateArgs {
   std::string kv_placement = "auto";  // host | gpu | partial | auto (GPU only)
   double gpu_kv_mem_gib = 0;          // GPU budget for the history; 0 = free memory less a margin
   std::string matvec_activations = "int8";  // int8 | f32 (GPU only)
-  std::string cuda_graphs = "off";    // on | off: gpu-placement decode steps as CUDA graphs (GPU only)
+  std::string cuda_graphs = "auto";    // on | off: gpu-placement decode steps as CUDA graphs (GPU only)
   double cpu_share = kCpuShareUnset;  // GPU, host/partial placement: share of each layer's pages the CPU attends
                                       // (issue 12); -1 auto; unset: resolve_cpu_share
   std::string json_out;               // --json: the report as JSON

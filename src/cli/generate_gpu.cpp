@@ -35,7 +35,7 @@ runtime::RuntimeOptions runtime_options(const GenerateArgs& a, int64_t n_ctx) {
   o.convert_threads = a.convert_threads;
   o.prefill_chunk = a.prefill_chunk;
   o.f32_activations = a.matvec_activations == "f32";
-  o.cuda_graphs = a.cuda_graphs == "on";
+  o.cuda_graphs = a.cuda_graphs != "off";
   o.cpu_share = resolve_cpu_share(a.cpu_share, a.kv_placement);
   o.sampling = sampler_params(a);
   return o;
@@ -108,7 +108,7 @@ int run_generate_gpu(const GenerateArgs& a) {
     next = rt.decode(next);
     r.step_ms.push_back(ms_since(ts));
   }
-  if (a.cuda_graphs == "on")  // what ran as graphs: none with host placement (not captured), the first step eager
+  if (a.cuda_graphs != "off")  // what ran as graphs: none with host placement (not captured), the first step eager
     fmt::print(stderr, "activekv: CUDA graphs: {} of {} decode steps ({} instantiations; {} enqueued ahead){}\n",
                st.graph_steps, st.decode_steps, st.graph_instantiations, st.lookahead_steps,
                st.placement.placement == route::KvPlacement::host ? "; host placement is not captured" : "");

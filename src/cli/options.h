@@ -40,13 +40,17 @@ inline CLI::Option* add_recent_pages_option(CLI::App& app, int& recent_pages) {
       ->capture_default_str()->check(CLI::Range(0, 1 << 20));
 }
 
-/// --cuda-graphs on|off: GPU decode steps with the history resident (gpu
-/// placement) run as one CUDA graph each (runtime::RuntimeOptions::cuda_graphs).
+/// --cuda-graphs auto|on|off: GPU decode steps with the history resident
+/// (gpu placement) run as one CUDA graph each, the next one captured while
+/// the GPU runs this one (runtime::RuntimeOptions::cuda_graphs, lookahead).
+/// auto: on where it applies (--device cuda, one sequence), else off; on
+/// where it cannot apply is an error.
 inline CLI::Option* add_cuda_graphs_option(CLI::App& app, std::string& cuda_graphs) {
   return app.add_option("--cuda-graphs", cuda_graphs,
-                        "GPU: run each decode step with --kv-placement gpu as one CUDA graph (on) or kernel by "
-                        "kernel (off); the same results either way. host placement and prefill are never captured")
-      ->capture_default_str()->check(CLI::IsMember({"on", "off"}));
+                        "GPU: run each decode step with --kv-placement gpu as one CUDA graph, captured while the "
+                        "step before runs (on; auto: on where it applies) or kernel by kernel (off); the same "
+                        "results either way. host placement and prefill are never captured")
+      ->capture_default_str()->check(CLI::IsMember({"auto", "on", "off"}));
 }
 
 /// --cpu-share not given: auto where pages stream by default (placement auto

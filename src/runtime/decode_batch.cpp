@@ -27,10 +27,12 @@ std::vector<int32_t> GpuModel::decode_batch(std::span<GpuSequence* const> seqs, 
     for (int j = 0; j < i; ++j)
       if (S[size_t(j)] == &I) throw InvalidArgument(fmt::format("decode_batch: sequence {} appears twice", i));
     I.check_tokens(tokens.subspan(size_t(i), 1));
-    I.discard_ahead();  // a lookahead step of a solo decode: this batch step replaces it
     S[size_t(i)] = &I;
   }
   if (!M.fit_rows(N, N)) throw Error(fmt::format("the GPU has not the memory for a decode batch of {} rows", N));
+  // A solo decode's lookahead step (of a sequence here or not): it ran before
+  // this batch, whose logits and sampled ids must be the latest.
+  if (M.ahead_owner) M.ahead_owner->discard_ahead();
 
   // Per sequence, as a lone decode step prepares it: its pages, its token
   // id (row i), its position, its engine's tables -- all on the one stream.

@@ -131,7 +131,10 @@ GpuSequence::Impl::~Impl() { release(); }
 
 void GpuSequence::Impl::release() {
   if (engine) engine->synchronize();
-  if (ahead) cudaStreamSynchronize(stream());  // a lookahead step may still use the buffers freed below
+  if (ahead) {
+    cudaStreamSynchronize(stream());  // a lookahead step may still use the buffers freed below
+    if (m.ahead_owner == this) m.ahead_owner = nullptr;
+  }
   history.reset();  // cancels conversions before the sequence frees its pages
   seq.reset();
   cudaFree(ids);
@@ -231,6 +234,7 @@ int32_t GpuSequence::Impl::run_chunk(std::span<const int32_t> tokens, bool prefi
 // a PatchBuffer's (double-buffered) or a captured kernel argument.
 GpuSequence::Impl::Step GpuSequence::Impl::enqueue_chunk(std::span<const int32_t> tokens, int64_t pos0, bool prefill,
                                                          bool all_logits, bool sample, int slot, int logits_row) {
+  if (m.ahead_owner && m.ahead_owner != this) m.ahead_owner->discard_ahead();  // its step ran before this one
   Step st;
   st.pos = pos0;
   st.T = tokens.empty() ? 1 : int(tokens.size());
@@ -297,12 +301,8 @@ int32_t GpuSequence::Impl::finish_chunk(const Step& st) {
   }
   // Its logits are this sequence's last unless another run came after it
   // (this sequence's own lookahead step writes the other row: allowed).
-  if (st.run == m.runs || (ahead && ahead->run == m.runs && st.run + 1 == m.runs)) {
-    last_row = st.logits_row + st.logits_rows - 1;
-    last_run = st.run;
-  } else {
-    last_row = -1;
-  }
+  last_row = st.logits_row + st.logits_rows - 1;
+  last_run = st.run == m.runs || (ahead && ahead->run == m.runs && st.run + 1 == m.runs) ? st.run : 0;
   seq->commit(st.T);
   if (st.decode) {
     stats.decode_enqueue_s += st.enqueue_s;
@@ -325,6 +325,7 @@ int32_t GpuSequence::Impl::decode_step(int32_t token) {
   if (ahead && ahead->pos == pos0 && sampled_valid && token == last_sampled) {
     cur = ahead;
     ahead.reset();
+    m.ahead_owner = nullptr;
     ++stats.lookahead_steps;
   } else {
     discard_ahead();
@@ -334,6 +335,7 @@ int32_t GpuSequence::Impl::decode_step(int32_t token) {
   if (lookahead && cur->graph && pos0 + 2 <= opt.n_ctx && room_for(pos0 + 2)) {
     const int next = int((pos0 + 1) & 1);
     ahead = enqueue_chunk({}, pos0 + 1, false, false, true, next, next);
+    m.ahead_owner = this;
   }
   return finish_chunk(*cur);
 }
@@ -355,6 +357,7 @@ void GpuSequence::Impl::discard_ahead() {
   sampled_valid = false;  // the device's sampled id is the discarded step's
   ++stats.lookahead_discarded;
   ahead.reset();
+  if (m.ahead_owner == this) m.ahead_owner = nullptr;
 }
 
 // Where the prompt's history lives while it prefills, and the chunk: resident

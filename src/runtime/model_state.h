@@ -12,6 +12,7 @@
 #include "activekv/cuda/decode_engine.h"
 #include "activekv/runtime/gpu_forward.h"
 #include "activekv/runtime/gpu_model.h"
+#include "activekv/runtime/gpu_sequence.h"
 #include "activekv/runtime/gpu_weights.h"
 
 namespace activekv::runtime {
@@ -27,6 +28,9 @@ struct GpuModel::Impl {
   size_t kv_reserved = 0;               // ... and what open sequences hold of it
   int open = 0;                         // open sequences
   uint64_t runs = 0;                    // forward runs so far (a sequence's logits stay valid while unchanged)
+  // The sequence with a lookahead step enqueued (at most one: any other run
+  // on the model discards it first, so a decode's logits are the latest).
+  GpuSequence::Impl* ahead_owner = nullptr;
 
   // decode_batch: the rows' token ids and positions on the device (the
   // positions staged in pinned memory: one upload per step).
