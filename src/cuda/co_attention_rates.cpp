@@ -156,7 +156,11 @@ double layer_round_trip_ms(const AttnShape& sh, const std::byte* page0, const st
 // The GPU over resident pages as the decode engine reads them: one layer
 // of the shape, every page of `table` with a device copy, step after step for
 // `seconds`. GB/s of history read in place (DecodeEngine::resident_bytes_per_step).
-double resident_rate(const AttnShape& sh, const std::vector<PageRef>& table, double seconds) {
+double resident_rate(const AttnShape& sh, std::vector<PageRef> table, double seconds) {
+  // One sequence's splits go through one merge: small pages (a test model's
+  // 16 tokens: 256 MiB is 32768 pages) would pass its kMaxMergeSplits.
+  const size_t splits_per_page = size_t(std::max(1, sh.page_size / sh.split_tokens));
+  table.resize(std::min(table.size(), size_t(kMaxMergeSplits) / splits_per_page));
   EngineConfig ec;
   ec.n_layers = 1;
   ec.attn = sh;
