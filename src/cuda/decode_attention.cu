@@ -371,6 +371,15 @@ void launch_merge(const AttnShape& shape, Partials partials, const int32_t* n_sp
   if (partials.max_splits <= 0 || partials.max_splits > kMaxMergeSplits)
     throw InvalidArgument("launch_merge: max_splits must be 1.." + std::to_string(kMaxMergeSplits) + ", got " +
                           std::to_string(partials.max_splits));
+  // kMaxMergeSplits weights are 48 KiB, which with the static arrays passes
+  // the default dynamic shared memory limit: raise it once (a 16-token-page
+  // history of 12288 splits failed here with "invalid argument").
+  static OncePerDevice smem_limit_set;
+  smem_limit_set([] {
+    check_cuda(cudaFuncSetAttribute(merge_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    int(size_t(kMaxMergeSplits) * sizeof(float))),
+               "cudaFuncSetAttribute(merge_kernel)");
+  });
   dim3 grid(n_seq, shape.n_q_heads(), shape.head_dim / kMergeCh);
   merge_kernel<<<grid, kMergeThreads, size_t(partials.max_splits) * sizeof(float), stream>>>(
       partials.o, partials.lse, partials.max_splits, n_splits, shape.n_q_heads(), shape.head_dim, out, out_lse);
