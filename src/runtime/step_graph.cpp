@@ -37,6 +37,10 @@ void StepGraph::capture(cudaStream_t stream, const std::function<void()>& enqueu
   }
   cuda::check_cuda(cudaStreamEndCapture(stream, &graph.g), "cudaStreamEndCapture (the step's capture)");
   ++captures_;
+  // With lookahead the previous launch of exec_ may still run: an update
+  // takes effect at the next launch and leaves running launches alone, and a
+  // destroyed in-flight exec is freed when it completes (CUDA Programming
+  // Guide, "Updating Instantiated Graphs"; cudaGraphExecDestroy).
   if (exec_) {
     cudaGraphExecUpdateResultInfo info{};
     if (cudaGraphExecUpdate(exec_, graph.g, &info) == cudaSuccess) return;
