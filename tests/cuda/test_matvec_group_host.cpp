@@ -182,5 +182,29 @@ TEST(MatvecGroupPlan, BadGroupsThrowOneLine) {
             std::string::npos);
 }
 
+// The split layout's checks, made before anything reaches the GPU (so they
+// run here, without one): which types have it, a split K-quant matrix, and
+// the repack's destination and source.
+TEST(SplitLayoutChecks, TypesAndBadRepacksThrowOneLine) {
+  for (TensorType t : {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q5_0, TensorType::Q8_0})
+    EXPECT_TRUE(has_split_layout(t)) << gguf::type_name(t);
+  for (TensorType t : {TensorType::Q4_K, TensorType::Q5_K, TensorType::Q6_K, TensorType::F16, TensorType::F32})
+    EXPECT_FALSE(has_split_layout(t)) << gguf::type_name(t);
+  DeviceMatrix k4 = mat(TensorType::Q4_K, 10, 512);
+  k4.layout = WeightLayout::Split;
+  EXPECT_EQ(thrown([&] { validate_matrix(k4); }),
+            "Q4_K matrix (split layout) of 10 rows x 512 cols: the split layout exists for Q4_0, Q4_1, Q5_0 and Q8_0 "
+            "only");
+  const DeviceMatrix gguf_q4 = mat(TensorType::Q4_0, 10, 512);
+  EXPECT_EQ(thrown([&] { launch_repack_split(kWs, gguf_q4, nullptr); }),
+            "repack: the destination's layout must be Split");
+  DeviceMatrix q4 = gguf_q4;
+  q4.layout = WeightLayout::Split;
+  const auto* at = static_cast<const uint8_t*>(q4.data);
+  EXPECT_EQ(thrown([&] { launch_repack_split(at + 100, q4, nullptr); }),
+            "repack: the GGUF source of the Q4_0 matrix (split layout) of 10 rows x 512 cols is null or overlaps it");
+  EXPECT_NE(thrown([&] { launch_repack_split(nullptr, q4, nullptr); }).find("is null or overlaps"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace activekv::cuda
