@@ -72,4 +72,13 @@ struct GroupPlan {
 GroupPlan plan_group(const MatvecGroupItem* items, int n, const float* x, int n_vec, const void* workspace,
                      BlockMatvecKernel kernel);
 
+/// The split-layout kernel's blocks per lane in flight for one vector
+/// (split_matvec.cu, which defines these): depth 1 (the default: 4 blocks of
+/// 16-byte codes per row, 2 of Q8_0's 32) or 2 (twice as many; for
+/// measurements: ACTIVEKV_SPLIT_DEPTH=2 at start, or this). The same bits
+/// either way (each lane meets its blocks in the same order). Process-wide,
+/// as set_block_matvec_kernel. InvalidArgument for another depth.
+void set_split_depth(int depth);
+int split_depth();
+
 }  // namespace activekv::cuda::mvhost

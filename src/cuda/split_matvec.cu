@@ -14,6 +14,10 @@
 // memory, no per-granule bookkeeping.
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
 #include "split_matvec.h"
 #include "quant_split.cuh"
 
@@ -26,15 +30,21 @@ using qsplit::SplitRegs;
 
 constexpr int kWarps = mvhost::kWarpsPerCta;
 
-/// Blocks per lane loaded before the first is used: 4 x 16 bytes of codes
-/// per row (2 x 32 for Q8_0).
-template <class T>
-inline constexpr int kBlocksInFlight = SplitOf<T>::kPayload == 16 ? 4 : 2;
+/// Blocks per lane loaded before the first is used: D x 4 x 16 bytes of
+/// codes per row (D x 2 x 32 for Q8_0); D = 1, or 2 (set_depth) for one vector.
+template <class T, int D>
+inline constexpr int kBlocksInFlight = D * (SplitOf<T>::kPayload == 16 ? 4 : 2);
 
-template <class T, int NV, int R>
+int initial_depth() {
+  const char* e = std::getenv("ACTIVEKV_SPLIT_DEPTH");
+  return e != nullptr && std::strcmp(e, "2") == 0 ? 2 : 1;
+}
+int g_depth = initial_depth();
+
+template <class T, int NV, int R, int D>
 __device__ __forceinline__ void split_cta(const uint8_t* __restrict__ w, int64_t rows, int n_blocks, XQuant xq,
                                           int64_t cols, float* __restrict__ y, bool accumulate, int64_t cta) {
-  constexpr int U = kBlocksInFlight<T>;
+  constexpr int U = kBlocksInFlight<T, D>;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t row0 = (cta * kWarps + warp) * R;
   if (row0 >= rows) return;
@@ -70,19 +80,29 @@ __device__ __forceinline__ void split_cta(const uint8_t* __restrict__ w, int64_t
     if (r < n_rows) mvkern::write_row<NV>(acc + r * NV, y, rows, row0 + r, accumulate);
 }
 
-template <class T, int NV, int R>
+template <class T, int NV, int R, int D>
 __global__ void __launch_bounds__(kWarps * 32)
     split_matvec_kernel(const uint8_t* __restrict__ w, int64_t rows, int n_blocks, XQuant xq, int64_t cols,
                         float* __restrict__ y, bool accumulate) {
-  split_cta<T, NV, R>(w, rows, n_blocks, xq, cols, y, accumulate, blockIdx.x);
+  split_cta<T, NV, R, D>(w, rows, n_blocks, xq, cols, y, accumulate, blockIdx.x);
 }
 
-template <class T, int NV, int R>
+template <class T, int NV, int R, int D>
 __global__ void __launch_bounds__(kWarps * 32)
     split_matvec_group_kernel(mvkern::GroupArgs g, int n_blocks, XQuant xq, int64_t cols) {
   int64_t cta = 0;
   const int i = mvkern::group_part(g, cta);
-  split_cta<T, NV, R>(g.w[i], g.rows[i], n_blocks, xq, cols, g.y[i], false, cta);
+  split_cta<T, NV, R, D>(g.w[i], g.rows[i], n_blocks, xq, cols, g.y[i], false, cta);
+}
+
+/// Calls f(std::integral_constant<int, D>): the depth set, for one vector
+/// (instantiated there only: several vectors hold R x NV accumulators already).
+template <int NV, class F>
+void with_depth(F&& f) {
+  if constexpr (NV == 1) {
+    if (g_depth == 2) return f(std::integral_constant<int, 2>{});
+  }
+  f(std::integral_constant<int, 1>{});
 }
 
 template <class T>
@@ -118,8 +138,11 @@ void run(const DeviceMatrix& w, const XQuant& xq, int n_vec, float* y, bool accu
       mvkern::with_rows<NV>(R, [&](auto r) {
         constexpr int kR = decltype(r)::value;
         const int64_t warps = (w.rows + kR - 1) / kR;
-        split_matvec_kernel<T, NV, kR><<<unsigned((warps + kWarps - 1) / kWarps), kWarps * 32, 0, stream>>>(
-            static_cast<const uint8_t*>(w.data), w.rows, n_blocks, xq, w.cols, y, accumulate);
+        with_depth<NV>([&](auto d) {
+          split_matvec_kernel<T, NV, kR, decltype(d)::value>
+              <<<unsigned((warps + kWarps - 1) / kWarps), kWarps * 32, 0, stream>>>(
+                  static_cast<const uint8_t*>(w.data), w.rows, n_blocks, xq, w.cols, y, accumulate);
+        });
       });
     });
   });
@@ -132,8 +155,10 @@ void run_group(const mvkern::GroupArgs& g, const mvhost::GroupPlan& plan, const 
     mvkern::with_nv(n_vec, [&](auto nv) {
       constexpr int NV = decltype(nv)::value;
       mvkern::with_rows<NV>(plan.rows_per_warp, [&](auto r) {
-        split_matvec_group_kernel<T, NV, decltype(r)::value>
-            <<<plan.ctas(), kWarps * 32, 0, stream>>>(g, int(w0.cols / T::kElems), xq, w0.cols);
+        with_depth<NV>([&](auto d) {
+          split_matvec_group_kernel<T, NV, decltype(r)::value, decltype(d)::value>
+              <<<plan.ctas(), kWarps * 32, 0, stream>>>(g, int(w0.cols / T::kElems), xq, w0.cols);
+        });
       });
     });
   });
@@ -152,3 +177,14 @@ void repack(const void* src_gguf, const DeviceMatrix& dst, cudaStream_t stream) 
 }
 
 }  // namespace activekv::cuda::splitmv
+
+namespace activekv::cuda::mvhost {
+
+void set_split_depth(int depth) {
+  if (depth != 1 && depth != 2)
+    throw InvalidArgument("split matvec: depth " + std::to_string(depth) + " is not 1 or 2");
+  splitmv::g_depth = depth;
+}
+int split_depth() { return splitmv::g_depth; }
+
+}  // namespace activekv::cuda::mvhost

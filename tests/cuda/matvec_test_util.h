@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "matvec_emulation.h"
+#include "matvec_host.h"
 
 namespace activekv::cuda::wtest {
 
@@ -38,6 +39,19 @@ struct KernelScope {
 inline std::vector<BlockMatvecKernel> kernels_for(TensorType t) {
   if (is_float_type(t)) return {BlockMatvecKernel::Tiled};
   return {BlockMatvecKernel::Tiled, BlockMatvecKernel::Chunked};
+}
+
+/// Selects the split kernel's depth (blocks in flight) for one scope.
+struct SplitDepthScope {
+  int before = mvhost::split_depth();
+  explicit SplitDepthScope(int d) { mvhost::set_split_depth(d); }
+  ~SplitDepthScope() { mvhost::set_split_depth(before); }
+};
+
+/// The split kernel's depths a layout is tested at (one for GGUF rows).
+inline std::vector<int> depths_for(WeightLayout l) {
+  if (l == WeightLayout::Split) return {1, 2};
+  return {1};
 }
 
 /// The kernel whose arithmetic a launch with `kernel` selected runs on a
