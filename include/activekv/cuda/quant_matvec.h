@@ -54,8 +54,8 @@ enum class WeightLayout : uint8_t { Gguf, Split };
 /// gguf::row_bytes(type, cols), rows >= 0, a Split layout only for a type
 /// with has_split_layout, and `data` is 16-byte aligned
 /// (cudaMalloc is; a tensor at a GGUF offset inside one upload buffer is when
-/// the file's alignment is a multiple of 16 -- the default, 32, is). Row r
-/// starts at data + r * row_bytes (rows need not be 16-byte aligned: Q6_K's
+/// the file's alignment is a multiple of 16 -- the default, 32, is). In the
+/// GGUF layout row r starts at data + r * row_bytes (rows need not be 16-byte aligned: Q6_K's
 /// 210-byte blocks rarely are).
 struct DeviceMatrix {
   gguf::TensorType type = gguf::TensorType::F32;

@@ -7,11 +7,12 @@
 // stored in the split layout (cuda::WeightLayout: the same bytes, the codes
 // 16-byte aligned for the matvec), repacked on the GPU through a scratch
 // buffer the size of the largest of them; ACTIVEKV_WEIGHT_LAYOUT=gguf keeps
-// every matrix as in the file (for A/B measurements). The norm weights and biases (vectors of a
-// few thousand values) are widened to fp32 on upload, since the row kernels
-// read them as fp32. Before anything is allocated the constructor checks
-// that every matrix has a GPU kernel and that the bytes fit the free device
-// memory, and says which tensor or how many bytes when not.
+// every matrix as in the file (for A/B measurements). The norm weights and
+// biases (vectors of a few thousand values) are widened to fp32 on upload,
+// since the row kernels read them as fp32. Before anything is allocated the
+// constructor checks that every matrix has a GPU kernel and that the bytes
+// (and the repack's scratch) fit the free device memory, and says which
+// tensor or how many bytes when not.
 #pragma once
 
 #include <string>
