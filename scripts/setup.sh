@@ -89,12 +89,23 @@ install_gemma3() {
   log "model installed: $out"
 }
 
+# The tools and tests run the python3 on PATH (tools/make_synthetic_gguf.py
+# needs numpy). python3-numpy serves /usr/bin/python3; a python3 earlier on
+# PATH (pyenv, conda) without numpy gets it from PyPI -- found on a fresh VM
+# whose pyenv python3 made cli_bench fail.
+ensure_numpy() {
+  python3 -c 'import numpy' 2>/dev/null && return
+  log "$(command -v python3) lacks numpy: pip install numpy"
+  python3 -m pip install --quiet numpy || { log "ERROR: could not install numpy for $(command -v python3)"; exit 1; }
+}
+
 build() {
   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
   cmake --build build --parallel "$(nproc)"
 }
 
 install_packages
+ensure_numpy
 install_model
 [ "$WITH_GEMMA3" = 1 ] && install_gemma3
 build

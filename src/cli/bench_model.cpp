@@ -274,7 +274,7 @@ void add_bench(CLI::App& app, std::function<int()>& run) {
   app.add_option("-r,--repetitions", a->reps, "Repetitions per row (t/s mean ± stddev)")->capture_default_str();
   app.add_option("-o,--output", a->output, "md (markdown table) or json, on stdout")->capture_default_str();
   app.add_option("--device", a->device, "auto, cuda (runtime::GpuRuntime) or cpu (generate's CPU path)")
-      ->capture_default_str();
+      ->capture_default_str()->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   app.add_option("--json", a->json_out, "Also write the JSON to this file");
   app.add_option("-t,--threads", a->threads, "CPU threads (--device cpu)")->capture_default_str();
   app.add_option("--page-size", a->page_size, "Tokens per KV page")->capture_default_str();

@@ -33,8 +33,13 @@ void require_gpu(int device, const std::string& who) {
   const cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess || n == 0) {
     cudaGetLastError();
-    throw CudaError(who + ": no usable CUDA GPU on this machine (cudaGetDeviceCount: " +
-                    (e == cudaSuccess ? std::string("0 devices") : cudaGetErrorString(e)) + ")");
+    // The driver's words for a machine without one ("CUDA driver version is
+    // insufficient") mislead: say what is missing first.
+    const std::string why = e == cudaErrorInsufficientDriver ? "no NVIDIA driver, or one older than this build's CUDA"
+                            : e == cudaErrorNoDevice || e == cudaSuccess ? "no NVIDIA GPU found"
+                                                                          : cudaGetErrorString(e);
+    throw CudaError(who + ": no usable CUDA GPU on this machine: " + why + " (cudaGetDeviceCount: " +
+                    (e == cudaSuccess ? std::string("0 devices") : cudaGetErrorName(e)) + ")");
   }
   if (device < 0 || device >= n)
     throw InvalidArgument(who + ": GPU " + std::to_string(device) + " does not exist (" + std::to_string(n) +

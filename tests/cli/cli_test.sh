@@ -197,6 +197,7 @@ case $CASE in
     expect 1 "bench: --gpu-kv-mem applies to --device cuda only" -- bench -m "$m" --device cpu --gpu-kv-mem 1
     expect 1 "bench: --cpu-share applies to --device cuda only" -- bench -m "$m" --device cpu --cpu-share 0
     expect 1 "bench: --cuda-graphs applies to --device cuda only" -- bench -m "$m" --device cpu --cuda-graphs on
+    expect 105 "--device: foo not in {auto,cpu,cuda}" -- bench -m "$m" --device foo  # ran on the CPU before (README trial)
     expect 1 "not enough memory for the KV page store" -- bench -m "$m" --device cpu -d 1000000000 -p 0 -n 1
     expect 1 "cannot write bench --json output" -- bench -m "$m" --device cpu --json /nonexistent_dir/x.json
     expect 1 "bench: --parallel needs a GPU (--device cuda" -- bench -m "$m" --device cpu --parallel 1,2 -n 4
