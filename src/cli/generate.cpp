@@ -297,7 +297,7 @@ void add_generate(CLI::App& app, std::function<int()>& run_fn) {
   app.add_option("--top-p", a->sampling.top_p, "Top-p in (0, 1]")->capture_default_str();
   app.add_option("--seed", a->seed, "Sampling seed (-1: random, printed)")->capture_default_str()
       ->check(CLI::Range(int64_t(-1), std::numeric_limits<int64_t>::max()));
-  app.add_flag("--chat", a->chat, "Wrap the prompt in the model's ChatML chat template");
+  app.add_flag("--chat", a->chat, "Wrap the prompt in the model's chat template (ChatML; Gemma's turn format for gemma3)");
   add_page_size_option(app, a->page_size);
   app.add_option("--kv-format", a->kv_format,
                  "History format: bf16 (exact tier), f32 (CPU reference), lossless13, int8s, or hybrid "
