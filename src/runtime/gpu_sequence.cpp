@@ -259,7 +259,12 @@ GpuSequence::Impl::Step GpuSequence::Impl::enqueue_chunk(std::span<const int32_t
                      "upload token ids");
   }
   if (st.decode) {
+    // The tables count this step's route in stats; it counts when the step
+    // commits (finish_chunk), which a lookahead step may never do.
+    const RouteCounts before = route_counts();
     engine->update(history->engine_tables(pos0 + 1, s));
+    st.route = route_counts_since(before);
+    set_route_counts(before);
     engine->begin_step();
   }
   const LayerAttention attend = [&](int l, int rows, const float* q, const float* k, const float* v, float* out) {
@@ -308,9 +313,42 @@ int32_t GpuSequence::Impl::finish_chunk(const Step& st) {
     stats.decode_enqueue_s += st.enqueue_s;
     stats.graph_steps += st.graph;
     count_decode_step(st.figures);
+    add_route_counts(st.route);
   }
   history->committed();  // schedules conversion of pages that became full
   return next;
+}
+
+GpuSequence::Impl::RouteCounts GpuSequence::Impl::route_counts() const {
+  return {stats.pages, stats.resident_pages, stats.streamed_pages, stats.cpu_pages};
+}
+
+void GpuSequence::Impl::set_route_counts(const RouteCounts& c) {
+  stats.pages = c.report;
+  stats.resident_pages = c.resident;
+  stats.streamed_pages = c.streamed;
+  stats.cpu_pages = c.cpu;
+}
+
+// What stats gained since `before` (counts only grow).
+GpuSequence::Impl::RouteCounts GpuSequence::Impl::route_counts_since(const RouteCounts& before) const {
+  RouteCounts d;
+  for (int f = 0; f < 3; ++f) d.report.pages[f] = stats.pages.pages[f] - before.report.pages[f];
+  for (int k = 0; k < 2; ++k) d.report.segments[k] = stats.pages.segments[k] - before.report.segments[k];
+  d.report.bytes = stats.pages.bytes - before.report.bytes;
+  d.resident = stats.resident_pages - before.resident;
+  d.streamed = stats.streamed_pages - before.streamed;
+  d.cpu = stats.cpu_pages - before.cpu;
+  return d;
+}
+
+void GpuSequence::Impl::add_route_counts(const RouteCounts& d) {
+  for (int f = 0; f < 3; ++f) stats.pages.pages[f] += d.report.pages[f];
+  for (int k = 0; k < 2; ++k) stats.pages.segments[k] += d.report.segments[k];
+  stats.pages.bytes += d.report.bytes;
+  stats.resident_pages += d.resident;
+  stats.streamed_pages += d.streamed;
+  stats.cpu_pages += d.cpu;
 }
 
 // A decode step. With lookahead, the step after it is enqueued before this

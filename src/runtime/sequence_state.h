@@ -63,6 +63,12 @@ struct GpuSequence::Impl {
   int last_row = -1;            // row of the model's logits that holds this sequence's last ones
   uint64_t last_run = 0;        // the model's run that wrote them
 
+  /// The route figures a decode step's tables add to stats (pages per
+  /// format, resident / streamed / CPU pages).
+  struct RouteCounts {
+    route::RouteReport report;
+    size_t resident = 0, streamed = 0, cpu = 0;
+  };
   /// A chunk enqueued on the stream and not yet committed: what finishing
   /// (or, for a lookahead step, discarding) it needs.
   struct Step {
@@ -76,6 +82,7 @@ struct GpuSequence::Impl {
     uint64_t run = 0;           // the model's run (m.runs) it is
     double enqueue_s = 0;       // host time enqueuing it
     cuda::DecodeEngine::SeqFigures figures;  // the engine's figures for it (decode)
+    RouteCounts route;                       // its pages per format and place (decode), counted at commit
   };
   /// Lookahead (RuntimeOptions::lookahead): the decode step enqueued after
   /// the last one returned, its token the one that step sampled on the GPU.
@@ -109,6 +116,10 @@ struct GpuSequence::Impl {
   /// whatever runs at that position next, in stream order.
   void discard_ahead();
   bool room_for(int64_t end);  // the page store holds `end` tokens (reserved now), or false
+  RouteCounts route_counts() const;                                  // stats' route figures now
+  RouteCounts route_counts_since(const RouteCounts& before) const;  // what they gained since `before`
+  void set_route_counts(const RouteCounts& c);
+  void add_route_counts(const RouteCounts& d);
   route::PrefillPlan begin_prefill(int64_t n);
   using ChunkFn = std::function<void(size_t done, size_t n)>;
   int32_t prefill_all(std::span<const int32_t> tokens, bool all_logits, const ChunkFn& after_chunk, bool sample = true);

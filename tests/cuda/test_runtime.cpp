@@ -476,6 +476,11 @@ TEST(GpuRuntime, LookaheadOnAndOffGiveTheSameBits) {
     EXPECT_EQ(off.stats.lookahead_steps, 0u);
     EXPECT_EQ(on.stats.graph_steps, off.stats.graph_steps);
     EXPECT_EQ(on.stats.decode_steps, off.stats.decode_steps);
+    // The route figures count committed steps only: a step ahead (discarded,
+    // or in flight at the end) adds nothing.
+    for (int f = 0; f < 3; ++f) EXPECT_EQ(on.stats.pages.pages[f], off.stats.pages.pages[f]) << "format " << f;
+    EXPECT_EQ(on.stats.pages.bytes, off.stats.pages.bytes);
+    EXPECT_EQ(on.stats.resident_pages, off.stats.resident_pages);
     // Free running: every graphed step but the first of each decode run was
     // enqueued ahead (the first eager step and the one after a prompt are not).
     if (!forcing) EXPECT_GE(on.stats.lookahead_steps, on.stats.graph_steps - 2);
