@@ -29,10 +29,11 @@ std::vector<int32_t> GpuModel::decode_batch(std::span<GpuSequence* const> seqs, 
     I.check_tokens(tokens.subspan(size_t(i), 1));
     S[size_t(i)] = &I;
   }
-  if (!M.fit_rows(N, N)) throw Error(fmt::format("the GPU has not the memory for a decode batch of {} rows", N));
   // A solo decode's lookahead step (of a sequence here or not): it ran before
-  // this batch, whose logits and sampled ids must be the latest.
+  // this batch, whose logits and sampled ids must be the latest, and fit_rows
+  // may reallocate the logits it wrote.
   if (M.ahead_owner) M.ahead_owner->discard_ahead();
+  if (!M.fit_rows(N, N)) throw Error(fmt::format("the GPU has not the memory for a decode batch of {} rows", N));
 
   // Per sequence, as a lone decode step prepares it: its pages, its token
   // id (row i), its position, its engine's tables -- all on the one stream.

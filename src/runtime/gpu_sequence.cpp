@@ -262,6 +262,7 @@ GpuSequence::Impl::Step GpuSequence::Impl::enqueue_chunk(std::span<const int32_t
     // The tables count this step's route in stats; it counts when the step
     // commits (finish_chunk), which a lookahead step may never do.
     const RouteCounts before = route_counts();
+    st.route_version = history->route_version();  // read first: a publication while building makes it stale
     engine->update(history->engine_tables(pos0 + 1, s));
     st.route = route_counts_since(before);
     set_route_counts(before);
@@ -360,7 +361,12 @@ void GpuSequence::Impl::add_route_counts(const RouteCounts& d) {
 int32_t GpuSequence::Impl::decode_step(int32_t token) {
   const int64_t pos0 = seq->n_tokens();
   std::optional<Step> cur;
-  if (ahead && ahead->pos == pos0 && sampled_valid && token == last_sampled) {
+  // Reused only if its token is the one asked for and no page was published
+  // since its tables were built (the commit of the step before may have just
+  // scheduled -- with synchronous conversion, done -- a page's conversion:
+  // without lookahead this step's route would read it compressed).
+  if (ahead && ahead->pos == pos0 && sampled_valid && token == last_sampled &&
+      ahead->route_version == history->route_version()) {
     cur = ahead;
     ahead.reset();
     m.ahead_owner = nullptr;
@@ -370,12 +376,31 @@ int32_t GpuSequence::Impl::decode_step(int32_t token) {
     const int row = lookahead ? int(pos0 & 1) : 0;
     cur = enqueue_chunk(std::span(&token, 1), pos0, false, false, true, int(pos0 & 1), row);
   }
-  if (lookahead && cur->graph && pos0 + 2 <= opt.n_ctx && room_for(pos0 + 2)) {
-    const int next = int((pos0 + 1) & 1);
-    ahead = enqueue_chunk({}, pos0 + 1, false, false, true, next, next);
+  const bool ahead_failed =
+      lookahead && cur->graph && pos0 + 2 <= opt.n_ctx && room_for(pos0 + 2) && !enqueue_ahead(*cur);
+  const int32_t next = finish_chunk(*cur);
+  if (ahead_failed) sampled_valid = false;  // the failed step may have sampled into `sampled`
+  return next;
+}
+
+bool GpuSequence::Impl::enqueue_ahead(const Step& cur) {
+  const RouteCounts counts = route_counts();
+  const uint64_t draws = sampler->draws();
+  try {
+    const int next = int((cur.pos + 1) & 1);
+    ahead = enqueue_chunk({}, cur.pos + 1, false, false, true, next, next);
     m.ahead_owner = this;
+    return true;
+  } catch (const Error&) {
+    // Only the step ahead failed (say, its tables need more splits than one
+    // merge takes, one token past this step): this step goes on as without
+    // lookahead, and so does every later one. The failed step's eager work
+    // (a token copy, patches) is redone by the next step in stream order.
+    set_route_counts(counts);
+    sampler->rewind(draws);
+    lookahead = false;
+    return false;
   }
-  return finish_chunk(*cur);
 }
 
 // Whether the page store can hold `end` tokens (reserving them): a full
@@ -438,7 +463,9 @@ route::PrefillPlan GpuSequence::Impl::begin_prefill(int64_t n) {
 int32_t GpuSequence::Impl::prefill_all(std::span<const int32_t> tokens, bool all_logits, const ChunkFn& after_chunk,
                                        bool sample) {
   check_tokens(tokens);
-  discard_ahead();
+  // Any sequence's step ahead: begin_prefill may grow (reallocate) the
+  // model's buffers, its logits among them.
+  if (m.ahead_owner) m.ahead_owner->discard_ahead();
   const route::PrefillPlan plan = begin_prefill(int64_t(tokens.size()));
   int32_t next = -1;
   try {

@@ -474,6 +474,11 @@ void HistoryView::prefill_attention(int model_layer, int64_t pos0, int rows, con
   pa.run(device_pages(layer, pos0 + rows), n_pages, pos0, rows, q, out, nullptr, s);
 }
 
+uint64_t HistoryView::route_version() const {
+  if (!compressed_) return 0;
+  return compressed_->published_count(kv::CodecFormat::lossless13) + compressed_->published_count(kv::CodecFormat::int8s);
+}
+
 void HistoryView::committed() {
   if (compressed_) compressed_->schedule();
 }

@@ -102,6 +102,10 @@ class HistoryView {
   /// The route's published pages (nullptr for the exact route) and the
   /// model layers' store layers (-1: sliding), for GpuRuntime::host_history.
   convert::CompressedHistory* compressed() const { return compressed_.get(); }
+  /// Changes whenever a compressed page is published (0 for exact routes): a
+  /// decode step's route is the one of the version its tables were built at,
+  /// so a step built ahead is stale once this moved (gpu_sequence.cpp).
+  uint64_t route_version() const;
   const std::vector<int>& store_layers() const { return store_of_; }
   /// GPU bytes the history's device pages may use.
   size_t budget() const { return budget_; }

@@ -83,11 +83,17 @@ struct GpuSequence::Impl {
     double enqueue_s = 0;       // host time enqueuing it
     cuda::DecodeEngine::SeqFigures figures;  // the engine's figures for it (decode)
     RouteCounts route;                       // its pages per format and place (decode), counted at commit
+    uint64_t route_version = 0;              // history->route_version() when its tables were built
   };
   /// Lookahead (RuntimeOptions::lookahead): the decode step enqueued after
   /// the last one returned, its token the one that step sampled on the GPU.
   std::optional<Step> ahead;
-  bool lookahead = false;  // opt.lookahead, cuda_graphs, not ACTIVEKV_LOOKAHEAD=0, two logits rows
+  bool lookahead = false;  // opt.lookahead, cuda_graphs, not ACTIVEKV_LOOKAHEAD=0, two logits rows;
+                           // off for good after a step ahead failed to enqueue
+  /// Enqueues the step after `cur` fed its token on the GPU (lookahead);
+  /// false on an error: then it gives back what it counted and drew, and
+  /// this sequence stops looking ahead.
+  bool enqueue_ahead(const Step& cur);
 
   Impl(GpuModel& model, const RuntimeOptions& o);
   ~Impl();

@@ -437,7 +437,11 @@ TEST(GpuRuntime, APromptAfterGraphedDecodeStepsStillWorks) {
 // over). Either way the same bits as without lookahead: sampled generation
 // (temperature: the draw counter), teacher forcing every third step (steps
 // ahead discarded), a prompt after decode steps (the step ahead discarded),
-// and last_logits after each step (the step ahead writes the other row).
+// and last_logits after each step (the step ahead writes the other row); on
+// the exact route and on int8s, where a page filled by step n is published
+// (conversion inside the step here) when step n commits -- after step n+1's
+// tables were built ahead, so that step is discarded and rebuilt (a review
+// found it reused, reading the page exact where without lookahead it is int8s).
 TEST(GpuRuntime, LookaheadOnAndOffGiveTheSameBits) {
   NEED_GPU();
   const std::vector<int32_t> ids = golden_ids();
@@ -446,8 +450,8 @@ TEST(GpuRuntime, LookaheadOnAndOffGiveTheSameBits) {
     std::vector<std::vector<float>> logits;
     runtime::RuntimeStats stats;
   };
-  auto run = [&](bool lookahead, bool forcing) {
-    runtime::RuntimeOptions o = options(400, "exact", route::KvPlacement::gpu);
+  auto run = [&](const std::string& route, bool lookahead, bool forcing) {
+    runtime::RuntimeOptions o = options(400, route, route::KvPlacement::gpu);
     o.cuda_graphs = true;
     o.lookahead = lookahead;
     o.sampling.temperature = 0.8f;
@@ -465,9 +469,10 @@ TEST(GpuRuntime, LookaheadOnAndOffGiveTheSameBits) {
     r.stats = rt.stats();
     return r;
   };
+  for (const std::string route : {"exact", "int8s"})
   for (const bool forcing : {false, true}) {
-    SCOPED_TRACE(forcing ? "teacher forcing every third step" : "free running");
-    const Run off = run(false, forcing), on = run(true, forcing);
+    SCOPED_TRACE(route + (forcing ? ": teacher forcing every third step" : ": free running"));
+    const Run off = run(route, false, forcing), on = run(route, true, forcing);
     EXPECT_EQ(off.tokens, on.tokens);
     ASSERT_EQ(off.logits.size(), on.logits.size());
     for (size_t i = 0; i < off.logits.size(); ++i)
@@ -483,10 +488,12 @@ TEST(GpuRuntime, LookaheadOnAndOffGiveTheSameBits) {
     EXPECT_EQ(on.stats.resident_pages, off.stats.resident_pages);
     // Free running: every graphed step but the first of each decode run was
     // enqueued ahead (the first eager step and the one after a prompt are not).
-    if (!forcing) EXPECT_GE(on.stats.lookahead_steps, on.stats.graph_steps - 2);
+    // (int8s: and the one after each page publication.)
+    if (!forcing && route == "exact") EXPECT_GE(on.stats.lookahead_steps, on.stats.graph_steps - 2);
+    if (!forcing) EXPECT_GE(on.stats.lookahead_steps, on.stats.graph_steps / 2);
     EXPECT_GE(on.stats.lookahead_discarded, forcing ? 10u : 1u);  // at least the prompt's
-    std::printf("[measured] lookahead (%s): %zu steps used ahead, %zu discarded, of %zu decode steps\n",
-                forcing ? "forcing" : "free", on.stats.lookahead_steps, on.stats.lookahead_discarded,
+    std::printf("[measured] lookahead (%s, %s): %zu steps used ahead, %zu discarded, of %zu decode steps\n",
+                route.c_str(), forcing ? "forcing" : "free", on.stats.lookahead_steps, on.stats.lookahead_discarded,
                 on.stats.decode_steps);
   }
 }
