@@ -31,7 +31,7 @@ using qsplit::SplitRegs;
 constexpr int kWarps = mvhost::kWarpsPerCta;
 
 /// Blocks per lane loaded before the first is used: D x 4 x 16 bytes of
-/// codes per row (D x 2 x 32 for Q8_0); D = 1, or 2 (set_depth) for one vector.
+/// codes per row (D x 2 x 32 for Q8_0); D = 1, or 2 for one vector (mvhost::set_split_depth).
 template <class T, int D>
 inline constexpr int kBlocksInFlight = D * (SplitOf<T>::kPayload == 16 ? 4 : 2);
 
