@@ -66,10 +66,9 @@ __device__ __forceinline__ void decode_unit(const S& b, int u, typename Out::Ele
 template <class T, class Out, bool kSplit>
 __device__ __forceinline__ void decode_piece(const uint8_t* w, int64_t rows, int64_t row_bytes, int64_t cols,
                                              int64_t r, int64_t p, typename Out::Elem* dst) {
-  if constexpr (kSplit) {
-    decode_unit<T, Out>(qsplit::split_block<T>(w, rows, r, p, cols / T::kElems), 0, dst);
-  } else if constexpr (T::kPiece == 32) {
-    decode_unit<T, Out>(w + r * row_bytes + (p / T::kUnits) * T::kBytes, int(p % T::kUnits), dst);
+  if constexpr (T::kPiece == 32) {
+    decode_unit<T, Out>(qsplit::block_at<T, kSplit>(w, rows, row_bytes, r, p / T::kUnits, cols / T::kElems),
+                        int(p % T::kUnits), dst);
   } else {
     float v[8];
     T::decode8(w + r * row_bytes, 8 * p, v);
@@ -106,15 +105,10 @@ void launch_rows(const DeviceMatrix& w, const int32_t* ids, int64_t row0, int64_
     const int64_t threads = n_rows * (w.cols / T::kPiece);
     const int64_t grid = (threads + kThreads - 1) / kThreads;
     if (grid > 0x7fffffff) throw InvalidArgument("dequantise: too many rows in one launch");
-    if constexpr (qsplit::SplitOf<T>::kOk) {
-      if (w.layout == WeightLayout::Split) {
-        dequant_rows_kernel<T, Out, true><<<unsigned(grid), kThreads, 0, stream>>>(
-            wp, w.rows, int64_t(w.row_bytes), w.cols, ids, row0, n_rows, out);
-        return;
-      }
-    }
-    dequant_rows_kernel<T, Out, false><<<unsigned(grid), kThreads, 0, stream>>>(
-        wp, w.rows, int64_t(w.row_bytes), w.cols, ids, row0, n_rows, out);
+    qsplit::with_layout<T>(w.layout, [&](auto split) {
+      dequant_rows_kernel<T, Out, decltype(split)::value><<<unsigned(grid), kThreads, 0, stream>>>(
+          wp, w.rows, int64_t(w.row_bytes), w.cols, ids, row0, n_rows, out);
+    });
   };
   if (!qblk::dispatch_block_type(w.type, go)) qblk::dispatch_float_type(w.type, go);
   check_cuda(cudaGetLastError(), "dequant_rows_kernel launch");

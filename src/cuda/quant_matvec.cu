@@ -296,19 +296,14 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t row = int64_t(blockIdx.x) * kWarps + warp;
   if (row >= rows) return;
-  const uint8_t* wr = w + row * row_bytes;
   float acc[NV];
 #pragma unroll
   for (int v = 0; v < NV; ++v) acc[v] = 0.f;
   for (int64_t e = 4 * lane; e < cols; e += 128) {
     float wv[4];
     const int in_block = int(e % T::kElems);
-    if constexpr (kSplit) {
-      const auto b = qsplit::split_block<T>(w, rows, row, e / T::kElems, cols / T::kElems);
-      qblk::dequant4<T>(b, in_block / 32, (in_block % 32) / 4, wv);
-    } else {
-      qblk::dequant4<T>(wr + (e / T::kElems) * T::kBytes, in_block / 32, (in_block % 32) / 4, wv);
-    }
+    qblk::dequant4<T>(qsplit::block_at<T, kSplit>(w, rows, row_bytes, row, e / T::kElems, cols / T::kElems),
+                      in_block / 32, (in_block % 32) / 4, wv);
 #pragma unroll
     for (int v = 0; v < NV; ++v) {
       const float4 xv = __ldg(reinterpret_cast<const float4*>(x + v * cols + e));
@@ -558,16 +553,10 @@ void launch_matvec_f32_activations(const DeviceMatrix& w, const float* x, int n_
   const bool is_block = qblk::dispatch_block_type(w.type, [&](auto t) {
     using T = decltype(t);
     with_nv(n_vec, [&](auto nv) {
-      constexpr int NV = decltype(nv)::value;
-      if constexpr (qsplit::SplitOf<T>::kOk) {
-        if (w.layout == WeightLayout::Split) {
-          matvec_blocks_f32x_kernel<T, NV, true>
-              <<<grid, block, 0, stream>>>(wp, w.rows, int64_t(w.row_bytes), w.cols, x, y, accumulate);
-          return;
-        }
-      }
-      matvec_blocks_f32x_kernel<T, NV, false>
-          <<<grid, block, 0, stream>>>(wp, w.rows, int64_t(w.row_bytes), w.cols, x, y, accumulate);
+      qsplit::with_layout<T>(w.layout, [&](auto split) {
+        matvec_blocks_f32x_kernel<T, decltype(nv)::value, decltype(split)::value>
+            <<<grid, block, 0, stream>>>(wp, w.rows, int64_t(w.row_bytes), w.cols, x, y, accumulate);
+      });
     });
   });
   if (!is_block) {

@@ -21,7 +21,9 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
+#include "activekv/cuda/quant_matvec.h"
 #include "quant_blocks.cuh"
 
 namespace activekv::cuda::qsplit {
@@ -82,6 +84,28 @@ struct SplitPtr {
 template <class T>
 AKV_QHD SplitPtr<T> split_block(const uint8_t* w, int64_t rows, int64_t r, int64_t b, int64_t n_blocks) {
   return {w + head_offset<T>(rows, r, b, n_blocks), w + payload_offset<T>(r, b, n_blocks)};
+}
+
+/// Block b of row r as a byte source, in either layout: a SplitPtr when
+/// kSplit, else the pointer into the GGUF row (row_bytes apart).
+template <class T, bool kSplit>
+AKV_QHD auto block_at(const uint8_t* w, int64_t rows, int64_t row_bytes, int64_t r, int64_t b, int64_t n_blocks) {
+  if constexpr (kSplit) {
+    return split_block<T>(w, rows, r, b, n_blocks);
+  } else {
+    return w + r * row_bytes + b * T::kBytes;
+  }
+}
+
+/// Calls f(std::bool_constant<kSplit>) for a matrix of type T laid out as
+/// `layout` (types without a split layout: always false), so that a kernel
+/// launch names its layout once.
+template <class T, class F>
+void with_layout(WeightLayout layout, F&& f) {
+  if constexpr (SplitOf<T>::kOk) {
+    if (layout == WeightLayout::Split) return f(std::true_type{});
+  }
+  f(std::false_type{});
 }
 
 /// The GGUF bytes of a split block, for the CPU reference of the repack.
