@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <string>
 
 #include "activekv/core/error.h"
 
@@ -10,7 +11,13 @@ namespace activekv::route {
 namespace {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-double mib(size_t b) { return double(b) / double(1ull << 20); }
+/// "52.0 KiB", "3.5 MiB", "1.25 GiB": a budget of a few pages (a tiny
+/// model's) read "0.0 MiB" in MiB alone.
+std::string size_text(size_t b) {
+  if (b < (size_t(1) << 20)) return fmt::format("{:.1f} KiB", double(b) / 1024.0);
+  if (b < (size_t(1) << 30)) return fmt::format("{:.1f} MiB", double(b) / double(1ull << 20));
+  return fmt::format("{:.2f} GiB", double(b) / double(1ull << 30));
+}
 
 void check(const PrefillPlanInput& in) {
   if (in.page_bytes == 0 || in.page_size <= 0 || in.n_layers <= 0 || in.pos0 < 0 || in.n_tokens <= 0 ||
@@ -81,11 +88,12 @@ PrefillPlan plan_prefill(const PrefillPlanInput& in) {
     if (p.staging_pages >= 0) return p;
     if (chunk == in.chunk)
       throw Error(fmt::format(
-          "prefill: the prompt's history ({:.1f} MiB for {} tokens) does not fit the GPU budget of {:.1f} MiB, and "
-          "streaming it needs at least {:.1f} MiB ({:.1f} MiB of decode tail pages + {} pages per layer for a chunk "
-          "of {} tokens + 2 staging pages, {:.2f} MiB a page); raise --gpu-kv-mem or lower --prefill-chunk",
-          mib(resident), in.pos0 + in.n_tokens, mib(in.budget_bytes), mib(in.tail_bytes + p.device_bytes),
-          mib(in.tail_bytes), p.chunk_pages, chunk, mib(in.page_bytes)));
+          "prefill: the prompt's history ({} for {} tokens) does not fit the GPU budget of {}, and streaming it "
+          "needs at least {} ({} of decode tail pages + {} pages per layer for a chunk of {} tokens + 2 staging "
+          "pages, {} a page); raise --gpu-kv-mem or lower --prefill-chunk",
+          size_text(resident), in.pos0 + in.n_tokens, size_text(in.budget_bytes),
+          size_text(in.tail_bytes + p.device_bytes), size_text(in.tail_bytes), p.chunk_pages, chunk,
+          size_text(in.page_bytes)));
   }
 }
 

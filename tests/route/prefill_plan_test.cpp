@@ -104,6 +104,32 @@ TEST(PrefillPlan, SegmentedStagingDownToOnePagePerBufferThenOneLineWithTheSizes)
   }
 }
 
+// A tiny model's budget of a few 8 KiB pages (the bench CLI test's partial
+// row) read "0.1 MiB ... needs at least 0.1 MiB ... 0.0 MiB of decode tail
+// pages": under a MiB the message counts KiB.
+TEST(PrefillPlan, ASmallBudgetIsStatedInKiB) {
+  PrefillPlanInput in;
+  in.page_bytes = 8192;
+  in.page_size = 16;
+  in.n_layers = 2;
+  in.tail_bytes = 2 * 8192;
+  in.budget_bytes = 53687;  // --gpu-kv-mem 0.00005
+  in.pos0 = 28;
+  in.n_tokens = 16;
+  in.chunk = 512;
+  in.stream_chunk = 512;
+  try {
+    plan_prefill(in);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("budget of 52.4 KiB"), std::string::npos) << m;
+    EXPECT_NE(m.find("16.0 KiB of decode tail pages"), std::string::npos) << m;
+    EXPECT_NE(m.find("8.0 KiB a page"), std::string::npos) << m;
+    EXPECT_EQ(m.find("0.0 MiB"), std::string::npos) << m;
+  }
+}
+
 TEST(PrefillPlan, ALargerStreamedChunkShrinksUntilItsMinimumFits) {
   PrefillPlanInput in = smollm_prompt(200);
   in.stream_chunk = 2048;  // 9 pages per layer: 30 + 270 > 200
