@@ -7,7 +7,7 @@
 //
 //   bench_matvec [--types Q4_0,Q4_K,...] [--shapes 6144x5120,...] [--nvec 1,8]
 //                [--groups 6144+1024+1024x5120,...] [--kernel tiled|chunked]
-//                [--layout split|gguf] [--batches 30] [--json out.json]
+//                [--layout split|gguf] [--pdl off|on] [--batches 30] [--json out.json]
 //
 // The default shapes are the 27B-shape model's matrices (rows x cols): Q
 // 6144x5120, K/V 1024x5120, O 5120x6144, gate/up 17408x5120, down 5120x17408,
@@ -47,6 +47,7 @@
 #include <string>
 #include <vector>
 
+#include "activekv/cuda/launch.h"
 #include "activekv/cuda/quant_matvec.h"
 #include "bandwidth.h"  // measure_hbm_read_gbps (bench/gpu)
 
@@ -176,6 +177,11 @@ int main(int argc, char** argv) {
   std::string layout = "split";
   app.add_option("--layout", layout, "weight layout of Q4_0/Q4_1/Q5_0/Q8_0 matrices")
       ->check(CLI::IsMember({"split", "gguf"}));
+  std::string pdl = "off";
+  app.add_option("--pdl", pdl,
+                 "programmatic dependent launch between the timed launches (activekv/cuda/launch.h): off times "
+                 "each kernel whole; on lets the next start loading its weights while one drains, as in a model step")
+      ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--batches", batches, "timed batches per row (median)")->check(CLI::Range(1, 10000));
   app.add_option("--json", json_path, "write the results as JSON here");
   CLI11_PARSE(app, argc, argv);
@@ -187,6 +193,7 @@ int main(int argc, char** argv) {
     using activekv::cuda::BlockMatvecKernel;
     activekv::cuda::set_block_matvec_kernel(kernel == "chunked" ? BlockMatvecKernel::Chunked
                                                                 : BlockMatvecKernel::Tiled);
+    activekv::cuda::set_programmatic_launch(pdl == "on");
     cudaDeviceProp prop{};
     check_cuda(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
     const size_t l2 = size_t(prop.l2CacheSize);
@@ -202,7 +209,8 @@ int main(int argc, char** argv) {
                  "cudaMemcpyAsync");
     });
     const double copy_gbs = double(big) / t_copy * 1e-9;
-    std::printf("layout: %s (Q4_0, Q4_1, Q5_0, Q8_0)\n", layout.c_str());
+    std::printf("layout: %s (Q4_0, Q4_1, Q5_0, Q8_0); programmatic dependent launch %s\n", layout.c_str(),
+                pdl.c_str());
     std::printf("block-type kernel: %s\ndevice %s, %d SMs, L2 %.0f MB\nHBM floor: read-only kernel %.0f GB/s; cudaMemcpy D2D %.0f GB/s "
                 "(read + write)\n\n",
                 kernel.c_str(), prop.name, prop.multiProcessorCount, l2 / 1e6, read_gbs, copy_gbs);
@@ -330,6 +338,7 @@ int main(int argc, char** argv) {
                             {"device", prop.name},
                             {"block_kernel", kernel},
                             {"layout", layout},
+                            {"programmatic_launch", pdl == "on"},
                             {"sms", prop.multiProcessorCount},
                             {"l2_bytes", l2},
                             {"hbm_read_gbs", read_gbs},

@@ -18,6 +18,7 @@
 #include "activekv/cuda/decode_attention.h"
 #include "mma_util.cuh"
 #include "once_per_device.h"
+#include "pdl.cuh"
 
 namespace activekv::cuda {
 
@@ -113,6 +114,7 @@ split_attention_kernel(const SplitWork* __restrict__ work, const float* __restri
   constexpr int CH = HD / 8;   // 16-byte chunks per row
   constexpr int SB = stage_bytes<HD>();
   extern __shared__ __align__(128) unsigned char smem[];
+  pdl::begin();
   const SplitWork w = work[blockIdx.x];
   const int h = blockIdx.y;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -293,6 +295,7 @@ merge_kernel(const float* __restrict__ part_o, const float* __restrict__ part_ls
   extern __shared__ float wts[];  // [max_splits]
   __shared__ float red[kMergeThreads / 32];
   __shared__ float red_l[kMergeWays], red_o[kMergeWays][kMergeCh];
+  pdl::begin();
   const int s = blockIdx.x, h = blockIdx.y;
   const int cl = threadIdx.x % kMergeCh, way = threadIdx.x / kMergeCh;
   const int c = blockIdx.z * kMergeCh + cl;
@@ -348,9 +351,9 @@ void launch_split(const AttnShape& sh, const SplitWork* work, int n_work, const 
                "cudaFuncSetAttribute(split_attention_kernel)");
   });
   dim3 grid(n_work, sh.n_kv_heads);
-  split_attention_kernel<HD><<<grid, warps_for<HD>() * 32, smem, st>>>(
-      work, q, p.o, p.lse, p.max_splits, sh.n_kv_heads, sh.group, sh.page_size, scale_log2, sh.kv_head0,
-      sh.page_heads());
+  pdl::launch("split_attention_kernel launch", split_attention_kernel<HD>, grid, warps_for<HD>() * 32, smem, st, work,
+              q, p.o, p.lse, p.max_splits, sh.n_kv_heads, sh.group, sh.page_size, scale_log2, sh.kv_head0,
+              sh.page_heads());
 }
 
 }  // namespace
@@ -386,9 +389,9 @@ void launch_merge(const AttnShape& shape, Partials partials, const int32_t* n_sp
                "cudaFuncSetAttribute(merge_kernel)");
   });
   dim3 grid(n_seq, shape.n_q_heads(), shape.head_dim / kMergeCh);
-  merge_kernel<<<grid, kMergeThreads, size_t(partials.max_splits) * sizeof(float), stream>>>(
-      partials.o, partials.lse, partials.max_splits, n_splits, shape.n_q_heads(), shape.head_dim, out, out_lse);
-  check_cuda(cudaGetLastError(), "merge_kernel launch");
+  pdl::launch("merge_kernel launch", merge_kernel, grid, kMergeThreads, size_t(partials.max_splits) * sizeof(float),
+              stream, partials.o, partials.lse, partials.max_splits, n_splits, shape.n_q_heads(), shape.head_dim, out,
+              out_lse);
 }
 
 }  // namespace activekv::cuda

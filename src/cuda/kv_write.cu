@@ -5,6 +5,7 @@
 #include <string>
 
 #include "activekv/cuda/kv_write.h"
+#include "pdl.cuh"
 
 namespace activekv::cuda {
 namespace {
@@ -34,6 +35,7 @@ __device__ __forceinline__ void write_pair(const float* __restrict__ kr, const f
 __global__ void write_kv_kernel(const float* __restrict__ k, const float* __restrict__ v, int64_t row_stride, int n,
                                 int slot0, int n_kv, int hd, int page_size, __nv_bfloat162* dev,
                                 __nv_bfloat162* host) {
+  pdl::begin();
   const int pairs = n_kv * hd / 2;
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= int64_t(n) * pairs) return;
@@ -70,10 +72,9 @@ void launch_write_kv(const AttnShape& sh, const float* k, const float* v, int64_
   if (!device_page && !host_page) throw InvalidArgument("launch_write_kv: no page to write");
   if (sh.head_dim % 2 != 0) throw InvalidArgument("launch_write_kv: odd head_dim");
   const int64_t threads = int64_t(n) * sh.n_kv_heads * sh.head_dim / 2;
-  write_kv_kernel<<<unsigned((threads + kBlock - 1) / kBlock), kBlock, 0, stream>>>(
-      k, v, row_stride, n, slot0, sh.n_kv_heads, sh.head_dim, sh.page_size, static_cast<__nv_bfloat162*>(device_page),
-      static_cast<__nv_bfloat162*>(host_page));
-  check_cuda(cudaGetLastError(), "write_kv_kernel launch");
+  pdl::launch("write_kv_kernel launch", write_kv_kernel, unsigned((threads + kBlock - 1) / kBlock), kBlock, 0, stream,
+              k, v, row_stride, n, slot0, sh.n_kv_heads, sh.head_dim, sh.page_size,
+              static_cast<__nv_bfloat162*>(device_page), static_cast<__nv_bfloat162*>(host_page));
 }
 
 void launch_write_kv_slots(const AttnShape& sh, const float* k, const float* v, int64_t row_stride,

@@ -14,6 +14,7 @@
 
 #include "activekv/cuda/decode_attention.h"
 #include "model_ops_kernels.h"
+#include "pdl.cuh"
 #include "quant_x.cuh"
 
 namespace activekv::cuda::kernels {
@@ -73,6 +74,7 @@ __device__ inline float4 apply4(const float4 a, const float4 b, Op op) {
 template <class V, class Op, bool kQuant = false>
 __global__ void binary_kernel(V* a, const V* b, int64_t n, int64_t period, Op op, int8_t* qx = nullptr,
                               float2* ds = nullptr) {
+  pdl::begin();
   for (int64_t i = thread_index(); i < n; i += grid_stride()) {
     const V y = b == nullptr ? a[i] : b[period > 0 ? i % period : i];
     if constexpr (sizeof(V) == sizeof(float4)) {
@@ -96,12 +98,13 @@ void launch_binary(float* a, const float* b, int64_t n, int64_t period, Op op, c
   if (n == 0) return;
   const bool vec = n % 4 == 0 && period % 4 == 0 && aligned16(a) && (b == nullptr || aligned16(b));
   if (vec) {
-    binary_kernel<<<grid_for(n / 4), kThreads, 0, stream>>>(
-        reinterpret_cast<float4*>(a), reinterpret_cast<const float4*>(b), n / 4, period / 4, op);
+    pdl::launch(what, binary_kernel<float4, Op, false>, grid_for(n / 4), kThreads, 0, stream,
+                reinterpret_cast<float4*>(a), reinterpret_cast<const float4*>(b), n / 4, period / 4, op, nullptr,
+                nullptr);
   } else {
-    binary_kernel<<<grid_for(n), kThreads, 0, stream>>>(a, b, n, period, op);
+    pdl::launch(what, binary_kernel<float, Op, false>, grid_for(n), kThreads, 0, stream, a, b, n, period, op,
+                nullptr, nullptr);
   }
-  check_launch(what);
 }
 
 // ---- f32 -> bf16 -------------------------------------------------------------
@@ -148,6 +151,7 @@ __global__ void __launch_bounds__(kBlock) rms_norm_kernel(const float* x, const 
   using Reduce = cub::BlockReduce<double, kBlock>;
   __shared__ typename Reduce::TempStorage tmp;
   __shared__ float inv_s;
+  pdl::begin();
   const float* xr = x + size_t(blockIdx.x) * n;
   float* o = out + size_t(blockIdx.x) * n;
   double ss = 0.0;
@@ -197,6 +201,7 @@ __global__ void __launch_bounds__(kBlock) rms_norm_kernel(const float* x, const 
 template <bool kHalfSplit>
 __global__ void rope_kernel(float* x, int n_heads, float* x2, int n_heads2, int T, int head_dim, const int64_t* pos,
                             const double* freqs, int half) {
+  pdl::begin();
   const int heads = n_heads + n_heads2;
   const int64_t work = int64_t(T) * heads * half;
   for (int64_t w = thread_index(); w < work; w += grid_stride()) {
@@ -219,10 +224,11 @@ template <bool kVec4, bool kQuant>
 void launch_rms_norm(const float* x, const float* weight, int T, int n, float eps, float* out, int8_t* qx,
                      float2* ds, cudaStream_t stream) {
   if (norm_threads(n) == kWideNormThreads) {
-    rms_norm_kernel<kWideNormThreads, kVec4, kQuant>
-        <<<T, kWideNormThreads, 0, stream>>>(x, weight, n, eps, out, qx, ds);
+    pdl::launch("rms_norm kernel launch", rms_norm_kernel<kWideNormThreads, kVec4, kQuant>, T, kWideNormThreads, 0,
+                stream, x, weight, n, eps, out, qx, ds);
   } else {
-    rms_norm_kernel<kThreads, kVec4, kQuant><<<T, kThreads, 0, stream>>>(x, weight, n, eps, out, qx, ds);
+    pdl::launch("rms_norm kernel launch", rms_norm_kernel<kThreads, kVec4, kQuant>, T, kThreads, 0, stream, x,
+                weight, n, eps, out, qx, ds);
   }
 }
 
@@ -255,12 +261,8 @@ void rope(float* x, int n_heads, float* x2, int n_heads2, int T, int head_dim, c
   if (x2 == nullptr) n_heads2 = 0;
   if (T == 0 || (n_heads == 0 && n_heads2 == 0) || half == 0) return;
   const int grid = grid_for(int64_t(T) * (n_heads + n_heads2) * half);
-  if (half_split) {
-    rope_kernel<true><<<grid, kThreads, 0, stream>>>(x, n_heads, x2, n_heads2, T, head_dim, pos, freqs, half);
-  } else {
-    rope_kernel<false><<<grid, kThreads, 0, stream>>>(x, n_heads, x2, n_heads2, T, head_dim, pos, freqs, half);
-  }
-  check_launch("rope kernel launch");
+  pdl::launch("rope kernel launch", half_split ? rope_kernel<true> : rope_kernel<false>, grid, kThreads, 0, stream, x,
+              n_heads, x2, n_heads2, T, head_dim, pos, freqs, half);
 }
 
 void swiglu(float* gate, const float* up, int64_t n, cudaStream_t stream) {
@@ -272,10 +274,9 @@ bool swiglu_quantize(float* gate, const float* up, int T, int n, void* workspace
   const int64_t n4 = int64_t(T) * n / 4;
   if (n4 == 0) return true;
   const qdot::XQuant xq = qx::xquant_of(workspace, n, T);
-  binary_kernel<float4, SwiGLUOp, true><<<grid_for(n4), kThreads, 0, stream>>>(
-      reinterpret_cast<float4*>(gate), reinterpret_cast<const float4*>(up), n4, 0, SwiGLUOp{},
-      const_cast<int8_t*>(xq.qx), const_cast<float2*>(xq.ds));
-  check_launch("swiglu (quantising) kernel launch");
+  pdl::launch("swiglu (quantising) kernel launch", binary_kernel<float4, SwiGLUOp, true>, grid_for(n4), kThreads, 0,
+              stream, reinterpret_cast<float4*>(gate), reinterpret_cast<const float4*>(up), n4, int64_t(0),
+              SwiGLUOp{}, const_cast<int8_t*>(xq.qx), const_cast<float2*>(xq.ds));
   return true;
 }
 

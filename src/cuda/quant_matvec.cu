@@ -37,6 +37,7 @@
 #include "matvec_kernel_util.cuh"
 #include "model_ops_kernels.h"
 #include "once_per_device.h"
+#include "pdl.cuh"
 
 namespace activekv::cuda {
 
@@ -66,6 +67,7 @@ using qx::xquant_of;
 /// One warp per 32-element block of x (blockIdx/threads cover n_vec * cols/32 blocks).
 __global__ void quantize_x_kernel(const float* __restrict__ x, int64_t n_blocks, int8_t* __restrict__ qx,
                                   float2* __restrict__ ds) {
+  pdl::begin();
   const int64_t blk = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   if (blk >= n_blocks) return;  // whole warps exit together (blockDim is a multiple of 32)
   const int lane = threadIdx.x & 31;
@@ -136,7 +138,8 @@ __device__ __forceinline__ void chunked_cta(const uint8_t* __restrict__ w, int64
 #pragma unroll
   for (int k = 0; k < R * NV; ++k) acc[k] = 0.f;
 #pragma unroll
-  for (int s = 0; s < NS - 1; ++s) issue(s);
+  for (int s = 0; s < NS - 1; ++s) issue(s);  // weights only: before the wait for x (pdl.cuh)
+  pdl::begin();
   for (int ch = 0; ch < n_chunks; ++ch) {
     issue(ch + NS - 1);
     cp_async_wait<NS - 1>();
@@ -368,9 +371,8 @@ void launch_chunked_r(const DeviceMatrix& w, int n_blocks, const XQuant& xq, flo
   const dim3 grid(unsigned((warps + kWarps - 1) / kWarps)), block(kWarps * 32);
   constexpr size_t smem = chunked_smem<T, R>();
   allow_smem<T, NV, R>(matvec_blocks_kernel<T, NV, R>, smem);
-  matvec_blocks_kernel<T, NV, R><<<grid, block, smem, stream>>>(static_cast<const uint8_t*>(w.data), w.rows,
-                                                               int64_t(w.row_bytes), n_blocks, xq, w.cols, y,
-                                                               accumulate);
+  pdl::launch("matvec (chunked) kernel launch", matvec_blocks_kernel<T, NV, R>, grid, block, smem, stream,
+              static_cast<const uint8_t*>(w.data), w.rows, int64_t(w.row_bytes), n_blocks, xq, w.cols, y, accumulate);
 }
 
 template <class T, int NV, int R>
@@ -378,8 +380,8 @@ void launch_chunked_group_r(const GroupArgs& g, unsigned ctas, const DeviceMatri
                             cudaStream_t stream) {
   constexpr size_t smem = chunked_smem<T, R>();
   allow_smem<T, NV, R>(matvec_blocks_group_kernel<T, NV, R>, smem);
-  matvec_blocks_group_kernel<T, NV, R><<<ctas, kWarps * 32, smem, stream>>>(
-      g, int64_t(w0.row_bytes), int(w0.cols / T::kElems), xq, w0.cols);
+  pdl::launch("matvec group (chunked) kernel launch", matvec_blocks_group_kernel<T, NV, R>, ctas, kWarps * 32, smem,
+              stream, g, int64_t(w0.row_bytes), int(w0.cols / T::kElems), xq, w0.cols);
 }
 
 template <class T, int NV>
@@ -504,9 +506,8 @@ void launch_quantize_activations(const float* x, int64_t cols, int n_vec, void* 
   const XQuant xq = xquant_of(workspace, cols, n_vec);
   constexpr int kThreads = 256;
   const unsigned grid = unsigned((n_blocks * 32 + kThreads - 1) / kThreads);
-  quantize_x_kernel<<<grid, kThreads, 0, stream>>>(x, n_blocks, const_cast<int8_t*>(xq.qx),
-                                                    const_cast<float2*>(xq.ds));
-  check_cuda(cudaGetLastError(), "quantize_x_kernel launch");
+  pdl::launch("quantize_x_kernel launch", quantize_x_kernel, grid, kThreads, 0, stream, x, n_blocks,
+              const_cast<int8_t*>(xq.qx), const_cast<float2*>(xq.ds));
 }
 
 void launch_rms_norm_quantize(const float* x, const float* weight, int T, int n, float eps, float* out,

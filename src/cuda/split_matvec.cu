@@ -19,6 +19,7 @@
 #include <string>
 
 #include "split_matvec.h"
+#include "pdl.cuh"
 #include "quant_split.cuh"
 
 namespace activekv::cuda::splitmv {
@@ -54,8 +55,8 @@ __device__ __forceinline__ void split_cta(const uint8_t* __restrict__ w, int64_t
 #pragma unroll
   for (int k = 0; k < R * NV; ++k) acc[k] = 0.f;
 
-  for (int b0 = lane; b0 < n_blocks; b0 += 32 * U) {
-    SplitRegs<T> blk[U][R];
+  SplitRegs<T> blk[U][R];
+  auto load = [&](int b0) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int b = b0 + 32 * u;
@@ -64,6 +65,13 @@ __device__ __forceinline__ void split_cta(const uint8_t* __restrict__ w, int64_t
         if (b < n_blocks && r < n_rows)
           qsplit::load_regs<T>(qsplit::split_block<T>(w, rows, row0 + r, b, n_blocks), blk[u][r]);
     }
+  };
+  // The first blocks' loads go out before the wait for x (pdl.cuh): the
+  // weights stream while the kernel before this one drains.
+  load(lane);
+  pdl::begin();
+  for (int b0 = lane; b0 < n_blocks; b0 += 32 * U) {
+    if (b0 != lane) load(b0);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int b = b0 + 32 * u;
@@ -139,9 +147,9 @@ void run(const DeviceMatrix& w, const XQuant& xq, int n_vec, float* y, bool accu
         constexpr int kR = decltype(r)::value;
         const int64_t warps = (w.rows + kR - 1) / kR;
         with_depth<NV>([&](auto d) {
-          split_matvec_kernel<T, NV, kR, decltype(d)::value>
-              <<<unsigned((warps + kWarps - 1) / kWarps), kWarps * 32, 0, stream>>>(
-                  static_cast<const uint8_t*>(w.data), w.rows, n_blocks, xq, w.cols, y, accumulate);
+          pdl::launch("matvec (split layout) kernel launch", split_matvec_kernel<T, NV, kR, decltype(d)::value>,
+                      unsigned((warps + kWarps - 1) / kWarps), kWarps * 32, 0, stream,
+                      static_cast<const uint8_t*>(w.data), w.rows, n_blocks, xq, w.cols, y, accumulate);
         });
       });
     });
@@ -156,8 +164,9 @@ void run_group(const mvkern::GroupArgs& g, const mvhost::GroupPlan& plan, const 
       constexpr int NV = decltype(nv)::value;
       mvkern::with_rows<NV>(plan.rows_per_warp, [&](auto r) {
         with_depth<NV>([&](auto d) {
-          split_matvec_group_kernel<T, NV, decltype(r)::value, decltype(d)::value>
-              <<<plan.ctas(), kWarps * 32, 0, stream>>>(g, int(w0.cols / T::kElems), xq, w0.cols);
+          pdl::launch("matvec group (split layout) kernel launch",
+                      split_matvec_group_kernel<T, NV, decltype(r)::value, decltype(d)::value>, plan.ctas(),
+                      kWarps * 32, 0, stream, g, int(w0.cols / T::kElems), xq, w0.cols);
         });
       });
     });

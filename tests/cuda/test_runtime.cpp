@@ -18,6 +18,7 @@
 #include "../model/model_fixture.h"
 #include "activekv/model/sampler.h"
 #include "activekv/route/prefill_plan.h"
+#include "activekv/cuda/launch.h"
 #include "activekv/runtime/gpu_runtime.h"
 #include "activekv/tokenizer/tokenizer.h"
 #include "device_array.h"
@@ -496,6 +497,50 @@ TEST(GpuRuntime, LookaheadOnAndOffGiveTheSameBits) {
                 route.c_str(), forcing ? "forcing" : "free", on.stats.lookahead_steps, on.stats.lookahead_discarded,
                 on.stats.decode_steps);
   }
+}
+
+// Programmatic dependent launch (activekv/cuda/launch.h) lets a kernel start
+// while the one before it drains; each waits (griddepcontrol.wait) before it
+// touches anything earlier kernels wrote. A missing wait would read stale
+// activations: tokens and every step's logits must be bitwise those of
+// serialised launches, graphed and eager, resident and streamed, with the
+// int8s kernels (launched plainly) between the PDL ones. (A race need not
+// show in one run; this is the check a test can make.)
+TEST(GpuRuntime, ProgrammaticLaunchOnAndOffGiveTheSameBits) {
+  NEED_GPU();
+  const std::vector<int32_t> ids = golden_ids();
+  struct Config {
+    const char* route;
+    route::KvPlacement placement;
+    bool graphs;
+  };
+  auto run = [&](const Config& c, bool pdl) {
+    cuda::set_programmatic_launch(pdl);
+    runtime::RuntimeOptions o = options(400, c.route, c.placement);
+    o.cuda_graphs = c.graphs;
+    runtime::GpuRuntime rt(testing::model_file(), testing::shared_model().config(), o);
+    std::vector<int32_t> tokens{rt.prefill(std::span(ids).first(100))};
+    std::vector<std::vector<float>> logits;
+    for (int i = 0; i < 30; ++i) {  // crosses page 1 -> 2 (pages of 64)
+      tokens.push_back(rt.decode(tokens.back()));
+      logits.push_back(rt.last_logits());
+    }
+    return std::make_pair(tokens, logits);
+  };
+  const bool was = cuda::programmatic_launch();
+  for (const Config& c : {Config{"exact", route::KvPlacement::gpu, true}, Config{"exact", route::KvPlacement::gpu, false},
+                          Config{"exact", route::KvPlacement::host, true}, Config{"int8s", route::KvPlacement::gpu, true},
+                          Config{"int8s", route::KvPlacement::host, false}}) {
+    SCOPED_TRACE(std::string(c.route) + (c.placement == route::KvPlacement::gpu ? " gpu" : " host") +
+                 (c.graphs ? " graphs" : " eager"));
+    const auto off = run(c, false), on = run(c, true);
+    EXPECT_EQ(off.first, on.first);
+    ASSERT_EQ(off.second.size(), on.second.size());
+    for (size_t i = 0; i < off.second.size(); ++i)
+      ASSERT_EQ(0, std::memcmp(off.second[i].data(), on.second[i].data(), off.second[i].size() * sizeof(float)))
+          << "step " << i;
+  }
+  cuda::set_programmatic_launch(was);
 }
 
 // A second prompt after decode steps (a chat's next turn; `activekv bench`'s
