@@ -1,7 +1,9 @@
 // Host half of the matvec launches (matvec_host.h).
 #include "matvec_host.h"
 
+#include <atomic>
 #include <cstdlib>
+#include <cstring>
 
 #include "activekv/core/error.h"
 
@@ -73,6 +75,28 @@ void check_disjoint(const MatvecGroupItem* items, int n, int n_vec) {
 }
 
 }  // namespace
+
+namespace {
+int initial_split_depth() {
+  const char* e = std::getenv("ACTIVEKV_SPLIT_DEPTH");
+  return e == nullptr ? 0 : std::strcmp(e, "1") == 0 ? 1 : std::strcmp(e, "2") == 0 ? 2 : 0;
+}
+std::atomic<int> g_split_depth{initial_split_depth()};
+}  // namespace
+
+void set_split_depth(int depth) {
+  if (depth < 0 || depth > 2)
+    throw InvalidArgument("split matvec: depth " + std::to_string(depth) + " is not 0 (the rule), 1 or 2");
+  g_split_depth.store(depth, std::memory_order_relaxed);
+}
+int split_depth() { return g_split_depth.load(std::memory_order_relaxed); }
+
+SplitShape split_shape(int64_t rows, int64_t cols, int n_vec, int block_bytes, int block_elems) {
+  const int forced = split_depth();
+  const bool four_bit = 8 * block_bytes <= 5 * block_elems;
+  if (forced == 0 && forced_rows() == 0 && n_vec == 1 && four_bit && rows >= 16384 && cols <= 8192) return {1, 2};
+  return {chunked_rows_per_warp(rows, n_vec, block_bytes, block_elems), forced == 2 && n_vec == 1 ? 2 : 1};
+}
 
 int chunked_rows_per_warp(int64_t rows, int n_vec, int block_bytes, int block_elems) {
   if (const int f = forced_rows(); f != 0) return f == 4 && n_vec != kRowsFourVectors ? 2 : f;

@@ -72,13 +72,30 @@ struct GroupPlan {
 GroupPlan plan_group(const MatvecGroupItem* items, int n, const float* x, int n_vec, const void* workspace,
                      BlockMatvecKernel kernel);
 
-/// The split-layout kernel's blocks per lane in flight for one vector
-/// (split_matvec.cu, which defines these): depth 1 (the default: 4 blocks of
-/// 16-byte codes per row, 2 of Q8_0's 32) or 2 (twice as many; for
-/// measurements: ACTIVEKV_SPLIT_DEPTH=2 at start, or this). The same bits
-/// either way (each lane meets its blocks in the same order). Process-wide,
-/// as set_block_matvec_kernel. InvalidArgument for another depth.
+/// The split-layout kernel's blocks per lane in flight for one vector:
+/// depth 1 (4 blocks of 16-byte codes per row, 2 of Q8_0's 32) or 2 (twice
+/// as many), or 0 (the default): split_shape's rule. ACTIVEKV_SPLIT_DEPTH=1|2
+/// at start forces one (measurements), as does this. The same bits either
+/// way (each lane meets its blocks in the same order). Process-wide, as
+/// set_block_matvec_kernel. InvalidArgument for another depth.
 void set_split_depth(int depth);
 int split_depth();
+
+/// Rows per warp and depth of one split-layout launch. Forced depth: that,
+/// with chunked_rows_per_warp's rows. Else, for one vector over a tall
+/// matrix (>= 16384 rows, <= 8192 cols: the FFN's gate and up, the output
+/// head), 1 row per warp at depth 2 -- the same 8 blocks of 16 bytes in
+/// flight per lane as 2 rows at depth 1, but over twice the warps; measured
+/// on the H200 at 0331ab8 (bench/results/h200_bench_matvec_split_depth_
+/// 0331ab8.json, us, 2 rows x depth 1 against 1 row x depth 2): Q4_0
+/// 17408x5120 17.27 vs 15.81, 32000x5120 27.60 vs 24.29, where it lost on
+/// the wide and the small ones (5120x17408 17.93 vs 21.74, 6144x5120 7.85
+/// vs 8.89) and on Q8_0 (17408x5120 25.99 vs 29.73). Else chunked_rows_per_warp
+/// at depth 1. ACTIVEKV_MATVEC_ROWS forces the rows as there.
+struct SplitShape {
+  int rows_per_warp = 1;
+  int depth = 1;
+};
+SplitShape split_shape(int64_t rows, int64_t cols, int n_vec, int block_bytes, int block_elems);
 
 }  // namespace activekv::cuda::mvhost

@@ -32,15 +32,9 @@ using qsplit::SplitRegs;
 constexpr int kWarps = mvhost::kWarpsPerCta;
 
 /// Blocks per lane loaded before the first is used: D x 4 x 16 bytes of
-/// codes per row (D x 2 x 32 for Q8_0); D = 1, or 2 for one vector (mvhost::set_split_depth).
+/// codes per row (D x 2 x 32 for Q8_0); D = 1, or 2 for one vector (mvhost::split_shape).
 template <class T, int D>
 inline constexpr int kBlocksInFlight = D * (SplitOf<T>::kPayload == 16 ? 4 : 2);
-
-int initial_depth() {
-  const char* e = std::getenv("ACTIVEKV_SPLIT_DEPTH");
-  return e != nullptr && std::strcmp(e, "2") == 0 ? 2 : 1;
-}
-int g_depth = initial_depth();
 
 template <class T, int NV, int R, int D>
 __device__ __forceinline__ void split_cta(const uint8_t* __restrict__ w, int64_t rows, int n_blocks, XQuant xq,
@@ -103,12 +97,12 @@ __global__ void __launch_bounds__(kWarps * 32)
   split_cta<T, NV, R, D>(g.w[i], g.rows[i], n_blocks, xq, cols, g.y[i], false, cta);
 }
 
-/// Calls f(std::integral_constant<int, D>): the depth set, for one vector
+/// Calls f(std::integral_constant<int, D>) for `depth`, 2 for one vector only
 /// (instantiated there only: several vectors hold R x NV accumulators already).
 template <int NV, class F>
-void with_depth(F&& f) {
+void with_depth(int depth, F&& f) {
   if constexpr (NV == 1) {
-    if (g_depth == 2) return f(std::integral_constant<int, 2>{});
+    if (depth == 2) return f(std::integral_constant<int, 2>{});
   }
   f(std::integral_constant<int, 1>{});
 }
@@ -142,11 +136,11 @@ void run(const DeviceMatrix& w, const XQuant& xq, int n_vec, float* y, bool accu
     const int n_blocks = int(w.cols / T::kElems);
     mvkern::with_nv(n_vec, [&](auto nv) {
       constexpr int NV = decltype(nv)::value;
-      const int R = mvhost::chunked_rows_per_warp(w.rows, NV, T::kBytes, T::kElems);
-      mvkern::with_rows<NV>(R, [&](auto r) {
+      const mvhost::SplitShape shape = mvhost::split_shape(w.rows, w.cols, NV, T::kBytes, T::kElems);
+      mvkern::with_rows<NV>(shape.rows_per_warp, [&](auto r) {
         constexpr int kR = decltype(r)::value;
         const int64_t warps = (w.rows + kR - 1) / kR;
-        with_depth<NV>([&](auto d) {
+        with_depth<NV>(shape.depth, [&](auto d) {
           pdl::launch("matvec (split layout) kernel launch", split_matvec_kernel<T, NV, kR, decltype(d)::value>,
                       unsigned((warps + kWarps - 1) / kWarps), kWarps * 32, 0, stream,
                       static_cast<const uint8_t*>(w.data), w.rows, n_blocks, xq, w.cols, y, accumulate);
@@ -163,7 +157,7 @@ void run_group(const mvkern::GroupArgs& g, const mvhost::GroupPlan& plan, const 
     mvkern::with_nv(n_vec, [&](auto nv) {
       constexpr int NV = decltype(nv)::value;
       mvkern::with_rows<NV>(plan.rows_per_warp, [&](auto r) {
-        with_depth<NV>([&](auto d) {
+        with_depth<NV>(mvhost::split_depth() == 2 ? 2 : 1, [&](auto d) {  // a group: depth 1 unless forced
           pdl::launch("matvec group (split layout) kernel launch",
                       split_matvec_group_kernel<T, NV, decltype(r)::value, decltype(d)::value>, plan.ctas(),
                       kWarps * 32, 0, stream, g, int(w0.cols / T::kElems), xq, w0.cols);
@@ -186,14 +180,3 @@ void repack(const void* src_gguf, const DeviceMatrix& dst, cudaStream_t stream) 
 }
 
 }  // namespace activekv::cuda::splitmv
-
-namespace activekv::cuda::mvhost {
-
-void set_split_depth(int depth) {
-  if (depth != 1 && depth != 2)
-    throw InvalidArgument("split matvec: depth " + std::to_string(depth) + " is not 1 or 2");
-  splitmv::g_depth = depth;
-}
-int split_depth() { return splitmv::g_depth; }
-
-}  // namespace activekv::cuda::mvhost

@@ -8,6 +8,7 @@
 
 #include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "activekv/core/error.h"
@@ -204,8 +205,35 @@ TEST(SplitLayoutChecks, TypesAndBadRepacksThrowOneLine) {
   EXPECT_EQ(thrown([&] { launch_repack_split(at + 100, q4, nullptr); }),
             "repack: the GGUF source of the Q4_0 matrix (split layout) of 10 rows x 512 cols is null or overlaps it");
   EXPECT_NE(thrown([&] { launch_repack_split(nullptr, q4, nullptr); }).find("is null or overlaps"), std::string::npos);
-  EXPECT_EQ(thrown([] { mvhost::set_split_depth(3); }), "split matvec: depth 3 is not 1 or 2");
-  if (std::getenv("ACTIVEKV_SPLIT_DEPTH") == nullptr) EXPECT_EQ(mvhost::split_depth(), 1);  // the default
+  EXPECT_EQ(thrown([] { mvhost::set_split_depth(3); }), "split matvec: depth 3 is not 0 (the rule), 1 or 2");
+  if (std::getenv("ACTIVEKV_SPLIT_DEPTH") == nullptr) EXPECT_EQ(mvhost::split_depth(), 0);  // the default: the rule
+}
+
+// The split kernel's rows per warp and depth (matvec_host.h says what was
+// measured): one row at depth 2 for one vector over a tall 4-bit matrix.
+TEST(SplitShape, TallFourBitMatricesTakeOneRowPerWarpAtDepthTwo) {
+  if (std::getenv("ACTIVEKV_SPLIT_DEPTH") != nullptr || std::getenv("ACTIVEKV_MATVEC_ROWS") != nullptr)
+    GTEST_SKIP() << "the environment forces the shape";
+  auto shape = [](int64_t rows, int64_t cols, int n_vec, int block_bytes) {
+    const mvhost::SplitShape s = mvhost::split_shape(rows, cols, n_vec, block_bytes, 32);
+    return std::make_pair(s.rows_per_warp, s.depth);
+  };
+  constexpr int kQ4_0 = 18, kQ4_1 = 20, kQ8_0 = 34;
+  EXPECT_EQ(shape(17408, 5120, 1, kQ4_0), std::make_pair(1, 2));  // gate, up
+  EXPECT_EQ(shape(32000, 5120, 1, kQ4_0), std::make_pair(1, 2));  // the output head
+  EXPECT_EQ(shape(32000, 5120, 1, kQ4_1), std::make_pair(1, 2));
+  EXPECT_EQ(shape(5120, 17408, 1, kQ4_0), std::make_pair(2, 1));  // down: wide
+  EXPECT_EQ(shape(6144, 5120, 1, kQ4_0), std::make_pair(2, 1));
+  EXPECT_EQ(shape(17408, 17408, 1, kQ4_0), std::make_pair(2, 1));  // tall but wide
+  EXPECT_EQ(shape(17408, 5120, 1, kQ8_0), std::make_pair(1, 1));  // 8-bit: lost there
+  EXPECT_EQ(shape(17408, 5120, 8, kQ4_0), std::make_pair(4, 1));  // several vectors: as before
+  mvhost::set_split_depth(2);  // forced: every one-vector launch, rows by the chunked rule
+  const auto forced_small = shape(6144, 5120, 1, kQ4_0), forced_tall = shape(17408, 5120, 1, kQ4_0),
+             forced_batch = shape(17408, 5120, 8, kQ4_0);
+  mvhost::set_split_depth(0);
+  EXPECT_EQ(forced_small, std::make_pair(2, 2));
+  EXPECT_EQ(forced_tall, std::make_pair(2, 2));
+  EXPECT_EQ(forced_batch, std::make_pair(4, 1));
 }
 
 }  // namespace
