@@ -118,13 +118,15 @@ for key, r in rows.items():
             # pages are smaller: at this budget all 7 fit, where bf16 keeps 6 of 7).
             import re
             kept, total = map(int, re.search(r"(\d+) of (\d+) pages per layer resident", r["plan"]).groups())
+            # The others stream over the link or go to the host CPU (--cpu-share auto may take them
+            # all: then no history bytes cross; H200, bf16 at d64: 6 of 7 kept, the 7th CPU-attended).
             assert r["resident_bytes_per_token"] > 0, key
-            assert (r["history_bytes_per_token"] > 0) == (kept < total), (key, r["plan"])
+            assert kept < total or r["history_bytes_per_token"] == 0, (key, r["plan"])
             if r["kv_format"] == "bf16":
                 assert kept < total, (key, r["plan"])
 print("ok: bench JSON,", len(rows), "rows")
 EOF
-  "$AKV" bench -m "$model" $1 --kv-placement "$2" -p 16 -n 4 -d 64 -r 1 -o md > "$TMP/bench.md" 2> "$TMP/bench.log" \
+  "$AKV" bench -m "$model" $1 --kv-placement "$2" -p 16 -n 4 -d 64 -r 1 --page-size 16 -o md > "$TMP/bench.md" 2> "$TMP/bench.log" \
     && grep -qF "| tg4 @ d64 |" "$TMP/bench.md" && grep -qF "| x floor |" "$TMP/bench.md" \
     && echo "ok: bench -o md table" || fail "bench -o md: $(cat "$TMP/bench.md" "$TMP/bench.log" | tail -n 5)"
 }
