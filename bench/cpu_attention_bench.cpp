@@ -212,7 +212,8 @@ int main(int argc, char** argv) try {
   app.add_option("--head-dim", head_dim)->check(CLI::Range(1, 1024));
   app.add_option("--page-size", page_size)->check(CLI::Range(1, 1 << 20));
   app.add_option("--split-tokens", split_tokens)->check(CLI::Range(1, 1 << 20));
-  app.add_option("--isa", isa_name, "automatic, avx512 or portable")->check(CLI::IsMember({"automatic", "avx512", "portable"}));
+  app.add_option("--isa", isa_name, "automatic, amx, avx512 or portable")
+      ->check(CLI::IsMember({"automatic", "amx", "avx512", "portable"}));
   app.add_option("--json", json_path, "write the results as JSON here");
   CLI11_PARSE(app, argc, argv);
   for (const std::string& f : formats) {
@@ -228,7 +229,12 @@ int main(int argc, char** argv) try {
   }
   cpu::CpuAttentionOptions opt;
   opt.split_tokens = split_tokens;
-  opt.isa = isa_name == "avx512" ? cpu::Isa::avx512 : isa_name == "portable" ? cpu::Isa::portable : cpu::Isa::automatic;
+  opt.isa = isa_name == "avx512"     ? cpu::Isa::avx512
+            : isa_name == "amx"      ? cpu::Isa::amx
+            : isa_name == "portable" ? cpu::Isa::portable
+                                     : cpu::Isa::automatic;
+  const bool amx = opt.isa == cpu::Isa::amx || (opt.isa == cpu::Isa::automatic && cpu::cpu_has_amx_kernels() &&
+                                                head_dim % 64 == 0 && head_dim <= 512 && group <= 8);
   const bool avx512 = opt.isa == cpu::Isa::avx512 ||
                       (opt.isa == cpu::Isa::automatic && cpu::cpu_has_avx512_kernels() && head_dim % 64 == 0 && group <= 8);
 
@@ -302,7 +308,7 @@ int main(int argc, char** argv) try {
                         {"command", cli::command_line()},
                         {"cpu", cpu_model()},
                         {"cores", cores},
-                        {"kernels", avx512 ? "avx512" : "portable"},
+                        {"kernels", amx ? "amx (bf16 q.k), avx512" : avx512 ? "avx512" : "portable"},
                         {"shape", {{"n_kv_heads", kv_heads}, {"group", group}, {"head_dim", head_dim},
                                    {"page_size", page_size}, {"split_tokens", split_tokens}}},
                         {"read_mib", read_mib},

@@ -5,6 +5,11 @@
 
 #include <fmt/format.h>
 #include <omp.h>
+#if defined(__x86_64__) && defined(__linux__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -55,9 +60,25 @@ void check(const DecodeShape& shape, std::span<const PageRef> pages, const CpuAt
   }
 }
 
+/// Whether bf16 q.k runs on AMX tiles (on top of the AVX-512 kernels).
+bool use_amx(const DecodeShape& shape, Isa isa) {
+  const bool shape_ok = shape.head_dim % 64 == 0 && shape.head_dim <= 512 && shape.group <= 8;
+  if (isa == Isa::amx) {
+    if (!cpu_has_amx_kernels())
+      throw InvalidArgument("cpu attention: this CPU or OS gives no AMX tiles (AMX-TILE, AMX-BF16 and the tile state)");
+    if (!shape_ok) {
+      throw InvalidArgument(fmt::format("cpu attention: the AMX kernel needs head_dim % 64 == 0, head_dim <= 512 and "
+                                        "group <= 8 (head_dim {}, group {})", shape.head_dim, shape.group));
+    }
+    return true;
+  }
+  return isa == Isa::automatic && shape_ok && cpu_has_amx_kernels();
+}
+
 bool use_avx512(const DecodeShape& shape, Isa isa) {
   const bool shape_ok = shape.head_dim % 64 == 0 && shape.group <= 8;
   if (isa == Isa::portable) return false;
+  if (isa == Isa::amx) return use_amx(shape, isa);
   if (isa == Isa::avx512) {
     if (!cpu_has_avx512_kernels()) throw InvalidArgument("cpu attention: this CPU lacks AVX-512 BF16/VNNI");
     if (!shape_ok) {
@@ -166,6 +187,7 @@ const char* isa_name(Isa isa) {
   switch (isa) {
     case Isa::avx512: return "avx512";
     case Isa::portable: return "portable";
+    case Isa::amx: return "amx";
     default: return "automatic";
   }
 }
@@ -175,6 +197,24 @@ bool cpu_has_avx512_kernels() {
   static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
                           __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vnni");
+  return has;
+#else
+  return false;
+#endif
+}
+
+bool cpu_has_amx_kernels() {
+#if defined(__x86_64__) && defined(__linux__)
+  static const bool has = [] {
+    if (!cpu_has_avx512_kernels()) return false;
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    const bool amx_bf16 = (d >> 22) & 1u, amx_tile = (d >> 24) & 1u;
+    if (!amx_bf16 || !amx_tile) return false;
+    // Linux keeps the 8 KiB tile state off until a process asks for it.
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
   return has;
 #else
   return false;
@@ -213,6 +253,7 @@ size_t attend_pages_splits(const DecodeShape& shape, std::span<const PageRef> pa
   check(shape, pages, opt);
   const int d = shape.head_dim, G = shape.group, H = shape.n_kv_heads, nq = shape.n_q_heads();
   const bool avx512 = use_avx512(shape, opt.isa);
+  const bool amx = use_amx(shape, opt.isa);
   const std::vector<Split> splits = make_splits(pages, opt.split_tokens);
   if (splits.empty()) return 0;
   if (avx512) split_query_bf16(q, size_t(nq) * d, ws.q_bf16);
@@ -224,8 +265,10 @@ size_t attend_pages_splits(const DecodeShape& shape, std::span<const PageRef> pa
                         avx512 ? ws.q_bf16.data() + size_t(nq) * d : nullptr,
                         shape.softmax_scale != 0.0f ? shape.softmax_scale : 1.0f / std::sqrt(float(d)),
                         opt.int8s_query_terms,
-                        avx512 ? detail::bf16_item_avx512 : bf16_portable,
-                        avx512 ? detail::int8s_item_avx512 : int8s_portable};
+                        amx      ? detail::bf16_item_amx
+                        : avx512 ? detail::bf16_item_avx512
+                                 : bf16_portable,
+                        avx512 ? detail::int8s_item_avx512 : int8s_portable};  // AMX: bf16 only (kernels_amx.cpp)
 
   // Per-page int8s query slots: page p's (page, KV head) g at query_slot[p] * H + g.
   std::vector<int>& query_slot = ws.query_slot;

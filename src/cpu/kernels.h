@@ -44,6 +44,13 @@ using Int8sKernel = void (*)(const Int8sItem&, int group, int d, float* scores, 
 // and d % 64 == 0, group in 1..8.
 void bf16_item_avx512(const Bf16Item&, int group, int d, float scale, float* scores, float* o, float* lse);
 void int8s_item_avx512(const Int8sItem&, int group, int d, float* scores, float* o, float* lse);
+/// The bf16 item's softmax and P.V from its scores [group][n] (scaled q.k).
+void bf16_finish_avx512(const Bf16Item&, int group, int d, float* scores, float* o, float* lse);
+
+// AMX (kernels_amx.cpp): bf16 q.k on the tile unit, then bf16_finish_avx512.
+// Call only where cpu_has_amx_kernels() (the OS has granted the tile state)
+// and d % 64 == 0, d <= 512, group in 1..8.
+void bf16_item_amx(const Bf16Item&, int group, int d, float scale, float* scores, float* o, float* lse);
 
 // Portable (kernels_portable.cpp), AVX2 code generation where the CPU has it.
 Bf16Kernel pick_bf16_portable();

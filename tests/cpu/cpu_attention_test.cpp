@@ -25,6 +25,7 @@ using cpu::Isa;
 std::vector<Isa> isas() {
   std::vector<Isa> v{Isa::portable};
   if (cpu::cpu_has_avx512_kernels()) v.push_back(Isa::avx512);
+  if (cpu::cpu_has_amx_kernels()) v.push_back(Isa::amx);
   return v;
 }
 
@@ -103,11 +104,11 @@ const auto kAllBf16 = [](int) { return false; };
 const auto kAllInt8s = [](int) { return true; };
 
 TEST(CpuAttention, Bf16MatchesFp64ReferenceAcrossShapes) {
-  // Measured on the 2-core dev VM (Xeon with AVX-512 BF16), worst over this
-  // sweep: portable 3.4e-7, AVX-512 3.8e-7 max relative error (own_format_error
-  // metric: the AVX-512 query is two bf16 terms, hi + residual); |LSE diff|
-  // 1.4e-6. Bounded at ~3x.
-  double worst[2] = {0, 0}, worst_lse = 0;
+  // Measured on the 2-core dev VM (Xeon with AVX-512 BF16 and AMX), worst
+  // over this sweep: portable 3.4e-7, AVX-512 3.8e-7, AMX 3.8e-7 max relative
+  // error (own_format_error metric: the AVX-512 and AMX query is two bf16
+  // terms, hi + residual); |LSE diff| 1.4e-6. Bounded at ~3x.
+  double worst[4] = {0, 0, 0, 0}, worst_lse = 0;
   for (const int d : {64, 128, 256}) {
     for (int G = 1; G <= 8; ++G) {
       const Case c = make_case(1000 + 37 * G, 2, G, d, 256, uint32_t(d * 10 + G));  // odd lengths, partial last page
@@ -119,14 +120,14 @@ TEST(CpuAttention, Bf16MatchesFp64ReferenceAcrossShapes) {
         opt.split_tokens = 96;  // splits that do not divide the page
         const attention::Partial k = cpu::attend_pages(c.shape, pages, c.q.data(), opt);
         const double err = attention::own_format_error(k, ref);
-        worst[isa == Isa::avx512] = std::max(worst[isa == Isa::avx512], err);
+        worst[int(isa)] = std::max(worst[int(isa)], err);
         worst_lse = std::max(worst_lse, max_lse_diff(k, ref));
         EXPECT_LE(err, 1.2e-6) << "d " << d << " group " << G << " " << cpu::isa_name(isa);
       }
     }
   }
-  std::printf("bf16 max relative error vs fp64: portable %.3g, avx512 %.3g; max |LSE diff| %.3g\n", worst[0],
-              worst[1], worst_lse);
+  std::printf("bf16 max relative error vs fp64: portable %.3g, avx512 %.3g, amx %.3g (0: not run here); max |LSE "
+              "diff| %.3g\n", worst[int(Isa::portable)], worst[int(Isa::avx512)], worst[int(Isa::amx)], worst_lse);
   EXPECT_LE(worst_lse, 4e-6);
 }
 
@@ -296,6 +297,10 @@ TEST(CpuAttention, EmptyAndBadInput) {
     opt = {};
     opt.isa = Isa::avx512;
     EXPECT_THROW(cpu::attend_pages(odd.shape, page_list(odd, kAllBf16), odd.q.data(), opt), InvalidArgument);
+    if (cpu::cpu_has_amx_kernels()) {
+      opt.isa = Isa::amx;
+      EXPECT_THROW(cpu::attend_pages(odd.shape, page_list(odd, kAllBf16), odd.q.data(), opt), InvalidArgument);
+    }
     opt.isa = Isa::automatic;  // falls back to the portable kernel
     EXPECT_LE(attention::own_format_error(cpu::attend_pages(odd.shape, page_list(odd, kAllBf16), odd.q.data(), opt),
                                           reference(odd, page_list(odd, kAllBf16))),

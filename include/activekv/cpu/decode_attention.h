@@ -30,8 +30,11 @@
 // _mm512_dpbf16_ps with the fp32 query split in two bf16 terms (hi + the
 // rounding residual, ~2^-16 relative), int8s q.k by _mm512_dpbusd_epi32 --
 // else a portable C++ kernel (fp32 q.k over the exactly widened keys; AVX2
-// codegen where the CPU has it). All softmax and P.V arithmetic in fp32. The
-// two ISAs do not give the same bits; each is repeatable.
+// codegen where the CPU has it). Where the CPU also has AMX (tiles, BF16)
+// and the OS grants the tile state, bf16 q.k runs on the tile unit instead
+// (the key rows as they lie in the page are the A operand, the same two
+// query terms the B operand; src/cpu/kernels_amx.cpp; int8s stays AVX-512). All softmax and P.V
+// arithmetic in fp32. The ISAs do not give the same bits; each is repeatable.
 #pragma once
 
 #include <cstdint>
@@ -46,15 +49,20 @@ namespace activekv::cpu {
 
 /// Which kernels run.
 enum class Isa {
-  automatic,  ///< AVX-512 (BF16, VNNI) when the CPU has it and the shape allows, else portable
+  automatic,  ///< AMX where usable, else AVX-512 (BF16, VNNI) when the CPU has it and the shape allows, else portable
   avx512,     ///< AVX-512; InvalidArgument if the CPU or the shape does not allow it
   portable,   ///< the portable C++ kernels (the fallback; also for comparisons)
+  amx,        ///< AVX-512 with bf16 q.k on AMX tiles; InvalidArgument if the CPU, the OS or the shape does not allow it
 };
 
-/// "avx512" / "portable" / "automatic".
+/// "avx512" / "portable" / "amx" / "automatic".
 const char* isa_name(Isa isa);
 /// True if this CPU has AVX-512F/BW/VL, AVX512_BF16 and AVX512_VNNI.
 bool cpu_has_avx512_kernels();
+/// True if cpu_has_avx512_kernels() and the CPU has AMX-TILE and AMX-BF16
+/// and Linux granted this process the tile state (arch_prctl
+/// ARCH_REQ_XCOMP_PERM, asked once, on the first call).
+bool cpu_has_amx_kernels();
 
 /// Shape of one layer's attention (the engine's AttnShape, CPU side).
 struct DecodeShape {
@@ -104,7 +112,7 @@ struct CpuAttentionWorkspace {
 /// head is empty: O = 0, LSE = -inf. Throws InvalidArgument for a bad shape or
 /// options, a page with neither or both pointers, n_tokens outside
 /// [0, page_size], an int8s page whose dimensions differ from the shape or
-/// that holds fewer tokens than asked, or Isa::avx512 where it cannot run.
+/// that holds fewer tokens than asked, or Isa::avx512 / Isa::amx where it cannot run.
 void attend_pages(const DecodeShape& shape, std::span<const PageRef> pages, const float* q,
                   const CpuAttentionOptions& opt, CpuAttentionWorkspace& ws, float* o, float* lse);
 

@@ -1,0 +1,151 @@
+// AMX scores for the bf16 CPU items (kernels.h): q.k on the tile unit, the
+// rest (softmax, P.V) by the AVX-512 kernel's code (bf16_finish_avx512).
+// Like kernels_avx512.cpp, the only TU compiled for AMX (the pragma below,
+// after the includes), using no C++ library templates; decode_attention.cpp
+// calls it only where cpu_has_amx_kernels().
+//
+// Why: the AVX-512 item spends ~96 dpbf16 per key row (G = 6 heads x 8
+// chunks x 2 query terms) on q.k, which keeps a core below its share of the
+// host's read bandwidth. Here the key rows of a page are the A operand as
+// they lie -- 16 tokens x 32 channels of bf16, rows d * 2 bytes apart -- and
+// the query the B operand: S^T (16 tokens x 16 heads) += K_chunk . Q_chunk^T,
+// the query in the VNNI layout the tile unit wants (for each pair of
+// channels, every head's two values side by side), built once per item. The
+// query's two bf16 terms (hi + the rounding residual, as the AVX-512 kernel)
+// accumulate into the same fp32 tile. Heads past G are zero columns.
+//
+// Two score tiles of 16 tokens each share every query tile load; a split's
+// last tokens (fewer than 32) are copied into a zeroed buffer first, so no
+// tile reads past the item's rows.
+//
+// int8s stays on the AVX-512 kernel: the same scheme with the codes
+// (tdpbssd on 64-channel rows, exact int32 dots, bitwise the dpbusd scores)
+// measured slower on the dev VM (3.07 against 2.61 ms per layer, 27B shape,
+// 8K, one thread), where the bf16 one measured 4.64-4.74 against 5.06-5.25.
+//
+// The tile configuration is loaded per item (another library may have
+// loaded its own) and the tiles are not released after: releasing per item
+// cost ~3 % there; the OpenMP workers keep the tile state (8 KiB more to
+// save on a context switch).
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "kernels.h"
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512bf16,amx-tile,amx-bf16")
+
+namespace activekv::cpu::detail {
+namespace {
+
+constexpr int kTileRows = 16;      // tokens per score tile, channel pairs per query tile
+constexpr int kTileBytes = 64;     // bytes per tile row: 16 fp32, 32 bf16
+constexpr int kMaxChunks = 16;     // head_dim <= 512 (32 channels a chunk)
+constexpr int kBlockTokens = 32;   // two score tiles
+
+/// The tile configuration (palette 1): tiles 0..5, 16 rows of 64 bytes each.
+///   0, 1: scores of tokens t0.. t0+15, t0+16.. t0+31 (fp32, column = head)
+///   2, 3: those tokens' key chunk (32 bf16 channels)
+///   4, 5: the query chunk's hi and lo terms (VNNI: row = channel pair)
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+TileConfig make_config() {
+  TileConfig c;
+  for (int t = 0; t < 6; ++t) {
+    c.colsb[t] = kTileBytes;
+    c.rows[t] = kTileRows;
+  }
+  return c;
+}
+
+/// Per thread: the query tiles [term][chunk] and the zero-padded tail rows.
+struct Scratch {
+  alignas(64) uint16_t q[2][kMaxChunks][kTileRows * 32];
+  alignas(64) uint16_t tail[kBlockTokens * 32 * kMaxChunks];
+  alignas(64) float s[kBlockTokens * 16];
+};
+thread_local Scratch g_scratch;
+
+/// VNNI layout of one query term: tile row r of chunk c holds, for head h,
+/// channels 32c + 2r and 32c + 2r + 1 at uint16 offsets 2h and 2h + 1.
+void pack_query(const uint16_t* q, int group, int d, uint16_t (*out)[kTileRows * 32]) {
+  const int nc = d / 32;
+  for (int c = 0; c < nc; ++c) {
+    std::memset(out[c], 0, sizeof(out[c]));
+    for (int h = 0; h < group; ++h)
+      for (int r = 0; r < kTileRows; ++r) {
+        out[c][r * 32 + 2 * h] = q[size_t(h) * d + 32 * c + 2 * r];
+        out[c][r * 32 + 2 * h + 1] = q[size_t(h) * d + 32 * c + 2 * r + 1];
+      }
+  }
+}
+
+/// Scores of 32 key rows at k (row stride d bf16) into sc.s [32][16].
+void block_scores(const uint16_t* k, int d, Scratch& sc) {
+  const int nc = d / 32;
+  const int stride = 2 * d;
+  _tile_zero(0);
+  _tile_zero(1);
+  for (int c = 0; c < nc; ++c) {
+    _tile_loadd(2, k + 32 * c, stride);
+    _tile_loadd(3, k + size_t(kTileRows) * d + 32 * c, stride);
+    _tile_loadd(4, sc.q[0][c], kTileBytes);
+    _tile_dpbf16ps(0, 2, 4);
+    _tile_dpbf16ps(1, 3, 4);
+    _tile_loadd(5, sc.q[1][c], kTileBytes);
+    _tile_dpbf16ps(0, 2, 5);
+    _tile_dpbf16ps(1, 3, 5);
+  }
+  _tile_stored(0, sc.s, kTileBytes);
+  _tile_stored(1, sc.s + kTileRows * 16, kTileBytes);
+}
+
+// Key rows this far ahead of the block being scored are prefetched.
+constexpr int kPrefetchBlocks = 2;
+
+void bf16_scores_amx(const Bf16Item& it, int group, int d, float scale, float* scores) {
+  static const TileConfig cfg = make_config();
+  _tile_loadconfig(&cfg);
+  Scratch& sc = g_scratch;
+  pack_query(it.q_hi, group, d, sc.q[0]);
+  pack_query(it.q_lo, group, d, sc.q[1]);
+  const int n = it.n;
+  for (int t0 = 0; t0 < n; t0 += kBlockTokens) {
+    const int nt = n - t0 < kBlockTokens ? n - t0 : kBlockTokens;
+    const uint16_t* k = it.k + size_t(t0) * d;
+    if (nt < kBlockTokens) {  // the tail: zero rows past the item
+      std::memcpy(sc.tail, k, size_t(nt) * d * 2);
+      std::memset(sc.tail + size_t(nt) * d, 0, size_t(kBlockTokens - nt) * d * 2);
+      k = sc.tail;
+    } else {
+      const int ahead = t0 + kPrefetchBlocks * kBlockTokens;
+      const int n_ahead = n - ahead < kBlockTokens ? n - ahead : kBlockTokens;
+      if (n_ahead > 0) {
+        const char* p = reinterpret_cast<const char*>(it.k + size_t(ahead) * d);
+        for (int b = 0; b < n_ahead * d * 2; b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
+      }
+    }
+    block_scores(k, d, sc);
+    for (int i = 0; i < nt; ++i)
+      for (int h = 0; h < group; ++h) scores[size_t(h) * n + t0 + i] = sc.s[i * 16 + h] * scale;
+  }
+}
+
+}  // namespace
+
+void bf16_item_amx(const Bf16Item& it, int group, int d, float scale, float* scores, float* o, float* lse) {
+  bf16_scores_amx(it, group, d, scale, scores);
+  bf16_finish_avx512(it, group, d, scores, o, lse);
+}
+
+}  // namespace activekv::cpu::detail
+
+#pragma GCC pop_options
