@@ -189,6 +189,7 @@ std::string json_report(const BenchRun& run) {
       {"bench", "model"},
       {"command", command_line()},
       {"commit", git_commit()},
+      {"environment", activekv_environment()},
       {"device", d.name},
       {"depth_fill", d.depth_fill},
       {"cuda_graphs", d.cuda_graphs},

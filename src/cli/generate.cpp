@@ -137,6 +137,7 @@ nlohmann::json report_json(const GenerationReport& r) {
   auto or_null = [](double v) { return v < 0 ? nlohmann::json(nullptr) : nlohmann::json(v); };
   return {{"command", command_line()},
           {"commit", git_commit()},
+          {"environment", activekv_environment()},
           {"model", r.model_path},
           {"model_name", r.model_name},
           {"layers", r.layers},

@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <memory>
+#include <unistd.h>  // environ
 
 namespace activekv::cli {
 namespace {
@@ -44,6 +45,16 @@ void set_command_line(int argc, char** argv) {
 }
 
 const std::string& command_line() { return g_command; }
+
+std::map<std::string, std::string> activekv_environment() {
+  std::map<std::string, std::string> env;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    const std::string kv(*e);
+    const size_t eq = kv.find('=');
+    if (kv.rfind("ACTIVEKV_", 0) == 0 && eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  return env;
+}
 
 std::string git_commit() {
   // A copied tree (the GPU machine) may carry a stale .git: the caller names the commit.

@@ -2,6 +2,7 @@
 // every JSON result the CLI writes.
 #pragma once
 
+#include <map>
 #include <string>
 
 namespace activekv::cli {
@@ -13,5 +14,10 @@ const std::string& command_line();
 /// `git rev-parse HEAD` of the source tree, with "-dirty" if it has
 /// uncommitted changes; "unknown" outside a git checkout.
 std::string git_commit();
+/// The ACTIVEKV_* variables of this process's environment (name -> value):
+/// the A/B switches (ACTIVEKV_PDL, ACTIVEKV_LOOKAHEAD, ACTIVEKV_WEIGHT_LAYOUT,
+/// ACTIVEKV_SPLIT_DEPTH, ...) change what runs without showing in the
+/// command line, so a result records them beside it.
+std::map<std::string, std::string> activekv_environment();
 
 }  // namespace activekv::cli

@@ -44,7 +44,7 @@ tiny_model() {
 check_bench() {
   local json="$TMP/bench.json" model
   model=$(tiny_model)
-  if ! "$AKV" bench -m "$model" $1 --kv-placement "$2" -p 16 -n 4 -d 0,64 -r 2 -ctk bf16,hybrid --page-size 16 \
+  if ! ACTIVEKV_PROVENANCE_CHECK=on "$AKV" bench -m "$model" $1 --kv-placement "$2" -p 16 -n 4 -d 0,64 -r 2 -ctk bf16,hybrid --page-size 16 \
       -o json > "$json" 2> "$TMP/bench.log"; then
     fail "bench $1 --kv-placement $2 failed: $(tail -n 3 "$TMP/bench.log")"
     return
@@ -58,6 +58,7 @@ m = j["model"]
 close = lambda a, b: abs(a - b) <= 1e-6 * abs(b)
 assert (j["bandwidth"]["probes"] is not None) == cpu, j["bandwidth"]
 assert j["commit"] and "bench" in j["command"] and j["depth_fill"] == "prefill", j
+assert j["environment"].get("ACTIVEKV_PROVENANCE_CHECK") == "on", j["environment"]  # the A/B switches are recorded
 assert j["model"]["n_layers"] == 2 and j["model"]["shape_27b"] is False
 rows = {(r["test"], r["kv_format"], r["kv_placement"]): r for r in j["rows"]}
 want = {(t, f, p) for t in ("tg4", "pp16", "tg4 @ d64", "pp16 @ d64") for f in ("bf16", "hybrid") for p in placements}
