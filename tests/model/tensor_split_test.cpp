@@ -1,0 +1,177 @@
+// The tensor-parallel split plan (activekv/model/tensor_split.h) on
+// hand-made tensor lists: the 27B attention shape of SPEC §1 over 2 and 3
+// GPUs, and the refusals.
+#include "activekv/model/tensor_split.h"
+
+#include <gtest/gtest.h>
+
+#include <deque>
+#include <string>
+
+#include "activekv/core/error.h"
+
+namespace activekv::model {
+namespace {
+
+using gguf::TensorType;
+
+/// A model's tensors without a file: dims and bytes only.
+struct FakeModel {
+  ModelConfig c;
+  std::deque<gguf::TensorInfo> store;  // stable addresses
+  ModelTensors t;
+
+  const gguf::TensorInfo* add(const std::string& name, TensorType type, uint64_t cols, uint64_t rows = 0) {
+    gguf::TensorInfo i;
+    i.name = name;
+    i.type = type;
+    i.dims = rows ? std::vector<uint64_t>{cols, rows} : std::vector<uint64_t>{cols};
+    i.n_elements = cols * (rows ? rows : 1);
+    i.n_bytes = gguf::row_bytes(type, cols) * (rows ? rows : 1);
+    store.push_back(i);
+    return &store.back();
+  }
+
+  FakeModel(int layers, int d_model, int n_heads, int n_kv, int head_dim, int ffn, int vocab, TensorType wtype,
+            TensorType wo_type, TensorType down_type) {
+    c.arch = "llama";
+    c.n_layers = layers;
+    c.d_model = d_model;
+    c.n_heads = n_heads;
+    c.n_kv_heads = n_kv;
+    c.head_dim = head_dim;
+    c.ffn_dim = ffn;
+    c.vocab_size = vocab;
+    const uint64_t qd = uint64_t(n_heads) * head_dim, kvd = uint64_t(n_kv) * head_dim;
+    t.token_embd = add("token_embd.weight", wtype, d_model, vocab);
+    t.output_norm = add("output_norm.weight", TensorType::F32, d_model);
+    t.output = add("output.weight", wtype, d_model, vocab);
+    for (int l = 0; l < layers; ++l) {
+      const std::string b = "blk." + std::to_string(l) + ".";
+      LayerTensors L;
+      L.attn_norm = add(b + "attn_norm.weight", TensorType::F32, d_model);
+      L.wq = add(b + "attn_q.weight", wtype, d_model, qd);
+      L.wk = add(b + "attn_k.weight", wtype, d_model, kvd);
+      L.wv = add(b + "attn_v.weight", wtype, d_model, kvd);
+      L.wo = add(b + "attn_output.weight", wo_type, qd, d_model);
+      L.ffn_norm = add(b + "ffn_norm.weight", TensorType::F32, d_model);
+      L.w_gate = add(b + "ffn_gate.weight", wtype, d_model, ffn);
+      L.w_up = add(b + "ffn_up.weight", wtype, d_model, ffn);
+      L.w_down = add(b + "ffn_down.weight", down_type, ffn, d_model);
+      t.layers.push_back(L);
+    }
+  }
+};
+
+FakeModel shape_27b(int layers = 2) {
+  return FakeModel(layers, 5120, 24, 4, 256, 17408, 32000, TensorType::Q4_0, TensorType::Q4_0, TensorType::Q4_0);
+}
+
+std::string refusal(const FakeModel& m, int n) {
+  try {
+    plan_tensor_split(m.c, m.t, n);
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(TensorSplit, TwoGpusOnThe27BShape) {
+  const FakeModel m = shape_27b();
+  const TensorSplitPlan p = plan_tensor_split(m.c, m.t, 2);
+  ASSERT_EQ(p.shards.size(), 2u);
+  EXPECT_EQ(p.group, 6);
+  EXPECT_EQ(p.ffn_block, 32);
+  const LayerTensors& L = m.t.layers[1];
+  for (int d = 0; d < 2; ++d) {
+    const ShardSplit& s = p.shards[size_t(d)];
+    EXPECT_EQ(s.kv_heads, (kv::HeadRange{2 * d, 2}));
+    EXPECT_EQ(s.q_head0, 12 * d);
+    EXPECT_EQ(s.q_heads, 12);
+    EXPECT_EQ(s.ffn0, 8704 * d);
+    EXPECT_EQ(s.ffn_rows, 8704);  // 272 blocks of 32
+    EXPECT_EQ(s.vocab0, 16000 * d);
+    EXPECT_EQ(s.vocab_rows, 16000);
+    const TensorSlice q = p.slice(d, L.wq), k = p.slice(d, L.wk), o = p.slice(d, L.wo), down = p.slice(d, L.w_down);
+    EXPECT_EQ(q.cut, TensorSlice::Cut::rows);
+    EXPECT_EQ(q.begin, 3072 * d);
+    EXPECT_EQ(q.count, 3072);
+    EXPECT_EQ(k.begin, 512 * d);
+    EXPECT_EQ(k.count, 512);
+    EXPECT_EQ(o.cut, TensorSlice::Cut::cols);
+    EXPECT_EQ(o.begin, 3072 * d);
+    EXPECT_EQ(o.bytes, L.wo->n_bytes / 2);
+    EXPECT_EQ(down.cut, TensorSlice::Cut::cols);
+    EXPECT_EQ(down.bytes, L.w_down->n_bytes / 2);
+    EXPECT_EQ(p.slice(d, L.attn_norm).cut, TensorSlice::Cut::whole);
+    EXPECT_EQ(p.slice(d, m.t.token_embd).bytes, m.t.token_embd->n_bytes);  // the lookup needs every row
+    EXPECT_EQ(p.slice(d, m.t.output).count, 16000);
+  }
+  // Every shard holds half of each cut tensor and all of the replicated ones.
+  uint64_t total = 0, replicated = m.t.token_embd->n_bytes + m.t.output_norm->n_bytes;
+  for (const gguf::TensorInfo& i : m.store) total += i.n_bytes;
+  for (const LayerTensors& l : m.t.layers) replicated += l.attn_norm->n_bytes + l.ffn_norm->n_bytes;
+  EXPECT_EQ(p.shards[0].weight_bytes + p.shards[1].weight_bytes, total + replicated);
+}
+
+TEST(TensorSplit, ThreeGpusSplitHeadsAndTheFfnUnevenlyInWholeBlocks) {
+  const FakeModel m = shape_27b();
+  const TensorSplitPlan p = plan_tensor_split(m.c, m.t, 3);
+  const int kv[3] = {2, 1, 1};
+  const int64_t ffn[3] = {5824, 5792, 5792};  // 544 blocks of 32: 182, 181, 181
+  int64_t ffn0 = 0, q0 = 0;
+  for (int d = 0; d < 3; ++d) {
+    const ShardSplit& s = p.shards[size_t(d)];
+    EXPECT_EQ(s.kv_heads.heads, kv[d]);
+    EXPECT_EQ(s.q_head0, q0);
+    EXPECT_EQ(s.ffn_rows, ffn[d]);
+    EXPECT_EQ(s.ffn0, ffn0);
+    EXPECT_EQ(s.ffn_rows % 32, 0);
+    const TensorSlice o = p.slice(d, m.t.layers[0].wo);
+    EXPECT_EQ(o.begin, q0 * 256);
+    EXPECT_EQ(o.count, int64_t(kv[d]) * 6 * 256);
+    ffn0 += ffn[d];
+    q0 += kv[d] * 6;
+  }
+  EXPECT_EQ(ffn0, 17408);
+  EXPECT_EQ(p.shards[0].vocab_rows + p.shards[1].vocab_rows + p.shards[2].vocab_rows, 32000);
+}
+
+// A K-quant ffn_down splits the FFN in its 256-value blocks.
+TEST(TensorSplit, TheFfnSplitsInTheLargestDownBlock) {
+  FakeModel m(2, 512, 8, 4, 64, 2816, 1000, TensorType::Q4_K, TensorType::Q4_K, TensorType::Q6_K);
+  const TensorSplitPlan p = plan_tensor_split(m.c, m.t, 2);
+  EXPECT_EQ(p.ffn_block, 256);
+  EXPECT_EQ(p.shards[0].ffn_rows, 1536);  // 11 blocks: 6 + 5
+  EXPECT_EQ(p.shards[1].ffn_rows, 1280);
+}
+
+TEST(TensorSplit, RefusesWhatCannotSplit) {
+  EXPECT_EQ(refusal(shape_27b(), 5), "tensor parallel: 5 GPUs for 4 KV heads (at most one GPU per KV head)");
+  EXPECT_EQ(refusal(shape_27b(), 0), "tensor parallel: 0 GPUs");
+  // 6 query heads of 64 channels per shard: column 384 is inside a Q4_K block of attn_output.
+  const FakeModel k(2, 768, 12, 4, 64, 1024, 1000, TensorType::Q4_K, TensorType::Q4_K, TensorType::Q4_K);
+  EXPECT_EQ(refusal(k, 2), "tensor parallel over 2 GPUs: blk.0.attn_output.weight (Q4_K, blocks of 256 values) "
+                           "would be cut at column 384 (query head 6 of 64 channels)");
+  // An FFN of one Q4_K block cannot go to two GPUs.
+  const FakeModel f(1, 512, 8, 4, 64, 256, 1000, TensorType::Q4_0, TensorType::Q4_0, TensorType::Q4_K);
+  EXPECT_EQ(refusal(f, 2), "tensor parallel over 2 GPUs: the FFN's 256 rows are not 2 or more whole blocks of 256 "
+                           "values (ffn_down's type)");
+}
+
+TEST(TensorSplit, SliceChecksItsArguments) {
+  const FakeModel m = shape_27b();
+  const FakeModel other = shape_27b();
+  const TensorSplitPlan p = plan_tensor_split(m.c, m.t, 2);
+  EXPECT_THROW(p.slice(2, m.t.output), InvalidArgument);
+  EXPECT_THROW(p.slice(-1, m.t.output), InvalidArgument);
+  EXPECT_THROW(p.slice(0, other.t.output), InvalidArgument);
+  // One GPU: every tensor whole or cut to all of it.
+  const TensorSplitPlan one = plan_tensor_split(m.c, m.t, 1);
+  uint64_t total = 0;
+  for (const gguf::TensorInfo& i : m.store) total += i.n_bytes;
+  EXPECT_EQ(one.shards[0].weight_bytes, total);
+}
+
+}  // namespace
+}  // namespace activekv::model
