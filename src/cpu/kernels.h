@@ -10,7 +10,7 @@ namespace activekv::cpu::detail {
 
 /// bf16 item. k, v: [n][d] rows of the K and V planes (raw bf16 bits).
 /// q: [group][d] fp32; q_hi, q_lo: [group][d] its two bf16 terms (q_hi =
-/// bf16(q), q_lo = bf16(q - q_hi)), read by the AVX-512 kernel only.
+/// bf16(q), q_lo = bf16(q - q_hi)), read by the AVX-512 and AMX kernels only.
 struct Bf16Item {
   const uint16_t* k = nullptr;
   const uint16_t* v = nullptr;

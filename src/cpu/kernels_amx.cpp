@@ -66,13 +66,27 @@ TileConfig make_config() {
   return c;
 }
 
-/// Per thread: the query tiles [term][chunk] and the zero-padded tail rows.
+/// Per thread: the query tiles [term][chunk] and the zero-padded tail rows
+/// (66 KiB: on the heap, at a thread's first item -- as static TLS it came
+/// out of every thread's stack, AMX or not).
 struct Scratch {
   alignas(64) uint16_t q[2][kMaxChunks][kTileRows * 32];
   alignas(64) uint16_t tail[kBlockTokens * 32 * kMaxChunks];
   alignas(64) float s[kBlockTokens * 16];
 };
-thread_local Scratch g_scratch;
+Scratch& scratch() {
+  thread_local Scratch* s = nullptr;
+  thread_local struct Free {
+    Scratch*& p;
+    ~Free() { delete p; }
+  } free_at_exit{s};
+  if (s == nullptr) s = new Scratch;
+  return *s;
+}
+
+/// GCC's tile loads are asm without a memory clobber: this orders the
+/// stores into the scratch (packing, the tail copy) before them.
+inline void scratch_written() { asm volatile("" ::: "memory"); }
 
 /// VNNI layout of one query term: tile row r of chunk c holds, for head h,
 /// channels 32c + 2r and 32c + 2r + 1 at uint16 offsets 2h and 2h + 1.
@@ -114,9 +128,10 @@ constexpr int kPrefetchBlocks = 2;
 void bf16_scores_amx(const Bf16Item& it, int group, int d, float scale, float* scores) {
   static const TileConfig cfg = make_config();
   _tile_loadconfig(&cfg);
-  Scratch& sc = g_scratch;
+  Scratch& sc = scratch();
   pack_query(it.q_hi, group, d, sc.q[0]);
   pack_query(it.q_lo, group, d, sc.q[1]);
+  scratch_written();
   const int n = it.n;
   for (int t0 = 0; t0 < n; t0 += kBlockTokens) {
     const int nt = n - t0 < kBlockTokens ? n - t0 : kBlockTokens;
@@ -125,6 +140,7 @@ void bf16_scores_amx(const Bf16Item& it, int group, int d, float scale, float* s
       std::memcpy(sc.tail, k, size_t(nt) * d * 2);
       std::memset(sc.tail + size_t(nt) * d, 0, size_t(kBlockTokens - nt) * d * 2);
       k = sc.tail;
+      scratch_written();
     } else {
       const int ahead = t0 + kPrefetchBlocks * kBlockTokens;
       const int n_ahead = n - ahead < kBlockTokens ? n - ahead : kBlockTokens;

@@ -61,7 +61,10 @@ const char* isa_name(Isa isa);
 bool cpu_has_avx512_kernels();
 /// True if cpu_has_avx512_kernels() and the CPU has AMX-TILE and AMX-BF16
 /// and Linux granted this process the tile state (arch_prctl
-/// ARCH_REQ_XCOMP_PERM, asked once, on the first call).
+/// ARCH_REQ_XCOMP_PERM, asked once, on the first call). Asking has a
+/// process-wide effect: Linux then wants larger signal stacks (a later
+/// sigaltstack of the old minimum size fails); where one too small is
+/// already set the request fails and the AVX-512 kernels run.
 bool cpu_has_amx_kernels();
 
 /// Shape of one layer's attention (the engine's AttnShape, CPU side).
