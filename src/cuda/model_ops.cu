@@ -241,7 +241,6 @@ void rms_norm(const float* x, const float* weight, int T, int n, float eps, floa
   } else {
     launch_rms_norm<false, false>(x, weight, T, n, eps, out, nullptr, nullptr, stream);
   }
-  check_launch("rms_norm kernel launch");
 }
 
 bool rms_norm_quantize(const float* x, const float* weight, int T, int n, float eps, float* out, void* workspace,
@@ -251,7 +250,6 @@ bool rms_norm_quantize(const float* x, const float* weight, int T, int n, float 
   const qdot::XQuant xq = qx::xquant_of(workspace, n, T);
   launch_rms_norm<true, true>(x, weight, T, n, eps, out, const_cast<int8_t*>(xq.qx), const_cast<float2*>(xq.ds),
                               stream);
-  check_launch("rms_norm (quantising) kernel launch");
   return true;
 }
 

@@ -4,8 +4,8 @@
 // start -- and the host half, pdl::launch, a <<<>>> with the attribute.
 //
 // The contract of a kernel launched through pdl::launch: no thread reads
-// memory an earlier kernel of the stream wrote, or writes any memory, before
-// it has passed pdl::begin(), and at least one CTA calls it (CTAs with no
+// global memory an earlier kernel of the stream wrote, or writes any global
+// memory, before it has passed pdl::begin(), and at least one CTA calls it (CTAs with no
 // work may leave earlier: the grid is not complete while any CTA waits, so a
 // kernel after it still sees everything before it). Reads of memory no
 // kernel writes while the stream runs (weights) may come first.
@@ -33,7 +33,8 @@ __device__ __forceinline__ void begin() {
 
 /// kernel<<<grid, block, smem, stream>>>(args...), with the programmatic
 /// stream serialisation attribute when programmatic_launch() is on. Throws
-/// CudaError naming `what` if the launch fails.
+/// CudaError naming `what` if the launch fails (the error is also taken off
+/// cudaGetLastError, as the <<<>>> + check it replaces did).
 template <class... Params, class... Args>
 void launch(const char* what, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
             Args&&... args) {
@@ -47,7 +48,9 @@ void launch(const char* what, void (*kernel)(Params...), dim3 grid, dim3 block, 
   cfg.stream = stream;
   cfg.attrs = attr;
   cfg.numAttrs = programmatic_launch() ? 1 : 0;
-  check_cuda(static_cast<int>(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...)), what);
+  const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+  if (err != cudaSuccess) (void)cudaGetLastError();
+  check_cuda(static_cast<int>(err), what);
 }
 
 }  // namespace activekv::cuda::pdl

@@ -227,10 +227,11 @@ TEST(SplitShape, TallFourBitMatricesTakeOneRowPerWarpAtDepthTwo) {
   EXPECT_EQ(shape(17408, 17408, 1, kQ4_0), std::make_pair(2, 1));  // tall but wide
   EXPECT_EQ(shape(17408, 5120, 1, kQ8_0), std::make_pair(1, 1));  // 8-bit: lost there
   EXPECT_EQ(shape(17408, 5120, 8, kQ4_0), std::make_pair(4, 1));  // several vectors: as before
+  const int before = mvhost::split_depth();
   mvhost::set_split_depth(2);  // forced: every one-vector launch, rows by the chunked rule
   const auto forced_small = shape(6144, 5120, 1, kQ4_0), forced_tall = shape(17408, 5120, 1, kQ4_0),
              forced_batch = shape(17408, 5120, 8, kQ4_0);
-  mvhost::set_split_depth(0);
+  mvhost::set_split_depth(before);  // nothing between can fail
   EXPECT_EQ(forced_small, std::make_pair(2, 2));
   EXPECT_EQ(forced_tall, std::make_pair(2, 2));
   EXPECT_EQ(forced_batch, std::make_pair(4, 1));

@@ -9,9 +9,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <memory>
 #include <string>
 #include <tuple>
 
@@ -503,22 +505,44 @@ TEST(GpuRuntime, LookaheadOnAndOffGiveTheSameBits) {
 // while the one before it drains; each waits (griddepcontrol.wait) before it
 // touches anything earlier kernels wrote. A missing wait would read stale
 // activations: tokens and every step's logits must be bitwise those of
-// serialised launches, graphed and eager, resident and streamed, with the
-// int8s kernels (launched plainly) between the PDL ones. (A race need not
-// show in one run; this is the check a test can make.)
+// serialised launches, graphed (gpu placement) and eager, resident and
+// streamed, with the int8s kernels (launched plainly) between the PDL ones,
+// and in the GGUF weight layout, whose Q4_1 matrices go to the chunked
+// matvec (its cp.async prologue before the wait) instead of the split one.
+// (A race need not show in one run; this is the check a test can make.)
+struct ProgrammaticLaunchScope {
+  bool before = cuda::programmatic_launch();
+  explicit ProgrammaticLaunchScope(bool on) { cuda::set_programmatic_launch(on); }
+  ~ProgrammaticLaunchScope() { cuda::set_programmatic_launch(before); }
+};
+
 TEST(GpuRuntime, ProgrammaticLaunchOnAndOffGiveTheSameBits) {
   NEED_GPU();
+  {
+    const ProgrammaticLaunchScope probe(true);
+    if (!cuda::programmatic_launch()) GTEST_SKIP() << "no programmatic dependent launch in this build or driver";
+  }
   const std::vector<int32_t> ids = golden_ids();
   struct Config {
     const char* route;
     route::KvPlacement placement;
     bool graphs;
+    bool gguf_layout = false;
   };
   auto run = [&](const Config& c, bool pdl) {
-    cuda::set_programmatic_launch(pdl);
+    const ProgrammaticLaunchScope scope(pdl);
+    if (c.gguf_layout) setenv("ACTIVEKV_WEIGHT_LAYOUT", "gguf", 1);
     runtime::RuntimeOptions o = options(400, c.route, c.placement);
     o.cuda_graphs = c.graphs;
-    runtime::GpuRuntime rt(testing::model_file(), testing::shared_model().config(), o);
+    std::unique_ptr<runtime::GpuRuntime> rt_owner;
+    try {
+      rt_owner = std::make_unique<runtime::GpuRuntime>(testing::model_file(), testing::shared_model().config(), o);
+    } catch (...) {
+      unsetenv("ACTIVEKV_WEIGHT_LAYOUT");
+      throw;
+    }
+    unsetenv("ACTIVEKV_WEIGHT_LAYOUT");  // read when the weights load
+    runtime::GpuRuntime& rt = *rt_owner;
     std::vector<int32_t> tokens{rt.prefill(std::span(ids).first(100))};
     std::vector<std::vector<float>> logits;
     for (int i = 0; i < 30; ++i) {  // crosses page 1 -> 2 (pages of 64)
@@ -527,12 +551,12 @@ TEST(GpuRuntime, ProgrammaticLaunchOnAndOffGiveTheSameBits) {
     }
     return std::make_pair(tokens, logits);
   };
-  const bool was = cuda::programmatic_launch();
   for (const Config& c : {Config{"exact", route::KvPlacement::gpu, true}, Config{"exact", route::KvPlacement::gpu, false},
-                          Config{"exact", route::KvPlacement::host, true}, Config{"int8s", route::KvPlacement::gpu, true},
-                          Config{"int8s", route::KvPlacement::host, false}}) {
+                          Config{"exact", route::KvPlacement::host, false}, Config{"int8s", route::KvPlacement::gpu, true},
+                          Config{"int8s", route::KvPlacement::host, false},
+                          Config{"exact", route::KvPlacement::gpu, true, true}}) {
     SCOPED_TRACE(std::string(c.route) + (c.placement == route::KvPlacement::gpu ? " gpu" : " host") +
-                 (c.graphs ? " graphs" : " eager"));
+                 (c.graphs ? " graphs" : " eager") + (c.gguf_layout ? ", GGUF layout" : ""));
     const auto off = run(c, false), on = run(c, true);
     EXPECT_EQ(off.first, on.first);
     ASSERT_EQ(off.second.size(), on.second.size());
@@ -540,7 +564,6 @@ TEST(GpuRuntime, ProgrammaticLaunchOnAndOffGiveTheSameBits) {
       ASSERT_EQ(0, std::memcmp(off.second[i].data(), on.second[i].data(), off.second[i].size() * sizeof(float)))
           << "step " << i;
   }
-  cuda::set_programmatic_launch(was);
 }
 
 // A second prompt after decode steps (a chat's next turn; `activekv bench`'s

@@ -17,8 +17,11 @@ namespace activekv::cuda {
 /// streaming. Results are bitwise the same on or off (the arithmetic and
 /// its order do not change: tests/cuda/test_runtime.cpp holds it).
 /// On by default; the process starts with it off if the environment has
-/// ACTIVEKV_PDL=0. Process-wide: set it before launching, not while other
-/// threads launch (as set_block_matvec_kernel).
+/// ACTIVEKV_PDL=0 (or off/false/no). programmatic_launch() is false, whatever
+/// was set, where it cannot run: a build for an architecture below sm_90
+/// (whose kernels would not wait), or a CUDA runtime or driver older than
+/// 12.3. Process-wide: set it before launching, not while other threads
+/// launch (as set_block_matvec_kernel).
 void set_programmatic_launch(bool on);
 bool programmatic_launch();
 
