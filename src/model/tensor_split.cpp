@@ -67,6 +67,17 @@ void check_output_columns(const ModelConfig& c, const ModelTensors& m, const Sha
 
 }  // namespace
 
+TensorSlice::Runs TensorSlice::runs(const gguf::TensorInfo& t) const {
+  const uint64_t row = gguf::row_bytes(t.type, t.dims[0]);
+  switch (cut) {
+    case Cut::whole: return {0, t.n_bytes, t.n_bytes, 1};
+    case Cut::rows: return {uint64_t(begin) * row, uint64_t(count) * row, uint64_t(count) * row, 1};
+    case Cut::cols: break;
+  }
+  const uint64_t per_block = gguf::block_bytes(t.type), elems = gguf::block_elements(t.type);
+  return {uint64_t(begin) / elems * per_block, uint64_t(count) / elems * per_block, row, rows_of(t)};
+}
+
 TensorSlice TensorSplitPlan::slice(int d, const gguf::TensorInfo* t) const {
   if (d < 0 || d >= n_shards)
     throw InvalidArgument(fmt::format("tensor split: shard {} of {}", d, n_shards));

@@ -37,6 +37,16 @@ struct TensorSlice {
   int64_t begin = 0;   ///< first row (rows) or column (cols); 0 for whole
   int64_t count = 0;   ///< rows or columns held; all rows for whole
   uint64_t bytes = 0;  ///< bytes of the tensor this shard holds
+
+  /// Where those bytes lie in the tensor's data: `count` runs of
+  /// `run_bytes`, `stride` apart, the first at `offset` -- one run for whole
+  /// and rows, one per row for cols (the row's blocks of the held columns,
+  /// which the plan keeps on block boundaries). What a sliced upload copies.
+  struct Runs {
+    uint64_t offset = 0, run_bytes = 0, stride = 0;
+    int64_t count = 0;
+  };
+  Runs runs(const gguf::TensorInfo& t) const;
 };
 
 /// One shard's share of the model.
