@@ -233,11 +233,11 @@ TEST(TensorSplit, TheSlicesOfARealModelRebuildItsProducts) {
       worst = std::max(worst, std::fabs(double(rebuilt[i]) - whole[i]));
       scale = std::max(scale, double(std::fabs(whole[i])));
     }
-    // Row cuts: the same rows, the same sums. Column cuts: three partial
-    // sums (rounded to float each) against one: measured <= 2e-7 of the
-    // largest |y| here; bound 1e-6.
+    // Row cuts: the same rows, the same sums (measured 0). Column cuts:
+    // three partial sums, each rounded to float, against one: measured at
+    // most 8.7e-8 of the largest |y| (ffn_down; attn_output 2.2e-8). Bound ~3x.
     std::printf("[measured] %s: max |rebuilt - whole| %.3g of max |y| %.3g\n", w->name.c_str(), worst, scale);
-    EXPECT_LE(worst, 1e-6 * scale) << worst << " of " << scale;
+    EXPECT_LE(worst, 2.6e-7 * scale) << worst << " of " << scale;
   }
 }
 
