@@ -240,7 +240,8 @@ Profile calibrate(const CalibrateOptions& opt) {
   calibrate_formats(pr, host.p, pages.as<std::byte>(), q.as<float>(), parts, work.as<SplitWork>(), time_ms,
                     opt.reps, opt.int8s, st);
   if (file.is_open()) {
-    nlohmann::json j = {{"commit", opt.provenance.commit}, {"command", opt.provenance.command}};
+    nlohmann::json j = {{"commit", opt.provenance.commit}, {"command", opt.provenance.command},
+                        {"environment", opt.provenance.environment}};
     j.update(pr.to_json());
     file << j.dump(2) << "\n";
     if (!file.flush()) throw Error("calibrate: writing " + opt.out_path + " failed");

@@ -226,6 +226,7 @@ void write_json(std::ofstream& f, const BenchDecodeOptions& opt, const std::map<
       {"device", pr.device},
       {"commit", opt.provenance.commit},
       {"command", opt.provenance.command},
+      {"environment", opt.provenance.environment},
       {"shape", {{"n_layers", opt.n_layers}, {"n_kv_heads", sh.n_kv_heads}, {"n_q_heads", sh.n_q_heads()},
                  {"head_dim", sh.head_dim}, {"page_size", sh.page_size}, {"split_tokens", sh.split_tokens},
                  {"tile_pages", opt.tile_pages}, {"ring_slots", opt.ring_slots},

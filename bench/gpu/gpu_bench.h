@@ -18,6 +18,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -57,6 +58,7 @@ struct Profile {
 struct Provenance {
   std::string commit;   ///< full git commit of the source tree
   std::string command;  ///< the command line
+  std::map<std::string, std::string> environment;  ///< the ACTIVEKV_* switches set (cli::activekv_environment)
 };
 
 struct CalibrateOptions {

@@ -68,6 +68,7 @@ void add_bench_decode(CLI::App& app, std::function<int()>& run) {
     if (!o->tc_configs.empty()) o->int8s.tc = o->tc_configs.front();
     if (o->provenance.commit.empty()) o->provenance.commit = git_commit();
     o->provenance.command = command_line();
+    o->provenance.environment = activekv_environment();
     return gpu_bench::run_bench_decode(*o);
   };
 }

@@ -15,7 +15,7 @@ void add_calibrate(CLI::App& app, std::function<int()>& run) {
       ->capture_default_str()->check(CLI::IsMember({"tc", "legacy", "auto"}));
   run = [o, kernel_name] {
     o->int8s.kernel = cuda::parse_int8s_kernel(*kernel_name);
-    o->provenance = {git_commit(), command_line()};
+    o->provenance = {git_commit(), command_line(), activekv_environment()};
     gpu_bench::calibrate(*o);
     return 0;
   };
