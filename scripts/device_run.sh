@@ -27,7 +27,8 @@
 #           GPU, on every GPU (2+), and as two shards on GPU 0, 32K and 128K
 #   cpu     (build) + CPU decode attention on this host: its tests, then
 #           bench_cpu_attention (27B shape, 8K/32K x 16 layers, threads 1..all)
-#           against the host's read bandwidth -> cpu_attention.json
+#           against the host's read bandwidth, the automatic kernels (AMX q.k
+#           where the host has it) and AVX-512 alone -> cpu_attention_{automatic,avx512}.json
 #   eval    the quality contract at long context (issue 11 part 3) through
 #           the GPU runtime (eval --device cuda): activekv eval on Gemma 3
 #           270M at 8K (+ the 64K synthetic outlier case), 16K and 32K, every
@@ -231,8 +232,12 @@ run_int8s() {
 run_cpu() {
   echo "== CPU decode attention: tests, then GB/s of history vs the host's read bandwidth"
   build-device/bin/test_cpu_attention --gtest_brief=1 || return 1
-  OMP_PROC_BIND=close OMP_PLACES=cores build-device/bin/bench_cpu_attention --threads 1,2,4,8,12,14,16 \
-    --contexts 8192,32768 --layers 16 --reps 5 --read-mib 8192 --json "$OUT/cpu_attention.json"
+  # The automatic kernels (AMX q.k where the host has it), then AVX-512 alone for the A/B.
+  local isa
+  for isa in automatic avx512; do
+    OMP_PROC_BIND=close OMP_PLACES=cores build-device/bin/bench_cpu_attention --threads 1,2,4,8,12,14,16 \
+      --contexts 8192,32768 --layers 16 --reps 5 --read-mib 8192 --isa $isa --json "$OUT/cpu_attention_$isa.json"
+  done
 }
 
 run_modelbench() {
