@@ -1,5 +1,6 @@
 // `activekv inspect MODEL.gguf`: architecture, hyper-parameters, metadata,
-// tensor types and counts, and the KV history bytes per token.
+// tensor types and counts, and the KV history bytes per token; with
+// --tensor-parallel N, what each of N GPUs would hold (model/tensor_split.h).
 //
 // The report is built in memory and printed only once complete, so a file
 // that fails part-way prints its error line and nothing else.
@@ -11,6 +12,7 @@
 
 #include "activekv/gguf/gguf.h"
 #include "activekv/model/config.h"
+#include "activekv/model/tensor_split.h"
 #include "commands.h"
 
 namespace activekv::cli {
@@ -46,7 +48,26 @@ void put_config(Out& out, const gguf::File& f) {
   }
 }
 
-int run(const std::string& path, bool all_tensors) {
+/// The tensor-parallel split over n GPUs, or why the model does not split so.
+void put_split(Out& out, const gguf::File& f, int n) {
+  put(out, "\ntensor parallel over {} GPU{} (docs/tensor-parallel.md: planned, not yet runnable)\n", n,
+      n == 1 ? "" : "s");
+  try {
+    const model::ModelConfig c = model::ModelConfig::from_gguf(f);
+    const model::ModelTensors t = model::ModelTensors::find(f, c);
+    const model::TensorSplitPlan p = model::plan_tensor_split(c, t, n);
+    for (int d = 0; d < n; ++d) {
+      const model::ShardSplit& s = p.shards[size_t(d)];
+      put(out, "  GPU {}: KV heads {}-{}, query heads {}-{}, FFN rows {}-{}, output rows {}-{}, {:.1f} MiB of weights\n",
+          d, s.kv_heads.head0, s.kv_heads.head0 + s.kv_heads.heads - 1, s.q_head0, s.q_head0 + s.q_heads - 1, s.ffn0,
+          s.ffn0 + s.ffn_rows - 1, s.vocab0, s.vocab0 + s.vocab_rows - 1, double(s.weight_bytes) / 1048576.0);
+    }
+  } catch (const Error& e) {
+    put(out, "  does not split: {}\n", e.what());
+  }
+}
+
+int run(const std::string& path, bool all_tensors, int tensor_parallel) {
   const gguf::File f = gguf::File::open(path);
   Out out;
   put(out, "file       {}\n", path);
@@ -74,6 +95,7 @@ int run(const std::string& path, bool all_tensors) {
     }
   }
   put_config(out, f);
+  if (tensor_parallel > 0) put_split(out, f, tensor_parallel);
   std::fwrite(out.data(), 1, out.size(), stdout);
   return 0;
 }
@@ -85,7 +107,10 @@ void add_inspect(CLI::App& app, std::function<int()>& run_fn) {
   auto all = std::make_shared<bool>(false);
   app.add_option("model", *path, "GGUF model file")->required();
   app.add_flag("--tensors", *all, "List every tensor");
-  run_fn = [path, all] { return run(*path, *all); };
+  auto tp = std::make_shared<int>(0);
+  app.add_option("--tensor-parallel", *tp, "Also print what each of N GPUs would hold split tensor-parallel")
+      ->check(CLI::Range(1, 64));
+  run_fn = [path, all, tp] { return run(*path, *all, *tp); };
 }
 
 }  // namespace activekv::cli

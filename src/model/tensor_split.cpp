@@ -102,8 +102,8 @@ TensorSlice TensorSplitPlan::slice(int d, const gguf::TensorInfo* t) const {
 TensorSplitPlan plan_tensor_split(const ModelConfig& c, const ModelTensors& t, int n_shards) {
   if (n_shards < 1) throw InvalidArgument(fmt::format("tensor parallel: {} GPUs", n_shards));
   if (n_shards > c.n_kv_heads)
-    throw InvalidArgument(fmt::format("tensor parallel: {} GPUs for {} KV heads (at most one GPU per KV head)",
-                                      n_shards, c.n_kv_heads));
+    throw InvalidArgument(fmt::format("tensor parallel: {} GPUs for {} KV head{} (at most one GPU per KV head)",
+                                      n_shards, c.n_kv_heads, c.n_kv_heads == 1 ? "" : "s"));
   if (t.layers.size() != size_t(c.n_layers))
     throw InvalidArgument(fmt::format("tensor parallel: {} layers of tensors for a {}-layer model", t.layers.size(),
                                       c.n_layers));

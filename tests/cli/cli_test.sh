@@ -315,6 +315,13 @@ PY
       echo "ok: eval table aligned with a ${#long}-character text path"
     fi
     ;;
+  inspect)  # inspect --tensor-parallel N: what each GPU would hold, or why the model does not split so
+    m=$(tiny_model)  # 2 KV heads x 2 query heads of 64, FFN 512 (Q4_0), vocabulary 512
+    expect 0 "GPU 1: KV heads 1-1, query heads 2-3, FFN rows 256-511, output rows 256-511" -- \
+      inspect "$m" --tensor-parallel 2
+    expect 0 "does not split: tensor parallel: 3 GPUs for 2 KV heads" -- inspect "$m" --tensor-parallel 3
+    expect 105 "--tensor-parallel: Value 0 not in range" -- inspect "$m" --tensor-parallel 0
+    ;;
   passkey)  # eval --passkey on the default model at a tiny context: the table and the JSON's fields
     if ! "$AKV" eval --passkey -c 256 --page-size 32 --depths 0.2,0.8 --seed 5 --answer-tokens 4 \
         --routes int8s,hybrid:recent=1,sink=2 -t 2 --json "$TMP/pk.json" > "$TMP/table.txt" 2> "$TMP/log.txt"; then
