@@ -70,13 +70,23 @@ std::function<void(int64_t, int64_t)> prefill_progress(std::chrono::steady_clock
   };
 }
 
+namespace {
+bool g_text_line_open = false;  // the generated text on stdout does not end in a newline yet
+}  // namespace
+
+void print_generated(const std::string& text) {
+  if (text.empty()) return;
+  fmt::print("{}", text);
+  std::fflush(stdout);
+  g_text_line_open = text.back() != '\n';
+}
+
 bool emit_token(const Tokenizer& tok, int32_t id, GenerationReport& r) {
   if (tok.is_end_of_generation(id)) {
     r.end_of_text = true;
     return false;
   }
-  fmt::print("{}", tok.token_to_piece(id));
-  std::fflush(stdout);
+  print_generated(tok.token_to_piece(id));
   ++r.generated;
   return true;
 }
@@ -248,7 +258,7 @@ int run_cpu(const GenerateArgs& a) {
   t0 = std::chrono::steady_clock::now();
   session.prefill(prompt, prefill_progress(t0));
   r.prefill_ms = ms_since(t0);
-  if (!a.chat) fmt::print("{}", !a.prompt && a.prompt_file.empty() ? "[...] " : "");
+  if (!a.chat && !a.prompt && a.prompt_file.empty()) print_generated("[...] ");
   session.history().view().report = &r.decode_route;
   decode_loop(a, tok, session, r);
   report(a, r);
@@ -278,6 +288,9 @@ std::string resolve_device(const std::string& device) {
 }
 
 void report(const GenerateArgs& a, const GenerationReport& r) {
+  if (g_text_line_open) {  // end the text's line: whatever prints next to stdout starts on its own
+    print_generated("\n");
+  }
   print_summary(r);
   if (!a.json_out.empty()) {
     write_text_file(a.json_out, report_json(r).dump(2) + "\n", "generate --json output");

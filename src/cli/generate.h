@@ -86,6 +86,9 @@ bool emit_token(const Tokenizer& tok, int32_t id, GenerationReport& r);
 
 /// Prints the summary to stderr and, with --json, writes it.
 void report(const GenerateArgs& a, const GenerationReport& r);
+/// Prints generated text to stdout (flushed); report() ends its line with a
+/// newline if the text did not, so what prints next starts a line of its own.
+void print_generated(const std::string& text);
 
 /// --device: "auto" becomes "cuda" when this build has the CUDA backend and a
 /// usable GPU is present, else "cpu". Throws Error for "cuda" in a CPU-only build.

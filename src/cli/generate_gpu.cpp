@@ -100,7 +100,7 @@ int run_generate_gpu(const GenerateArgs& a) {
   r.prefill_ms = ms_since(t0);
   r.prefill_history = prefill_history(st);
   r.prefill_moved_bytes = double(st.prefill_moved_bytes);
-  if (!a.chat) fmt::print("{}", !a.prompt && a.prompt_file.empty() ? "[...] " : "");
+  if (!a.chat && !a.prompt && a.prompt_file.empty()) print_generated("[...] ");
   for (int i = 0; i < a.n_predict; ++i) {
     if (!emit_token(tok, next, r)) break;
     if (i + 1 == a.n_predict) break;  // the last token needs no forward pass

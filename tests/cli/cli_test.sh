@@ -289,6 +289,14 @@ case $CASE in
     ;;
   end_of_text)  # a chat answer ends before -n: the summary says so
     expect 0 "stopped at end of text after" -- --chat -p "Reply with one word: hello" -n 128 --temp 0 -t 2
+    # Stopped by -n mid-line, the text on stdout still ends its line (a README trial saw ctest's next
+    # line glued to it), after the "[...] " that stands for the default prompt.
+    "$AKV" generate -n 6 --temp 0 -t 2 > "$TMP/text.txt" 2> /dev/null || fail "generate -n 6 failed"
+    if [ "$(head -c 6 "$TMP/text.txt")" != "[...] " ] || [ "$(tail -c 1 "$TMP/text.txt" | od -An -c | tr -d ' ')" != '\n' ]; then
+      fail "generate's text does not start with '[...] ' and end with a newline: $(od -c "$TMP/text.txt" | tail -3)"
+    else
+      echo "ok: generate's text starts with '[...] ' and ends with a newline"
+    fi
     ;;
   eval_table)  # a long text name widens the column instead of shifting the others
     long="$TMP/a-text-file-with-a-rather-long-name-for-the-eval-table.txt"
