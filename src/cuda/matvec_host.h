@@ -83,8 +83,8 @@ int split_depth();
 
 /// Rows per warp and depth of one split-layout launch. Forced depth: that,
 /// with chunked_rows_per_warp's rows. Else, for one vector over a tall
-/// matrix (>= 16384 rows, <= 8192 cols: the FFN's gate and up, the output
-/// head), 1 row per warp at depth 2 -- the same 8 blocks of 16 bytes in
+/// matrix of a 4-bit type (>= 16384 rows, <= 8192 cols: the FFN's gate and
+/// up, the output head), 1 row per warp at depth 2 -- the same 8 blocks of 16 bytes in
 /// flight per lane as 2 rows at depth 1, but over twice the warps; measured
 /// on the H200 at 0331ab8 (bench/results/h200_bench_matvec_split_depth_
 /// 0331ab8.json, us, 2 rows x depth 1 against 1 row x depth 2): Q4_0
