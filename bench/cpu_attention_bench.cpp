@@ -233,10 +233,6 @@ int main(int argc, char** argv) try {
             : isa_name == "amx"      ? cpu::Isa::amx
             : isa_name == "portable" ? cpu::Isa::portable
                                      : cpu::Isa::automatic;
-  const bool amx = opt.isa == cpu::Isa::amx || (opt.isa == cpu::Isa::automatic && cpu::cpu_has_amx_kernels() &&
-                                                head_dim % 64 == 0 && head_dim <= 512 && group <= 8);
-  const bool avx512 = opt.isa == cpu::Isa::avx512 ||
-                      (opt.isa == cpu::Isa::automatic && cpu::cpu_has_avx512_kernels() && head_dim % 64 == 0 && group <= 8);
 
   kv::KvShape ks;
   ks.n_layers = 1;
@@ -308,7 +304,7 @@ int main(int argc, char** argv) try {
                         {"command", cli::command_line()},
                         {"cpu", cpu_model()},
                         {"cores", cores},
-                        {"kernels", amx ? "amx (bf16 q.k), avx512" : avx512 ? "avx512" : "portable"},
+                        {"kernels", cpu::kernels_name(shape, opt.isa)},
                         {"shape", {{"n_kv_heads", kv_heads}, {"group", group}, {"head_dim", head_dim},
                                    {"page_size", page_size}, {"split_tokens", split_tokens}}},
                         {"read_mib", read_mib},

@@ -203,6 +203,11 @@ bool cpu_has_avx512_kernels() {
 #endif
 }
 
+const char* kernels_name(const DecodeShape& shape, Isa isa) {
+  if (use_amx(shape, isa)) return "amx (bf16 q.k), avx512";
+  return use_avx512(shape, isa) ? "avx512" : "portable";
+}
+
 bool cpu_has_amx_kernels() {
 #if defined(__x86_64__) && defined(__linux__)
   static const bool has = [] {

@@ -14,10 +14,6 @@
 // memory, no per-granule bookkeeping.
 #include <cuda_runtime.h>
 
-#include <cstdlib>
-#include <cstring>
-#include <string>
-
 #include "split_matvec.h"
 #include "pdl.cuh"
 #include "quant_split.cuh"

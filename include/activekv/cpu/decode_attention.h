@@ -80,6 +80,11 @@ struct DecodeShape {
   void validate() const;
 };
 
+/// The kernels `isa` runs for `shape` on this CPU: "amx (bf16 q.k), avx512",
+/// "avx512" or "portable" (for reports). Throws as attend_pages does where a
+/// forced ISA cannot run.
+const char* kernels_name(const DecodeShape& shape, Isa isa);
+
 /// One page of the list: exactly one of bf16_page / int8s set, and how many
 /// of its tokens (from its first) to attend.
 struct PageRef {
