@@ -65,14 +65,19 @@ std::vector<int32_t> GpuModel::decode_batch(std::span<GpuSequence* const> seqs, 
   }
   if (shared) {
     M.batch_tables.resize(size_t(N));
-    for (int i = 0; i < N; ++i)
-      M.batch_tables[size_t(i)] = std::move(S[size_t(i)]->history->engine_tables(pos0[size_t(i)] + 1, s)[0]);
+    for (int i = 0; i < N; ++i) {  // a batch step commits as it is enqueued: its figures count now
+      RouteCounts counts;
+      M.batch_tables[size_t(i)] = std::move(S[size_t(i)]->history->engine_tables(pos0[size_t(i)] + 1, s, counts)[0]);
+      counts.add_to(S[size_t(i)]->stats);
+    }
     shared->update(M.batch_tables);
     shared->begin_step();
   } else {
     for (int i = 0; i < N; ++i) {
       GpuSequence::Impl& I = *S[size_t(i)];
-      I.engine->update(I.history->engine_tables(pos0[size_t(i)] + 1, s));
+      RouteCounts counts;
+      I.engine->update(I.history->engine_tables(pos0[size_t(i)] + 1, s, counts));
+      counts.add_to(I.stats);
       I.engine->begin_step();
     }
   }

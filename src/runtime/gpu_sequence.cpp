@@ -259,13 +259,10 @@ GpuSequence::Impl::Step GpuSequence::Impl::enqueue_chunk(std::span<const int32_t
                      "upload token ids");
   }
   if (st.decode) {
-    // The tables count this step's route in stats; it counts when the step
-    // commits (finish_chunk), which a lookahead step may never do.
-    const RouteCounts before = route_counts();
+    // The tables' route figures count when the step commits (finish_chunk),
+    // which a lookahead step may never do.
     st.route_version = history->route_version();  // read first: a publication while building makes it stale
-    engine->update(history->engine_tables(pos0 + 1, s));
-    st.route = route_counts_since(before);
-    set_route_counts(before);
+    engine->update(history->engine_tables(pos0 + 1, s, st.route));
     engine->begin_step();
   }
   const LayerAttention attend = [&](int l, int rows, const float* q, const float* k, const float* v, float* out) {
@@ -314,42 +311,10 @@ int32_t GpuSequence::Impl::finish_chunk(const Step& st) {
     stats.decode_enqueue_s += st.enqueue_s;
     stats.graph_steps += st.graph;
     count_decode_step(st.figures);
-    add_route_counts(st.route);
+    st.route.add_to(stats);
   }
   history->committed();  // schedules conversion of pages that became full
   return next;
-}
-
-GpuSequence::Impl::RouteCounts GpuSequence::Impl::route_counts() const {
-  return {stats.pages, stats.resident_pages, stats.streamed_pages, stats.cpu_pages};
-}
-
-void GpuSequence::Impl::set_route_counts(const RouteCounts& c) {
-  stats.pages = c.report;
-  stats.resident_pages = c.resident;
-  stats.streamed_pages = c.streamed;
-  stats.cpu_pages = c.cpu;
-}
-
-// What stats gained since `before` (counts only grow).
-GpuSequence::Impl::RouteCounts GpuSequence::Impl::route_counts_since(const RouteCounts& before) const {
-  RouteCounts d;
-  for (int f = 0; f < 3; ++f) d.report.pages[f] = stats.pages.pages[f] - before.report.pages[f];
-  for (int k = 0; k < 2; ++k) d.report.segments[k] = stats.pages.segments[k] - before.report.segments[k];
-  d.report.bytes = stats.pages.bytes - before.report.bytes;
-  d.resident = stats.resident_pages - before.resident;
-  d.streamed = stats.streamed_pages - before.streamed;
-  d.cpu = stats.cpu_pages - before.cpu;
-  return d;
-}
-
-void GpuSequence::Impl::add_route_counts(const RouteCounts& d) {
-  for (int f = 0; f < 3; ++f) stats.pages.pages[f] += d.report.pages[f];
-  for (int k = 0; k < 2; ++k) stats.pages.segments[k] += d.report.segments[k];
-  stats.pages.bytes += d.report.bytes;
-  stats.resident_pages += d.resident;
-  stats.streamed_pages += d.streamed;
-  stats.cpu_pages += d.cpu;
 }
 
 // A decode step. With lookahead, the step after it is enqueued before this
@@ -384,7 +349,6 @@ int32_t GpuSequence::Impl::decode_step(int32_t token) {
 }
 
 bool GpuSequence::Impl::enqueue_ahead(const Step& cur) {
-  const RouteCounts counts = route_counts();
   const uint64_t draws = sampler->draws();
   try {
     const int next = int((cur.pos + 1) & 1);
@@ -396,7 +360,6 @@ bool GpuSequence::Impl::enqueue_ahead(const Step& cur) {
     // merge takes, one token past this step): this step goes on as without
     // lookahead, and so does every later one. The failed step's eager work
     // (a token copy, patches) is redone by the next step in stream order.
-    set_route_counts(counts);
     sampler->rewind(draws);
     lookahead = false;
     return false;

@@ -272,7 +272,16 @@ void HistoryView::write_kv(int layer, int64_t pos0, int T, const float* k, const
   }
 }
 
-std::vector<cuda::SeqPages> HistoryView::engine_tables(int64_t n_tokens, cudaStream_t s) {
+void RouteCounts::add_to(RuntimeStats& stats) const {
+  for (int f = 0; f < 3; ++f) stats.pages.pages[f] += report.pages[f];
+  for (int k = 0; k < 2; ++k) stats.pages.segments[k] += report.segments[k];
+  stats.pages.bytes += report.bytes;
+  stats.resident_pages += resident;
+  stats.streamed_pages += streamed;
+  stats.cpu_pages += cpu;
+}
+
+std::vector<cuda::SeqPages> HistoryView::engine_tables(int64_t n_tokens, cudaStream_t s, RouteCounts& counts) {
   const kv::KvShape& shape = seq_.shape();
   const size_t n_pages = size_t((n_tokens + shape.page_size - 1) / shape.page_size);
   std::vector<cuda::SeqPages> out(1);
@@ -288,13 +297,13 @@ std::vector<cuda::SeqPages> HistoryView::engine_tables(int64_t n_tokens, cudaStr
     }
     const int l = store_of_[ml];
     const route::RoutePlan plan = route_plan(l, n_tokens);
-    stats_.pages.add(plan);
+    counts.report.add(plan);
     for (size_t p = 0; p < n_pages; ++p) {
       const route::ReadFormat f = plan.page_format[p];
       if (f == route::ReadFormat::exact) {
         table[p] = cuda::PageRef{host_page(l, p), dev_[size_t(l)][p].ptr, shape.page_bytes(), cuda::PageKind::bf16};
-        stats_.pages.bytes += double(std::min<int64_t>(shape.page_size, n_tokens - int64_t(p) * shape.page_size)) *
-                              double(shape.bytes_per_token_per_layer());
+        counts.report.bytes += double(std::min<int64_t>(shape.page_size, n_tokens - int64_t(p) * shape.page_size)) *
+                               double(shape.bytes_per_token_per_layer());
         continue;
       }
       const std::span<const std::byte> e = compressed_->published(l, p, codec_of(f));
@@ -306,10 +315,10 @@ std::vector<cuda::SeqPages> HistoryView::engine_tables(int64_t n_tokens, cudaStr
                          "upload an encoded page");
       }
       table[p] = cuda::PageRef{e.data(), d.ptr, e.size(), kind_of(f)};
-      stats_.pages.bytes += double(e.size());
+      counts.report.bytes += double(e.size());
     }
     if (opt_.cpu_share != 0 && !gpu_placement()) share_with_cpu(l, table);
-    for (const cuda::PageRef& r : table) ++(r.cpu ? stats_.cpu_pages : r.device ? stats_.resident_pages : stats_.streamed_pages);
+    for (const cuda::PageRef& r : table) ++(r.cpu ? counts.cpu : r.device ? counts.resident : counts.streamed);
   }
   return out;
 }

@@ -40,6 +40,15 @@
 
 namespace activekv::runtime {
 
+/// What one decode step's page tables read, by format and by place: counted
+/// into RuntimeStats when the step commits (a step enqueued ahead may be
+/// discarded instead: gpu_sequence.cpp).
+struct RouteCounts {
+  route::RouteReport report;
+  size_t resident = 0, streamed = 0, cpu = 0;
+  void add_to(RuntimeStats& stats) const;
+};
+
 class HistoryView {
  public:
   /// `seq`: the history of the global layers (windows[l] == 0, in order);
@@ -84,8 +93,9 @@ class HistoryView {
   /// The engine's page tables for a step over `n_tokens` tokens, one per model
   /// layer: a global layer's along the route (uploading, with gpu placement,
   /// published encoded pages not yet on the GPU; what it reads is added to
-  /// stats.pages), a sliding layer's its ring pages (device only).
-  std::vector<cuda::SeqPages> engine_tables(int64_t n_tokens, cudaStream_t s);
+  /// `counts`, which the caller adds to the stats when the step commits), a
+  /// sliding layer's its ring pages (device only).
+  std::vector<cuda::SeqPages> engine_tables(int64_t n_tokens, cudaStream_t s, RouteCounts& counts);
   /// Device array of the device addresses of `layer`'s pages covering
   /// `n_tokens` (prefill attention's page table; kept up to date by prepare()).
   const void* const* device_pages(int layer, int64_t n_tokens) const;

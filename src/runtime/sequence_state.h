@@ -63,12 +63,6 @@ struct GpuSequence::Impl {
   int last_row = -1;            // row of the model's logits that holds this sequence's last ones
   uint64_t last_run = 0;        // the model's run that wrote them
 
-  /// The route figures a decode step's tables add to stats (pages per
-  /// format, resident / streamed / CPU pages).
-  struct RouteCounts {
-    route::RouteReport report;
-    size_t resident = 0, streamed = 0, cpu = 0;
-  };
   /// A chunk enqueued on the stream and not yet committed: what finishing
   /// (or, for a lookahead step, discarding) it needs.
   struct Step {
@@ -91,8 +85,8 @@ struct GpuSequence::Impl {
   bool lookahead = false;  // opt.lookahead, cuda_graphs, not ACTIVEKV_LOOKAHEAD=0, two logits rows;
                            // off for good after a step ahead failed to enqueue
   /// Enqueues the step after `cur` fed its token on the GPU (lookahead);
-  /// false on an error: then it gives back what it counted and drew, and
-  /// this sequence stops looking ahead.
+  /// false on an error: then it gives back what it drew, and this sequence
+  /// stops looking ahead.
   bool enqueue_ahead(const Step& cur);
 
   Impl(GpuModel& model, const RuntimeOptions& o);
@@ -122,10 +116,6 @@ struct GpuSequence::Impl {
   /// whatever runs at that position next, in stream order.
   void discard_ahead();
   bool room_for(int64_t end);  // the page store holds `end` tokens (reserved now), or false
-  RouteCounts route_counts() const;                                  // stats' route figures now
-  RouteCounts route_counts_since(const RouteCounts& before) const;  // what they gained since `before`
-  void set_route_counts(const RouteCounts& c);
-  void add_route_counts(const RouteCounts& d);
   route::PrefillPlan begin_prefill(int64_t n);
   using ChunkFn = std::function<void(size_t done, size_t n)>;
   int32_t prefill_all(std::span<const int32_t> tokens, bool all_logits, const ChunkFn& after_chunk, bool sample = true);
