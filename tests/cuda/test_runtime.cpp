@@ -14,6 +14,7 @@
 #include <fstream>
 #include <iterator>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 
@@ -516,6 +517,21 @@ struct ProgrammaticLaunchScope {
   ~ProgrammaticLaunchScope() { cuda::set_programmatic_launch(before); }
 };
 
+/// Sets (value) or unsets (nullptr) an environment variable for one scope.
+struct EnvScope {
+  std::string name;
+  std::optional<std::string> before;
+  EnvScope(const char* n, const char* value) : name(n) {
+    if (const char* b = std::getenv(n)) before = b;
+    if (value) setenv(n, value, 1);
+    else unsetenv(n);
+  }
+  ~EnvScope() {
+    if (before) setenv(name.c_str(), before->c_str(), 1);
+    else unsetenv(name.c_str());
+  }
+};
+
 TEST(GpuRuntime, ProgrammaticLaunchOnAndOffGiveTheSameBits) {
   NEED_GPU();
   {
@@ -531,17 +547,13 @@ TEST(GpuRuntime, ProgrammaticLaunchOnAndOffGiveTheSameBits) {
   };
   auto run = [&](const Config& c, bool pdl) {
     const ProgrammaticLaunchScope scope(pdl);
-    if (c.gguf_layout) setenv("ACTIVEKV_WEIGHT_LAYOUT", "gguf", 1);
     runtime::RuntimeOptions o = options(400, c.route, c.placement);
     o.cuda_graphs = c.graphs;
     std::unique_ptr<runtime::GpuRuntime> rt_owner;
-    try {
+    {
+      const EnvScope layout("ACTIVEKV_WEIGHT_LAYOUT", c.gguf_layout ? "gguf" : nullptr);  // read as the weights load
       rt_owner = std::make_unique<runtime::GpuRuntime>(testing::model_file(), testing::shared_model().config(), o);
-    } catch (...) {
-      unsetenv("ACTIVEKV_WEIGHT_LAYOUT");
-      throw;
     }
-    unsetenv("ACTIVEKV_WEIGHT_LAYOUT");  // read when the weights load
     runtime::GpuRuntime& rt = *rt_owner;
     std::vector<int32_t> tokens{rt.prefill(std::span(ids).first(100))};
     std::vector<std::vector<float>> logits;
