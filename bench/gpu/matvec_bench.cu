@@ -6,16 +6,17 @@
 // printed beside it). Not a test: it asserts nothing.
 //
 //   bench_matvec [--types Q4_0,Q4_K,...] [--shapes 6144x5120,...] [--nvec 1,8]
-//                [--groups 6144+1024+1024x5120,...] [--kernel tiled|chunked]
+//                [--groups 6144+1024+1024x5120,...] [--kernel tiled|chunked|register]
 //                [--layout split|gguf] [--pdl off|on] [--batches 30] [--json out.json]
 //
 // The default shapes are the 27B-shape model's matrices (rows x cols): Q
 // 6144x5120, K/V 1024x5120, O 5120x6144, gate/up 17408x5120, down 5120x17408,
 // output 32000x5120. --kernel picks the block-type matvec kernel
-// (set_block_matvec_kernel; default chunked, the runtime's) for matrices in
-// the GGUF layout; --layout split (the default, the runtime's: GpuWeights)
-// puts Q4_0, Q4_1, Q5_0 and Q8_0 matrices in the split layout, which has a
-// kernel of its own (quant_matvec.h's WeightLayout); other types stay GGUF.
+// (set_block_matvec_kernel; default register, the runtime's: it reads Q4_K
+// in the GGUF layout, the other GGUF types run the chunked kernel);
+// --layout split (the default, the runtime's: GpuWeights) puts Q4_0, Q4_1,
+// Q5_0 and Q8_0 matrices in the split layout, which only the register
+// kernel reads (quant_matvec.h's WeightLayout); other types stay GGUF.
 //
 // Timing: CUDA events around a batch of back-to-back launches on one stream
 // (>= 20), rotating between enough copies of the matrix that their bytes are
@@ -164,7 +165,7 @@ int main(int argc, char** argv) {
   CLI::App app{"Decode matvec on GGUF-typed weights vs the measured HBM read bandwidth"};
   std::string types = "Q4_0,Q4_K,Q6_K,Q8_0,Q4_1,Q5_K,F16,BF16,F32";
   std::string shapes = "6144x5120,1024x5120,5120x6144,17408x5120,5120x17408,32000x5120";
-  std::string kernel = "chunked";  // the runtime's default (quant_matvec.h says why)
+  std::string kernel = "register";  // the runtime's default (quant_matvec.h says why)
   std::string nvecs = "1,2,8";
   std::string json_path;
   int batches = 30;
@@ -173,7 +174,7 @@ int main(int argc, char** argv) {
   app.add_option("--nvec", nvecs, "vectors per matvec (1..8), comma-separated");
   std::string groups = "6144+1024+1024x5120,17408+17408x5120";
   app.add_option("--groups", groups, "grouped launches: R1+R2+...xCOLS, comma-separated (\"\" for none)");
-  app.add_option("--kernel", kernel, "block-type matvec kernel")->check(CLI::IsMember({"tiled", "chunked"}));
+  app.add_option("--kernel", kernel, "block-type matvec kernel")->check(CLI::IsMember({"tiled", "chunked", "register"}));
   std::string layout = "split";
   app.add_option("--layout", layout, "weight layout of Q4_0/Q4_1/Q5_0/Q8_0 matrices")
       ->check(CLI::IsMember({"split", "gguf"}));
@@ -191,8 +192,9 @@ int main(int argc, char** argv) {
   try {
     activekv::cuda::require_gpu(0, "bench_matvec");
     using activekv::cuda::BlockMatvecKernel;
-    activekv::cuda::set_block_matvec_kernel(kernel == "chunked" ? BlockMatvecKernel::Chunked
-                                                                : BlockMatvecKernel::Tiled);
+    activekv::cuda::set_block_matvec_kernel(kernel == "register" ? BlockMatvecKernel::Register
+                                            : kernel == "chunked"  ? BlockMatvecKernel::Chunked
+                                                                   : BlockMatvecKernel::Tiled);
     activekv::cuda::set_programmatic_launch(pdl == "on");
     cudaDeviceProp prop{};
     check_cuda(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");

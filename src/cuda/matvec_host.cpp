@@ -106,6 +106,12 @@ int chunked_rows_per_warp(int64_t rows, int n_vec, int block_bytes, int block_el
   return four_bit ? 2 : 1;
 }
 
+bool reads_registers(const DeviceMatrix& w, BlockMatvecKernel kernel) {
+  if (w.layout == WeightLayout::Split) return true;
+  return w.type == gguf::TensorType::Q4_K && kernel == BlockMatvecKernel::Register &&
+         reinterpret_cast<uintptr_t>(w.data) % 16 == 0 && w.row_bytes % 16 == 0;
+}
+
 GroupPlan plan_group(const MatvecGroupItem* items, int n, const float* x, int n_vec, const void* workspace,
                      BlockMatvecKernel kernel) {
   if (items == nullptr || n < 1 || n > kMaxMatvecGroup) {
@@ -131,8 +137,11 @@ GroupPlan plan_group(const MatvecGroupItem* items, int n, const float* x, int n_
 
   GroupPlan p;
   p.n = n;
-  // Split matrices always run the split kernel, whose rows do not depend on the grid.
-  p.one_launch = is_float || kernel == BlockMatvecKernel::Chunked || w0.layout == WeightLayout::Split;
+  // The chunked and register kernels' rows do not depend on the grid (split
+  // matrices always run the register kernel).
+  p.registers = true;
+  for (int i = 0; i < n; ++i) p.registers = p.registers && reads_registers(*items[i].w, kernel);
+  p.one_launch = is_float || kernel != BlockMatvecKernel::Tiled || p.registers;
   int64_t total_rows = 0;
   for (int i = 0; i < n; ++i) total_rows += items[i].w->rows;
   if (!is_float) {

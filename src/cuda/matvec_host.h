@@ -63,9 +63,16 @@ struct GroupPlan {
   int n = 0;
   int rows_per_warp = 1;    // one R for the whole launch (1 for float types)
   bool one_launch = true;   // false: the tiled kernel, one launch per matrix
+  bool registers = false;   // the register kernel reads every matrix (reads_registers)
   uint32_t cta_end[kMaxMatvecGroup] = {};
   uint32_t ctas() const { return n > 0 ? cta_end[n - 1] : 0; }
 };
+
+/// True where `kernel` selected means the register kernel reads w
+/// (BlockMatvecKernel's comment): the split layout always; Q4_K in the GGUF
+/// layout with Register selected, when its data and rows are 16-byte aligned
+/// (the kernel's loads are; else the chunked kernel, same bits).
+bool reads_registers(const DeviceMatrix& w, BlockMatvecKernel kernel);
 
 /// Checks a group as launch_matvec_prequantized_group documents (throws
 /// InvalidArgument, nothing launched) and lays out its grid for `kernel`.

@@ -1,5 +1,5 @@
 // Internal to the CUDA backend: pieces every matvec kernel shares
-// (quant_matvec.cu, split_matvec.cu): a row's warp reduction and store, the
+// (quant_matvec.cu, register_matvec.cu): a row's warp reduction and store, the
 // arguments of a grouped launch, and the compile-time dispatch of the
 // vector count and the rows per warp.
 #pragma once

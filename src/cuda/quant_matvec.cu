@@ -32,7 +32,7 @@
 #include "quant_tile.cuh"
 #include "quant_x.cuh"
 #include "quant_split.cuh"
-#include "split_matvec.h"
+#include "register_matvec.h"
 #include "matvec_host.h"
 #include "matvec_kernel_util.cuh"
 #include "model_ops_kernels.h"
@@ -324,7 +324,8 @@ __global__ void __launch_bounds__(kWarps * 32)
 BlockMatvecKernel initial_kernel() {
   const char* e = std::getenv("ACTIVEKV_MATVEC_KERNEL");
   if (e != nullptr && std::strcmp(e, "tiled") == 0) return BlockMatvecKernel::Tiled;
-  return BlockMatvecKernel::Chunked;
+  if (e != nullptr && std::strcmp(e, "chunked") == 0) return BlockMatvecKernel::Chunked;
+  return BlockMatvecKernel::Register;
 }
 
 BlockMatvecKernel g_kernel = initial_kernel();
@@ -397,9 +398,9 @@ void run_matvec(const DeviceMatrix& w, const float* x, int n_vec, float* y, bool
   if (w.rows == 0) return;
   const auto* wp = static_cast<const uint8_t*>(w.data);
   const dim3 grid(unsigned((w.rows + kWarps - 1) / kWarps)), block(kWarps * 32);
-  if (w.layout == WeightLayout::Split) {
-    splitmv::run(w, xquant_of(ws, w.cols, n_vec), n_vec, y, accumulate, stream);
-    check_cuda(cudaGetLastError(), "matvec (split layout) kernel launch");
+  if (mvhost::reads_registers(w, g_kernel)) {
+    regmv::run(w, xquant_of(ws, w.cols, n_vec), n_vec, y, accumulate, stream);
+    check_cuda(cudaGetLastError(), "matvec (register) kernel launch");
     return;
   }
   const bool is_block = qblk::dispatch_block_type(w.type, [&](auto t) {
@@ -485,7 +486,7 @@ void launch_repack_split(const void* src_gguf, const DeviceMatrix& dst, cudaStre
   if (bytes > 0 && (s == nullptr || (s < d + bytes && d < s + bytes))) {
     throw InvalidArgument("repack: the GGUF source of the " + shape_str(dst) + " is null or overlaps it");
   }
-  splitmv::repack(src_gguf, dst, stream);
+  regmv::repack(src_gguf, dst, stream);
   check_cuda(cudaGetLastError(), "repack kernel launch");
 }
 
@@ -590,9 +591,9 @@ void launch_matvec_prequantized_group(const MatvecGroupItem* items, int n, const
     g.cta_end[i] = plan.cta_end[i];
   }
   const DeviceMatrix& w0 = *items[0].w;
-  if (w0.layout == WeightLayout::Split) {
-    splitmv::run_group(g, plan, w0, xquant_of(workspace, w0.cols, n_vec), n_vec, stream);
-    check_cuda(cudaGetLastError(), "grouped matvec (split layout) kernel launch");
+  if (plan.registers) {
+    regmv::run_group(g, plan, w0, xquant_of(workspace, w0.cols, n_vec), n_vec, stream);
+    check_cuda(cudaGetLastError(), "grouped matvec (register) kernel launch");
     return;
   }
   const bool is_block = qblk::dispatch_block_type(w0.type, [&](auto t) {

@@ -38,7 +38,7 @@ struct KernelScope {
 /// Every block-type kernel (float types have one).
 inline std::vector<BlockMatvecKernel> kernels_for(TensorType t) {
   if (is_float_type(t)) return {BlockMatvecKernel::Tiled};
-  return {BlockMatvecKernel::Tiled, BlockMatvecKernel::Chunked};
+  return {BlockMatvecKernel::Tiled, BlockMatvecKernel::Chunked, BlockMatvecKernel::Register};
 }
 
 /// Selects the split kernel's depth (blocks in flight) for one scope.
@@ -48,17 +48,20 @@ struct SplitDepthScope {
   ~SplitDepthScope() { mvhost::set_split_depth(before); }
 };
 
-/// The split kernel's depths a layout is tested at (one for GGUF rows).
-inline std::vector<int> depths_for(WeightLayout l) {
-  if (l == WeightLayout::Split) return {1, 2};
+/// The register kernel's depths a matrix is tested at: both where that
+/// kernel can read it (the split layout; Q4_K's GGUF rows), else one.
+inline std::vector<int> depths_for(TensorType t, WeightLayout l) {
+  if (l == WeightLayout::Split || t == TensorType::Q4_K) return {1, 2};
   return {1};
 }
 
 /// The kernel whose arithmetic a launch with `kernel` selected runs on a
-/// matrix of `layout`: split matrices always run the split kernel, whose
-/// rows are the chunked kernel's bit for bit (split_matvec.cu).
+/// matrix of `layout`: split matrices always run the register kernel, and
+/// the register kernel's rows are the chunked kernel's bit for bit
+/// (register_matvec.cu).
 inline BlockMatvecKernel arithmetic_of(BlockMatvecKernel kernel, WeightLayout layout) {
-  return layout == WeightLayout::Split ? BlockMatvecKernel::Chunked : kernel;
+  return layout == WeightLayout::Split || kernel == BlockMatvecKernel::Register ? BlockMatvecKernel::Chunked
+                                                                                : kernel;
 }
 
 }  // namespace activekv::cuda::wtest

@@ -238,4 +238,27 @@ TEST(SplitShape, TallFourBitMatricesTakeOneRowPerWarpAtDepthTwo) {
 }
 
 }  // namespace
+// Which matrices the register kernel reads (BlockMatvecKernel's comment):
+// split matrices whatever the selection; Q4_K in the GGUF layout when
+// Register is selected and its loads are 16-byte aligned; nothing else.
+TEST(RegisterKernel, ReadsSplitMatricesAndAlignedQ4K) {
+  using K = BlockMatvecKernel;
+  DeviceMatrix q4k = mat(TensorType::Q4_K, 6144, 5120), q4 = mat(TensorType::Q4_0, 6144, 5120);
+  EXPECT_TRUE(mvhost::reads_registers(q4k, K::Register));
+  EXPECT_FALSE(mvhost::reads_registers(q4k, K::Chunked));
+  EXPECT_FALSE(mvhost::reads_registers(q4k, K::Tiled));
+  EXPECT_FALSE(mvhost::reads_registers(q4, K::Register));  // 18-byte blocks: the split layout's job
+  q4.layout = WeightLayout::Split;
+  for (K k : {K::Register, K::Chunked, K::Tiled}) EXPECT_TRUE(mvhost::reads_registers(q4, k));
+  q4k.data = fake(uintptr_t(1) << 24 | 8);  // misaligned: the chunked kernel, same bits
+  EXPECT_FALSE(mvhost::reads_registers(q4k, K::Register));
+  for (TensorType t : {TensorType::Q5_K, TensorType::Q6_K, TensorType::Q8_0, TensorType::F16})
+    EXPECT_FALSE(mvhost::reads_registers(mat(t, 256, 512), K::Register)) << gguf::type_name(t);
+  // A group runs it only where it reads every matrix.
+  const std::vector<DeviceMatrix> both{mat(TensorType::Q4_K, 1024, 512), mat(TensorType::Q4_K, 64, 512)};
+  EXPECT_TRUE(plan(both, 1, K::Register).registers);
+  EXPECT_FALSE(plan(both, 1, K::Chunked).registers);
+  EXPECT_TRUE(plan(both, 1, K::Chunked).one_launch);
+}
+
 }  // namespace activekv::cuda

@@ -10,6 +10,7 @@
 
 #include "activekv/core/bf16.h"
 #include "matvec_emulation.h"
+#include "quant_kregs.cuh"
 #include "quant_split.cuh"
 
 namespace activekv::cuda {
@@ -176,6 +177,43 @@ TEST(SplitLayoutHost, SourcesReadTheGgufBytes) {
     });
   }
   EXPECT_EQ(checked, 4);  // Q4_0, Q4_1, Q5_0, Q8_0
+}
+
+// Q4_K in registers (quant_kregs.cuh): a unit loaded as the register matvec
+// loads it -- the super-block's 16-byte header and the unit's nibble group
+// -- decodes and dots bit for bit as the block's GGUF bytes do, for every
+// unit of every block, with the unit known only at run time (as in the
+// kernel, where it is the lane's). So the register kernel's Q4_K rows are
+// the chunked kernel's (the GPU test checks the kernel itself).
+TEST(Q4kRegistersHost, UnitRegsReadTheGgufBytes) {
+  using qblk::Q4_K;
+  const HostMatrix h = random_matrix(TensorType::Q4_K, 3, 1024, 616);
+  const int64_t n_blocks = h.cols / Q4_K::kElems;
+  const std::vector<float> x = random_x(3, h.cols, 98);
+  const QuantizedX q = quantize_like_kernel(x, 3, h.cols);
+  const qdot::XQuant xq = q.view();
+  volatile int unit_at_run_time = 0;
+  for (int64_t r = 0; r < h.rows; ++r)
+    for (int64_t b = 0; b < n_blocks; ++b)
+      for (int u0 = 0; u0 < Q4_K::kUnits; ++u0) {
+        unit_at_run_time = u0;
+        const int u = unit_at_run_time;
+        const uint8_t* g = h.bytes.data() + r * h.row_bytes + b * Q4_K::kBytes;
+        qkregs::UnitRegs regs;
+        qkregs::load_unit_host(g, u, regs);
+        for (int k = 0; k < 8; ++k) {
+          float want[4], got[4];
+          qblk::dequant4<Q4_K>(g, u, k, want);
+          qblk::dequant4<Q4_K>(regs, u, k, got);
+          ASSERT_EQ(0, std::memcmp(want, got, sizeof want)) << "row " << r << " block " << b << " unit " << u;
+        }
+        qdot::UnitX<3> ux;
+        qdot::load_unit_x<3>(b * Q4_K::kUnits + u, xq, h.cols, ux);
+        float want[3] = {0.5f, -0.25f, 2.f}, got[3] = {0.5f, -0.25f, 2.f};
+        qdot::dot_unit_x<Q4_K, 3>(g, u, ux, want);
+        qdot::dot_unit_x<Q4_K, 3>(regs, u, ux, got);
+        ASSERT_EQ(0, std::memcmp(want, got, sizeof want)) << "dot, row " << r << " block " << b << " unit " << u;
+      }
 }
 
 }  // namespace
