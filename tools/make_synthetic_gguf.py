@@ -43,7 +43,15 @@ import time
 import numpy as np
 
 # ggml type ids and block geometry (elements per block, bytes per block).
-TYPES = {"F32": (0, 1, 4), "F16": (1, 1, 2), "Q4_0": (2, 32, 18), "Q8_0": (8, 32, 34), "BF16": (30, 1, 2)}
+TYPES = {"F32": (0, 1, 4), "F16": (1, 1, 2), "Q4_0": (2, 32, 18), "Q8_0": (8, 32, 34), "Q4_K": (12, 256, 144),
+         "Q6_K": (14, 256, 210), "BF16": (30, 1, 2)}
+# Quantised types: where each block's f16 scale(s) sit, and the std of a
+# value in units of the scale when the other bytes are uniform random:
+# Q4_0 nibbles 0..15 ((q-8)d: 4.61); Q8_0 -128..127 (73.9); Q4_K 6-bit
+# scales 0..63 (rms 36.5) times nibbles (4.61); Q6_K int8 scales (rms 73.9)
+# times 6-bit codes (18.5). Q4_K's dmin is 7.5 d (the nibbles' mean), so
+# that d sc q - dmin m averages 0.
+SCALES = {"Q4_0": ((0,), 4.61), "Q8_0": ((0,), 73.9), "Q4_K": ((0, 2), 4.61 * 36.5), "Q6_K": ((208,), 73.9 * 18.5)}
 # GGUF metadata value types.
 T_UINT32, T_INT32, T_FLOAT32, T_BOOL, T_STRING, T_ARRAY, T_UINT64 = 4, 5, 6, 7, 8, 9, 10
 ALIGNMENT = 32
@@ -133,7 +141,7 @@ class RandomPool:
         if ttype not in self.pools:
             _, block, bb = TYPES[ttype]
             n = CHUNK_BYTES // bb
-            if block > 1:  # codes uniform: Q4_0 nibbles 0..15 (value (q-8)d, std ~4.61 d); Q8_0 -128..127 (~73.9 d)
+            if block > 1:  # codes uniform (SCALES says what that makes the std)
                 self.pools[ttype] = np.frombuffer(self.rng.bytes(n * bb), dtype=np.uint8).reshape(n, bb).copy()
             else:
                 self.pools[ttype] = self.rng.standard_normal(n, dtype=np.float32)
@@ -144,14 +152,16 @@ class RandomPool:
         if t.std == 0.0:
             return np.ones(t.fan_in * t.rows, dtype="<f4").view(np.uint8)
         u = self.unit(t.ttype)
-        if t.ttype in ("Q4_0", "Q8_0"):
+        if t.ttype in SCALES:
             blk = u.copy()
-            code_std = 4.61 if t.ttype == "Q4_0" else 73.9
+            offsets, code_std = SCALES[t.ttype]
             with np.errstate(over="ignore"):
                 d = np.float16(t.std / code_std)
-            if not np.isfinite(d):
+                dmin = np.float16(7.5 * float(d))  # Q4_K only (its second offset)
+            if not np.isfinite(d) or not np.isfinite(dmin):
                 self.overflowed.append(t.name)
-            blk[:, 0:2] = np.frombuffer(d.tobytes(), dtype=np.uint8)
+            for k, off in enumerate(offsets):
+                blk[:, off:off + 2] = np.frombuffer((d if k == 0 else dmin).tobytes(), dtype=np.uint8)
             return blk.reshape(-1)
         v = u * np.float32(t.std)
         if t.ttype == "F32":

@@ -84,6 +84,17 @@ int initial_split_depth() {
 std::atomic<int> g_split_depth{initial_split_depth()};
 }  // namespace
 
+namespace {
+bool initial_q4k_pair_loads() {
+  const char* e = std::getenv("ACTIVEKV_Q4K_LOADS");
+  return e == nullptr || std::strcmp(e, "whole") != 0;
+}
+std::atomic<bool> g_q4k_pairs{initial_q4k_pair_loads()};
+}  // namespace
+
+void set_q4k_pair_loads(bool pairs) { g_q4k_pairs.store(pairs, std::memory_order_relaxed); }
+bool q4k_pair_loads() { return g_q4k_pairs.load(std::memory_order_relaxed); }
+
 void set_split_depth(int depth) {
   if (depth < 0 || depth > 2)
     throw InvalidArgument("split matvec: depth " + std::to_string(depth) + " is not 0 (the rule), 1 or 2");

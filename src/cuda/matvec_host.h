@@ -74,6 +74,14 @@ struct GroupPlan {
 /// (the kernel's loads are; else the chunked kernel, same bits).
 bool reads_registers(const DeviceMatrix& w, BlockMatvecKernel kernel);
 
+/// How the register kernel loads a Q4_K unit: whole in each lane (header +
+/// the 32-byte nibble group, 3 x 16 bytes; false) or with the two lanes of
+/// a unit pair splitting the group (2 x 16 bytes and 4 shuffles; true).
+/// The same bits either way. ACTIVEKV_Q4K_LOADS=whole|pairs at start, or
+/// this (measurements; process-wide as set_block_matvec_kernel).
+void set_q4k_pair_loads(bool pairs);
+bool q4k_pair_loads();
+
 /// Checks a group as launch_matvec_prequantized_group documents (throws
 /// InvalidArgument, nothing launched) and lays out its grid for `kernel`.
 GroupPlan plan_group(const MatvecGroupItem* items, int n, const float* x, int n_vec, const void* workspace,

@@ -53,29 +53,51 @@ struct RegItems<T, std::enable_if_t<SplitOf<T>::kOk>> {
     qsplit::load_regs<T>(qsplit::split_block<T>(w, rows, r, item, n_blocks), regs);
   }
   __device__ __forceinline__ static int unit(int) { return 0; }
+  __device__ __forceinline__ static const Regs& source(const Regs& regs, int) { return regs; }
 };
 
-/// Q4_K in the GGUF layout: an item is unit item % 8 of super-block item / 8,
-/// 3 x 16 bytes in 12 registers; 4 units per lane and depth over the R rows
-/// (at 4 rows x 4 units the 8-vector kernel spilled 736 bytes).
+/// Q4_K in the GGUF layout: an item is unit item % 8 of super-block item / 8.
+/// Each lane loads its unit whole (header + 32-byte nibble group: 3 x 16
+/// bytes in 12 registers, the group loaded by both lanes of the unit pair);
+/// 4 units per row and depth, 1 at 4 rows (at 4 x 4 the 8-vector kernel
+/// spilled 736 bytes).
 template <>
 struct RegItems<qblk::Q4_K> {
   static constexpr bool kOk = true;
   template <int R>
-  static constexpr int kPerDepth = R >= 4 ? 1 : 4 / R;
+  static constexpr int kPerDepth = R >= 4 ? 1 : 4;
   using Regs = qkregs::UnitRegs;
   __device__ __forceinline__ static void load(const uint8_t* w, int64_t, int64_t row_bytes, int64_t r, int item,
                                               int, Regs& regs) {
     qkregs::load_unit(w + r * row_bytes + int64_t(item >> 3) * qblk::Q4_K::kBytes, item & 7, regs);
   }
   __device__ __forceinline__ static int unit(int item) { return item & 7; }
+  __device__ __forceinline__ static const Regs& source(const Regs& regs, int) { return regs; }
 };
 
-template <class T, int NV, int R, int D>
+/// Q4_K, the two lanes of a unit pair splitting its nibble group: each loads
+/// the header and 16 of the group's 32 bytes (2 x 16 bytes in 8 registers)
+/// and takes the other 16 from its partner by shuffles when it uses the
+/// unit (mvhost::q4k_pair_loads selects this); 4 units per row and depth,
+/// 2 at 4 rows.
+struct Q4kPairItems {
+  template <int R>
+  static constexpr int kPerDepth = R >= 4 ? 2 : 4;
+  using Regs = qkregs::HalfRegs;
+  __device__ __forceinline__ static void load(const uint8_t* w, int64_t, int64_t row_bytes, int64_t r, int item,
+                                              int, Regs& regs) {
+    qkregs::load_half(w + r * row_bytes + int64_t(item >> 3) * qblk::Q4_K::kBytes, item & 7, regs);
+  }
+  __device__ __forceinline__ static int unit(int item) { return item & 7; }
+  __device__ __forceinline__ static qkregs::UnitRegs source(const Regs& regs, int item) {
+    return qkregs::exchange_halves(regs, item & 7);
+  }
+};
+
+template <class T, class Items, int NV, int R, int D>
 __device__ __forceinline__ void register_cta(const uint8_t* __restrict__ w, int64_t rows, int64_t row_bytes,
                                              int n_blocks, XQuant xq, int64_t cols, float* __restrict__ y,
                                              bool accumulate, int64_t cta) {
-  using Items = RegItems<T>;
   constexpr int U = D * Items::template kPerDepth<R>;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t row0 = (cta * kWarps + warp) * R;
@@ -111,7 +133,7 @@ __device__ __forceinline__ void register_cta(const uint8_t* __restrict__ w, int6
       qdot::load_unit_x<NV>(i, xq, cols, x);
 #pragma unroll
       for (int r = 0; r < R; ++r)
-        if (r < n_rows) qdot::dot_unit_x<T, NV>(item_regs[u][r], Items::unit(i), x, acc + r * NV);
+        if (r < n_rows) qdot::dot_unit_x<T, NV>(Items::source(item_regs[u][r], i), Items::unit(i), x, acc + r * NV);
     }
   }
 #pragma unroll
@@ -119,19 +141,19 @@ __device__ __forceinline__ void register_cta(const uint8_t* __restrict__ w, int6
     if (r < n_rows) mvkern::write_row<NV>(acc + r * NV, y, rows, row0 + r, accumulate);
 }
 
-template <class T, int NV, int R, int D>
+template <class T, class Items, int NV, int R, int D>
 __global__ void __launch_bounds__(kWarps * 32)
     register_matvec_kernel(const uint8_t* __restrict__ w, int64_t rows, int64_t row_bytes, int n_blocks,
                            XQuant xq, int64_t cols, float* __restrict__ y, bool accumulate) {
-  register_cta<T, NV, R, D>(w, rows, row_bytes, n_blocks, xq, cols, y, accumulate, blockIdx.x);
+  register_cta<T, Items, NV, R, D>(w, rows, row_bytes, n_blocks, xq, cols, y, accumulate, blockIdx.x);
 }
 
-template <class T, int NV, int R, int D>
+template <class T, class Items, int NV, int R, int D>
 __global__ void __launch_bounds__(kWarps * 32)
     register_matvec_group_kernel(mvkern::GroupArgs g, int64_t row_bytes, int n_blocks, XQuant xq, int64_t cols) {
   int64_t cta = 0;
   const int i = mvkern::group_part(g, cta);
-  register_cta<T, NV, R, D>(g.w[i], g.rows[i], row_bytes, n_blocks, xq, cols, g.y[i], false, cta);
+  register_cta<T, Items, NV, R, D>(g.w[i], g.rows[i], row_bytes, n_blocks, xq, cols, g.y[i], false, cta);
 }
 
 /// Calls f(std::integral_constant<int, D>) for `depth`, 2 for one vector only
@@ -165,15 +187,28 @@ void dispatch_split(gguf::TensorType t, F&& f) {
   });
 }
 
-/// Calls f(T{}) for w's type where the register kernel reads it in w's
-/// layout (mvhost::reads_registers); throws otherwise -- the caller checked.
+template <class T, class Items>
+struct Kind {
+  using Type = T;
+  using ItemsOf = Items;
+};
+
+/// Calls f(Kind<T, Items>{}) for w's type and how the register kernel reads
+/// it in w's layout (mvhost::reads_registers; Q4_K by mvhost::q4k_pair_loads);
+/// throws otherwise -- the caller checked.
 template <class F>
 void dispatch_registers(const DeviceMatrix& w, F&& f) {
   bool done = false;
   qblk::dispatch_block_type(w.type, [&](auto traits) {
     using T = decltype(traits);
-    if constexpr (RegItems<T>::kOk) {
-      if (SplitOf<T>::kOk == (w.layout == WeightLayout::Split)) f(traits), done = true;
+    if constexpr (std::is_same_v<T, qblk::Q4_K>) {
+      if (w.layout == WeightLayout::Gguf) {
+        if (mvhost::q4k_pair_loads()) f(Kind<T, Q4kPairItems>{});
+        else f(Kind<T, RegItems<T>>{});
+        done = true;
+      }
+    } else if constexpr (RegItems<T>::kOk) {
+      if (w.layout == WeightLayout::Split) f(Kind<T, RegItems<T>>{}), done = true;
     }
   });
   if (!done) throw InvalidArgument("register matvec: no register kernel for the " + mvhost::shape_str(w));
@@ -182,8 +217,9 @@ void dispatch_registers(const DeviceMatrix& w, F&& f) {
 }  // namespace
 
 void run(const DeviceMatrix& w, const XQuant& xq, int n_vec, float* y, bool accumulate, cudaStream_t stream) {
-  dispatch_registers(w, [&](auto t) {
-    using T = decltype(t);
+  dispatch_registers(w, [&](auto kind) {
+    using T = typename decltype(kind)::Type;
+    using Items = typename decltype(kind)::ItemsOf;
     const int n_blocks = int(w.cols / T::kElems);
     mvkern::with_nv(n_vec, [&](auto nv) {
       constexpr int NV = decltype(nv)::value;
@@ -192,7 +228,7 @@ void run(const DeviceMatrix& w, const XQuant& xq, int n_vec, float* y, bool accu
         constexpr int kR = decltype(r)::value;
         const int64_t warps = (w.rows + kR - 1) / kR;
         with_depth<NV>(shape.depth, [&](auto d) {
-          pdl::launch("matvec (register) kernel launch", register_matvec_kernel<T, NV, kR, decltype(d)::value>,
+          pdl::launch("matvec (register) kernel launch", register_matvec_kernel<T, Items, NV, kR, decltype(d)::value>,
                       unsigned((warps + kWarps - 1) / kWarps), kWarps * 32, 0, stream,
                       static_cast<const uint8_t*>(w.data), w.rows, int64_t(w.row_bytes), n_blocks, xq, w.cols, y,
                       accumulate);
@@ -204,14 +240,15 @@ void run(const DeviceMatrix& w, const XQuant& xq, int n_vec, float* y, bool accu
 
 void run_group(const mvkern::GroupArgs& g, const mvhost::GroupPlan& plan, const DeviceMatrix& w0,
                const XQuant& xq, int n_vec, cudaStream_t stream) {
-  dispatch_registers(w0, [&](auto t) {
-    using T = decltype(t);
+  dispatch_registers(w0, [&](auto kind) {
+    using T = typename decltype(kind)::Type;
+    using Items = typename decltype(kind)::ItemsOf;
     mvkern::with_nv(n_vec, [&](auto nv) {
       constexpr int NV = decltype(nv)::value;
       mvkern::with_rows<NV>(plan.rows_per_warp, [&](auto r) {
         with_depth<NV>(mvhost::split_depth() == 2 ? 2 : 1, [&](auto d) {  // a group: depth 1 unless forced
           pdl::launch("matvec group (register) kernel launch",
-                      register_matvec_group_kernel<T, NV, decltype(r)::value, decltype(d)::value>, plan.ctas(),
+                      register_matvec_group_kernel<T, Items, NV, decltype(r)::value, decltype(d)::value>, plan.ctas(),
                       kWarps * 32, 0, stream, g, int64_t(w0.row_bytes), int(w0.cols / T::kElems), xq, w0.cols);
         });
       });

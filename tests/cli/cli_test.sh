@@ -216,6 +216,12 @@ case $CASE in
     python3 "$(dirname "$0")/../../tools/make_synthetic_gguf.py" "$TMP/inf.gguf" --layers 2 --hidden 256 --heads 4 \
       --kv-heads 2 --head-dim 64 --ffn 512 --vocab 512 --weight-std 1e9 > /dev/null 2>&1
     expect 1 "(not finite): the model's weights or a kernel are broken" -- bench -m "$TMP/inf.gguf" --device cpu -r 1 -n 2 -p 0
+    # The K-quant models the tool writes (the Q4_K/Q6_K matvec measurements) run with finite logits.
+    for t in Q4_K Q6_K; do
+      python3 "$(dirname "$0")/../../tools/make_synthetic_gguf.py" "$TMP/$t.gguf" --layers 2 --hidden 512 --heads 4 \
+        --kv-heads 2 --head-dim 64 --ffn 1024 --vocab 512 --type $t > /dev/null 2>&1 || fail "make_synthetic_gguf --type $t"
+      "$AKV" bench -m "$TMP/$t.gguf" --device cpu -r 1 -n 2 -p 0 > "$TMP/$t.out" 2>&1 || fail "bench on the synthetic $t model: $(tail -1 "$TMP/$t.out")"
+    done
     ;;
   bench_gpu)  # the same through runtime::GpuRuntime, streamed (host) and resident (gpu)
     check_bench "--device cuda" host,gpu
