@@ -84,17 +84,6 @@ int initial_split_depth() {
 std::atomic<int> g_split_depth{initial_split_depth()};
 }  // namespace
 
-namespace {
-bool initial_q4k_pair_loads() {
-  const char* e = std::getenv("ACTIVEKV_Q4K_LOADS");
-  return e == nullptr || std::strcmp(e, "whole") != 0;
-}
-std::atomic<bool> g_q4k_pairs{initial_q4k_pair_loads()};
-}  // namespace
-
-void set_q4k_pair_loads(bool pairs) { g_q4k_pairs.store(pairs, std::memory_order_relaxed); }
-bool q4k_pair_loads() { return g_q4k_pairs.load(std::memory_order_relaxed); }
-
 void set_split_depth(int depth) {
   if (depth < 0 || depth > 2)
     throw InvalidArgument("split matvec: depth " + std::to_string(depth) + " is not 0 (the rule), 1 or 2");
@@ -105,7 +94,10 @@ int split_depth() { return g_split_depth.load(std::memory_order_relaxed); }
 SplitShape split_shape(int64_t rows, int64_t cols, int n_vec, int block_bytes, int block_elems) {
   const int forced = split_depth();
   const bool four_bit = 8 * block_bytes <= 5 * block_elems;
-  if (forced == 0 && forced_rows() == 0 && n_vec == 1 && four_bit && rows >= 16384 && cols <= 8192) return {1, 2};
+  if (forced == 0 && forced_rows() == 0 && n_vec == 1 && four_bit) {
+    if (rows >= 16384 && cols <= 8192) return {1, 2};  // tall
+    if (cols > 8192) return {1, 1};                     // wide
+  }
   return {chunked_rows_per_warp(rows, n_vec, block_bytes, block_elems), forced == 2 && n_vec == 1 ? 2 : 1};
 }
 

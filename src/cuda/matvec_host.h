@@ -74,14 +74,6 @@ struct GroupPlan {
 /// (the kernel's loads are; else the chunked kernel, same bits).
 bool reads_registers(const DeviceMatrix& w, BlockMatvecKernel kernel);
 
-/// How the register kernel loads a Q4_K unit: whole in each lane (header +
-/// the 32-byte nibble group, 3 x 16 bytes; false) or with the two lanes of
-/// a unit pair splitting the group (2 x 16 bytes and 4 shuffles; true).
-/// The same bits either way. ACTIVEKV_Q4K_LOADS=whole|pairs at start, or
-/// this (measurements; process-wide as set_block_matvec_kernel).
-void set_q4k_pair_loads(bool pairs);
-bool q4k_pair_loads();
-
 /// Checks a group as launch_matvec_prequantized_group documents (throws
 /// InvalidArgument, nothing launched) and lays out its grid for `kernel`.
 GroupPlan plan_group(const MatvecGroupItem* items, int n, const float* x, int n_vec, const void* workspace,
@@ -105,8 +97,16 @@ int split_depth();
 /// 0331ab8.json, us, 2 rows x depth 1 against 1 row x depth 2): Q4_0
 /// 17408x5120 17.27 vs 15.81, 32000x5120 27.60 vs 24.29, where it lost on
 /// the wide and the small ones (5120x17408 17.93 vs 21.74, 6144x5120 7.85
-/// vs 8.89) and on Q8_0 (17408x5120 25.99 vs 29.73). Else chunked_rows_per_warp
-/// at depth 1. ACTIVEKV_MATVEC_ROWS forces the rows as there.
+/// vs 8.89) and on Q8_0 (17408x5120 25.99 vs 29.73). For one vector over a
+/// wide matrix of a 4-bit type (> 8192 cols: the FFN's down), 1 row per
+/// warp at depth 1: 2 rows left 2560 warps for 5120 rows, and at 72
+/// registers 7 CTAs per SM -- Nsight Compute at 27e9035 saw 30 % achieved
+/// occupancy and 41 % of DRAM bandwidth (bench/results/
+/// h200_ncu_register_matvec_27e9035.txt); Q4_0 5120x17408 took 18.43 us
+/// with 1 row at depth 1, 21.49 at depth 2, 31.16 with 2 rows at depth 2
+/// (h200_matvec_q4k_27e9035.json), 22.90 with 2 rows at depth 1 in an
+/// earlier call. Else chunked_rows_per_warp at depth 1.
+/// ACTIVEKV_MATVEC_ROWS forces the rows as there.
 struct SplitShape {
   int rows_per_warp = 1;
   int depth = 1;

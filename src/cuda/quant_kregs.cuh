@@ -37,15 +37,6 @@ struct UnitRegs {
   uint32_t qs[8];    // bytes 16 + 32 * (u / 2) .. + 31 for the loaded unit u
 };
 
-/// Unit u's header and its half of the nibble group, as a lane loads them
-/// when the two lanes of a unit pair (2j, 2j + 1) split the group's 32
-/// bytes: lane u holds bytes 16 * (u & 1) .. + 15 of it (join_halves
-/// rebuilds a UnitRegs from the partner's half).
-struct HalfRegs {
-  uint32_t head[4];
-  uint32_t half[4];
-};
-
 /// Byte offset of unit u's nibble group within its super-block.
 AKV_QHD int group_offset(int u) { return kHeadBytes + kGroupBytes * (u >> 1); }
 
@@ -72,42 +63,6 @@ __device__ __forceinline__ void load_unit(const uint8_t* blk, int u, UnitRegs& r
     r.qs[4 * i] = v.x, r.qs[4 * i + 1] = v.y, r.qs[4 * i + 2] = v.z, r.qs[4 * i + 3] = v.w;
   }
 }
-
-/// Unit u's header and its half of the group (HalfRegs), two 16-byte loads.
-__device__ __forceinline__ void load_half(const uint8_t* blk, int u, HalfRegs& r) {
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r.head[0]), "=r"(r.head[1]), "=r"(r.head[2]), "=r"(r.head[3])
-               : "l"(blk));
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r.half[0]), "=r"(r.half[1]), "=r"(r.half[2]), "=r"(r.half[3])
-               : "l"(blk + group_offset(u) + 16 * (u & 1)));
-}
-#endif
-
-/// Unit u's UnitRegs from its HalfRegs and the partner lane's half (the
-/// other 16 bytes of the group): the group's first half is the even unit's.
-AKV_QHD UnitRegs join_halves(const HalfRegs& mine, const uint32_t (&partner)[4], int u) {
-  UnitRegs r;
-  const bool odd = (u & 1) != 0;
-  AKV_UNROLL
-  for (int i = 0; i < 4; ++i) {
-    r.head[i] = mine.head[i];
-    r.qs[i] = odd ? partner[i] : mine.half[i];
-    r.qs[4 + i] = odd ? mine.half[i] : partner[i];
-  }
-  return r;
-}
-
-#ifdef __CUDACC__
-/// join_halves with the partner's half from lane ^ 1 (both lanes of the pair
-/// must call it together: they always hold the same item's pair).
-__device__ __forceinline__ UnitRegs exchange_halves(const HalfRegs& mine, int u) {
-  const unsigned pair = 3u << ((threadIdx.x & 31) & 30);
-  uint32_t partner[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) partner[i] = __shfl_xor_sync(pair, mine.half[i], 1);
-  return join_halves(mine, partner, u);
-}
 #endif
 
 /// The same on the host (the CPU tests of the source).
@@ -117,11 +72,6 @@ inline void load_unit_host(const uint8_t* blk, int u, UnitRegs& r) {
   };
   for (int i = 0; i < 4; ++i) r.head[i] = word(blk + 4 * i);
   for (int i = 0; i < 8; ++i) r.qs[i] = word(blk + group_offset(u) + 4 * i);
-}
-inline void load_half_host(const uint8_t* blk, int u, HalfRegs& r) {
-  UnitRegs whole;
-  load_unit_host(blk, u, whole);
-  for (int i = 0; i < 4; ++i) r.head[i] = whole.head[i], r.half[i] = whole.qs[4 * (u & 1) + i];
 }
 
 // Byte sources over UnitRegs: declared beside it, so that the traits'

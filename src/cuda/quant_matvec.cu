@@ -324,8 +324,8 @@ __global__ void __launch_bounds__(kWarps * 32)
 BlockMatvecKernel initial_kernel() {
   const char* e = std::getenv("ACTIVEKV_MATVEC_KERNEL");
   if (e != nullptr && std::strcmp(e, "tiled") == 0) return BlockMatvecKernel::Tiled;
-  if (e != nullptr && std::strcmp(e, "chunked") == 0) return BlockMatvecKernel::Chunked;
-  return BlockMatvecKernel::Register;
+  if (e != nullptr && std::strcmp(e, "register") == 0) return BlockMatvecKernel::Register;
+  return BlockMatvecKernel::Chunked;
 }
 
 BlockMatvecKernel g_kernel = initial_kernel();

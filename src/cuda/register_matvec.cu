@@ -75,25 +75,6 @@ struct RegItems<qblk::Q4_K> {
   __device__ __forceinline__ static const Regs& source(const Regs& regs, int) { return regs; }
 };
 
-/// Q4_K, the two lanes of a unit pair splitting its nibble group: each loads
-/// the header and 16 of the group's 32 bytes (2 x 16 bytes in 8 registers)
-/// and takes the other 16 from its partner by shuffles when it uses the
-/// unit (mvhost::q4k_pair_loads selects this); 4 units per row and depth,
-/// 2 at 4 rows.
-struct Q4kPairItems {
-  template <int R>
-  static constexpr int kPerDepth = R >= 4 ? 2 : 4;
-  using Regs = qkregs::HalfRegs;
-  __device__ __forceinline__ static void load(const uint8_t* w, int64_t, int64_t row_bytes, int64_t r, int item,
-                                              int, Regs& regs) {
-    qkregs::load_half(w + r * row_bytes + int64_t(item >> 3) * qblk::Q4_K::kBytes, item & 7, regs);
-  }
-  __device__ __forceinline__ static int unit(int item) { return item & 7; }
-  __device__ __forceinline__ static qkregs::UnitRegs source(const Regs& regs, int item) {
-    return qkregs::exchange_halves(regs, item & 7);
-  }
-};
-
 template <class T, class Items, int NV, int R, int D>
 __device__ __forceinline__ void register_cta(const uint8_t* __restrict__ w, int64_t rows, int64_t row_bytes,
                                              int n_blocks, XQuant xq, int64_t cols, float* __restrict__ y,
@@ -194,19 +175,15 @@ struct Kind {
 };
 
 /// Calls f(Kind<T, Items>{}) for w's type and how the register kernel reads
-/// it in w's layout (mvhost::reads_registers; Q4_K by mvhost::q4k_pair_loads);
-/// throws otherwise -- the caller checked.
+/// it in w's layout (mvhost::reads_registers); throws otherwise -- the caller
+/// checked.
 template <class F>
 void dispatch_registers(const DeviceMatrix& w, F&& f) {
   bool done = false;
   qblk::dispatch_block_type(w.type, [&](auto traits) {
     using T = decltype(traits);
     if constexpr (std::is_same_v<T, qblk::Q4_K>) {
-      if (w.layout == WeightLayout::Gguf) {
-        if (mvhost::q4k_pair_loads()) f(Kind<T, Q4kPairItems>{});
-        else f(Kind<T, RegItems<T>>{});
-        done = true;
-      }
+      if (w.layout == WeightLayout::Gguf) f(Kind<T, RegItems<T>>{}), done = true;
     } else if constexpr (RegItems<T>::kOk) {
       if (w.layout == WeightLayout::Split) f(Kind<T, RegItems<T>>{}), done = true;
     }

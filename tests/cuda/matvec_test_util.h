@@ -55,19 +55,6 @@ inline std::vector<int> depths_for(TensorType t, WeightLayout l) {
   return {1};
 }
 
-/// Selects how the register kernel loads Q4_K units for one scope.
-struct Q4kLoadsScope {
-  bool before = mvhost::q4k_pair_loads();
-  explicit Q4kLoadsScope(bool pairs) { mvhost::set_q4k_pair_loads(pairs); }
-  ~Q4kLoadsScope() { mvhost::set_q4k_pair_loads(before); }
-};
-
-/// The Q4_K load variants a type is tested with (both for Q4_K; else the current one).
-inline std::vector<bool> pair_loads_for(TensorType t) {
-  if (t == TensorType::Q4_K) return {false, true};
-  return {mvhost::q4k_pair_loads()};
-}
-
 /// The kernel whose arithmetic a launch with `kernel` selected runs on a
 /// matrix of `layout`: split matrices always run the register kernel, and
 /// the register kernel's rows are the chunked kernel's bit for bit

@@ -209,8 +209,9 @@ TEST(SplitLayoutChecks, TypesAndBadRepacksThrowOneLine) {
   if (std::getenv("ACTIVEKV_SPLIT_DEPTH") == nullptr) EXPECT_EQ(mvhost::split_depth(), 0);  // the default: the rule
 }
 
-// The split kernel's rows per warp and depth (matvec_host.h says what was
-// measured): one row at depth 2 for one vector over a tall 4-bit matrix.
+// The register kernel's rows per warp and depth (matvec_host.h says what
+// was measured): one row at depth 2 for one vector over a tall 4-bit
+// matrix, one row at depth 1 over a wide one.
 TEST(SplitShape, TallFourBitMatricesTakeOneRowPerWarpAtDepthTwo) {
   if (std::getenv("ACTIVEKV_SPLIT_DEPTH") != nullptr || std::getenv("ACTIVEKV_MATVEC_ROWS") != nullptr)
     GTEST_SKIP() << "the environment forces the shape";
@@ -222,9 +223,11 @@ TEST(SplitShape, TallFourBitMatricesTakeOneRowPerWarpAtDepthTwo) {
   EXPECT_EQ(shape(17408, 5120, 1, kQ4_0), std::make_pair(1, 2));  // gate, up
   EXPECT_EQ(shape(32000, 5120, 1, kQ4_0), std::make_pair(1, 2));  // the output head
   EXPECT_EQ(shape(32000, 5120, 1, kQ4_1), std::make_pair(1, 2));
-  EXPECT_EQ(shape(5120, 17408, 1, kQ4_0), std::make_pair(2, 1));  // down: wide
+  EXPECT_EQ(shape(5120, 17408, 1, kQ4_0), std::make_pair(1, 1));  // down: wide, warps enough
   EXPECT_EQ(shape(6144, 5120, 1, kQ4_0), std::make_pair(2, 1));
-  EXPECT_EQ(shape(17408, 17408, 1, kQ4_0), std::make_pair(2, 1));  // tall but wide
+  EXPECT_EQ(shape(17408, 17408, 1, kQ4_0), std::make_pair(1, 1));  // tall but wide
+  EXPECT_EQ(shape(5120, 17408, 1, kQ8_0), std::make_pair(1, 1));   // 8-bit: chunked rule (1 row)
+  EXPECT_EQ(shape(5120, 17408, 8, kQ4_0), std::make_pair(4, 1));  // several vectors: as before
   EXPECT_EQ(shape(17408, 5120, 1, kQ8_0), std::make_pair(1, 1));  // 8-bit: lost there
   EXPECT_EQ(shape(17408, 5120, 8, kQ4_0), std::make_pair(4, 1));  // several vectors: as before
   const int before = mvhost::split_depth();

@@ -38,11 +38,9 @@ TEST_P(WeightKernels, MatvecMatchesCpu) {
   const double emul_bound = is_float_type(t) ? kEmulBoundFloat : kEmulBoundQuant;
   for (const WeightLayout layout : layouts_for(t))
   for (const int depth : depths_for(t, layout))
-  for (const bool pairs : pair_loads_for(t))
   for (const BlockMatvecKernel kernel : kernels_for(t)) {
     const KernelScope scope(kernel);
     const SplitDepthScope depth_scope(depth);
-    const Q4kLoadsScope loads_scope(pairs);
     MatvecErrors worst;
     uint64_t seed = 1000 + uint64_t(t);
     for (const Shape& s : shapes_for(t)) {
@@ -59,7 +57,7 @@ TEST_P(WeightKernels, MatvecMatchesCpu) {
         ck(cudaDeviceSynchronize(), "matvec");
         const auto y = download<float>(dy, size_t(n_vec * s.rows));
         SCOPED_TRACE(gguf::type_name(t) + " " + kernel_name(kernel) + " " + layout_name(layout) + " depth " +
-                     std::to_string(depth) + (pairs ? " pair loads " : " ") + std::to_string(s.rows) + "x" + std::to_string(s.cols) + " n_vec " +
+                     std::to_string(depth) + " " + std::to_string(s.rows) + "x" + std::to_string(s.cols) + " n_vec " +
                      std::to_string(n_vec));
         // The kernel's arithmetic, replayed on the CPU (matvec_emulation.h): equal bits.
         const std::vector<float> want = emulate_matvec(h, x, n_vec, arithmetic_of(kernel, layout));
@@ -73,10 +71,9 @@ TEST_P(WeightKernels, MatvecMatchesCpu) {
         worst.merge(e);
       }
     }
-    std::printf("[measured] %-5s %-8s %-5s depth %d%s matvec: max rel err vs CPU emulation %.3g (bound %.3g); vs fp64 "
+    std::printf("[measured] %-5s %-8s %-5s depth %d matvec: max rel err vs CPU emulation %.3g (bound %.3g); vs fp64 "
                 "with exact x: %.3g of the hard bound (bound %.3g), max z %.3g (bound %.3g)\n",
-                gguf::type_name(t).c_str(), kernel_name(kernel), layout_name(layout), depth, pairs ? " pairs" : "",
-                worst.rel_emul, emul_bound, worst.worst_ratio,
+                gguf::type_name(t).c_str(), kernel_name(kernel), layout_name(layout), depth, worst.rel_emul, emul_bound, worst.worst_ratio,
                 kWorstRatioBound, worst.z, kZBound);
   }
 }
@@ -89,15 +86,13 @@ TEST_P(WeightKernels, EveryBatchSizeAccumulateAndPrequantized) {
   const HostMatrix h = random_matrix(t, s.rows, s.cols, 77 + uint64_t(t));
   for (const WeightLayout layout : layouts_for(t))
   for (const int depth : depths_for(t, layout))
-  for (const bool pairs : pair_loads_for(t))
   for (const BlockMatvecKernel kernel : kernels_for(t)) {
     const KernelScope scope(kernel);
     const SplitDepthScope depth_scope(depth);
-    const Q4kLoadsScope loads_scope(pairs);
     DeviceCopy dw(h, layout);
     for (int n_vec = 1; n_vec <= kMaxMatvecVectors; ++n_vec) {
       SCOPED_TRACE(std::string(kernel_name(kernel)) + " " + layout_name(layout) + " depth " + std::to_string(depth) +
-                   (pairs ? " pair loads" : "") + " n_vec " + std::to_string(n_vec));
+                   " n_vec " + std::to_string(n_vec));
       const size_t ny = size_t(n_vec * s.rows);
       const std::vector<float> x = random_x(n_vec, s.cols, 500 + n_vec);
       std::vector<float> y0(ny);

@@ -180,9 +180,8 @@ TEST(SplitLayoutHost, SourcesReadTheGgufBytes) {
 }
 
 // Q4_K in registers (quant_kregs.cuh): a unit loaded as the register matvec
-// loads it -- the super-block's 16-byte header and the unit's nibble group,
-// whole or joined from the two halves a unit pair's lanes load --
-// decodes and dots bit for bit as the block's GGUF bytes do, for every
+// loads it -- the super-block's 16-byte header and the unit's nibble group
+// -- decodes and dots bit for bit as the block's GGUF bytes do, for every
 // unit of every block, with the unit known only at run time (as in the
 // kernel, where it is the lane's). So the register kernel's Q4_K rows are
 // the chunked kernel's (the GPU test checks the kernel itself).
@@ -202,12 +201,6 @@ TEST(Q4kRegistersHost, UnitRegsReadTheGgufBytes) {
         const uint8_t* g = h.bytes.data() + r * h.row_bytes + b * Q4_K::kBytes;
         qkregs::UnitRegs regs;
         qkregs::load_unit_host(g, u, regs);
-        // The pair-loads variant: this lane's half joined with its partner's (unit u ^ 1).
-        qkregs::HalfRegs mine, partner;
-        qkregs::load_half_host(g, u, mine);
-        qkregs::load_half_host(g, u ^ 1, partner);
-        const qkregs::UnitRegs joined = qkregs::join_halves(mine, partner.half, u);
-        ASSERT_EQ(0, std::memcmp(&joined, &regs, sizeof regs)) << "join_halves, block " << b << " unit " << u;
         for (int k = 0; k < 8; ++k) {
           float want[4], got[4];
           qblk::dequant4<Q4_K>(g, u, k, want);

@@ -79,23 +79,29 @@ void launch_repack_split(const void* src_gguf, const DeviceMatrix& dst, cudaStre
 inline constexpr int kMaxMatvecVectors = 8;
 
 /// The block-type matvec kernel launch_matvec and launch_matvec_prequantized
-/// use. Register (the default): the weights load straight into registers,
-/// 16 bytes at a time, no shared memory, for the matrices that allow it --
-/// every matrix in the split layout (WeightLayout::Split) and Q4_K in the
-/// GGUF layout (144-byte super-blocks, 16-byte aligned); the others run the
-/// chunked kernel. Its rows are bitwise the chunked kernel's (each lane meets
-/// the same 32-element units in the same order). Chunked: a warp per row
-/// streamed through shared memory (split matrices, which it cannot read,
-/// still run the register kernel). Tiled: a thread per 256-element tile,
-/// all of its bytes loaded before any use, R rows per CTA -- measured slower
-/// on the H200 at af92df1 (Q4_0 at 18-28 % of HBM read against the chunked
-/// kernel's 26-49 %; the 27B-shape model at depth 0 3.88 ms/token against
-/// 2.73: bench/results/h200_bench_matvec_tiled.json,
-/// h200_model_bench_d0_tiled.json), kept for that work to continue
-/// (bench_matvec --kernel tiled). Tiled sums in another order, so its y
-/// differs from the others' in the last bits; each is deterministic. The
-/// process starts with ACTIVEKV_MATVEC_KERNEL=tiled|chunked|register from
-/// the environment, else Register.
+/// use. Every matrix in the split layout (WeightLayout::Split) runs the
+/// register kernel whatever is selected: its weights load straight into
+/// registers, 16 bytes at a time, no shared memory; its rows are bitwise
+/// the chunked kernel's (each lane meets the same 32-element units in the
+/// same order). For matrices in the GGUF layout:
+///   Chunked (the default): a warp per row streamed through shared memory.
+///   Register: the register kernel also on Q4_K (144-byte super-blocks,
+///     16-byte aligned: a unit is three 16-byte loads), the chunked kernel
+///     for the other types. Same bits as Chunked. Measured on the H200 at
+///     27e9035 (bench/results/h200_matvec_q4k_27e9035.json) no faster: one
+///     vector, best rows and depth, 12.1-40.9 us against chunked's
+///     12.2-39.7 on the 27B shape's matrices; the 27B-shape Q4_K model at
+///     depth 0 2.364 ms/token against 2.039. Kept for that work.
+///   Tiled: a thread per 256-element tile, all of its bytes loaded before
+///     any use, R rows per CTA -- measured slower on the H200 at af92df1
+///     (Q4_0 at 18-28 % of HBM read against the chunked kernel's 26-49 %;
+///     the 27B-shape model at depth 0 3.88 ms/token against 2.73:
+///     bench/results/h200_bench_matvec_tiled.json,
+///     h200_model_bench_d0_tiled.json), kept for that work to continue
+///     (bench_matvec --kernel tiled). It sums in another order, so its y
+///     differs from the others' in the last bits; each is deterministic.
+/// The process starts with ACTIVEKV_MATVEC_KERNEL=tiled|register from the
+/// environment, else Chunked.
 /// Process-wide: set it before launching, not while other threads launch.
 enum class BlockMatvecKernel { Tiled, Chunked, Register };
 void set_block_matvec_kernel(BlockMatvecKernel k);
