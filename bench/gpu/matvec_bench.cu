@@ -11,12 +11,12 @@
 //
 // The default shapes are the 27B-shape model's matrices (rows x cols): Q
 // 6144x5120, K/V 1024x5120, O 5120x6144, gate/up 17408x5120, down 5120x17408,
-// output 32000x5120. --kernel picks the block-type matvec kernel
-// (set_block_matvec_kernel; default register, the runtime's: it reads Q4_K
-// in the GGUF layout, the other GGUF types run the chunked kernel);
-// --layout split (the default, the runtime's: GpuWeights) puts Q4_0, Q4_1,
-// Q5_0 and Q8_0 matrices in the split layout, which only the register
-// kernel reads (quant_matvec.h's WeightLayout); other types stay GGUF.
+// output 32000x5120. --kernel picks the block-type matvec kernel for
+// matrices in the GGUF layout (set_block_matvec_kernel; default chunked, the
+// runtime's; register reads Q4_K through registers too); --layout split
+// (the default, the runtime's: GpuWeights) puts Q4_0, Q4_1, Q5_0 and Q8_0
+// matrices in the split layout, which only the register kernel reads,
+// whatever --kernel says (quant_matvec.h's WeightLayout); other types stay GGUF.
 //
 // Timing: CUDA events around a batch of back-to-back launches on one stream
 // (>= 20), rotating between enough copies of the matrix that their bytes are
@@ -165,7 +165,7 @@ int main(int argc, char** argv) {
   CLI::App app{"Decode matvec on GGUF-typed weights vs the measured HBM read bandwidth"};
   std::string types = "Q4_0,Q4_K,Q6_K,Q8_0,Q4_1,Q5_K,F16,BF16,F32";
   std::string shapes = "6144x5120,1024x5120,5120x6144,17408x5120,5120x17408,32000x5120";
-  std::string kernel = "register";  // the runtime's default (quant_matvec.h says why)
+  std::string kernel = "chunked";  // the runtime's default (quant_matvec.h says why)
   std::string nvecs = "1,2,8";
   std::string json_path;
   int batches = 30;

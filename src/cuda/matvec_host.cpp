@@ -91,12 +91,24 @@ void set_split_depth(int depth) {
 }
 int split_depth() { return g_split_depth.load(std::memory_order_relaxed); }
 
+namespace {
+/// ACTIVEKV_WIDE_ROWS=2: the rows per warp of wide matrices before the wide
+/// rule (A/B measurements), else 1 (read once).
+int wide_rows() {
+  static const int r = [] {
+    const char* e = std::getenv("ACTIVEKV_WIDE_ROWS");
+    return e != nullptr && std::strcmp(e, "2") == 0 ? 2 : 1;
+  }();
+  return r;
+}
+}  // namespace
+
 SplitShape split_shape(int64_t rows, int64_t cols, int n_vec, int block_bytes, int block_elems) {
   const int forced = split_depth();
   const bool four_bit = 8 * block_bytes <= 5 * block_elems;
   if (forced == 0 && forced_rows() == 0 && n_vec == 1 && four_bit) {
     if (rows >= 16384 && cols <= 8192) return {1, 2};  // tall
-    if (cols > 8192) return {1, 1};                     // wide
+    if (cols > 8192) return {wide_rows(), 1};          // wide
   }
   return {chunked_rows_per_warp(rows, n_vec, block_bytes, block_elems), forced == 2 && n_vec == 1 ? 2 : 1};
 }

@@ -105,8 +105,8 @@ int split_depth();
 /// h200_ncu_register_matvec_27e9035.txt); Q4_0 5120x17408 took 18.43 us
 /// with 1 row at depth 1, 21.49 at depth 2, 31.16 with 2 rows at depth 2
 /// (h200_matvec_q4k_27e9035.json), 22.90 with 2 rows at depth 1 in an
-/// earlier call. Else chunked_rows_per_warp at depth 1.
-/// ACTIVEKV_MATVEC_ROWS forces the rows as there.
+/// earlier call (ACTIVEKV_WIDE_ROWS=2 keeps 2 rows there: A/B runs). Else
+/// chunked_rows_per_warp at depth 1. ACTIVEKV_MATVEC_ROWS forces the rows as there.
 struct SplitShape {
   int rows_per_warp = 1;
   int depth = 1;

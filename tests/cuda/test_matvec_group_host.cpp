@@ -213,7 +213,8 @@ TEST(SplitLayoutChecks, TypesAndBadRepacksThrowOneLine) {
 // was measured): one row at depth 2 for one vector over a tall 4-bit
 // matrix, one row at depth 1 over a wide one.
 TEST(SplitShape, TallFourBitMatricesTakeOneRowPerWarpAtDepthTwo) {
-  if (std::getenv("ACTIVEKV_SPLIT_DEPTH") != nullptr || std::getenv("ACTIVEKV_MATVEC_ROWS") != nullptr)
+  if (std::getenv("ACTIVEKV_SPLIT_DEPTH") != nullptr || std::getenv("ACTIVEKV_MATVEC_ROWS") != nullptr ||
+      std::getenv("ACTIVEKV_WIDE_ROWS") != nullptr)
     GTEST_SKIP() << "the environment forces the shape";
   auto shape = [](int64_t rows, int64_t cols, int n_vec, int block_bytes) {
     const mvhost::SplitShape s = mvhost::split_shape(rows, cols, n_vec, block_bytes, 32);
