@@ -127,8 +127,10 @@ __device__ __forceinline__ void register_cta(const uint8_t* __restrict__ w, int6
 
 /// kMinCtas: the CTAs per SM the compiler must fit in registers (64 per
 /// thread at 8). With one vector over a split matrix at R x D <= 2 the
-/// kernel used 72 registers -- 7 CTAs, 28 warps per SM: more resident warps
-/// are more weight bytes in flight (tight_launch()).
+/// kernel used 72-78 registers -- 7 CTAs, 28 warps per SM (Nsight Compute at
+/// 27e9035: 30-35 % achieved occupancy, 41 % of DRAM bandwidth); at 64,
+/// 8 CTAs: more resident warps, more weight bytes in flight. Opt-in
+/// (tight_launch()).
 template <class T, class Items, int NV, int R, int D, int kMinCtas>
 __global__ void __launch_bounds__(kWarps * 32, kMinCtas)
     register_matvec_kernel(const uint8_t* __restrict__ w, int64_t rows, int64_t row_bytes, int n_blocks,
@@ -142,11 +144,14 @@ __global__ void __launch_bounds__(kWarps * 32, kMinCtas)
 template <class T, int NV, int R, int D>
 inline constexpr bool kTightable = NV == 1 && R * D <= 2 && SplitOf<T>::kOk && SplitOf<T>::kHead <= 4;
 
-/// ACTIVEKV_MATVEC_TIGHT=0 turns the bound off (A/B measurements; read once).
+/// ACTIVEKV_MATVEC_TIGHT=1 turns the bound on (read once). Off by default:
+/// not yet measured on a GPU (the session that wrote it ran out of device
+/// time); the A/B: bench_matvec and `activekv bench -d 0` with and
+/// without it in one call, then make the winner the default.
 bool tight_launch() {
   static const bool on = [] {
     const char* e = std::getenv("ACTIVEKV_MATVEC_TIGHT");
-    return e == nullptr || std::strcmp(e, "0") != 0;
+    return e != nullptr && std::strcmp(e, "1") == 0;
   }();
   return on;
 }
