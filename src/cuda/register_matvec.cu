@@ -56,7 +56,6 @@ struct RegItems<T, std::enable_if_t<SplitOf<T>::kOk>> {
     qsplit::load_regs<T>(qsplit::split_block<T>(w, rows, r, item, n_blocks), regs);
   }
   __device__ __forceinline__ static int unit(int) { return 0; }
-  __device__ __forceinline__ static const Regs& source(const Regs& regs, int) { return regs; }
 };
 
 /// Q4_K in the GGUF layout: an item is unit item % 8 of super-block item / 8.
@@ -75,13 +74,13 @@ struct RegItems<qblk::Q4_K> {
     qkregs::load_unit(w + r * row_bytes + int64_t(item >> 3) * qblk::Q4_K::kBytes, item & 7, regs);
   }
   __device__ __forceinline__ static int unit(int item) { return item & 7; }
-  __device__ __forceinline__ static const Regs& source(const Regs& regs, int) { return regs; }
 };
 
-template <class T, class Items, int NV, int R, int D>
+template <class T, int NV, int R, int D>
 __device__ __forceinline__ void register_cta(const uint8_t* __restrict__ w, int64_t rows, int64_t row_bytes,
                                              int n_blocks, XQuant xq, int64_t cols, float* __restrict__ y,
                                              bool accumulate, int64_t cta) {
+  using Items = RegItems<T>;
   constexpr int U = D * Items::template kPerDepth<R>;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t row0 = (cta * kWarps + warp) * R;
@@ -117,7 +116,7 @@ __device__ __forceinline__ void register_cta(const uint8_t* __restrict__ w, int6
       qdot::load_unit_x<NV>(i, xq, cols, x);
 #pragma unroll
       for (int r = 0; r < R; ++r)
-        if (r < n_rows) qdot::dot_unit_x<T, NV>(Items::source(item_regs[u][r], i), Items::unit(i), x, acc + r * NV);
+        if (r < n_rows) qdot::dot_unit_x<T, NV>(item_regs[u][r], Items::unit(i), x, acc + r * NV);
     }
   }
 #pragma unroll
@@ -131,11 +130,11 @@ __device__ __forceinline__ void register_cta(const uint8_t* __restrict__ w, int6
 /// 27e9035: 30-35 % achieved occupancy, 41 % of DRAM bandwidth); at 64,
 /// 8 CTAs: more resident warps, more weight bytes in flight. Opt-in
 /// (tight_launch()).
-template <class T, class Items, int NV, int R, int D, int kMinCtas>
+template <class T, int NV, int R, int D, int kMinCtas>
 __global__ void __launch_bounds__(kWarps * 32, kMinCtas)
     register_matvec_kernel(const uint8_t* __restrict__ w, int64_t rows, int64_t row_bytes, int n_blocks,
                            XQuant xq, int64_t cols, float* __restrict__ y, bool accumulate) {
-  register_cta<T, Items, NV, R, D>(w, rows, row_bytes, n_blocks, xq, cols, y, accumulate, blockIdx.x);
+  register_cta<T, NV, R, D>(w, rows, row_bytes, n_blocks, xq, cols, y, accumulate, blockIdx.x);
 }
 
 /// Where the register bound of 8 CTAs per SM may apply: one vector, R x D
@@ -156,12 +155,12 @@ bool tight_launch() {
   return on;
 }
 
-template <class T, class Items, int NV, int R, int D>
+template <class T, int NV, int R, int D>
 __global__ void __launch_bounds__(kWarps * 32)
     register_matvec_group_kernel(mvkern::GroupArgs g, int64_t row_bytes, int n_blocks, XQuant xq, int64_t cols) {
   int64_t cta = 0;
   const int i = mvkern::group_part(g, cta);
-  register_cta<T, Items, NV, R, D>(g.w[i], g.rows[i], row_bytes, n_blocks, xq, cols, g.y[i], false, cta);
+  register_cta<T, NV, R, D>(g.w[i], g.rows[i], row_bytes, n_blocks, xq, cols, g.y[i], false, cta);
 }
 
 /// Calls f(std::integral_constant<int, D>) for `depth`, 2 for one vector only
@@ -195,24 +194,16 @@ void dispatch_split(gguf::TensorType t, F&& f) {
   });
 }
 
-template <class T, class Items>
-struct Kind {
-  using Type = T;
-  using ItemsOf = Items;
-};
-
-/// Calls f(Kind<T, Items>{}) for w's type and how the register kernel reads
-/// it in w's layout (mvhost::reads_registers); throws otherwise -- the caller
-/// checked.
+/// Calls f(T{}) for w's type where the register kernel reads it in w's
+/// layout (mvhost::reads_registers: split types split, Q4_K in the GGUF
+/// layout); throws otherwise -- the caller checked.
 template <class F>
 void dispatch_registers(const DeviceMatrix& w, F&& f) {
   bool done = false;
   qblk::dispatch_block_type(w.type, [&](auto traits) {
     using T = decltype(traits);
-    if constexpr (std::is_same_v<T, qblk::Q4_K>) {
-      if (w.layout == WeightLayout::Gguf) f(Kind<T, RegItems<T>>{}), done = true;
-    } else if constexpr (RegItems<T>::kOk) {
-      if (w.layout == WeightLayout::Split) f(Kind<T, RegItems<T>>{}), done = true;
+    if constexpr (RegItems<T>::kOk) {
+      if (SplitOf<T>::kOk == (w.layout == WeightLayout::Split)) f(traits), done = true;
     }
   });
   if (!done) throw InvalidArgument("register matvec: no register kernel for the " + mvhost::shape_str(w));
@@ -221,9 +212,8 @@ void dispatch_registers(const DeviceMatrix& w, F&& f) {
 }  // namespace
 
 void run(const DeviceMatrix& w, const XQuant& xq, int n_vec, float* y, bool accumulate, cudaStream_t stream) {
-  dispatch_registers(w, [&](auto kind) {
-    using T = typename decltype(kind)::Type;
-    using Items = typename decltype(kind)::ItemsOf;
+  dispatch_registers(w, [&](auto t) {
+    using T = decltype(t);
     const int n_blocks = int(w.cols / T::kElems);
     mvkern::with_nv(n_vec, [&](auto nv) {
       constexpr int NV = decltype(nv)::value;
@@ -239,9 +229,9 @@ void run(const DeviceMatrix& w, const XQuant& xq, int n_vec, float* y, bool accu
                         n_blocks, xq, w.cols, y, accumulate);
           };
           if constexpr (kTightable<T, NV, kR, kD>) {
-            if (tight_launch()) return go(register_matvec_kernel<T, Items, NV, kR, kD, 8>);
+            if (tight_launch()) return go(register_matvec_kernel<T, NV, kR, kD, 8>);
           }
-          go(register_matvec_kernel<T, Items, NV, kR, kD, 1>);
+          go(register_matvec_kernel<T, NV, kR, kD, 1>);
         });
       });
     });
@@ -250,15 +240,14 @@ void run(const DeviceMatrix& w, const XQuant& xq, int n_vec, float* y, bool accu
 
 void run_group(const mvkern::GroupArgs& g, const mvhost::GroupPlan& plan, const DeviceMatrix& w0,
                const XQuant& xq, int n_vec, cudaStream_t stream) {
-  dispatch_registers(w0, [&](auto kind) {
-    using T = typename decltype(kind)::Type;
-    using Items = typename decltype(kind)::ItemsOf;
+  dispatch_registers(w0, [&](auto t) {
+    using T = decltype(t);
     mvkern::with_nv(n_vec, [&](auto nv) {
       constexpr int NV = decltype(nv)::value;
       mvkern::with_rows<NV>(plan.rows_per_warp, [&](auto r) {
         with_depth<NV>(mvhost::split_depth() == 2 ? 2 : 1, [&](auto d) {  // a group: depth 1 unless forced
           pdl::launch("matvec group (register) kernel launch",
-                      register_matvec_group_kernel<T, Items, NV, decltype(r)::value, decltype(d)::value>, plan.ctas(),
+                      register_matvec_group_kernel<T, NV, decltype(r)::value, decltype(d)::value>, plan.ctas(),
                       kWarps * 32, 0, stream, g, int64_t(w0.row_bytes), int(w0.cols / T::kElems), xq, w0.cols);
         });
       });
