@@ -116,6 +116,7 @@ struct ItemContext {
   const float* q;
   const uint16_t* q_hi;
   const uint16_t* q_lo;
+  uint16_t* q_tiles;  // AMX: KV head g's packed query at q_tiles + g * amx_query_elems(d); else null
   float scale;
   int terms;
   detail::Bf16Kernel bf16_kernel;
@@ -134,6 +135,7 @@ void run_bf16_item(const ItemContext& c, const PageRef& page, const Split& s, in
   it.q = c.q + size_t(g) * G * d;
   it.q_hi = c.q_hi + size_t(g) * G * d;
   it.q_lo = c.q_lo + size_t(g) * G * d;
+  if (c.q_tiles != nullptr) it.q_tiles = c.q_tiles + size_t(g) * detail::amx_query_elems(d);
   c.bf16_kernel(it, G, d, c.scale, scores, o, lse);
 }
 
@@ -264,10 +266,17 @@ size_t attend_pages_splits(const DecodeShape& shape, std::span<const PageRef> pa
   if (avx512) split_query_bf16(q, size_t(nq) * d, ws.q_bf16);
   static const detail::Bf16Kernel bf16_portable = detail::pick_bf16_portable();
   static const detail::Int8sKernel int8s_portable = detail::pick_int8s_portable();
+  uint16_t* q_tiles = nullptr;  // packed once per KV head and call, not per item (kernels_amx.cpp)
+  if (amx) {
+    ws.q_amx.resize(size_t(H) * detail::amx_query_elems(d) + 32);
+    const auto addr = reinterpret_cast<uintptr_t>(ws.q_amx.data());
+    q_tiles = ws.q_amx.data() + (64 - addr % 64) % 64 / sizeof(uint16_t);  // 64-byte aligned
+  }
   const ItemContext ctx{shape,
                         q,
                         avx512 ? ws.q_bf16.data() : nullptr,
                         avx512 ? ws.q_bf16.data() + size_t(nq) * d : nullptr,
+                        q_tiles,
                         shape.softmax_scale != 0.0f ? shape.softmax_scale : 1.0f / std::sqrt(float(d)),
                         opt.int8s_query_terms,
                         amx      ? detail::bf16_item_amx
@@ -297,7 +306,14 @@ size_t attend_pages_splits(const DecodeShape& shape, std::span<const PageRef> pa
   {
     std::vector<float>& f32 = ws.thread_f32[size_t(omp_get_thread_num())];
     f32.resize(std::max(size_t(G + 1) * split_cap, 3 * size_t(d)));
-    // The int8s query of each (page, KV head) once, before its splits.
+    // The AMX query of each KV head and the int8s query of each (page, KV
+    // head) once, before their items.
+    if (ctx.q_tiles != nullptr) {
+#pragma omp for schedule(static)
+      for (int g = 0; g < H; ++g)
+        detail::pack_query_amx(ctx.q_hi + size_t(g) * G * d, ctx.q_lo + size_t(g) * G * d, G, d,
+                               ctx.q_tiles + size_t(g) * detail::amx_query_elems(d));
+    }
 #pragma omp for schedule(static)
     for (int i = 0; i < int(pages.size()) * H; ++i) {
       const size_t p = size_t(i / H);

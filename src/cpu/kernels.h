@@ -4,6 +4,7 @@
 // and lse [group] (natural log). n >= 1.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace activekv::cpu::detail {
@@ -11,6 +12,9 @@ namespace activekv::cpu::detail {
 /// bf16 item. k, v: [n][d] rows of the K and V planes (raw bf16 bits).
 /// q: [group][d] fp32; q_hi, q_lo: [group][d] its two bf16 terms (q_hi =
 /// bf16(q), q_lo = bf16(q - q_hi)), read by the AVX-512 and AMX kernels only.
+/// q_tiles: the two terms as pack_query_amx lays them out, 64-byte aligned
+/// (shared by every item of the KV head in a call); read by the AMX kernel
+/// only, which needs it.
 struct Bf16Item {
   const uint16_t* k = nullptr;
   const uint16_t* v = nullptr;
@@ -18,6 +22,7 @@ struct Bf16Item {
   const float* q = nullptr;
   const uint16_t* q_hi = nullptr;
   const uint16_t* q_lo = nullptr;
+  const uint16_t* q_tiles = nullptr;
 };
 
 /// int8s item. kq, vq: [n][d] codes; s: [n] key token scales; vscale: [d]
@@ -51,6 +56,12 @@ void bf16_finish_avx512(const Bf16Item&, int group, int d, float* scores, float*
 // Call only where cpu_has_amx_kernels() (the OS has granted the tile state)
 // and d % 64 == 0, d <= 512, group in 1..8.
 void bf16_item_amx(const Bf16Item&, int group, int d, float scale, float* scores, float* o, float* lse);
+
+/// uint16 elements of one KV head's packed query (both terms, d / 32 chunks
+/// of 16 x 32), and the packing: `out` 64-byte aligned. The layout is
+/// kernels_amx.cpp's (the tile unit's VNNI layout, heads past `group` zero).
+inline constexpr size_t amx_query_elems(int d) { return size_t(2) * size_t(d / 32) * 16 * 32; }
+void pack_query_amx(const uint16_t* q_hi, const uint16_t* q_lo, int group, int d, uint16_t* out);
 
 // Portable (kernels_portable.cpp), AVX2 code generation where the CPU has it.
 Bf16Kernel pick_bf16_portable();

@@ -10,8 +10,10 @@
 // they lie -- 16 tokens x 32 channels of bf16, rows d * 2 bytes apart -- and
 // the query the B operand: S^T (16 tokens x 16 heads) += K_chunk . Q_chunk^T,
 // the query in the VNNI layout the tile unit wants (for each pair of
-// channels, every head's two values side by side), built once per item. The
-// query's two bf16 terms (hi + the rounding residual, as the AVX-512 kernel)
+// channels, every head's two values side by side), built once per KV head and
+// call by the caller (pack_query_amx; packed per item it took ~2 % of the
+// kernels' samples in a profile: perf, dev VM, 27B shape, 8K x 8 layers,
+// one thread). The query's two bf16 terms (hi + the rounding residual, as the AVX-512 kernel)
 // accumulate into the same fp32 tile. Heads past G are zero columns.
 //
 // Two score tiles of 16 tokens each share every query tile load; a split's
@@ -66,11 +68,10 @@ TileConfig make_config() {
   return c;
 }
 
-/// Per thread: the query tiles [term][chunk] and the zero-padded tail rows
-/// (66 KiB: on the heap, at a thread's first item -- as static TLS it came
-/// out of every thread's stack, AMX or not).
+/// Per thread: the zero-padded tail rows and the score tiles (34 KiB: on the
+/// heap, at a thread's first item -- as static TLS it came out of every
+/// thread's stack, AMX or not).
 struct Scratch {
-  alignas(64) uint16_t q[2][kMaxChunks][kTileRows * 32];
   alignas(64) uint16_t tail[kBlockTokens * 32 * kMaxChunks];
   alignas(64) float s[kBlockTokens * 16];
 };
@@ -85,25 +86,29 @@ Scratch& scratch() {
 }
 
 /// GCC's tile loads are asm without a memory clobber: this orders the
-/// stores into the scratch (packing, the tail copy) before them.
+/// stores into the scratch (the tail copy) before them. The packed query is
+/// written before the items start (decode_attention.cpp: an OpenMP loop and
+/// its barrier).
 inline void scratch_written() { asm volatile("" ::: "memory"); }
 
 /// VNNI layout of one query term: tile row r of chunk c holds, for head h,
 /// channels 32c + 2r and 32c + 2r + 1 at uint16 offsets 2h and 2h + 1.
-void pack_query(const uint16_t* q, int group, int d, uint16_t (*out)[kTileRows * 32]) {
+void pack_term(const uint16_t* q, int group, int d, uint16_t* out) {
   const int nc = d / 32;
   for (int c = 0; c < nc; ++c) {
-    std::memset(out[c], 0, sizeof(out[c]));
+    uint16_t* t = out + size_t(c) * kTileRows * 32;
+    std::memset(t, 0, sizeof(uint16_t) * kTileRows * 32);
     for (int h = 0; h < group; ++h)
       for (int r = 0; r < kTileRows; ++r) {
-        out[c][r * 32 + 2 * h] = q[size_t(h) * d + 32 * c + 2 * r];
-        out[c][r * 32 + 2 * h + 1] = q[size_t(h) * d + 32 * c + 2 * r + 1];
+        t[r * 32 + 2 * h] = q[size_t(h) * d + 32 * c + 2 * r];
+        t[r * 32 + 2 * h + 1] = q[size_t(h) * d + 32 * c + 2 * r + 1];
       }
   }
 }
 
-/// Scores of 32 key rows at k (row stride d bf16) into sc.s [32][16].
-void block_scores(const uint16_t* k, int d, Scratch& sc) {
+/// Scores of 32 key rows at k (row stride d bf16) into sc.s [32][16]; the
+/// query tiles at q: [2][d / 32][16 x 32] (pack_query_amx).
+void block_scores(const uint16_t* k, const uint16_t* q, int d, Scratch& sc) {
   const int nc = d / 32;
   const int stride = 2 * d;
   _tile_zero(0);
@@ -111,10 +116,10 @@ void block_scores(const uint16_t* k, int d, Scratch& sc) {
   for (int c = 0; c < nc; ++c) {
     _tile_loadd(2, k + 32 * c, stride);
     _tile_loadd(3, k + size_t(kTileRows) * d + 32 * c, stride);
-    _tile_loadd(4, sc.q[0][c], kTileBytes);
+    _tile_loadd(4, q + size_t(c) * kTileRows * 32, kTileBytes);
     _tile_dpbf16ps(0, 2, 4);
     _tile_dpbf16ps(1, 3, 4);
-    _tile_loadd(5, sc.q[1][c], kTileBytes);
+    _tile_loadd(5, q + size_t(nc + c) * kTileRows * 32, kTileBytes);
     _tile_dpbf16ps(0, 2, 5);
     _tile_dpbf16ps(1, 3, 5);
   }
@@ -129,9 +134,7 @@ void bf16_scores_amx(const Bf16Item& it, int group, int d, float scale, float* s
   static const TileConfig cfg = make_config();
   _tile_loadconfig(&cfg);
   Scratch& sc = scratch();
-  pack_query(it.q_hi, group, d, sc.q[0]);
-  pack_query(it.q_lo, group, d, sc.q[1]);
-  scratch_written();
+  const uint16_t* q = it.q_tiles;  // packed by the caller, once per KV head (kernels.h)
   const int n = it.n;
   for (int t0 = 0; t0 < n; t0 += kBlockTokens) {
     const int nt = n - t0 < kBlockTokens ? n - t0 : kBlockTokens;
@@ -149,13 +152,18 @@ void bf16_scores_amx(const Bf16Item& it, int group, int d, float scale, float* s
         for (int b = 0; b < n_ahead * d * 2; b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
       }
     }
-    block_scores(k, d, sc);
+    block_scores(k, q, d, sc);
     for (int i = 0; i < nt; ++i)
       for (int h = 0; h < group; ++h) scores[size_t(h) * n + t0 + i] = sc.s[i * 16 + h] * scale;
   }
 }
 
 }  // namespace
+
+void pack_query_amx(const uint16_t* q_hi, const uint16_t* q_lo, int group, int d, uint16_t* out) {
+  pack_term(q_hi, group, d, out);
+  pack_term(q_lo, group, d, out + amx_query_elems(d) / 2);
+}
 
 void bf16_item_amx(const Bf16Item& it, int group, int d, float scale, float* scores, float* o, float* lse) {
   bf16_scores_amx(it, group, d, scale, scores);

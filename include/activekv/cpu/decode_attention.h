@@ -109,6 +109,7 @@ struct CpuAttentionWorkspace {
   std::vector<float> split_o, split_lse;  ///< [n_splits][n_q_heads][head_dim], [n_splits][n_q_heads]
   std::vector<std::vector<float>> thread_f32;  ///< per thread: scores and token scales of an item
   std::vector<uint16_t> q_bf16;                ///< [2][n_q_heads][head_dim] the bf16 query terms
+  std::vector<uint16_t> q_amx;                 ///< AMX: per KV head, both terms as the tile unit reads them
   std::vector<int> query_slot;                 ///< per page: its int8s query slot, -1 for none
   std::vector<int8_t> query_i8;                ///< per (int8s page, KV head): [2][group][head_dim] query codes
   std::vector<float> query_f32;                ///< per (int8s page, KV head): [group] row scales, [head_dim] value scales
