@@ -47,11 +47,12 @@ TYPES = {"F32": (0, 1, 4), "F16": (1, 1, 2), "Q4_0": (2, 32, 18), "Q8_0": (8, 32
          "Q6_K": (14, 256, 210), "BF16": (30, 1, 2)}
 # Quantised types: where each block's f16 scale(s) sit, and the std of a
 # value in units of the scale when the other bytes are uniform random:
-# Q4_0 nibbles 0..15 ((q-8)d: 4.61); Q8_0 -128..127 (73.9); Q4_K 6-bit
-# scales 0..63 (rms 36.5) times nibbles (4.61); Q6_K int8 scales (rms 73.9)
-# times 6-bit codes (18.5). Q4_K's dmin is 7.5 d (the nibbles' mean), so
-# that d sc q - dmin m averages 0.
-SCALES = {"Q4_0": ((0,), 4.61), "Q8_0": ((0,), 73.9), "Q4_K": ((0, 2), 4.61 * 36.5), "Q6_K": ((208,), 73.9 * 18.5)}
+# Q4_0 nibbles 0..15 ((q-8)d: 4.61); Q8_0 -128..127 (73.9); Q4_K
+# d (sc q - 7.5 m) with 6-bit sc, m and nibbles q, dmin = 7.5 d (the
+# nibbles' mean, so the mean is 0): sqrt(E[sc^2] E[q^2] - (E sc E q)^2 +
+# 7.5^2 Var m) = 258.3; Q6_K int8 scales (rms 73.9) times 6-bit codes - 32
+# (rms 18.5).
+SCALES = {"Q4_0": ((0,), 4.61), "Q8_0": ((0,), 73.9), "Q4_K": ((0, 2), 258.3), "Q6_K": ((208,), 73.9 * 18.5)}
 # GGUF metadata value types.
 T_UINT32, T_INT32, T_FLOAT32, T_BOOL, T_STRING, T_ARRAY, T_UINT64 = 4, 5, 6, 7, 8, 9, 10
 ALIGNMENT = 32
@@ -157,11 +158,11 @@ class RandomPool:
             offsets, code_std = SCALES[t.ttype]
             with np.errstate(over="ignore"):
                 d = np.float16(t.std / code_std)
-                dmin = np.float16(7.5 * float(d))  # Q4_K only (its second offset)
-            if not np.isfinite(d) or not np.isfinite(dmin):
+                scales = [d] if len(offsets) == 1 else [d, np.float16(7.5 * float(d))]  # Q4_K: d, dmin
+            if not all(np.isfinite(x) for x in scales):
                 self.overflowed.append(t.name)
-            for k, off in enumerate(offsets):
-                blk[:, off:off + 2] = np.frombuffer((d if k == 0 else dmin).tobytes(), dtype=np.uint8)
+            for off, x in zip(offsets, scales):
+                blk[:, off:off + 2] = np.frombuffer(x.tobytes(), dtype=np.uint8)
             return blk.reshape(-1)
         v = u * np.float32(t.std)
         if t.ttype == "F32":

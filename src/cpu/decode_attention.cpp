@@ -267,7 +267,8 @@ size_t attend_pages_splits(const DecodeShape& shape, std::span<const PageRef> pa
   static const detail::Bf16Kernel bf16_portable = detail::pick_bf16_portable();
   static const detail::Int8sKernel int8s_portable = detail::pick_int8s_portable();
   uint16_t* q_tiles = nullptr;  // packed once per KV head and call, not per item (kernels_amx.cpp)
-  if (amx) {
+  const bool any_bf16 = std::any_of(pages.begin(), pages.end(), [](const PageRef& p) { return p.int8s == nullptr; });
+  if (amx && any_bf16) {
     ws.q_amx.resize(size_t(H) * detail::amx_query_elems(d) + 32);
     const auto addr = reinterpret_cast<uintptr_t>(ws.q_amx.data());
     q_tiles = ws.q_amx.data() + (64 - addr % 64) % 64 / sizeof(uint16_t);  // 64-byte aligned

@@ -92,14 +92,14 @@ void set_split_depth(int depth) {
 int split_depth() { return g_split_depth.load(std::memory_order_relaxed); }
 
 namespace {
-/// ACTIVEKV_WIDE_ROWS=2: the rows per warp of wide matrices before the wide
-/// rule (A/B measurements), else 1 (read once).
-int wide_rows() {
-  static const int r = [] {
+/// ACTIVEKV_WIDE_ROWS=2: wide matrices keep the chunked rule's rows, as
+/// before the wide rule (A/B measurements; read once).
+bool wide_rows_before() {
+  static const bool before = [] {
     const char* e = std::getenv("ACTIVEKV_WIDE_ROWS");
-    return e != nullptr && std::strcmp(e, "2") == 0 ? 2 : 1;
+    return e != nullptr && std::strcmp(e, "2") == 0;
   }();
-  return r;
+  return before;
 }
 }  // namespace
 
@@ -108,7 +108,7 @@ SplitShape split_shape(int64_t rows, int64_t cols, int n_vec, int block_bytes, i
   const bool four_bit = 8 * block_bytes <= 5 * block_elems;
   if (forced == 0 && forced_rows() == 0 && n_vec == 1 && four_bit) {
     if (rows >= 16384 && cols <= 8192) return {1, 2};  // tall
-    if (cols > 8192) return {wide_rows(), 1};          // wide
+    if (cols > 8192 && !wide_rows_before()) return {1, 1};  // wide
   }
   return {chunked_rows_per_warp(rows, n_vec, block_bytes, block_elems), forced == 2 && n_vec == 1 ? 2 : 1};
 }
@@ -122,9 +122,12 @@ int chunked_rows_per_warp(int64_t rows, int n_vec, int block_bytes, int block_el
 }
 
 bool reads_registers(const DeviceMatrix& w, BlockMatvecKernel kernel) {
+  // validate_matrix holds data 16-byte aligned and row_bytes at the GGUF
+  // size; a Q4_K row is whole 144-byte (9 x 16) super-blocks: every unit's
+  // three 16-byte loads are aligned.
+  static_assert(144 % 16 == 0);
   if (w.layout == WeightLayout::Split) return true;
-  return w.type == gguf::TensorType::Q4_K && kernel == BlockMatvecKernel::Register &&
-         reinterpret_cast<uintptr_t>(w.data) % 16 == 0 && w.row_bytes % 16 == 0;
+  return w.type == gguf::TensorType::Q4_K && kernel == BlockMatvecKernel::Register;
 }
 
 GroupPlan plan_group(const MatvecGroupItem* items, int n, const float* x, int n_vec, const void* workspace,

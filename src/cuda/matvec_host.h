@@ -70,8 +70,8 @@ struct GroupPlan {
 
 /// True where `kernel` selected means the register kernel reads w
 /// (BlockMatvecKernel's comment): the split layout always; Q4_K in the GGUF
-/// layout with Register selected, when its data and rows are 16-byte aligned
-/// (the kernel's loads are; else the chunked kernel, same bits).
+/// layout with Register selected (validate_matrix's 16-byte aligned data and
+/// 144-byte super-blocks keep its 16-byte loads aligned).
 bool reads_registers(const DeviceMatrix& w, BlockMatvecKernel kernel);
 
 /// Checks a group as launch_matvec_prequantized_group documents (throws
@@ -79,16 +79,18 @@ bool reads_registers(const DeviceMatrix& w, BlockMatvecKernel kernel);
 GroupPlan plan_group(const MatvecGroupItem* items, int n, const float* x, int n_vec, const void* workspace,
                      BlockMatvecKernel kernel);
 
-/// The split-layout kernel's blocks per lane in flight for one vector:
-/// depth 1 (4 blocks of 16-byte codes per row, 2 of Q8_0's 32) or 2 (twice
-/// as many), or 0 (the default): split_shape's rule. ACTIVEKV_SPLIT_DEPTH=1|2
+/// The register kernel's units per lane in flight for one vector: depth 1
+/// (per row, 4 blocks of 16-byte codes of a split type, 2 of Q8_0's 32; 4
+/// Q4_K units of 48 bytes, 1 at 4 rows) or 2 (twice as many), or 0 (the
+/// default): split_shape's rule. ACTIVEKV_SPLIT_DEPTH=1|2
 /// at start forces one (measurements), as does this. The same bits either
 /// way (each lane meets its blocks in the same order). Process-wide, as
 /// set_block_matvec_kernel. InvalidArgument for another depth.
 void set_split_depth(int depth);
 int split_depth();
 
-/// Rows per warp and depth of one split-layout launch. Forced depth: that,
+/// Rows per warp and depth of one register-kernel launch (split types and
+/// Q4_K alike). Forced depth: that,
 /// with chunked_rows_per_warp's rows. Else, for one vector over a tall
 /// matrix of a 4-bit type (>= 16384 rows, <= 8192 cols: the FFN's gate and
 /// up, the output head), 1 row per warp at depth 2 -- the same 8 blocks of 16 bytes in
@@ -105,7 +107,8 @@ int split_depth();
 /// h200_ncu_register_matvec_27e9035.txt); Q4_0 5120x17408 took 18.43 us
 /// with 1 row at depth 1, 21.49 at depth 2, 31.16 with 2 rows at depth 2
 /// (h200_matvec_q4k_27e9035.json), 22.90 with 2 rows at depth 1 in an
-/// earlier call (ACTIVEKV_WIDE_ROWS=2 keeps 2 rows there: A/B runs). Else
+/// earlier call (ACTIVEKV_WIDE_ROWS=2 keeps the chunked rule's rows there:
+/// A/B runs). Else
 /// chunked_rows_per_warp at depth 1. ACTIVEKV_MATVEC_ROWS forces the rows as there.
 struct SplitShape {
   int rows_per_warp = 1;

@@ -18,7 +18,9 @@
 // into the register array (which would put it in local memory). So every
 // value the traits compute is the one a pointer into the block gives, and
 // dot_unit_x on UnitRegs is bitwise dot_unit_x on the block's bytes
-// (tests/cuda/test_weights_host.cpp holds it on the CPU).
+// (tests/cuda/test_weights_host.cpp holds it on the CPU) -- but for NaN
+// scales, whose payload the device's f16 conversion may change, as the
+// split layout's registers (quant_split.cuh) may.
 #pragma once
 
 #include <cstdint>

@@ -38,10 +38,11 @@ struct KernelScope {
 /// Every block-type kernel (float types have one).
 inline std::vector<BlockMatvecKernel> kernels_for(TensorType t) {
   if (is_float_type(t)) return {BlockMatvecKernel::Tiled};
-  return {BlockMatvecKernel::Tiled, BlockMatvecKernel::Chunked, BlockMatvecKernel::Register};
+  if (t == TensorType::Q4_K) return {BlockMatvecKernel::Tiled, BlockMatvecKernel::Chunked, BlockMatvecKernel::Register};
+  return {BlockMatvecKernel::Tiled, BlockMatvecKernel::Chunked};  // Register runs Chunked on them
 }
 
-/// Selects the split kernel's depth (blocks in flight) for one scope.
+/// Selects the register kernel's depth (units in flight) for one scope.
 struct SplitDepthScope {
   int before = mvhost::split_depth();
   explicit SplitDepthScope(int d) { mvhost::set_split_depth(d); }

@@ -62,11 +62,10 @@ TEST_P(MatvecGroup, BitwiseTheSeparateLaunches) {
       h.push_back(random_matrix(t, r, gc.cols, seed++));
       dw.push_back(std::make_unique<DeviceCopy>(h.back(), layout));
     }
-      for (const BlockMatvecKernel kernel : kernels_for(t)) {
+    for (const BlockMatvecKernel kernel : kernels_for(t)) {
       const KernelScope scope(kernel);
-        for (int n_vec = 1; n_vec <= kMaxMatvecVectors; ++n_vec) {
-        SCOPED_TRACE(std::string(gc.what) + " " + gguf::type_name(t) + " " + kernel_name(kernel) +
-                     " " +
+      for (int n_vec = 1; n_vec <= kMaxMatvecVectors; ++n_vec) {
+        SCOPED_TRACE(std::string(gc.what) + " " + gguf::type_name(t) + " " + kernel_name(kernel) + " " +
                      layout_name(layout) + " n_vec " + std::to_string(n_vec));
         const std::vector<float> x = random_x(n_vec, gc.cols, seed++);
         DevMem dx(x.size() * 4), ws(matvec_workspace_bytes(gc.cols, n_vec));
