@@ -52,6 +52,10 @@
 #           GGUF at 128K with --gpu-kv-mem 4 (about half the bf16 history):
 #           host (link only) against partial (+ --cpu-share auto) for bf16 and
 #           hybrid into $OUT/partial_bench.json (each row's plan line in it)
+#   ab      A/B of ACTIVEKV_* switches against the defaults in one call
+#           (AKV_AB='ACTIVEKV_MATVEC_TIGHT=1', say): bench/gpu/matvec_ab.sh --
+#           bench_matvec on the 27B shape's matrices and activekv bench at
+#           depth 0, alternating, twice each -> $OUT/ab.json and a ratio table
 #   parallel  N sequences on one GpuModel (issue 16's figures): the bench
 #           --parallel GPU CLI test, then `activekv bench --parallel 1,8,16` on
 #           the 27B-shape GGUF at depth 32K, bf16, one run per placement
@@ -370,6 +374,7 @@ case "$PHASE" in
   modelbench) run_modelbench || RC=1 ;;
   partial) run_partial || RC=1 ;;
   parallel) run_parallel || RC=1 ;;
+  ab) bench/gpu/matvec_ab.sh "$OUT" "${AKV_AB:?set AKV_AB='ACTIVEKV_X=value ...'}" || RC=1 ;;
   eval) run_eval || RC=1 ;;
 esac
 echo "== done in $(( $(date +%s) - t0 )) s, rc=$RC"

@@ -145,8 +145,8 @@ inline constexpr bool kTightable = NV == 1 && R * D <= 2 && SplitOf<T>::kOk && S
 
 /// ACTIVEKV_MATVEC_TIGHT=1 turns the bound on (read once). Off by default:
 /// not yet measured on a GPU (the session that wrote it ran out of device
-/// time); the A/B: bench_matvec and `activekv bench -d 0` with and
-/// without it in one call, then make the winner the default.
+/// time). The A/B: `AKV_AB=ACTIVEKV_MATVEC_TIGHT=1 scripts/device_run.sh ab`
+/// (bench/gpu/matvec_ab.sh); then make the winner the default.
 bool tight_launch() {
   static const bool on = [] {
     const char* e = std::getenv("ACTIVEKV_MATVEC_TIGHT");
