@@ -7,7 +7,8 @@ colour), and llama.cpp's figures from SPEC section 1 where the JSON has them
 resident rows differ by two orders of magnitude.
 
 usage: plot_model_bench.py bench.json [more.json ...] [-o model_bench.png]
-(several files of one model, e.g. depths run in separate calls: their rows are joined)
+(several files of one model, e.g. depths run in separate calls: their rows are joined;
+a later file's row replaces an earlier one of the same format, placement and depth)
 """
 import argparse
 import json
@@ -25,7 +26,12 @@ def main():
     a = ap.parse_args()
     runs = [json.load(open(p)) for p in a.inputs]
     d = runs[0]
-    tg = [r for run in runs for r in run["rows"] if r["kind"] == "tg"]
+    latest = {}
+    for run in runs:
+        for r in run["rows"]:
+            if r["kind"] == "tg":
+                latest[(r["kv_format"], r["kv_placement"], r["depth"])] = r
+    tg = list(latest.values())
     if not tg:
         raise SystemExit(f"{', '.join(a.inputs)}: no decode (tg) rows to plot")
     fig, ax = plt.subplots(figsize=(10, 6))
