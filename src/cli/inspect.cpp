@@ -56,10 +56,14 @@ void put_split(Out& out, const gguf::File& f, int n) {
     const model::ModelConfig c = model::ModelConfig::from_gguf(f);
     const model::ModelTensors t = model::ModelTensors::find(f, c);
     const model::TensorSplitPlan p = model::plan_tensor_split(c, t, n);
+    // "KV head 2" for one, "KV heads 0-1" for several.
+    const auto span = [](const char* one, int64_t first, int64_t count) {
+      return count == 1 ? fmt::format("{} {}", one, first) : fmt::format("{}s {}-{}", one, first, first + count - 1);
+    };
     for (int d = 0; d < n; ++d) {
       const model::ShardSplit& s = p.shards[size_t(d)];
-      put(out, "  GPU {}: KV heads {}-{}, query heads {}-{}, FFN rows {}-{}, output rows {}-{}, {:.1f} MiB of weights\n",
-          d, s.kv_heads.head0, s.kv_heads.head0 + s.kv_heads.heads - 1, s.q_head0, s.q_head0 + s.q_heads - 1, s.ffn0,
+      put(out, "  GPU {}: {}, {}, FFN rows {}-{}, output rows {}-{}, {:.1f} MiB of weights\n", d,
+          span("KV head", s.kv_heads.head0, s.kv_heads.heads), span("query head", s.q_head0, s.q_heads), s.ffn0,
           s.ffn0 + s.ffn_rows - 1, s.vocab0, s.vocab0 + s.vocab_rows - 1, double(s.weight_bytes) / 1048576.0);
     }
   } catch (const Error& e) {

@@ -331,7 +331,7 @@ PY
     ;;
   inspect)  # inspect --tensor-parallel N: what each GPU would hold, or why the model does not split so
     m=$(tiny_model)  # 2 KV heads x 2 query heads of 64, FFN 512 (Q4_0), vocabulary 512
-    expect 0 "GPU 1: KV heads 1-1, query heads 2-3, FFN rows 256-511, output rows 256-511" -- \
+    expect 0 "GPU 1: KV head 1, query heads 2-3, FFN rows 256-511, output rows 256-511" -- \
       inspect "$m" --tensor-parallel 2
     expect 0 "does not split: tensor parallel: 3 GPUs for 2 KV heads" -- inspect "$m" --tensor-parallel 3
     expect 105 "--tensor-parallel: Value 0 not in range" -- inspect "$m" --tensor-parallel 0
