@@ -104,12 +104,12 @@ int split_depth();
 /// warp at depth 1: 2 rows left 2560 warps for 5120 rows, and at 72
 /// registers 7 CTAs per SM -- Nsight Compute at 27e9035 saw 30 % achieved
 /// occupancy and 41 % of DRAM bandwidth (bench/results/
-/// h200_ncu_register_matvec_27e9035.txt); Q4_0 5120x17408 took 18.43 us
-/// with 1 row at depth 1, 21.49 at depth 2, 31.16 with 2 rows at depth 2
-/// (h200_matvec_q4k_27e9035.json), 22.90 with 2 rows at depth 1 in an
-/// earlier call (ACTIVEKV_WIDE_ROWS=2 keeps the chunked rule's rows there:
-/// A/B runs). Else
-/// chunked_rows_per_warp at depth 1. ACTIVEKV_MATVEC_ROWS forces the rows as there.
+/// h200_ncu_register_matvec_27e9035.txt). Measured in one call at 0bc7a46
+/// (h200_wide_rule_0bc7a46.json, alternating): Q4_0 5120x17408 18.14 / 18.17
+/// us against 23.01 / 22.81 with 2 rows; the 27B-shape model at depth 0
+/// 1.625 / 1.628 against 1.712 / 1.710 ms/token. ACTIVEKV_WIDE_ROWS=2 keeps
+/// the chunked rule's rows there (A/B runs). Else chunked_rows_per_warp at
+/// depth 1. ACTIVEKV_MATVEC_ROWS forces the rows as there.
 struct SplitShape {
   int rows_per_warp = 1;
   int depth = 1;
