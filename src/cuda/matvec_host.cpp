@@ -86,7 +86,7 @@ std::atomic<int> g_split_depth{initial_split_depth()};
 
 void set_split_depth(int depth) {
   if (depth < 0 || depth > 2)
-    throw InvalidArgument("split matvec: depth " + std::to_string(depth) + " is not 0 (the rule), 1 or 2");
+    throw InvalidArgument("register matvec: split depth " + std::to_string(depth) + " is not 0 (the rule), 1 or 2");
   g_split_depth.store(depth, std::memory_order_relaxed);
 }
 int split_depth() { return g_split_depth.load(std::memory_order_relaxed); }

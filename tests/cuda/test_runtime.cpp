@@ -509,7 +509,7 @@ TEST(GpuRuntime, LookaheadOnAndOffGiveTheSameBits) {
 // serialised launches, graphed (gpu placement) and eager, resident and
 // streamed, with the int8s kernels (launched plainly) between the PDL ones,
 // and in the GGUF weight layout, whose Q4_1 matrices go to the chunked
-// matvec (its cp.async prologue before the wait) instead of the split one.
+// matvec (its cp.async prologue before the wait) instead of the register kernel.
 // (A race need not show in one run; this is the check a test can make.)
 struct ProgrammaticLaunchScope {
   bool before = cuda::programmatic_launch();

@@ -128,7 +128,7 @@ TEST(WeightKernelsHostQuant, ActivationQuantisationIsInRange) {
 
 // The split layout (quant_split.cuh): a matrix repacked by its offsets, each
 // block read through SplitPtr (memory) and SplitRegs (registers, what the
-// split matvec holds) decodes and dots bit for bit as its GGUF bytes do --
+// register matvec holds) decodes and dots bit for bit as its GGUF bytes do --
 // so the register kernel's rows are the chunked kernel's (the GPU test checks
 // the kernels themselves, and the GPU repack against these offsets).
 TEST(SplitLayoutHost, SourcesReadTheGgufBytes) {
