@@ -53,7 +53,7 @@
 #           host (link only) against partial (+ --cpu-share auto) for bf16 and
 #           hybrid into $OUT/partial_bench.json (each row's plan line in it)
 #   ab      A/B of ACTIVEKV_* switches against the defaults in one call
-#           (AKV_AB='ACTIVEKV_MATVEC_TIGHT=1', say): bench/gpu/matvec_ab.sh --
+#           (AKV_AB='ACTIVEKV_WIDE_ROWS=2', say): bench/gpu/matvec_ab.sh --
 #           bench_matvec on the 27B shape's matrices and activekv bench at
 #           depth 0, alternating, twice each -> $OUT/ab.json and a ratio table
 #   parallel  N sequences on one GpuModel (issue 16's figures): the bench

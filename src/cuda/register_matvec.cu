@@ -19,8 +19,6 @@
 // 16-byte header and the unit's 32-byte nibble group, quant_kregs.cuh).
 #include <cuda_runtime.h>
 
-#include <cstdlib>
-#include <cstring>
 
 #include "register_matvec.h"
 #include "pdl.cuh"
@@ -124,35 +122,11 @@ __device__ __forceinline__ void register_cta(const uint8_t* __restrict__ w, int6
     if (r < n_rows) mvkern::write_row<NV>(acc + r * NV, y, rows, row0 + r, accumulate);
 }
 
-/// kMinCtas: the CTAs per SM the compiler must fit in registers (64 per
-/// thread at 8). With one vector over a split matrix at R x D <= 2 the
-/// kernel used 72-78 registers -- 7 CTAs, 28 warps per SM (Nsight Compute at
-/// 27e9035: 30-35 % achieved occupancy, 41 % of DRAM bandwidth); at 64,
-/// 8 CTAs: more resident warps, more weight bytes in flight. Opt-in
-/// (tight_launch()).
-template <class T, int NV, int R, int D, int kMinCtas>
-__global__ void __launch_bounds__(kWarps * 32, kMinCtas)
+template <class T, int NV, int R, int D>
+__global__ void __launch_bounds__(kWarps * 32)
     register_matvec_kernel(const uint8_t* __restrict__ w, int64_t rows, int64_t row_bytes, int n_blocks,
                            XQuant xq, int64_t cols, float* __restrict__ y, bool accumulate) {
   register_cta<T, NV, R, D>(w, rows, row_bytes, n_blocks, xq, cols, y, accumulate, blockIdx.x);
-}
-
-/// Where the register bound of 8 CTAs per SM may apply: one vector, R x D
-/// <= 2, a split type whose head is at most 4 bytes (Q5_0's spilled up to
-/// 108 bytes under it, Q4_K's 12-register units more).
-template <class T, int NV, int R, int D>
-inline constexpr bool kTightable = NV == 1 && R * D <= 2 && SplitOf<T>::kOk && SplitOf<T>::kHead <= 4;
-
-/// ACTIVEKV_MATVEC_TIGHT=1 turns the bound on (read once). Off by default:
-/// not yet measured on a GPU (the session that wrote it ran out of device
-/// time). The A/B: `AKV_AB=ACTIVEKV_MATVEC_TIGHT=1 scripts/device_run.sh ab`
-/// (bench/gpu/matvec_ab.sh); then make the winner the default.
-bool tight_launch() {
-  static const bool on = [] {
-    const char* e = std::getenv("ACTIVEKV_MATVEC_TIGHT");
-    return e != nullptr && std::strcmp(e, "1") == 0;
-  }();
-  return on;
 }
 
 template <class T, int NV, int R, int D>
@@ -223,15 +197,10 @@ void run(const DeviceMatrix& w, const XQuant& xq, int n_vec, float* y, bool accu
         const int64_t warps = (w.rows + kR - 1) / kR;
         with_depth<NV>(shape.depth, [&](auto d) {
           constexpr int kD = decltype(d)::value;
-          auto go = [&](auto kernel) {
-            pdl::launch("matvec (register) kernel launch", kernel, unsigned((warps + kWarps - 1) / kWarps),
-                        kWarps * 32, 0, stream, static_cast<const uint8_t*>(w.data), w.rows, int64_t(w.row_bytes),
-                        n_blocks, xq, w.cols, y, accumulate);
-          };
-          if constexpr (kTightable<T, NV, kR, kD>) {
-            if (tight_launch()) return go(register_matvec_kernel<T, NV, kR, kD, 8>);
-          }
-          go(register_matvec_kernel<T, NV, kR, kD, 1>);
+          pdl::launch("matvec (register) kernel launch", register_matvec_kernel<T, NV, kR, kD>,
+                      unsigned((warps + kWarps - 1) / kWarps), kWarps * 32, 0, stream,
+                      static_cast<const uint8_t*>(w.data), w.rows, int64_t(w.row_bytes), n_blocks, xq, w.cols, y,
+                      accumulate);
         });
       });
     });
