@@ -22,7 +22,8 @@ NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -
 SECTIONS="--section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats --section MemoryWorkloadAnalysis --section SchedulerStats"
 B=build-device/bin
 
-# AKV_PROFILE=steps: the decode-step summaries only (the two section profiles take minutes).
+# AKV_PROFILE=steps: the decode-step summaries only (the two section profiles take minutes);
+# AKV_STEP_ROWS='d0 d32k' (say): which of them.
 [ "${AKV_PROFILE:-all}" = steps ] || for S in 17408x5120 5120x5120; do
   echo "== ncu: matvec Q4_0 $S" | tee -a "$OUT/ncu_matvec.txt"
   timeout 120 "$NCU" --clock-control none $SECTIONS -k regex:matvec --launch-skip 40 --launch-count 1 \
@@ -67,7 +68,13 @@ for n, t in sorted(tot.items(), key=lambda x: -x[1]):
 PY
   head -30 "$OUT/${name}_kernels.txt"
 }
-profile_steps d0 -p 0 -n 4 -d 0 --kv-placement gpu
-profile_steps d32k -p 0 -n 4 -d 32768 --kv-placement gpu
-profile_steps par8_d32k -n 2 -d 32768 --kv-placement gpu --parallel 8
+# AKV_STEP_ROWS picks which (default all three).
+for row in ${AKV_STEP_ROWS:-d0 d32k par8_d32k}; do
+  case $row in
+    d0) profile_steps d0 -p 0 -n 4 -d 0 --kv-placement gpu ;;
+    d32k) profile_steps d32k -p 0 -n 4 -d 32768 --kv-placement gpu ;;
+    par8_d32k) profile_steps par8_d32k -n 2 -d 32768 --kv-placement gpu --parallel 8 ;;
+    *) echo "AKV_STEP_ROWS: unknown row '$row' (d0, d32k, par8_d32k)"; exit 2 ;;
+  esac
+done
 grep -E "^  [A-Z].*(Throughput|Achieved Occupancy|Registers|Duration|Theoretical Occupancy|Block Limit)" "$OUT/ncu_matvec.txt" "$OUT/ncu_attention.txt" | head -80
