@@ -45,12 +45,29 @@ struct GroupArgs {
   int n;
 };
 
-/// This CTA's matrix and its CTA index within that matrix.
-__device__ __forceinline__ int group_part(const GroupArgs& g, int64_t& cta) {
-  int i = 0;
-  while (i < g.n - 1 && blockIdx.x >= g.cta_end[i]) ++i;
-  cta = int64_t(blockIdx.x) - (i > 0 ? int64_t(g.cta_end[i - 1]) : 0);
-  return i;
+/// This CTA's matrix in a grouped launch: its weights, output, rows and the
+/// CTA's index within it (the first matrix whose cta_end exceeds blockIdx.x,
+/// or the last).
+struct GroupPart {
+  const uint8_t* w;
+  float* y;
+  int64_t rows;
+  int64_t cta;
+};
+
+/// Every index into g is a constant of the unrolled loop: an index computed
+/// at run time (g.w[i]) made the compiler copy the whole argument block to
+/// local memory in every thread (120 bytes a thread, ~15 MB of local stores
+/// over the QKV group's 1024 CTAs).
+__device__ __forceinline__ GroupPart group_part(const GroupArgs& g) {
+  GroupPart p{g.w[0], g.y[0], g.rows[0], int64_t(blockIdx.x)};
+#pragma unroll
+  for (int k = 1; k < kMaxMatvecGroup; ++k) {
+    if (k < g.n && blockIdx.x >= g.cta_end[k - 1]) {  // past matrix k - 1's CTAs: matrix k or a later one
+      p = GroupPart{g.w[k], g.y[k], g.rows[k], int64_t(blockIdx.x) - int64_t(g.cta_end[k - 1])};
+    }
+  }
+  return p;
 }
 
 /// Calls f(std::integral_constant<int, n>) for n in 1..kMaxMatvecVectors.

@@ -177,9 +177,8 @@ __global__ void __launch_bounds__(kWarps * 32)
 template <class T, int NV, int R>
 __global__ void __launch_bounds__(kWarps * 32)
     matvec_blocks_group_kernel(GroupArgs g, int64_t row_bytes, int n_blocks, XQuant xq, int64_t cols) {
-  int64_t cta = 0;
-  const int i = group_part(g, cta);
-  chunked_cta<T, NV, R>(g.w[i], g.rows[i], row_bytes, n_blocks, xq, cols, g.y[i], false, cta);
+  const mvkern::GroupPart m = group_part(g);
+  chunked_cta<T, NV, R>(m.w, m.rows, row_bytes, n_blocks, xq, cols, m.y, false, m.cta);
 }
 
 // ---- block-type matvec, tiled ------------------------------------------------------
@@ -281,9 +280,8 @@ __global__ void __launch_bounds__(kWarps * 32)
 template <class T, int NV>
 __global__ void __launch_bounds__(kWarps * 32)
     matvec_float_group_kernel(GroupArgs g, int64_t row_bytes, int64_t cols, const float* __restrict__ x) {
-  int64_t cta = 0;
-  const int i = group_part(g, cta);
-  float_cta<T, NV>(g.w[i], g.rows[i], row_bytes, cols, x, g.y[i], false, cta);
+  const mvkern::GroupPart m = group_part(g);
+  float_cta<T, NV>(m.w, m.rows, row_bytes, cols, x, m.y, false, m.cta);
 }
 
 // ---- block-type matvec with fp32 activations --------------------------------------

@@ -132,9 +132,8 @@ __global__ void __launch_bounds__(kWarps * 32)
 template <class T, int NV, int R, int D>
 __global__ void __launch_bounds__(kWarps * 32)
     register_matvec_group_kernel(mvkern::GroupArgs g, int64_t row_bytes, int n_blocks, XQuant xq, int64_t cols) {
-  int64_t cta = 0;
-  const int i = mvkern::group_part(g, cta);
-  register_cta<T, NV, R, D>(g.w[i], g.rows[i], row_bytes, n_blocks, xq, cols, g.y[i], false, cta);
+  const mvkern::GroupPart m = mvkern::group_part(g);
+  register_cta<T, NV, R, D>(m.w, m.rows, row_bytes, n_blocks, xq, cols, m.y, false, m.cta);
 }
 
 /// Calls f(std::integral_constant<int, D>) for `depth`, 2 for one vector only
