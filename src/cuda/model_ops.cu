@@ -151,6 +151,19 @@ __global__ void __launch_bounds__(kBlock) rms_norm_kernel(const float* x, const 
   using Reduce = cub::BlockReduce<double, kBlock>;
   __shared__ typename Reduce::TempStorage tmp;
   __shared__ float inv_s;
+  // The weight's first kPre float4s of this thread are loaded before the
+  // wait for x (pdl.cuh): a norm weight is read-only during decode, and its
+  // load (from HBM: the step's weight stream evicts it from L2) then overlaps
+  // the previous kernel's tail and this one's reduction.
+  constexpr int kPre = 2;
+  float4 w_pre[kPre];
+  if constexpr (kVec4) {
+#pragma unroll
+    for (int k = 0; k < kPre; ++k) {
+      const int i = int(threadIdx.x) + k * kBlock;
+      if (i < n / 4) w_pre[k] = reinterpret_cast<const float4*>(w)[i];
+    }
+  }
   pdl::begin();
   const float* xr = x + size_t(blockIdx.x) * n;
   float* o = out + size_t(blockIdx.x) * n;
@@ -175,8 +188,8 @@ __global__ void __launch_bounds__(kBlock) rms_norm_kernel(const float* x, const 
     const float4* w4 = reinterpret_cast<const float4*>(w);
     float4* o4 = reinterpret_cast<float4*>(o);
     auto f = [inv](float a, float b) { return __fmul_rn(__fmul_rn(a, inv), b); };
-    for (int i = threadIdx.x; i < n / 4; i += kBlock) {
-      const float4 r = apply4(x4[i], w4[i], f);
+    auto apply = [&](int i, float4 wv) {
+      const float4 r = apply4(x4[i], wv, f);
       o4[i] = r;
       if constexpr (kQuant) {  // i = 8 * block + g; the 8 lanes of a block are all here (n / 4 % 8 == 0)
         const float v[4] = {r.x, r.y, r.z, r.w};
@@ -184,7 +197,13 @@ __global__ void __launch_bounds__(kBlock) rms_norm_kernel(const float* x, const 
         qx::quantize_block<4>(v, 0xffu << (lane & 24), i & 7, qx + size_t(blockIdx.x) * n + 32 * (i / 8),
                               ds + size_t(blockIdx.x) * (n / 32) + i / 8);
       }
+    };
+#pragma unroll
+    for (int k = 0; k < kPre; ++k) {
+      const int i = int(threadIdx.x) + k * kBlock;
+      if (i < n / 4) apply(i, w_pre[k]);
     }
+    for (int i = int(threadIdx.x) + kPre * kBlock; i < n / 4; i += kBlock) apply(i, w4[i]);
   } else {
     for (int i = threadIdx.x; i < n; i += kBlock) o[i] = __fmul_rn(__fmul_rn(xr[i], inv), w[i]);
   }

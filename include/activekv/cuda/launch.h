@@ -10,8 +10,9 @@ namespace activekv::cuda {
 /// cudaLaunchAttributeProgrammaticStreamSerialization, so that each may start
 /// while the kernel before it in the stream drains. Every such kernel calls
 /// griddepcontrol.wait before it reads anything an earlier kernel wrote (and
-/// before any write), then griddepcontrol.launch_dependents; a matvec first
-/// issues the loads of its own weights (read-only during decode), which is
+/// before any write), then griddepcontrol.launch_dependents; a matvec and
+/// RMSNorm first issue the loads of their own weights (read-only during
+/// decode: a weight must not be written by the kernel just before), which is
 /// where the overlap pays: the small kernels of a layer (norm, RoPE,
 /// attention at short depth) fill few SMs while the next matrix starts
 /// streaming. Results are bitwise the same on or off (the arithmetic and

@@ -33,6 +33,8 @@ struct DevBuf;
 /// x[t][i]^2 + eps): x, out [T][n], weight [n]. As model::rms_norm: the sum of
 /// squares in double, inv_t in double rounded to fp32, then (x * inv_t) * w in
 /// fp32. Only the double sum's order differs from the CPU. out may alias x.
+/// weight is read before the programmatic wait (launch.h): it must not be
+/// written by the kernel launched just before on this stream.
 void rms_norm(const float* x, const float* weight, int T, int n, float eps, float* out, cudaStream_t stream);
 
 /// RoPE frequencies freq_i = base^(-2i/rope_dim), i < rope_dim/2, computed
