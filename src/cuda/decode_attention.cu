@@ -19,6 +19,7 @@
 #include "mma_util.cuh"
 #include "once_per_device.h"
 #include "pdl.cuh"
+#include "quant_x.cuh"
 
 namespace activekv::cuda {
 
@@ -302,12 +303,12 @@ split_attention_kernel(const SplitWork* __restrict__ work, const float* __restri
 // fixed order (r = 0..7): same bits every run, and the dependent chain per
 // thread is n/8 long instead of n. Empty partials (weight 0) are never read.
 constexpr int kMergeThreads = 256;
-constexpr int kMergeCh = 32;
+constexpr int kMergeCh = 32;  // a CTA's channels: one int8 block of the output row (quant_x.cuh)
 constexpr int kMergeWays = kMergeThreads / kMergeCh;
 __global__ void __launch_bounds__(kMergeThreads)
 merge_kernel(const float* __restrict__ part_o, const float* __restrict__ part_lse, int max_splits,
              const int32_t* __restrict__ n_splits, int nq, int hd, float* __restrict__ out,
-             float* __restrict__ out_lse) {
+             float* __restrict__ out_lse, int8_t* __restrict__ out_codes, float2* __restrict__ out_scales) {
   extern __shared__ float wts[];  // [max_splits]
   __shared__ float red[kMergeThreads / 32];
   __shared__ float red_l[kMergeWays], red_o[kMergeWays][kMergeCh];
@@ -349,8 +350,13 @@ merge_kernel(const float* __restrict__ part_o, const float* __restrict__ part_ls
 #pragma unroll
     for (int r = 1; r < kMergeWays; ++r) { L += red_l[r]; O += red_o[r][cl]; }
     const bool empty = !(L > 0.f);
-    out[(size_t(s) * nq + h) * hd + c] = empty ? 0.f : O / L;
+    const float v[1] = {empty ? 0.f : O / L};
+    out[(size_t(s) * nq + h) * hd + c] = v[0];
     if (out_lse && c == 0) out_lse[size_t(s) * nq + h] = empty ? -INFINITY : M + logf(L);
+    if (out_codes) {  // this warp's 32 channels are one block of the row: quantize_x_kernel's arithmetic
+      const size_t blk = (size_t(s) * nq + h) * size_t(hd / kMergeCh) + blockIdx.z;
+      qx::quantize_block<1>(v, 0xffffffffu, cl, out_codes + blk * kMergeCh, out_scales + blk);
+    }
   }
 }
 
@@ -389,7 +395,7 @@ void launch_split_attention(const AttnShape& shape, const SplitWork* work, int n
 }
 
 void launch_merge(const AttnShape& shape, Partials partials, const int32_t* n_splits, int n_seq,
-                  float* out, float* out_lse, cudaStream_t stream) {
+                  float* out, float* out_lse, cudaStream_t stream, Int8Blocks out_int8) {
   shape.validate();
   if (n_seq <= 0) return;
   if (partials.max_splits <= 0 || partials.max_splits > kMaxMergeSplits)
@@ -407,7 +413,7 @@ void launch_merge(const AttnShape& shape, Partials partials, const int32_t* n_sp
   dim3 grid(n_seq, shape.n_q_heads(), shape.head_dim / kMergeCh);
   pdl::launch("merge_kernel launch", merge_kernel, grid, kMergeThreads, size_t(partials.max_splits) * sizeof(float),
               stream, partials.o, partials.lse, partials.max_splits, n_splits, shape.n_q_heads(), shape.head_dim, out,
-              out_lse);
+              out_lse, out_int8.codes, reinterpret_cast<float2*>(out_int8.scales));
 }
 
 }  // namespace activekv::cuda

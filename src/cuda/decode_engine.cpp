@@ -638,7 +638,7 @@ void DecodeEngine::launch_job(const JobPlan& j, const float* q) {
   }
 }
 
-void DecodeEngine::enqueue_layer(int layer, const float* q, float* out, float* out_lse) {
+void DecodeEngine::enqueue_layer(int layer, const float* q, float* out, float* out_lse, Int8Blocks out_int8) {
   if (!ready_) throw InvalidArgument("DecodeEngine::enqueue_layer: no batch (call update() first)");
   if (layer != next_layer_ || layer >= cfg_.n_layers)
     throw InvalidArgument("DecodeEngine::enqueue_layer: expected layer " +
@@ -664,7 +664,8 @@ void DecodeEngine::enqueue_layer(int layer, const float* q, float* out, float* o
   }
   if (cpu_work) cpu_->join_layer(compute_);
   const size_t n_seq = plan_->seqs.size();
-  launch_merge(cfg_.attn, parts, D.n_splits.p + size_t(layer) * n_seq, int(n_seq), out, out_lse, compute_);
+  launch_merge(cfg_.attn, parts, D.n_splits.p + size_t(layer) * n_seq, int(n_seq), out, out_lse, compute_,
+               out_int8);
 }
 
 void DecodeEngine::enqueue_step(const float* q, float* out, float* out_lse) {

@@ -509,6 +509,14 @@ void launch_quantize_activations(const float* x, int64_t cols, int n_vec, void* 
               const_cast<int8_t*>(xq.qx), const_cast<float2*>(xq.ds));
 }
 
+Int8Blocks matvec_int8_blocks(void* workspace, int64_t cols, int n_vec) {
+  (void)matvec_workspace_bytes(cols, n_vec);  // validates cols and n_vec
+  if (workspace == nullptr || reinterpret_cast<uintptr_t>(workspace) % 256 != 0)
+    throw InvalidArgument("matvec int8 blocks: the workspace must be non-null and 256-byte aligned");
+  const XQuant xq = xquant_of(workspace, cols, n_vec);
+  return {const_cast<int8_t*>(xq.qx), reinterpret_cast<float*>(const_cast<float2*>(xq.ds))};
+}
+
 void launch_rms_norm_quantize(const float* x, const float* weight, int T, int n, float eps, float* out,
                               void* workspace, cudaStream_t stream) {
   (void)matvec_workspace_bytes(n, T);  // validates n and T

@@ -2,7 +2,7 @@
 // (quant_matvec.h's "q8_1" quantisation) -- its layout and the device code
 // that quantises one 32-element block -- shared by launch_quantize_activations
 // and the kernels that quantise their own output on the way out
-// (launch_rms_norm_quantize), so that both write the same bits.
+// (launch_rms_norm_quantize, launch_merge), so that both write the same bits.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -95,7 +95,8 @@ std::vector<int32_t> GpuModel::decode_batch(std::span<GpuSequence* const> seqs, 
     return a.page_size == a0.page_size && a.n_kv_heads == a0.n_kv_heads && a.head_dim == a0.head_dim;
   });
   std::array<cuda::KvSlot, GpuForward::kMatvecRows> slots{};
-  const LayerAttention attend = [&](int l, int, const float* q, const float* k, const float* v, float* out) {
+  const LayerAttention attend = [&](int l, int, const float* q, const float* k, const float* v, float* out,
+                                    cuda::Int8Blocks out_int8) {
     if (one_write) {
       for (int i = 0; i < N; ++i) slots[size_t(i)] = S[size_t(i)]->history->kv_slot(l, pos0[size_t(i)]);
       cuda::launch_write_kv_slots(a0, k, v, int64_t(kvd), slots.data(), N, s);
@@ -104,10 +105,13 @@ std::vector<int32_t> GpuModel::decode_batch(std::span<GpuSequence* const> seqs, 
         S[size_t(i)]->history->write_kv(l, pos0[size_t(i)], 1, k + size_t(i) * kvd, v + size_t(i) * kvd, s);
     }
     if (shared) {
-      shared->enqueue_layer(l, q, out, nullptr);
-      return;
+      shared->enqueue_layer(l, q, out, nullptr, out_int8);
+      return out_int8.codes != nullptr;
     }
-    for (int i = 0; i < N; ++i) S[size_t(i)]->engine->enqueue_layer(l, q + size_t(i) * qd, out + size_t(i) * qd, nullptr);
+    for (int i = 0; i < N; ++i)
+      S[size_t(i)]->engine->enqueue_layer(l, q + size_t(i) * qd, out + size_t(i) * qd, nullptr,
+                                          out_int8.from_row(i, qd));
+    return out_int8.codes != nullptr;
   };
   M.forward->run(M.batch_ids, M.batch_pos, N, attend, /*all_logits=*/true, s);
   ++M.runs;

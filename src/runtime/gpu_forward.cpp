@@ -130,13 +130,16 @@ void GpuForward::norm_project(const float* in, const float* norm_w, int T,
 
 // x += W in; with a post-norm (gemma3) x += RMSNorm(W in) * post_norm, the
 // product going through xn_ (free at both places this is called).
+// in_quantized: in's int8 blocks are in the matvec workspace already.
 void GpuForward::residual_add(const cuda::DeviceMatrix& w, const float* in, const float* post_norm, int T,
-                              cudaStream_t s) {
-  if (!post_norm) {
-    project(w, in, T, x_, true, s);
-    return;
+                              cudaStream_t s, bool in_quantized) {
+  float* out = post_norm ? xn_ : x_;
+  if (in_quantized) {
+    cuda::launch_matvec_prequantized(w, in, T, out, !post_norm, matvec_ws_, s);
+  } else {
+    project(w, in, T, out, !post_norm, s);
   }
-  project(w, in, T, xn_, false, s);
+  if (!post_norm) return;
   cuda::rms_norm(xn_, post_norm, T, c_.d_model, c_.rms_eps, xn_, s);
   cuda::add(x_, xn_, int64_t(T) * c_.d_model, s);
 }
@@ -165,9 +168,12 @@ void GpuForward::layer(int l, int T, const int64_t* pos, const LayerAttention& a
   }
   cuda::rope_qk(q_, c_.n_heads, k_, c_.n_kv_heads, T, c_.head_dim, pos, *layer_rope_[size_t(l)], s);
   observe(l, model::Stage::queries, q_, T, qd, s);
-  attend(l, T, q_, k_, v_, att_);
+  // A matvec's input as int8 blocks: the attention's merge may write them.
+  const bool int8_in = T <= kMatvecRows && !f32_activations_ && qd % 32 == 0;
+  const bool quantized =
+      attend(l, T, q_, k_, v_, att_, int8_in ? cuda::matvec_int8_blocks(matvec_ws_, qd, T) : cuda::Int8Blocks{});
   observe(l, model::Stage::attention, att_, T, qd, s);
-  residual_add(L.wo, att_, L.post_attn_norm, T, s);
+  residual_add(L.wo, att_, L.post_attn_norm, T, s, quantized && int8_in);
   norm_project(x_, L.ffn_norm, T, {{&L.w_gate, gate_}, {&L.w_up, up_}}, s);
   if (c_.ffn_act == model::FfnActivation::GeluTanh) {
     cuda::geglu_tanh(gate_, up_, int64_t(T) * c_.ffn_dim, s);

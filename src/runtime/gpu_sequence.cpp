@@ -265,13 +265,15 @@ GpuSequence::Impl::Step GpuSequence::Impl::enqueue_chunk(std::span<const int32_t
     engine->update(history->engine_tables(pos0 + 1, s, st.route));
     engine->begin_step();
   }
-  const LayerAttention attend = [&](int l, int rows, const float* q, const float* k, const float* v, float* out) {
+  const LayerAttention attend = [&](int l, int rows, const float* q, const float* k, const float* v, float* out,
+                                    cuda::Int8Blocks out_int8) {
     history->write_kv(l, pos0, rows, k, v, s);
     if (st.decode) {
-      engine->enqueue_layer(l, q, out, nullptr);
-    } else {
-      history->prefill_attention(l, pos0, rows, q, out, *prefill_attn, s);
+      engine->enqueue_layer(l, q, out, nullptr, out_int8);
+      return out_int8.codes != nullptr;
     }
+    history->prefill_attention(l, pos0, rows, q, out, *prefill_attn, s);
+    return false;
   };
   GpuForward& fw = forward();
   const auto enqueue = [&] {  // from the token id on the GPU to the sampled id in pinned memory

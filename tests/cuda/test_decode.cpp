@@ -19,6 +19,7 @@
 #include "activekv/cuda/decode_engine.h"
 #include "activekv/cuda/device_pages.h"
 #include "activekv/cuda/pinned_memory.h"
+#include "activekv/cuda/quant_matvec.h"
 #include "activekv/kv/page_store.h"
 #include "gpu_test_util.h"
 
@@ -602,6 +603,63 @@ TEST(CudaDecode, MergeSkipsEmptyPartialsAndMatchesFormula) {
   EXPECT_EQ(out[0], 0.f);
   EXPECT_TRUE(std::isinf(ol) && ol < 0);
   cudaFree(dpo); cudaFree(dpl); cudaFree(dout); cudaFree(dlse); cudaFree(dn);
+}
+
+// The merge's int8 blocks of its output (out_int8: what the output
+// projection reads) are bitwise launch_quantize_activations' of the merged
+// rows -- a block of zeros, an empty sequence and 1e30-scale values included
+// -- and per-sequence merges into Int8Blocks::from_row fill the same bytes
+// as one merge over both sequences (decode_batch's per-engine path).
+TEST(CudaDecode, MergeWritesTheInt8BlocksOfItsOutputBitwise) {
+  NEED_GPU();
+  const int n_seq = 2, splits = 3, group = 6, hd = 256, nq = group, cols = nq * hd;
+  AttnShape sh{1, group, hd, 64, 64, 0.f};
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> o(size_t(n_seq) * splits * cols), lse(size_t(n_seq) * splits * nq);
+  for (size_t i = 0; i < o.size(); ++i) o[i] = nd(rng) * (i % 97 == 0 ? 1e30f : 1.f);
+  for (int c = 0; c < 32; ++c)  // sequence 0, head 0, block 3: zero in every split
+    for (int j = 0; j < splits; ++j) o[size_t(j) * cols + 96 + size_t(c)] = 0.f;
+  for (size_t i = 0; i < lse.size(); ++i) lse[i] = nd(rng);
+  for (int j = 0; j < splits; ++j) lse[(size_t(1) * splits + j) * nq + 2] = -INFINITY;  // sequence 1, head 2: O = 0
+  const std::vector<int32_t> n = {splits, splits};
+  const size_t ws_bytes = matvec_workspace_bytes(cols, n_seq);
+  float *dpo, *dpl, *dout;
+  int32_t* dn;
+  void *ws_merge, *ws_quant, *ws_rows;
+  CUDA_OK(cudaMalloc(&dpo, o.size() * 4));
+  CUDA_OK(cudaMalloc(&dpl, lse.size() * 4));
+  CUDA_OK(cudaMalloc(&dout, size_t(n_seq) * cols * 4));
+  CUDA_OK(cudaMalloc(&dn, n.size() * 4));
+  for (void** w : {&ws_merge, &ws_quant, &ws_rows}) {
+    CUDA_OK(cudaMalloc(w, ws_bytes));
+    CUDA_OK(cudaMemset(*w, 0x5a, ws_bytes));
+  }
+  CUDA_OK(cudaMemcpy(dpo, o.data(), o.size() * 4, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(dpl, lse.data(), lse.size() * 4, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(dn, n.data(), n.size() * 4, cudaMemcpyHostToDevice));
+  launch_merge(sh, Partials{dpo, dpl, splits}, dn, n_seq, dout, nullptr, nullptr,
+               matvec_int8_blocks(ws_merge, cols, n_seq));
+  launch_quantize_activations(dout, cols, n_seq, ws_quant, nullptr);
+  const Int8Blocks rows = matvec_int8_blocks(ws_rows, cols, n_seq);
+  for (int s = 0; s < n_seq; ++s)
+    launch_merge(sh, Partials{dpo + size_t(s) * splits * cols, dpl + size_t(s) * splits * nq, splits}, dn + s, 1,
+                 dout, nullptr, nullptr, rows.from_row(s, cols));
+  std::vector<uint8_t> a(ws_bytes), b(ws_bytes), c(ws_bytes);
+  CUDA_OK(cudaMemcpy(a.data(), ws_merge, ws_bytes, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(b.data(), ws_quant, ws_bytes, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(c.data(), ws_rows, ws_bytes, cudaMemcpyDeviceToHost));
+  EXPECT_TRUE(a == b) << "the merge's int8 blocks differ from launch_quantize_activations'";
+  EXPECT_TRUE(c == b) << "per-sequence merges into from_row differ";
+  // The zero block's scale is 0 and its codes 0 (the quantiser's amax == 0 case).
+  const Int8Blocks host{reinterpret_cast<int8_t*>(a.data()),
+                        reinterpret_cast<float*>(a.data() + (reinterpret_cast<uint8_t*>(rows.scales) -
+                                                             static_cast<uint8_t*>(ws_rows)))};
+  EXPECT_EQ(host.scales[2 * 3], 0.f);
+  EXPECT_EQ(host.codes[96], 0);
+  for (void* p : {static_cast<void*>(dpo), static_cast<void*>(dpl), static_cast<void*>(dout),
+                  static_cast<void*>(dn), ws_merge, ws_quant, ws_rows})
+    cudaFree(p);
 }
 
 TEST(CudaDecode, RejectsBadArguments) {

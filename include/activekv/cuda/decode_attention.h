@@ -116,11 +116,30 @@ void launch_split_attention(const AttnShape& shape, const SplitWork* work, int n
 /// Most splits per sequence launch_merge takes (its weights live in shared memory).
 inline constexpr int kMaxMergeSplits = 12288;
 
+/// Rows of fp32 activations as the int8 blocks a block-type matvec reads
+/// (quant_matvec.h: launch_matvec_prequantized's workspace, whose layout
+/// matvec_int8_blocks gives): codes [n_rows][cols] int8 and, per 32-element
+/// block, {d, sum of its codes} [n_rows][cols / 32] as float pairs. `codes`
+/// null: none wanted.
+struct Int8Blocks {
+  int8_t* codes = nullptr;
+  float* scales = nullptr;  ///< float pairs {d, sum}, one per 32 codes
+
+  /// The blocks of row `row` on, for rows of `cols` elements (a multiple of 32).
+  Int8Blocks from_row(int row, int64_t cols) const {
+    if (!codes) return {};
+    return {codes + int64_t(row) * cols, scales + 2 * (int64_t(row) * cols / 32)};
+  }
+};
+
 /// Merges, for each of `n_seq` sequences, its first n_splits[s] partials
 /// (device int array) in ascending order: out [n_seq][n_q_heads][head_dim] fp32,
 /// out_lse [n_seq][n_q_heads] fp32 (may be null). A sequence whose partials are
-/// all empty (LSE -inf) gets O = 0 and LSE = -inf.
+/// all empty (LSE -inf) gets O = 0 and LSE = -inf. With out_int8.codes set,
+/// the same kernel also writes out as int8 blocks (rows of n_q_heads x
+/// head_dim), bitwise what launch_quantize_activations writes for out: the
+/// output projection then needs no quantising launch of its own.
 void launch_merge(const AttnShape& shape, Partials partials, const int32_t* n_splits,
-                  int n_seq, float* out, float* out_lse, cudaStream_t stream);
+                  int n_seq, float* out, float* out_lse, cudaStream_t stream, Int8Blocks out_int8 = {});
 
 }  // namespace activekv::cuda

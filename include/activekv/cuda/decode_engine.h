@@ -196,8 +196,9 @@ class DecodeEngine {
   /// Per-layer form of enqueue_step: call begin_step(), then enqueue_layer for
   /// layers 0..n_layers-1 in order (q/out of that layer: [n_seq][n_q_heads][head_dim]).
   /// Other work (the model's layers) may be put on compute_stream() between them.
+  /// out_int8 (launch_merge): out also as int8 blocks for the output projection.
   void begin_step();
-  void enqueue_layer(int layer, const float* q, float* out, float* out_lse);
+  void enqueue_layer(int layer, const float* q, float* out, float* out_lse, Int8Blocks out_int8 = {});
 
   cudaStream_t compute_stream() const { return compute_; }
   cudaStream_t copy_stream() const { return copy_; }

@@ -142,6 +142,12 @@ void launch_matvec(const DeviceMatrix& w, const float* x, int n_vec, float* y, b
 /// prequantized launch uses `x` itself, exactly like launch_matvec.
 void launch_quantize_activations(const float* x, int64_t cols, int n_vec, void* workspace,
                                  cudaStream_t stream);
+
+/// Where launch_quantize_activations(x, cols, n_vec, workspace) puts x's int8
+/// blocks (decode_attention.h's Int8Blocks), for kernels that write them
+/// themselves (launch_merge). Requirements as matvec_workspace_bytes; the
+/// workspace non-null and 256-byte aligned (else InvalidArgument).
+Int8Blocks matvec_int8_blocks(void* workspace, int64_t cols, int n_vec);
 void launch_matvec_prequantized(const DeviceMatrix& w, const float* x, int n_vec, float* y,
                                 bool accumulate, const void* workspace, cudaStream_t stream);
 

@@ -29,6 +29,7 @@
 #include <memory>
 #include <vector>
 
+#include "activekv/cuda/decode_attention.h"
 #include "activekv/cuda/model_ops.h"
 #include "activekv/cuda/weight_gemm.h"
 #include "activekv/model/config.h"
@@ -42,8 +43,13 @@ namespace activekv::runtime {
 /// One layer's attention over the history, enqueued on the forward's stream:
 /// q [T][n_heads*head_dim] (RoPE applied), k, v [T][n_kv_heads*head_dim]
 /// (k with RoPE) of rows at positions pos0 .. pos0+T-1 -> out [T][n_heads*head_dim].
-/// Device fp32 pointers, valid during the call's enqueued work.
-using LayerAttention = std::function<void(int layer, int T, const float* q, const float* k, const float* v, float* out)>;
+/// Device fp32 pointers, valid during the call's enqueued work. `out_int8`
+/// (codes null: not wanted): where out's rows may also go as int8 blocks for
+/// the output projection (launch_merge writes them in its own kernel);
+/// returns true if they were written, false to have the projection
+/// quantise out itself (prefill, say).
+using LayerAttention = std::function<bool(int layer, int T, const float* q, const float* k, const float* v,
+                                          float* out, cuda::Int8Blocks out_int8)>;
 
 class GpuForward {
  public:
@@ -90,7 +96,8 @@ class GpuForward {
   void norm_project(const float* in, const float* norm_w, int T,
                     std::initializer_list<std::pair<const cuda::DeviceMatrix*, float*>> outs, cudaStream_t s);
   void layer(int l, int T, const int64_t* pos, const LayerAttention& attend, cudaStream_t s);
-  void residual_add(const cuda::DeviceMatrix& w, const float* in, const float* post_norm, int T, cudaStream_t s);
+  void residual_add(const cuda::DeviceMatrix& w, const float* in, const float* post_norm, int T, cudaStream_t s,
+                    bool in_quantized = false);
   void observe(int layer, model::Stage stage, const float* rows, int T, int width, cudaStream_t s);
   void allocate();
   void release();
