@@ -94,13 +94,15 @@ void GpuForward::project(const cuda::DeviceMatrix& w, const float* in, int T, fl
 // RMSNorm of `in` into xn_, then several projections of xn_. For a matvec the
 // norm's kernel also quantises its output to int8 (launch_rms_norm_quantize),
 // once for all of them: no launch of its own; and matrices of one type and
-// cols of which one is small (Q, K, V) run as one grouped launch, so that
-// the small K and V ride with Q instead of each under-filling the GPU. Only
-// then: on the H200 (27B shape, Q4_0, one row, at 3b949ac) Q+K+V grouped
-// took 17.7 us against 21.4 in three launches, but gate+up (17408 rows each)
-// 54.3 us against 44.3 in two (bench_matvec --groups). Every output row
-// is bitwise the separate launch's (quant_matvec.h), whatever T: the
-// batch == solo contract (gpu_model.h) holds as before.
+// cols (Q, K, V; gate and up) run as one grouped launch. Measured on the H200
+// (27B shape, Q4_0, bench_matvec --groups, h200_ab_step_latency_7511be3.json),
+// one vector, us grouped / separate: Q+K+V 10.59 / 17.76, gate+up 28.95 /
+// 30.93 (8 vectors: 22.55 / 34.33 and 78.68 / 79.81). Before 9c3ea14 the
+// grouped kernels copied their arguments to local memory and gate+up lost
+// grouped (42.16 against 30.56), so only groups with a small matrix were
+// grouped. Every output row is bitwise the separate launch's
+// (quant_matvec.h), whatever T: the batch == solo contract (gpu_model.h)
+// holds as before.
 void GpuForward::norm_project(const float* in, const float* norm_w, int T,
                               std::initializer_list<std::pair<const cuda::DeviceMatrix*, float*>> outs,
                               cudaStream_t s) {
@@ -113,13 +115,9 @@ void GpuForward::norm_project(const float* in, const float* norm_w, int T,
   cuda::launch_rms_norm_quantize(in, norm_w, T, d, c_.rms_eps, xn_, matvec_ws_, s);
   std::array<cuda::MatvecGroupItem, cuda::kMaxMatvecGroup> group{};
   const cuda::DeviceMatrix* w0 = outs.begin()->first;
-  constexpr int64_t kSmallRows = 4096;  // under this a matrix alone runs 1 row per warp, < 2048 warps
-  bool groupable = outs.size() <= group.size(), small = false;
-  for (const auto& [w, out] : outs) {
-    groupable = groupable && w->type == w0->type && w->cols == w0->cols;
-    small = small || w->rows < kSmallRows;
-  }
-  if (!groupable || !small) {  // mixed types or cols (a model quantised per tensor), or all large: one launch each
+  bool groupable = outs.size() <= group.size() && outs.size() > 1;
+  for (const auto& [w, out] : outs) groupable = groupable && w->type == w0->type && w->cols == w0->cols;
+  if (!groupable) {  // one matrix, or mixed types or cols (a model quantised per tensor): one launch each
     for (const auto& [w, out] : outs) cuda::launch_matvec_prequantized(*w, xn_, T, out, false, matvec_ws_, s);
     return;
   }
