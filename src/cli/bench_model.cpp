@@ -172,8 +172,12 @@ void run_rows(const ModelBenchArgs& a, const BenchDevice& dev, int vocab, std::v
   for (const std::string& format : a.formats) {
     for (const std::string& placement : a.placements) {
       for (int64_t depth : a.depths) {
-        const std::string where = fmt::format("{} {} d{}", format, placement, depth);
         std::unique_ptr<BenchSession> s = dev.open(format, placement, depth + row_tokens);
+        // The placement the session took, as the table shows it ("host (asked auto)").
+        const std::string where =
+            fmt::format("{} {} d{}", format,
+                        s->placement() == placement ? placement : fmt::format("{} (asked {})", s->placement(), placement),
+                        depth);
         if (!s->plan().empty()) bench_stage(fmt::format("{}: {}", where, s->plan()));
         fill_depth(*s, depth, tokens, where);
         BenchRow base;
@@ -235,10 +239,10 @@ int run_model_bench(ModelBenchArgs a) {
   const BenchDevice dev = cpu_bench_device(a, file);
 #endif
   run.device = &dev;
-  bench_stage(fmt::format("{}: weights {:.1f} GB/s ({}){}; {:.1f} MiB of weights read per decode step", dev.name,
+  bench_stage(fmt::format("{}: weights {:.1f} GB/s ({}){}; {:.1f} MiB of weights ({}) read per decode step", dev.name,
                     dev.weight_gbps, dev.weight_link,
                     dev.h2d_gbps > 0 ? fmt::format(", host->device {:.1f} GB/s", dev.h2d_gbps) : std::string(),
-                    dev.weight_bytes / double(1 << 20)));
+                    dev.weight_bytes / double(1 << 20), dev.weight_form));
   if (a.parallel.empty()) run_rows(a, dev, run.config.vocab_size, run.rows);
   else run_parallel_rows(a, dev, run.config, run);
   const std::string json = json_report(run);

@@ -127,6 +127,7 @@ BenchDevice cpu_bench_device(const ModelBenchArgs& a, const gguf::File& f) {
   BenchDevice d;
   d.name = fmt::format("cpu ({} threads, OpenBLAS {} kernels)", a.threads, blas_core_name());
   d.weight_bytes = decode_weight_bytes(f, true);
+  d.weight_form = "fp32, dequantised at load";
   // The weights' working set, at most 1 GiB (far past any cache: DRAM either way).
   auto probe = std::make_shared<HostReadProbe>(std::min(size_t(d.weight_bytes), size_t(1) << 30), a.threads);
   d.weight_gbps = probe->gbps(kUpFrontBytes, kUpFrontReps, 0.5);

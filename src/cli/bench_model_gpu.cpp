@@ -70,6 +70,7 @@ BenchDevice gpu_bench_device(const ModelBenchArgs& a, const gguf::File& f, const
   BenchDevice d;
   d.name = prop.name;
   d.weight_bytes = decode_weight_bytes(f, false);
+  d.weight_form = "as stored in the GGUF";
   // 4 GiB (far past the L2) unless the GPU has less than 16 GiB free.
   d.weight_gbps = gpu_bench::measure_hbm_read_gbps(std::min(size_t(4) << 30, free / 4), 10);
   d.weight_link = "HBM read";

@@ -90,15 +90,17 @@ LlamaCppFigure llama_cpp_figure(const BenchRow& r) {
 
 std::string run_header_line(const BenchRun& run) {
   const BenchDevice& d = *run.device;
+  const bool any_depth = std::any_of(run.rows.begin(), run.rows.end(), [](const BenchRow& r) { return r.depth > 0; });
+  const bool probed = d.probe_gbps && !run.parallel;  // tg floors then use their own probes, not this figure
   return fmt::format(
-      "model: {} ({}), {} params, {:.3g} MB | device: {} | depth fill: {} | bandwidth measured: weights {:.1f} GB/s "
-      "({}){}\n\n",
+      "model: {} ({}), {} params, {:.3g} MB | device: {} | depth fill: {} | bandwidth measured{}: weights {:.1f} "
+      "GB/s ({}){}\n\n",
       run.model_path, run.config.name.empty() ? run.config.arch : run.config.name,
       run.params >= 1e9 ? fmt::format("{:.2f}B", run.params / 1e9) : fmt::format("{:.2f}M", run.params / 1e6),
-      run.file_bytes / 1e6, d.name, d.depth_fill, d.weight_gbps, d.weight_link,
+      run.file_bytes / 1e6, d.name, any_depth ? d.depth_fill : std::string("none (every row at depth 0)"),
+      probed ? " at the start" : "", d.weight_gbps, d.weight_link,
       d.h2d_gbps > 0 ? fmt::format(", host->device {:.1f} GB/s", d.h2d_gbps) : std::string()) +
-         (d.probe_gbps && !run.parallel ? fmt::format("tg floors: {} (lines below the table).\n\n", d.probe_note)
-                                         : std::string());
+         (probed ? fmt::format("tg floors: {} (lines below the table).\n\n", d.probe_note) : std::string());
 }
 
 std::string markdown_table(const BenchRun& run) {
@@ -112,8 +114,10 @@ std::string markdown_table(const BenchRun& run) {
     const std::string where = r.cpu_share > 0   ? fmt::format("{}+cpu{:.0f}%", r.placement, 100 * r.cpu_share)
                               : r.cpu_share < 0 ? r.placement + "+cpu-auto"
                                                 : r.placement;
-    out += fmt::format("| {} | {} | {} | {:.2f} ± {:.2f} | {:.3f} | {} | {} | {} | {} |\n", r.format, where,
-                       r.label(), r.tps_mean(), r.tps_stddev(), ms,
+    // "± stddev" only over several repetitions (one has none to give).
+    const std::string tps = r.reps_tps().size() > 1 ? fmt::format("{:.2f} ± {:.2f}", r.tps_mean(), r.tps_stddev())
+                                                    : fmt::format("{:.2f}", r.tps_mean());
+    out += fmt::format("| {} | {} | {} | {} | {:.3f} | {} | {} | {} | {} |\n", r.format, where, r.label(), tps, ms,
                        r.floor_ms > 0 ? fmt::format("{:.3f}", r.floor_ms) : "—",
                        r.floor_ms > 0 ? fmt::format("{:.2f}", ms / r.floor_ms) : "—",
                        ref.ms > 0 ? fmt::format("{:.2f} ({})", ref.ms, ref.cache) : "—",
