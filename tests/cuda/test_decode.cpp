@@ -607,8 +607,8 @@ TEST(CudaDecode, MergeSkipsEmptyPartialsAndMatchesFormula) {
 
 // The merge's int8 blocks of its output (out_int8: what the output
 // projection reads) are bitwise launch_quantize_activations' of the merged
-// rows -- a block of zeros, an empty sequence and 1e30-scale values included
-// -- and per-sequence merges into Int8Blocks::from_row fill the same bytes
+// rows -- a block of zeros, a head whose partials are all empty and
+// 1e30-scale values included -- and per-sequence merges into Int8Blocks::from_row fill the same bytes
 // as one merge over both sequences (decode_batch's per-engine path).
 TEST(CudaDecode, MergeWritesTheInt8BlocksOfItsOutputBitwise) {
   NEED_GPU();

@@ -197,6 +197,8 @@ void launch_matvec_prequantized_group(const MatvecGroupItem* items, int n, const
 /// 32, eps finite >= 0, pointers non-null, the workspace 256-byte aligned and
 /// >= matvec_workspace_bytes(n, T) bytes (else InvalidArgument); out may
 /// alias x. One launch when x, weight and out are 16-byte aligned, else two.
+/// As cuda::rms_norm, weight must not be written by the kernel launched just
+/// before on this stream (it is read before the programmatic wait).
 void launch_rms_norm_quantize(const float* x, const float* weight, int T, int n, float eps, float* out,
                               void* workspace, cudaStream_t stream);
 
