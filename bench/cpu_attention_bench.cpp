@@ -29,6 +29,9 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
+#include <utility>
+
+#include <sys/mman.h>
 
 #include "activekv/core/error.h"
 #include "activekv/cpu/decode_attention.h"
@@ -137,13 +140,40 @@ std::vector<bf16> random_page(const kv::KvShape& s, uint32_t seed) {
 
 // The history of every layer in one format: pages back to back per layer
 // (separate copies, so no page is read from cache by another layer).
+// A layer's history bytes: anonymous memory, 2 MiB aligned; with `huge`,
+// madvise(MADV_HUGEPAGE) before the first touch, so that transparent huge
+// pages back it where the kernel allows them ("madvise" or "always" in
+// /sys/kernel/mm/transparent_hugepage/enabled).
+class LayerBytes {
+ public:
+  LayerBytes(size_t n, bool huge) : n_(n), map_(n + kAlign) {
+    void* p = mmap(nullptr, map_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw activekv::Error(fmt::format("mmap of {} bytes failed", map_));
+    base_ = static_cast<std::byte*>(p);
+    data_ = base_ + (kAlign - reinterpret_cast<uintptr_t>(base_) % kAlign) % kAlign;
+    if (huge) madvise(data_, n_, MADV_HUGEPAGE);
+  }
+  LayerBytes(LayerBytes&& o) noexcept : n_(o.n_), map_(o.map_), base_(std::exchange(o.base_, nullptr)), data_(o.data_) {}
+  LayerBytes(const LayerBytes&) = delete;
+  ~LayerBytes() {
+    if (base_) munmap(base_, map_);
+  }
+  std::byte* data() const { return data_; }
+
+ private:
+  static constexpr size_t kAlign = size_t(2) << 20;
+  size_t n_, map_;
+  std::byte* base_ = nullptr;
+  std::byte* data_ = nullptr;
+};
+
 struct History {
-  std::vector<std::vector<std::byte>> layer_bytes;
+  std::vector<LayerBytes> layer_bytes;
   std::vector<std::vector<kv::Int8sPageView>> views;  // int8s only
   std::vector<std::vector<cpu::PageRef>> lists;       // [layer] page list
 };
 
-History make_history(const kv::KvShape& s, const std::string& format, int layers, int context) {
+History make_history(const kv::KvShape& s, const std::string& format, int layers, int context, bool huge) {
   const int n_pages = (context + s.page_size - 1) / s.page_size;
   // Two distinct template pages, copied everywhere (encoding every page would take minutes).
   std::vector<std::vector<std::byte>> templates;
@@ -158,12 +188,10 @@ History make_history(const kv::KvShape& s, const std::string& format, int layers
   }
   const size_t page_bytes = templates[0].size();
   History h;
-  h.layer_bytes.resize(size_t(layers));
   h.views.resize(size_t(layers));
   h.lists.resize(size_t(layers));
   for (int l = 0; l < layers; ++l) {
-    std::vector<std::byte>& bytes = h.layer_bytes[size_t(l)];
-    bytes.resize(page_bytes * size_t(n_pages));
+    const LayerBytes& bytes = h.layer_bytes.emplace_back(page_bytes * size_t(n_pages), huge);
     for (int p = 0; p < n_pages; ++p) {
       std::memcpy(bytes.data() + page_bytes * size_t(p), templates[size_t(p + l) % 2].data(), page_bytes);
     }
@@ -214,6 +242,9 @@ int main(int argc, char** argv) try {
   app.add_option("--split-tokens", split_tokens)->check(CLI::Range(1, 1 << 20));
   app.add_option("--isa", isa_name, "automatic, amx, avx512 or portable")
       ->check(CLI::IsMember({"automatic", "amx", "avx512", "portable"}));
+  bool huge_pages = false;
+  app.add_flag("--huge-pages", huge_pages,
+               "history in transparent huge pages (madvise(MADV_HUGEPAGE) before the first touch)");
   app.add_option("--json", json_path, "write the results as JSON here");
   CLI11_PARSE(app, argc, argv);
   for (const std::string& f : formats) {
@@ -261,7 +292,7 @@ int main(int argc, char** argv) try {
   std::vector<float> o(q.size()), lse(size_t(shape.n_q_heads()));
   for (const std::string& format : formats) {
     for (int context : contexts) {
-      const History h = make_history(ks, format, layers, context);
+      const History h = make_history(ks, format, layers, context, huge_pages);
       const size_t step_bytes = cpu::history_bytes(shape, h.lists[0]) * size_t(layers);
       for (size_t ti = 0; ti < threads_list.size(); ++ti) {
         opt.threads = threads_list[ti];
@@ -308,6 +339,7 @@ int main(int argc, char** argv) try {
                         {"shape", {{"n_kv_heads", kv_heads}, {"group", group}, {"head_dim", head_dim},
                                    {"page_size", page_size}, {"split_tokens", split_tokens}}},
                         {"read_mib", read_mib},
+                        {"huge_pages", huge_pages},
                         {"reps", reps},
                         {"read_bandwidth", nlohmann::json::array()},
                         {"rows", rows}};
