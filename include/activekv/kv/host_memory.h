@@ -27,8 +27,10 @@ class HostMemory {
   virtual std::string name() const = 0;
 };
 
-/// Ordinary pageable memory (calloc: large blocks are zero pages the OS
-/// commits on first touch). Thread-safe; lives for the whole program.
+/// Ordinary pageable memory (large blocks are zero pages the OS commits on
+/// first touch; blocks from 2 MiB on are 2 MiB aligned and advised into
+/// transparent huge pages, which the CPU attention kernels read faster).
+/// Thread-safe; lives for the whole program.
 HostMemory& plain_host_memory();
 
 /// Bytes of memory the OS reports available (MemAvailable of /proc/meminfo),
