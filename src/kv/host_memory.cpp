@@ -24,9 +24,11 @@ size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 /// boundary, asked to be backed by transparent huge pages before any byte is
 /// touched: the CPU attention kernels stream pages of history and, on 4 KiB
 /// pages, miss the TLB every 4 KiB of each stream (bench_cpu_attention
-/// --huge-pages, dev VM, 1 thread, 27B shape, 8K x 8 layers, alternating:
-/// bf16 8.37-8.45 against 7.41-8.27 GB/s of history per CPU-second, int8s
-/// 5.89-6.01 against 5.38-5.76). Where THP is off the advice does nothing.
+/// --huge-pages, quiet dev VM, 27B shape, 8K x 8 layers, alternating pairs,
+/// bench/results/devvm_cpu_attention_hugepages_88e0efa.json: bf16 8.82-9.07
+/// against 7.66-7.75 GB/s of history with 1 thread, 17.7-18.4 against
+/// 15.3-15.4 with 2; int8s 6.30-6.45 against 5.67-5.71 with 1). Where THP
+/// is off the advice does nothing.
 /// nullptr when the mapping fails.
 void* map_huge_aligned(size_t bytes) {
   const size_t span = bytes + kHugeBytes;
