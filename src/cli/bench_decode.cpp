@@ -2,6 +2,7 @@
 // shape; every kv-format, streamed and resident). Code: bench/gpu.
 #include "commands.h"
 #include "gpu_bench.h"
+#include "options.h"
 #include "provenance.h"
 
 namespace activekv::cli {
@@ -11,7 +12,7 @@ void add_bench_decode(CLI::App& app, std::function<int()>& run) {
   auto o = std::make_shared<gpu_bench::BenchDecodeOptions>();
   dec->add_option("--contexts,-d", o->contexts, "Depths (context tokens), e.g. 32k,64k,128k (k = 1024)")
       ->delimiter(',')
-      ->transform(CLI::AsSizeValue(false))
+      ->transform(token_count())
       ->capture_default_str();
   dec->add_option("--batches,-b", o->batches, "Batch sizes")->delimiter(',')->capture_default_str();
   dec->add_option("--steps", o->steps, "Measured steps per configuration (median reported)")->capture_default_str();

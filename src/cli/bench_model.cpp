@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <numeric>
 #include <set>
+#include <utility>
 
 #include "activekv/core/error.h"
 #include "activekv/core/text_file.h"
@@ -28,6 +29,7 @@
 #include "commands.h"
 #include "generate.h"
 #include "memory.h"
+#include "options.h"
 #include "stats.h"
 
 namespace activekv::cli {
@@ -79,15 +81,17 @@ void check_args(const ModelBenchArgs& a, const std::string& device) {
   if (!(a.gpu_kv_mem_gib >= 0)) throw Error(fmt::format("bench: --gpu-kv-mem {}: GiB >= 0", a.gpu_kv_mem_gib));
   if (a.reps < 1) throw Error(fmt::format("bench: -r {}: at least one repetition", a.reps));
   if (a.output != "md" && a.output != "json") throw Error(fmt::format("bench: -o {}: md or json", a.output));
-  if (a.threads < 1 || a.page_size < 1 || a.tile_pages < 1 || a.prefill_chunk < 1 || a.recent_pages < 0 ||
-      a.convert_threads < 0)
-    throw Error("bench: -t, --page-size, --tile-pages and --prefill-chunk must be positive, --recent-pages and "
-                "--convert-threads >= 0");
+  const std::pair<const char*, int> positive[] = {
+      {"-t", a.threads}, {"--page-size", a.page_size}, {"--tile-pages", a.tile_pages}, {"--prefill-chunk", a.prefill_chunk}};
+  for (const auto& [flag, v] : positive)
+    if (v < 1) throw Error(fmt::format("bench: {} {}: must be positive", flag, v));
+  if (a.recent_pages < 0) throw Error(fmt::format("bench: --recent-pages {}: must be >= 0", a.recent_pages));
+  if (a.convert_threads < 0) throw Error(fmt::format("bench: --convert-threads {}: must be >= 0", a.convert_threads));
   if (!a.json_out.empty()) check_writable(a.json_out, "bench --json output");
 }
 
 // Appends random tokens until the history holds `depth` (untimed), then waits for conversion.
-void fill_depth(BenchSession& s, int64_t depth, TokenSource& tokens, const std::string& where) {
+void fill_depth(BenchSession& s, int64_t depth, TokenSource& tokens, const std::string& where, bool compressed) {
   if (s.n_tokens() >= depth) return;
   const int64_t n = depth - s.n_tokens();
   bench_stage(fmt::format("{}: depth fill by prefill of {} random tokens", where, n));
@@ -96,8 +100,10 @@ void fill_depth(BenchSession& s, int64_t depth, TokenSource& tokens, const std::
   const double fill_ms = ms_since(t0);
   const auto t1 = std::chrono::steady_clock::now();
   s.wait_conversions();
-  bench_stage(fmt::format("{}: filled in {:.1f} s ({:.0f} tokens/s); conversion caught up {:.1f} s later", where,
-                    fill_ms / 1000, 1000.0 * double(n) / fill_ms, ms_since(t1) / 1000));
+  const std::string conversion =
+      compressed ? fmt::format("; conversion caught up {:.1f} s later", ms_since(t1) / 1000) : std::string();
+  bench_stage(fmt::format("{}: filled in {:.1f} s ({:.0f} tokens/s){}", where, fill_ms / 1000,
+                          1000.0 * double(n) / fill_ms, conversion));
 }
 
 // The bandwidth probe around a repetition's timed steps (BenchDevice::probe_gbps; none on the GPU).
@@ -179,7 +185,7 @@ void run_rows(const ModelBenchArgs& a, const BenchDevice& dev, int vocab, std::v
                         s->placement() == placement ? placement : fmt::format("{} (asked {})", s->placement(), placement),
                         depth);
         if (!s->plan().empty()) bench_stage(fmt::format("{}: {}", where, s->plan()));
-        fill_depth(*s, depth, tokens, where);
+        fill_depth(*s, depth, tokens, where, format != "bf16");
         BenchRow base;
         base.depth = depth;
         base.format = format;
@@ -229,6 +235,12 @@ int run_model_bench(ModelBenchArgs a) {
   // After every check of the arguments, before the first progress line: one line without a GPU.
   if (device == "cuda") cuda::require_gpu(0, "bench --device cuda");
 #endif
+  // Speed is measured past the trained context too (random tokens: no quality is claimed), but say so.
+  const int64_t deepest = *std::max_element(a.depths.begin(), a.depths.end());
+  if (run.config.context_length > 0 && deepest > run.config.context_length)
+    bench_stage(fmt::format("note: depth {} is past the model's trained context ({} tokens); the rows there measure "
+                            "speed only",
+                            deepest, run.config.context_length));
   bench_stage(run.shape_27b ? "the model is SPEC §1's 27B attention shape with Q4_0 matrices: llama.cpp's figures shown"
                       : "not SPEC §1's 27B shape (or not Q4_0): no llama.cpp figures");
   bench_stage(fmt::format("measuring bandwidths and loading {} on {}", run.model_path, device));
@@ -264,7 +276,7 @@ void add_bench(CLI::App& app, std::function<int()>& run) {
       app.add_option("-p,--n-prompt", a->prompts, "Prompt sizes: pp rows (0: none)")->delimiter(',')->capture_default_str();
   app.add_option("-n,--n-gen", a->n_gen, "Tokens per decode (tg) row (0: none)")->capture_default_str();
   app.add_option("-d,--n-depth", a->depths, "History depths before each row, e.g. 0,32k,128k (k = 1024)")
-      ->delimiter(',')->transform(CLI::AsSizeValue(false))->capture_default_str();
+      ->delimiter(',')->transform(token_count())->capture_default_str();
   app.add_option("--cache-type-k", a->formats, "KV formats (-ctk): bf16, lossless13, int8s, hybrid")
       ->delimiter(',')->capture_default_str();
   app.add_option("--kv-placement", a->placements,

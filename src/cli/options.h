@@ -23,6 +23,28 @@ inline int default_threads() { return int(std::max(1u, std::thread::hardware_con
 /// A token or item count in [lo, kMaxTokens].
 inline CLI::Range count_range(int lo) { return CLI::Range(lo, kMaxTokens); }
 
+/// Token counts as digits with an optional k (x 1024) or m (x 1024^2):
+/// "32k" -> 32768. Rewrites the value for the option's integer parse; any
+/// other text is one line naming it (CLI::AsSizeValue took byte units --
+/// "2kib", "1gb" -- for a token count).
+inline CLI::Validator token_count() {
+  return CLI::Validator(
+      [](std::string& v) -> std::string {
+        std::string digits = v;
+        long long scale = 1;
+        if (!digits.empty() && (digits.back() == 'k' || digits.back() == 'K')) scale = 1024;
+        if (!digits.empty() && (digits.back() == 'm' || digits.back() == 'M')) scale = 1024 * 1024;
+        if (scale != 1) digits.pop_back();
+        if (digits.empty() || digits.size() > 12 || !std::all_of(digits.begin(), digits.end(), [](char c) {
+              return c >= '0' && c <= '9';
+            }))
+          return "'" + v + "' is not a token count (digits, optionally k = 1024 or m = 1024^2: 32k)";
+        v = std::to_string(std::stoll(digits) * scale);
+        return {};
+      },
+      "TOKENS (k = 1024)");
+}
+
 /// -t,--threads: CPU threads, 1..1024.
 inline CLI::Option* add_threads_option(CLI::App& app, int& threads) {
   return app.add_option("-t,--threads", threads, "CPU threads")->capture_default_str()->check(CLI::Range(1, 1024));
