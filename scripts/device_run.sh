@@ -28,7 +28,8 @@
 #   cpu     (build) + CPU decode attention on this host: its tests, then
 #           bench_cpu_attention (27B shape, 8K/32K x 16 layers, threads 1..all)
 #           against the host's read bandwidth, the automatic kernels (AMX q.k
-#           where the host has it) and AVX-512 alone -> cpu_attention_{automatic,avx512}.json
+#           where the host has it), AVX-512 alone, and the automatic ones over a huge-page
+#           history (--huge-pages) -> cpu_attention_{automatic,avx512,hugepages}.json (AKV_CPU_RUNS picks)
 #   eval    the quality contract at long context (issue 11 part 3) through
 #           the GPU runtime (eval --device cuda): activekv eval on Gemma 3
 #           270M at 8K (+ the 64K synthetic outlier case), 16K and 32K, every
@@ -236,11 +237,16 @@ run_int8s() {
 run_cpu() {
   echo "== CPU decode attention: tests, then GB/s of history vs the host's read bandwidth"
   build-device/bin/test_cpu_attention --gtest_brief=1 || return 1
-  # The automatic kernels (AMX q.k where the host has it), then AVX-512 alone for the A/B.
-  local isa
-  for isa in automatic avx512; do
+  # The automatic kernels (AMX q.k where the host has it), then AVX-512 alone for the A/B; then
+  # the automatic ones over a history in transparent huge pages (--huge-pages; the CPU path's
+  # page store allocates so since eb3b264, the GPU runtime's pinned pool not yet). AKV_CPU_RUNS
+  # picks among "automatic avx512 hugepages".
+  local run
+  for run in ${AKV_CPU_RUNS:-automatic avx512 hugepages}; do
+    local args=(--isa "$run")
+    [ "$run" = hugepages ] && args=(--isa automatic --huge-pages)
     OMP_PROC_BIND=close OMP_PLACES=cores build-device/bin/bench_cpu_attention --threads 1,2,4,8,12,14,16 \
-      --contexts 8192,32768 --layers 16 --reps 5 --read-mib 8192 --isa $isa --json "$OUT/cpu_attention_$isa.json"
+      --contexts 8192,32768 --layers 16 --reps 5 --read-mib 8192 "${args[@]}" --json "$OUT/cpu_attention_$run.json"
   done
 }
 
