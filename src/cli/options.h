@@ -20,8 +20,22 @@ inline constexpr int kMaxTokens = 1 << 30;
 /// Every hardware thread: the default of -t.
 inline int default_threads() { return int(std::max(1u, std::thread::hardware_concurrency())); }
 
-/// A token or item count in [lo, kMaxTokens].
-inline CLI::Range count_range(int lo) { return CLI::Range(lo, kMaxTokens); }
+/// A token or item count in [lo, kMaxTokens]: a whole number first ("Value
+/// abc is not a whole number"; CLI::Range alone said "abc not in range"),
+/// then CLI::Range's check and message.
+inline CLI::Validator count_range(int lo) {
+  const CLI::Range range(lo, kMaxTokens);
+  return CLI::Validator(
+      [range](std::string& v) -> std::string {
+        const size_t sign = !v.empty() && (v[0] == '-' || v[0] == '+') ? 1 : 0;
+        if (v.size() == sign || v.size() > 15 ||
+            !std::all_of(v.begin() + long(sign), v.end(), [](char c) { return c >= '0' && c <= '9'; }))
+          return "Value " + v + " is not a whole number";
+        std::string checked = v;
+        return range(checked);
+      },
+      range.get_description());
+}
 
 /// Token counts as digits with an optional k (x 1024) or m (x 1024^2):
 /// "32k" -> 32768. Rewrites the value for the option's integer parse; any
