@@ -31,11 +31,10 @@
 #include <thread>
 #include <utility>
 
-#include <sys/mman.h>
-
 #include "activekv/core/error.h"
 #include "activekv/cpu/decode_attention.h"
 #include "activekv/kv/codec_int8s.h"
+#include "activekv/kv/host_memory.h"
 #include "activekv/kv/page_store.h"
 #include "provenance.h"
 
@@ -140,31 +139,21 @@ std::vector<bf16> random_page(const kv::KvShape& s, uint32_t seed) {
 
 // The history of every layer in one format: pages back to back per layer
 // (separate copies, so no page is read from cache by another layer).
-// A layer's history bytes: anonymous memory, 2 MiB aligned; with `huge`,
-// madvise(MADV_HUGEPAGE) before the first touch, so that transparent huge
-// pages back it where the kernel allows them ("madvise" or "always" in
-// /sys/kernel/mm/transparent_hugepage/enabled).
+// A layer's history bytes (kv::map_2mib_aligned), in transparent huge pages
+// with --huge-pages.
 class LayerBytes {
  public:
-  LayerBytes(size_t n, bool huge) : n_(n), map_(n + kAlign) {
-    void* p = mmap(nullptr, map_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) throw activekv::Error(fmt::format("mmap of {} bytes failed", map_));
-    base_ = static_cast<std::byte*>(p);
-    data_ = base_ + (kAlign - reinterpret_cast<uintptr_t>(base_) % kAlign) % kAlign;
-    if (huge) madvise(data_, n_, MADV_HUGEPAGE);
+  LayerBytes(size_t n, bool huge) : n_(n), data_(kv::map_2mib_aligned(n, huge)) {
+    if (!data_) throw activekv::Error(fmt::format("mapping {} bytes of history failed", n));
   }
-  LayerBytes(LayerBytes&& o) noexcept : n_(o.n_), map_(o.map_), base_(std::exchange(o.base_, nullptr)), data_(o.data_) {}
+  LayerBytes(LayerBytes&& o) noexcept : n_(o.n_), data_(std::exchange(o.data_, nullptr)) {}
   LayerBytes(const LayerBytes&) = delete;
-  ~LayerBytes() {
-    if (base_) munmap(base_, map_);
-  }
+  ~LayerBytes() { kv::unmap_2mib_aligned(data_, n_); }
   std::byte* data() const { return data_; }
 
  private:
-  static constexpr size_t kAlign = size_t(2) << 20;
-  size_t n_, map_;
-  std::byte* base_ = nullptr;
-  std::byte* data_ = nullptr;
+  size_t n_;
+  std::byte* data_;
 };
 
 struct History {

@@ -20,29 +20,6 @@ constexpr size_t kHugeBytes = size_t(2) << 20;
 
 size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
-/// `bytes` (a multiple of kHugeBytes) of anonymous memory at a kHugeBytes
-/// boundary, asked to be backed by transparent huge pages before any byte is
-/// touched: the CPU attention kernels stream pages of history and, on 4 KiB
-/// pages, miss the TLB every 4 KiB of each stream (bench_cpu_attention
-/// --huge-pages, quiet dev VM, 27B shape, 8K x 8 layers, alternating pairs,
-/// bench/results/devvm_cpu_attention_hugepages_88e0efa.json: bf16 8.82-9.07
-/// against 7.66-7.75 GB/s of history with 1 thread, 17.7-18.4 against
-/// 15.3-15.4 with 2; int8s 6.30-6.45 against 5.67-5.71 with 1). Where THP
-/// is off the advice does nothing.
-/// nullptr when the mapping fails.
-void* map_huge_aligned(size_t bytes) {
-  const size_t span = bytes + kHugeBytes;
-  void* p = mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) return nullptr;
-  auto* base = static_cast<std::byte*>(p);
-  std::byte* aligned = base + (kHugeBytes - reinterpret_cast<uintptr_t>(base) % kHugeBytes) % kHugeBytes;
-  // Trim the unaligned head and the tail, so that free() unmaps exactly [aligned, + bytes).
-  if (aligned > base) munmap(base, size_t(aligned - base));
-  if (base + span > aligned + bytes) munmap(aligned + bytes, size_t(base + span - (aligned + bytes)));
-  madvise(aligned, bytes, MADV_HUGEPAGE);  // advice: its failure (THP compiled out) changes nothing else
-  return aligned;
-}
-
 class PlainHostMemory final : public HostMemory {
   static constexpr size_t kMapBytes = size_t(1) << 16;
 
@@ -50,7 +27,7 @@ class PlainHostMemory final : public HostMemory {
   std::byte* allocate(size_t bytes) override {
     // Large blocks: anonymous mmap -- page aligned, zero pages the OS commits
     // on first touch, so a store sized for a long context costs nothing until
-    // it is written (from 2 MiB on, in huge pages: map_huge_aligned; a
+    // it is written (from 2 MiB on, in huge pages: map_2mib_aligned; a
     // touch then commits 2 MiB). Small ones: aligned_alloc + memset.
     // More than the machine has would only fail later, page by page, at the
     // OOM killer's hands: refuse it now, with the numbers.
@@ -59,7 +36,7 @@ class PlainHostMemory final : public HostMemory {
     if (available != 0 && bytes > available) {
       p = nullptr;
     } else if (bytes >= kHugeBytes) {
-      p = map_huge_aligned(round_up(bytes, kHugeBytes));
+      p = map_2mib_aligned(bytes, /*huge=*/true);
     } else if (bytes >= kMapBytes) {
       p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
       if (p == MAP_FAILED) p = nullptr;
@@ -75,7 +52,7 @@ class PlainHostMemory final : public HostMemory {
   }
   void free(std::byte* p, size_t bytes) noexcept override {
     if (bytes >= kHugeBytes) {
-      munmap(p, round_up(bytes, kHugeBytes));
+      unmap_2mib_aligned(p, bytes);
     } else if (bytes >= kMapBytes) {
       munmap(p, bytes);
     } else {
@@ -87,6 +64,23 @@ class PlainHostMemory final : public HostMemory {
 };
 
 }  // namespace
+
+std::byte* map_2mib_aligned(size_t bytes, bool huge) {
+  const size_t mapped = round_up(bytes, kHugeBytes), span = mapped + kHugeBytes;
+  void* p = mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return nullptr;
+  auto* base = static_cast<std::byte*>(p);
+  std::byte* aligned = base + (kHugeBytes - reinterpret_cast<uintptr_t>(base) % kHugeBytes) % kHugeBytes;
+  // Trim the unaligned head and the tail: unmap_2mib_aligned unmaps exactly [aligned, + mapped).
+  if (aligned > base) munmap(base, size_t(aligned - base));
+  if (base + span > aligned + mapped) munmap(aligned + mapped, size_t(base + span - (aligned + mapped)));
+  if (huge) madvise(aligned, mapped, MADV_HUGEPAGE);  // advice: where THP is off it changes nothing
+  return aligned;
+}
+
+void unmap_2mib_aligned(std::byte* p, size_t bytes) noexcept {
+  if (p) munmap(p, round_up(bytes, kHugeBytes));
+}
 
 HostMemory& plain_host_memory() {
   static PlainHostMemory memory;

@@ -33,6 +33,19 @@ class HostMemory {
 /// Thread-safe; lives for the whole program.
 HostMemory& plain_host_memory();
 
+/// `bytes` (> 0) of zeroed anonymous memory at a 2 MiB boundary, the mapping
+/// rounded up to whole 2 MiB; with `huge`, madvise(MADV_HUGEPAGE) before any
+/// byte is touched, so that transparent huge pages back it where the kernel
+/// allows them (THP "madvise" or "always"). On 4 KiB pages each stream the
+/// CPU attention kernels read crosses a page every 4 KiB (a TLB miss, and
+/// the hardware prefetcher stops at page boundaries: the likely cause -- not
+/// measured with counters -- of what bench_cpu_attention --huge-pages
+/// measured: bf16 history read 14-17 % faster on the dev VM,
+/// bench/results/devvm_cpu_attention_hugepages_88e0efa.json). nullptr when
+/// the mapping fails. Release with unmap_2mib_aligned(p, bytes).
+std::byte* map_2mib_aligned(size_t bytes, bool huge);
+void unmap_2mib_aligned(std::byte* p, size_t bytes) noexcept;
+
 /// Bytes of memory the OS reports available (MemAvailable of /proc/meminfo),
 /// or 0 if it cannot be read. For "does not fit" messages.
 size_t host_memory_available();
