@@ -171,7 +171,7 @@ void GpuForward::layer(int l, int T, const int64_t* pos, const LayerAttention& a
   const bool quantized =
       attend(l, T, q_, k_, v_, att_, int8_in ? cuda::matvec_int8_blocks(matvec_ws_, qd, T) : cuda::Int8Blocks{});
   observe(l, model::Stage::attention, att_, T, qd, s);
-  residual_add(L.wo, att_, L.post_attn_norm, T, s, quantized && int8_in);
+  residual_add(L.wo, att_, L.post_attn_norm, T, s, quantized);
   norm_project(x_, L.ffn_norm, T, {{&L.w_gate, gate_}, {&L.w_up, up_}}, s);
   if (c_.ffn_act == model::FfnActivation::GeluTanh) {
     cuda::geglu_tanh(gate_, up_, int64_t(T) * c_.ffn_dim, s);
