@@ -53,9 +53,6 @@ const std::set<std::string> kFormats{"bf16", "lossless13", "int8s", "hybrid"};
 void check_args(const ModelBenchArgs& a, const std::string& device) {
   if (a.prompts.empty() || a.depths.empty() || a.formats.empty() || a.placements.empty())
     throw Error("bench: -p, -d, -ctk and --kv-placement need at least one value each");
-  for (int p : a.prompts)
-    if (p < 0) throw Error(fmt::format("bench: -p {}: a prompt size is >= 0", p));
-  if (a.n_gen < 0) throw Error(fmt::format("bench: -n {}: the generated tokens are >= 0", a.n_gen));
   if (a.n_gen == 0 && std::all_of(a.prompts.begin(), a.prompts.end(), [](int p) { return p == 0; }))
     throw Error("bench: nothing to run (-n 0 and every -p 0)");
   for (int64_t d : a.depths)
@@ -273,8 +270,10 @@ void add_bench(CLI::App& app, std::function<int()>& run) {
   auto a = std::make_shared<ModelBenchArgs>();
   app.add_option("-m,--model", a->model, "GGUF model (default: $ACTIVEKV_MODEL, else the installed SmolLM2)");
   CLI::Option* prompts =
-      app.add_option("-p,--n-prompt", a->prompts, "Prompt sizes: pp rows (0: none)")->delimiter(',')->capture_default_str();
-  app.add_option("-n,--n-gen", a->n_gen, "Tokens per decode (tg) row (0: none)")->capture_default_str();
+      app.add_option("-p,--n-prompt", a->prompts, "Prompt sizes: pp rows (0: none)")->delimiter(',')->capture_default_str()
+          ->check(count_range(0));
+  app.add_option("-n,--n-gen", a->n_gen, "Tokens per decode (tg) row (0: none)")->capture_default_str()
+      ->check(count_range(0));
   app.add_option("-d,--n-depth", a->depths, "History depths before each row, e.g. 0,32k,128k (k = 1024)")
       ->delimiter(',')->transform(token_count())->capture_default_str();
   app.add_option("--cache-type-k", a->formats, "KV formats (-ctk): bf16, lossless13, int8s, hybrid")
