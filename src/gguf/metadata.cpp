@@ -48,7 +48,7 @@ Value parse_array(Reader& r, const std::string& field, int depth) {
   if (len > r.remaining() / min_encoded_size(v.array_type)) {
     r.fail(len_field, at,
            "array length " + std::to_string(len) + " cannot fit in the " +
-               std::to_string(r.remaining()) + " bytes remaining");
+               std::to_string(r.remaining()) + " bytes remaining (truncated or corrupt)");
   }
   std::vector<Value> items;
   items.reserve(len);
@@ -154,11 +154,11 @@ Header parse_header(Reader& r) {
   h.kv_count = r.u64("header.kv_count");
   if (h.kv_count > r.remaining() / kMinKvBytes) {
     r.fail("header.kv_count", 16,
-           "kv_count " + std::to_string(h.kv_count) + " cannot fit in the file");
+           "kv_count " + std::to_string(h.kv_count) + " cannot fit in the file (truncated or corrupt)");
   }
   if (h.tensor_count > r.remaining() / kMinTensorInfoBytes) {
     r.fail("header.tensor_count", 8,
-           "tensor_count " + std::to_string(h.tensor_count) + " cannot fit in the file");
+           "tensor_count " + std::to_string(h.tensor_count) + " cannot fit in the file (truncated or corrupt)");
   }
   return h;
 }

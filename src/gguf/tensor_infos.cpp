@@ -138,7 +138,7 @@ uint64_t place_tensors(const Reader& r, uint64_t alignment, std::vector<TensorIn
       r.fail(field, offset_fields[i],
              "tensor " + quoted(t.name) + " data extent [" + std::to_string(data_offset) + "+" +
                  std::to_string(rel) + ", +" + std::to_string(t.n_bytes) +
-                 ") exceeds file size " + std::to_string(r.size()));
+                 ") exceeds file size " + std::to_string(r.size()) + " (truncated or corrupt)");
     }
     t.offset = begin;
     t.data = r.data() + begin;
