@@ -109,9 +109,7 @@ template <int HD>
 __global__ void __launch_bounds__(warps_for<HD>() * 32, 1)
 split_attention_kernel(const SplitWork* __restrict__ work, const float* __restrict__ q,
                        float* __restrict__ part_o, float* __restrict__ part_lse, int max_splits,
-                       int n_kv, int group, int page_size, float scale_log2, int head0, int page_heads,
-                       float* __restrict__ out, float* __restrict__ out_lse, int8_t* __restrict__ out_codes,
-                       float2* __restrict__ out_scales) {
+                       int n_kv, int group, int page_size, float scale_log2, int head0, int page_heads) {
   constexpr int W = warps_for<HD>();
   constexpr int KS = HD / 16;  // k-steps of Q.K^T = m-tiles of V^T.P^T
   constexpr int CH = HD / 8;   // 16-byte chunks per row
@@ -274,20 +272,15 @@ split_attention_kernel(const SplitWork* __restrict__ work, const float* __restri
     }
   __syncthreads();
 
-  // A partial, or with `out` (SplitOutput) the sequence's output as the
-  // merge of this one partial writes it: weight exp(0) = 1, O = fma(1, o, 0),
-  // O / 1, LSE + log(1) -- i.e. o and lse with -0 made +0, which `+ 0.f`
-  // does here (IEEE: x + 0 is x for every x but -0; not folded without
-  // fast-math). A warp's 32 outputs of an iteration are one 32-channel block
-  // of one head (group * HD and the stride are multiples of 32), so it can
-  // quantise them as the merge does.
-  const bool direct = out != nullptr;
-  const size_t base = direct ? size_t(w.seq) * nq + size_t(h) * group
-                             : (size_t(w.seq) * max_splits + w.split) * nq + size_t(h) * group;
-  float* o_dst = direct ? out : part_o;
-  float* lse_dst = direct ? out_lse : part_lse;
+  const size_t base = (size_t(w.seq) * max_splits + w.split) * nq + size_t(h) * group;
   // Unrolled: each output is a short chain of shared-memory reads and an
   // exp2, independent of the others (group x HD outputs over W x 32 threads).
+  // This tail is on the critical path at short depths (4 CTAs at depth 0):
+  // writing the output itself when a history is one split (no merge launch)
+  // was slower on the H200 -- depth 0 1.55 against 1.50 ms/token, and 32K,
+  // where it is not taken, 2.03 against 2.00 from the extra arguments
+  // (bench/results/h200_ab_direct_output_f18ad24.json): the merge spreads
+  // this work over 192 CTAs.
 #pragma unroll 4
   for (int idx = threadIdx.x; idx < group * HD; idx += W * 32) {
     const int gg = idx / HD, c = idx % HD;
@@ -305,15 +298,8 @@ split_attention_kernel(const SplitWork* __restrict__ work, const float* __restri
         O = fmaf(sc, sm_acc[(size_t(i) * kRows + gg) * HD + c], O);
       }
     }
-    const float v = M == -INFINITY ? 0.f : O / L + (direct ? 0.f : -0.f);  // -0.f: the identity for partials
-    const float lse = M == -INFINITY ? -INFINITY : (M + log2f(L)) * kLn2 + (direct ? 0.f : -0.f);
-    o_dst[(base + gg) * HD + c] = v;
-    if (c == 0 && lse_dst) lse_dst[base + gg] = lse;
-    if (direct && out_codes) {
-      const size_t blk = (base + gg) * size_t(HD / 32) + size_t(c / 32);
-      const float vv[1] = {v};
-      qx::quantize_block<1>(vv, 0xffffffffu, c % 32, out_codes + blk * 32, out_scales + blk);
-    }
+    part_o[(base + gg) * HD + c] = M == -INFINITY ? 0.f : O / L;
+    if (c == 0) part_lse[base + gg] = M == -INFINITY ? -INFINITY : (M + log2f(L)) * kLn2;
   }
 }
 
@@ -382,7 +368,7 @@ merge_kernel(const float* __restrict__ part_o, const float* __restrict__ part_ls
 
 template <int HD>
 void launch_split(const AttnShape& sh, const SplitWork* work, int n_work, const float* q,
-                  Partials p, float scale_log2, cudaStream_t st, const SplitOutput& d) {
+                  Partials p, float scale_log2, cudaStream_t st) {
   constexpr size_t smem = split_smem_bytes<HD>();
   // Over the 48 KiB default: the limit is raised per device (and per
   // instantiation), the first time this device launches it.
@@ -395,23 +381,22 @@ void launch_split(const AttnShape& sh, const SplitWork* work, int n_work, const 
   dim3 grid(n_work, sh.n_kv_heads);
   pdl::launch("split_attention_kernel launch", split_attention_kernel<HD>, grid, warps_for<HD>() * 32, smem, st, work,
               q, p.o, p.lse, p.max_splits, sh.n_kv_heads, sh.group, sh.page_size, scale_log2, sh.kv_head0,
-              sh.page_heads(), d.out, d.out_lse, d.out ? d.int8.codes : nullptr,
-              reinterpret_cast<float2*>(d.int8.scales));
+              sh.page_heads());
 }
 
 }  // namespace
 
 void launch_split_attention(const AttnShape& shape, const SplitWork* work, int n_work,
-                            const float* q, Partials partials, cudaStream_t stream, SplitOutput direct) {
+                            const float* q, Partials partials, cudaStream_t stream) {
   shape.validate();
   if (n_work < 0) throw InvalidArgument("launch_split_attention: n_work is " + std::to_string(n_work));
   if (n_work == 0) return;
   const float scale = shape.softmax_scale > 0.f ? shape.softmax_scale
                                                 : 1.f / std::sqrt(float(shape.head_dim));
   const float sl2 = scale * kLog2e;
-  if (shape.head_dim == 256) launch_split<256>(shape, work, n_work, q, partials, sl2, stream, direct);
-  else if (shape.head_dim == 128) launch_split<128>(shape, work, n_work, q, partials, sl2, stream, direct);
-  else launch_split<64>(shape, work, n_work, q, partials, sl2, stream, direct);
+  if (shape.head_dim == 256) launch_split<256>(shape, work, n_work, q, partials, sl2, stream);
+  else if (shape.head_dim == 128) launch_split<128>(shape, work, n_work, q, partials, sl2, stream);
+  else launch_split<64>(shape, work, n_work, q, partials, sl2, stream);
   check_cuda(cudaGetLastError(), "split_attention_kernel launch");
 }
 

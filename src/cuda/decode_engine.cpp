@@ -168,9 +168,6 @@ struct DecodeEngine::Plan {
   std::vector<SplitWork> work;
   std::vector<UnpackWork> unpack;
   std::vector<int32_t> n_splits;  // [layer][seq]
-  // [layer]: every sequence's history is one split, attended by the bf16
-  // split kernel on the GPU -- which then writes the output itself, no merge.
-  std::vector<char> single_split;
   std::vector<size_t> resident_bytes;  // [layer]
   std::vector<DecodeEngine::SeqFigures> figures;  // [seq]
   size_t stage_slot_bytes = 0;    // largest streamed job
@@ -530,15 +527,6 @@ void DecodeEngine::update(const std::vector<SeqPages>& seqs) {
       j.info.n_work = j.bf16.n + j.int8s.n;
     }
   }
-  P.single_split.assign(size_t(L), 0);
-  for (int l = 0; l < L; ++l) {
-    size_t bf16_items = 0;
-    bool other = false;
-    for (const JobPlan& j : P.jobs[size_t(l)]) bf16_items += size_t(j.bf16.n), other |= j.int8s.n > 0;
-    bool one = !other && bf16_items == n_seq;
-    for (size_t s = 0; s < n_seq && one; ++s) one = P.n_splits[size_t(l) * n_seq + s] == 1;
-    P.single_split[size_t(l)] = one;
-  }
   if (P.cpu || cpu_) {
     if (!cpu_) {
       cpu::CpuAttentionOptions o = cfg_.cpu_kernels;
@@ -623,7 +611,7 @@ void DecodeEngine::enqueue_copy(int64_t k) {
   AKV_CUDA(cudaEventRecord(ev(events_copy_[size_t(j.slot)]), copy_));
 }
 
-void DecodeEngine::launch_job(const JobPlan& j, const float* q, const SplitOutput& direct) {
+void DecodeEngine::launch_job(const JobPlan& j, const float* q) {
   const AttnShape& sh = cfg_.attn;
   const Device& D = *dev_;
   const Partials parts{D.part_o.p, D.part_lse.p, D.cap_splits};
@@ -642,7 +630,7 @@ void DecodeEngine::launch_job(const JobPlan& j, const float* q, const SplitOutpu
     AKV_CUDA(cudaEventRecord(ev(fork_), compute_));
     AKV_CUDA(cudaStreamWaitEvent(side_, ev(fork_), 0));
   }
-  launch_split_attention(sh, D.work.p + j.bf16.off, j.bf16.n, q, parts, compute_, direct);
+  launch_split_attention(sh, D.work.p + j.bf16.off, j.bf16.n, q, parts, compute_);
   launch_split_attention_int8s(sh, D.work.p + j.int8s.off, j.int8s.n, q, parts, cfg_.int8s, fork ? side_ : compute_);
   if (fork) {
     AKV_CUDA(cudaEventRecord(ev(join_), side_));
@@ -660,10 +648,6 @@ void DecodeEngine::enqueue_layer(int layer, const float* q, float* out, float* o
   const Device& D = *dev_;
   const Partials parts{D.part_o.p, D.part_lse.p, D.cap_splits};
   const bool cpu_work = cpu_ && cpu_->has_work(layer);
-  // One split per sequence, all on the GPU in bf16: the split kernel writes
-  // what the merge would (bitwise; SplitOutput), one launch fewer.
-  const SplitOutput direct = plan_->single_split[size_t(layer)] && !cpu_work ? SplitOutput{out, out_lse, out_int8}
-                                                                            : SplitOutput{};
   if (cpu_work) cpu_->start_layer(layer, q, parts, compute_);  // first: the CPU starts as soon as q is ready
   const int64_t n_ring = int64_t(plan_->ring.size());
   for (const JobPlan& j : plan_->jobs[size_t(layer)]) {
@@ -672,14 +656,13 @@ void DecodeEngine::enqueue_layer(int layer, const float* q, float* out, float* o
       while (copies_enqueued_ < std::min(n_ring, ring_job_ + cfg_.ring_slots)) enqueue_copy(copies_enqueued_++);
       AKV_CUDA(cudaStreamWaitEvent(compute_, ev(events_copy_[size_t(j.slot)]), 0));
     }
-    launch_job(j, q, direct);
+    launch_job(j, q);
     if (!j.resident) {
       AKV_CUDA(cudaEventRecord(ev(events_compute_[size_t(j.slot)]), compute_));
       ++ring_job_;
     }
   }
   if (cpu_work) cpu_->join_layer(compute_);
-  if (direct.out) return;
   const size_t n_seq = plan_->seqs.size();
   launch_merge(cfg_.attn, parts, D.n_splits.p + size_t(layer) * n_seq, int(n_seq), out, out_lse, compute_,
                out_int8);

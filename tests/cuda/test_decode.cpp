@@ -662,91 +662,18 @@ TEST(CudaDecode, MergeWritesTheInt8BlocksOfItsOutputBitwise) {
     cudaFree(p);
 }
 
-// A history of one split: the split kernel writing the output itself
-// (SplitOutput, what the engine does then) gives the bytes of the split
-// kernel's partial merged by launch_merge -- output, LSE and the int8 blocks
-// of the output -- for each instantiated head dim, three sequences of
-// different lengths (one token included) and a head with 1e4-scale queries.
-TEST(CudaDecode, OneSplitWrittenDirectlyIsBitwiseTheMergedPartial) {
-  NEED_GPU();
-  for (const int hd : {64, 128, 256}) {
-    SCOPED_TRACE("head_dim " + std::to_string(hd));
-    const int n_kv = 2, group = 6, page = 64, n_seq = 3, nq = n_kv * group, cols = nq * hd;
-    AttnShape sh{n_kv, group, hd, page, page, 0.f};
-    const std::vector<int32_t> lengths = {40, 64, 1};
-    std::vector<std::byte> pages(size_t(n_seq) * sh.page_bytes());
-    testing::fill_random_bf16(pages.data(), pages.size(), 11 + uint64_t(hd));
-    std::vector<float> q(size_t(n_seq) * cols);
-    std::mt19937 rng{uint32_t(hd)};
-    std::normal_distribution<float> nd(0.f, 1.f);
-    for (size_t i = 0; i < q.size(); ++i) q[i] = nd(rng) * (i / size_t(hd) == 7 ? 1e4f : 1.f);
-    auto dev = [](size_t bytes) {
-      void* p = nullptr;
-      EXPECT_EQ(cudaSuccess, cudaMalloc(&p, std::max<size_t>(bytes, 1)));
-      EXPECT_EQ(cudaSuccess, cudaMemset(p, 0x5a, std::max<size_t>(bytes, 1)));
-      return p;
-    };
-    auto* dpages = static_cast<std::byte*>(dev(pages.size()));
-    auto* dq = static_cast<float*>(dev(q.size() * 4));
-    CUDA_OK(cudaMemcpy(dpages, pages.data(), pages.size(), cudaMemcpyHostToDevice));
-    CUDA_OK(cudaMemcpy(dq, q.data(), q.size() * 4, cudaMemcpyHostToDevice));
-    std::vector<SplitWork> work;
-    for (int s = 0; s < n_seq; ++s) work.push_back({dpages + size_t(s) * sh.page_bytes(), s, 0, lengths[size_t(s)], 0});
-    auto* dwork = static_cast<SplitWork*>(dev(work.size() * sizeof(SplitWork)));
-    CUDA_OK(cudaMemcpy(dwork, work.data(), work.size() * sizeof(SplitWork), cudaMemcpyHostToDevice));
-    const std::vector<int32_t> ones(size_t(n_seq), 1);
-    auto* dn = static_cast<int32_t*>(dev(ones.size() * 4));
-    CUDA_OK(cudaMemcpy(dn, ones.data(), ones.size() * 4, cudaMemcpyHostToDevice));
-    const size_t out_bytes = size_t(n_seq) * cols * 4, lse_bytes = size_t(n_seq) * nq * 4;
-    const size_t ws_bytes = matvec_workspace_bytes(cols, n_seq);
-    auto* dpo = static_cast<float*>(dev(out_bytes));
-    auto* dpl = static_cast<float*>(dev(lse_bytes));
-    float* out[2] = {static_cast<float*>(dev(out_bytes)), static_cast<float*>(dev(out_bytes))};
-    float* lse[2] = {static_cast<float*>(dev(lse_bytes)), static_cast<float*>(dev(lse_bytes))};
-    void* ws[2] = {dev(ws_bytes), dev(ws_bytes)};
-    // 0: partials, then the merge of one split each; 1: the split kernel's own output.
-    launch_split_attention(sh, dwork, n_seq, dq, Partials{dpo, dpl, 1}, nullptr);
-    launch_merge(sh, Partials{dpo, dpl, 1}, dn, n_seq, out[0], lse[0], nullptr,
-                 matvec_int8_blocks(ws[0], cols, n_seq));
-    launch_split_attention(sh, dwork, n_seq, dq, Partials{dpo, dpl, 1}, nullptr,
-                           SplitOutput{out[1], lse[1], matvec_int8_blocks(ws[1], cols, n_seq)});
-    CUDA_OK(cudaDeviceSynchronize());
-    auto bytes = [](const void* p, size_t n) {
-      std::vector<uint8_t> v(n);
-      EXPECT_EQ(cudaSuccess, cudaMemcpy(v.data(), p, n, cudaMemcpyDeviceToHost));
-      return v;
-    };
-    EXPECT_TRUE(bytes(out[0], out_bytes) == bytes(out[1], out_bytes)) << "outputs differ";
-    EXPECT_TRUE(bytes(lse[0], lse_bytes) == bytes(lse[1], lse_bytes)) << "LSEs differ";
-    EXPECT_TRUE(bytes(ws[0], ws_bytes) == bytes(ws[1], ws_bytes)) << "int8 blocks differ";
-    const std::vector<uint8_t> o = bytes(out[1], out_bytes);
-    float first = 0.f;
-    std::memcpy(&first, o.data(), 4);
-    EXPECT_TRUE(std::isfinite(first) && first != 0.f) << "no output written";
-    for (void* p : {static_cast<void*>(dpages), static_cast<void*>(dq), static_cast<void*>(dwork),
-                    static_cast<void*>(dn), static_cast<void*>(dpo), static_cast<void*>(dpl),
-                    static_cast<void*>(out[0]), static_cast<void*>(out[1]), static_cast<void*>(lse[0]),
-                    static_cast<void*>(lse[1]), ws[0], ws[1]})
-      cudaFree(p);
-  }
-}
-
-// The pinned pool's blocks, small (cudaHostAlloc) and large (2 MiB pages,
-// registered, unless the GPU cannot use a registered block's host address):
-// zeroed, page-locked host memory whose device address is its host address
-// (the K/V write and the CPU share's partials rely on it), written by the
-// GPU through that address and returned.
+// The pinned pool's blocks, small and large: zeroed, page-locked host
+// memory whose device address is its host address (the K/V write and the
+// CPU share's partials rely on it), written by the GPU through that address
+// and returned.
 TEST(PinnedHostMemory, BlocksAreZeroedAndMappedAtTheirHostAddress) {
   NEED_GPU();
-  std::printf("  large blocks on 2 MiB pages: %s\n", PinnedHostMemory::huge_pages() ? "yes" : "no");
   for (const size_t bytes : {size_t(4096), (size_t(6) << 20) + 100}) {
     SCOPED_TRACE(std::to_string(bytes) + " bytes");
     PinnedHostMemory& m = pinned_host_memory();
     std::byte* p = m.allocate(bytes);
     ASSERT_NE(p, nullptr);
     EXPECT_TRUE(p[0] == std::byte{0} && p[bytes / 2] == std::byte{0} && p[bytes - 1] == std::byte{0});
-    if (bytes >= (size_t(2) << 20) && PinnedHostMemory::huge_pages())
-      EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % (size_t(2) << 20), 0u);
     cudaPointerAttributes a{};
     CUDA_OK(cudaPointerGetAttributes(&a, p));
     EXPECT_EQ(a.type, cudaMemoryTypeHost);

@@ -105,6 +105,17 @@ struct Partials {
   int max_splits = 0;
 };
 
+/// Runs attention for `n_work` splits (device array `work`) with queries
+/// `q` [n_seq][n_q_heads][head_dim] fp32 (device), writing partials.
+/// Grid: n_work x n_kv_heads CTAs (64 threads for head_dim 256, 128 for 64 and 128);
+/// CTA (w, h) reads page head kv_head0 + h and query heads h*group.. of q.
+/// n_work == 0 is a no-op.
+void launch_split_attention(const AttnShape& shape, const SplitWork* work, int n_work,
+                            const float* q, Partials partials, cudaStream_t stream);
+
+/// Most splits per sequence launch_merge takes (its weights live in shared memory).
+inline constexpr int kMaxMergeSplits = 12288;
+
 /// Rows of fp32 activations as the int8 blocks a block-type matvec reads
 /// (quant_matvec.h: launch_matvec_prequantized's workspace, whose layout
 /// matvec_int8_blocks gives): codes [n_rows][cols] int8 and, per 32-element
@@ -120,31 +131,6 @@ struct Int8Blocks {
     return {codes + int64_t(row) * cols, scales + 2 * (int64_t(row) * cols / 32)};
   }
 };
-
-/// Where a split kernel writes when each of its work items is the whole
-/// history of its sequence (one split): the merged output itself, as
-/// launch_merge would write it for one split -- out [n_seq][n_q_heads]
-/// [head_dim] fp32, out_lse [n_seq][n_q_heads] (may be null), the int8 blocks
-/// of out (codes null: none) -- bitwise, so a decode step within one split
-/// needs no merge launch. `out` null: write partials.
-struct SplitOutput {
-  float* out = nullptr;
-  float* out_lse = nullptr;
-  Int8Blocks int8;
-};
-
-/// Runs attention for `n_work` splits (device array `work`) with queries
-/// `q` [n_seq][n_q_heads][head_dim] fp32 (device), writing partials, or,
-/// with direct.out set, the outputs (SplitOutput; then no two work items may
-/// share a sequence, and each item's `split` is ignored).
-/// Grid: n_work x n_kv_heads CTAs (64 threads for head_dim 256, 128 for 64 and 128);
-/// CTA (w, h) reads page head kv_head0 + h and query heads h*group.. of q.
-/// n_work == 0 is a no-op.
-void launch_split_attention(const AttnShape& shape, const SplitWork* work, int n_work,
-                            const float* q, Partials partials, cudaStream_t stream, SplitOutput direct = {});
-
-/// Most splits per sequence launch_merge takes (its weights live in shared memory).
-inline constexpr int kMaxMergeSplits = 12288;
 
 /// Merges, for each of `n_seq` sequences, its first n_splits[s] partials
 /// (device int array) in ascending order: out [n_seq][n_q_heads][head_dim] fp32,

@@ -197,9 +197,6 @@ class DecodeEngine {
   /// layers 0..n_layers-1 in order (q/out of that layer: [n_seq][n_q_heads][head_dim]).
   /// Other work (the model's layers) may be put on compute_stream() between them.
   /// out_int8 (launch_merge): out also as int8 blocks for the output projection.
-  /// A layer whose every sequence is one split attended in bf16 on the GPU
-  /// (histories up to split_tokens) has no merge launch: the split kernel
-  /// writes out, out_lse and out_int8 itself, bitwise the merge's.
   void begin_step();
   void enqueue_layer(int layer, const float* q, float* out, float* out_lse, Int8Blocks out_int8 = {});
 
@@ -275,7 +272,7 @@ class DecodeEngine {
   struct Device;
   void apply(std::unique_ptr<Plan> plan);
   void enqueue_copy(int64_t k);
-  void launch_job(const JobPlan& j, const float* q, const SplitOutput& direct);
+  void launch_job(const JobPlan& j, const float* q);
 
   EngineConfig cfg_;
   cudaStream_t compute_ = nullptr, copy_ = nullptr;
