@@ -9,6 +9,12 @@ percentiles measured at the client, and error counts by HTTP status.
 
   tools/serve_load.py --start build/bin/activekv -n 64 -c 16 --max-tokens 32   # starts and stops a server
   tools/serve_load.py --port 8080 -n 64 -c 16                                  # a running server
+  tools/serve_load.py --port 8080 -n 16 -c 16 --prompt-chars 32768             # long prompts (depth)
+
+Prompts are short by default; --prompt-chars N makes each about N
+characters (a distinct request number first, then filler text): N tokens on
+a byte-level tokenizer such as tools/make_synthetic_gguf.py's, fewer on a
+real model's (the JSON records the prompt tokens the server counted).
 
 Standard library only (the HTTP client is tests/serve/serve_client.py)."""
 import argparse
@@ -38,6 +44,7 @@ def main():
     ap.add_argument("-c", "--concurrency", type=int, default=16)
     ap.add_argument("--duration", type=float, default=300, help="seconds after which no request starts")
     ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--prompt-chars", type=int, default=0, help="make each prompt about this many characters")
     ap.add_argument("--json", help="also write the results here")
     a = ap.parse_args()
     if (a.port is None) == (a.start is None):
@@ -48,9 +55,20 @@ def main():
         srv.wait_ready()
         a.port = srv.port
 
+    if a.prompt_chars < 0:
+        ap.error("--prompt-chars must be >= 0")
+    filler = "The quick brown fox jumps over the lazy dog. "
+
+    def prompt(i):
+        head = "Request %d: write a few sentences about the number %d." % (i, i)
+        if a.prompt_chars <= len(head):
+            return head
+        body = (filler * (a.prompt_chars // len(filler) + 1))[: a.prompt_chars - len(head) - 1]
+        return head + " " + body
+
     lock = threading.Lock()
     next_req = [0]
-    ttft, itl, statuses, tokens = [], [], {}, [0]
+    ttft, itl, statuses, tokens, prompt_tokens = [], [], {}, [0], []
     t_start = time.time()
 
     def client():
@@ -60,21 +78,25 @@ def main():
                 if i >= a.requests or time.time() - t_start > a.duration:
                     return
                 next_req[0] += 1
-            body = {"prompt": "Request %d: write a few sentences about the number %d." % (i, i),
-                    "max_tokens": a.max_tokens, "temperature": 0.7, "seed": i}
+            body = {"prompt": prompt(i), "max_tokens": a.max_tokens, "temperature": 0.7, "seed": i,
+                    "stream_options": {"include_usage": True}}
             t0 = time.time()
             try:
                 status, events, done, times = stream(a.port, "/v1/completions", body)
                 if status == 200 and not done:
                     status = "incomplete"
+                usage = [e["usage"] for e in events if e.get("usage")]
+                # The usage chunk (no choices) is not a token: its time is left out.
+                times = [t for e, t in zip(events, times) if e.get("choices")]
             except OSError as e:
-                status, times = type(e).__name__, []
+                status, times, usage = type(e).__name__, [], []
             with lock:
                 statuses[status] = statuses.get(status, 0) + 1
                 if status == 200 and times:
                     ttft.append(times[0] - t0)
                     itl.extend(b - x for x, b in zip(times, times[1:]))
                     tokens[0] += len(times)
+                    prompt_tokens.extend(u.get("prompt_tokens", 0) for u in usage)
 
     threads = [threading.Thread(target=client) for _ in range(a.concurrency)]
     for t in threads:
@@ -84,6 +106,8 @@ def main():
     wall = time.time() - t_start
     ok = statuses.get(200, 0)
     res = {"requests": next_req[0], "concurrency": a.concurrency, "max_tokens": a.max_tokens, "wall_s": wall,
+           "prompt_chars": a.prompt_chars, "serve_args": a.serve_args if a.start else None,
+           "prompt_tokens": {"min": min(prompt_tokens), "max": max(prompt_tokens)} if prompt_tokens else None,
            "ok": ok, "errors": {str(k): v for k, v in statuses.items() if k != 200},
            "requests_per_s": ok / wall, "stream_chunks_per_s": tokens[0] / wall,
            "ttft_s": {"p50": percentile(ttft, 0.5), "p90": percentile(ttft, 0.9), "p99": percentile(ttft, 0.99)},
