@@ -40,6 +40,7 @@ def main():
     ap.add_argument("--port", type=int, help="a running server's port")
     ap.add_argument("--start", metavar="ACTIVEKV", help="start `ACTIVEKV serve` on a free port (and stop it after)")
     ap.add_argument("--serve-args", default="", help="extra arguments for --start (one string)")
+    ap.add_argument("-m", "--model", help="the model --start serves (default: the tests' default model)")
     ap.add_argument("-n", "--requests", type=int, default=64)
     ap.add_argument("-c", "--concurrency", type=int, default=16)
     ap.add_argument("--duration", type=float, default=300, help="seconds after which no request starts")
@@ -51,7 +52,7 @@ def main():
         ap.error("give exactly one of --port and --start")
     srv = None
     if a.start:
-        srv = Server(a.start, *a.serve_args.split(), device=None)  # serve's own default device (auto)
+        srv = Server(a.start, *a.serve_args.split(), model=a.model, device=None)  # serve's own default device (auto)
         srv.wait_ready()
         a.port = srv.port
 
@@ -107,6 +108,7 @@ def main():
     ok = statuses.get(200, 0)
     res = {"requests": next_req[0], "concurrency": a.concurrency, "max_tokens": a.max_tokens, "wall_s": wall,
            "prompt_chars": a.prompt_chars, "serve_args": a.serve_args if a.start else None,
+           "model": (a.model or "default") if a.start else None,
            "prompt_tokens": {"min": min(prompt_tokens), "max": max(prompt_tokens)} if prompt_tokens else None,
            "ok": ok, "errors": {str(k): v for k, v in statuses.items() if k != 200},
            "requests_per_s": ok / wall, "stream_chunks_per_s": tokens[0] / wall,
