@@ -106,7 +106,7 @@ def main():
         t.join()
     wall = time.time() - t_start
     ok = statuses.get(200, 0)
-    res = {"requests": next_req[0], "concurrency": a.concurrency, "max_tokens": a.max_tokens, "wall_s": wall,
+    res = {"command": " ".join(sys.argv), "requests": next_req[0], "concurrency": a.concurrency, "max_tokens": a.max_tokens, "wall_s": wall,
            "prompt_chars": a.prompt_chars, "serve_args": a.serve_args if a.start else None,
            "model": (a.model or "default") if a.start else None,
            "prompt_tokens": {"min": min(prompt_tokens), "max": max(prompt_tokens)} if prompt_tokens else None,
