@@ -14,6 +14,7 @@
 #include "activekv/core/error.h"
 #include "commands.h"
 #include "memory.h"
+#include "options.h"
 #include "provenance.h"
 
 namespace activekv::cli {
@@ -113,9 +114,11 @@ int main(int argc, char** argv) {
   activekv::cli::add_missing_cuda(*bench_dec, run_bench_decode);
   activekv::cli::add_missing_cuda(*cal, run_calibrate);
 #endif
-  // Argument errors in the form of every other error: one line, named by the flag.
-  app.failure_message([](const CLI::App*, const CLI::Error& e) {
-    return fmt::format("activekv: error: {} (--help lists the options)\n", e.what());
+  // Argument errors in the form of every other error: one line, named by the
+  // flag -- by both its names where it has a short one (CLI11 says
+  // "--n-depth" where the user typed -d, as the README does).
+  app.failure_message([](const CLI::App* a, const CLI::Error& e) {
+    return fmt::format("activekv: error: {} (--help lists the options)\n", activekv::cli::name_both(*a, e.what()));
   });
   CLI11_PARSE(app, argc, argv);
   try {

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace activekv::cli {
 
@@ -60,6 +61,26 @@ inline CLI::Validator token_count() {
 }
 
 /// -t,--threads: CPU threads, 1..1024.
+/// `message` (a CLI11 error) with the option it starts with ("--n-depth: ...")
+/// named by its short name too ("-d/--n-depth: ..."), looked up in the
+/// subcommands parsed, deepest first, then `app`; unchanged otherwise.
+inline std::string name_both(const CLI::App& app, std::string message) {
+  std::vector<const CLI::App*> chain{&app};
+  for (const CLI::App* a = &app;;) {
+    const std::vector<CLI::App*> subs = a->get_subcommands();
+    if (subs.empty()) break;
+    a = subs.front();
+    chain.push_back(a);
+  }
+  for (auto it = chain.rbegin(); it != chain.rend(); ++it)
+    for (const CLI::Option* o : (*it)->get_options()) {
+      if (o->get_snames().empty() || o->get_lnames().empty()) continue;
+      const std::string long_name = "--" + o->get_lnames().front();
+      if (message.rfind(long_name + ":", 0) == 0) return "-" + o->get_snames().front() + "/" + message;
+    }
+  return message;
+}
+
 inline CLI::Option* add_threads_option(CLI::App& app, int& threads) {
   return app.add_option("-t,--threads", threads, "CPU threads")->capture_default_str()->check(CLI::Range(1, 1024));
 }

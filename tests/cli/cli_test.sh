@@ -250,8 +250,8 @@ case $CASE in
     ;;
   bad_args)  # rejected by the same validators in generate and eval, before any work
     expect 105 "--threads: Value 0 not in range" -- generate -t 0
-    expect 105 "--n-predict: Value abc is not a whole number" -- generate -n abc
-    expect 105 "--n-depth: 'abc' is not a token count" -- bench -d abc
+    expect 105 "activekv: error: -n/--n-predict: Value abc is not a whole number" -- generate -n abc  # both names
+    expect 105 "activekv: error: -d/--n-depth: 'abc' is not a token count" -- bench -d abc
     expect 105 "--threads: Value 0 not in range" -- eval -t 0
     expect 105 "--synthetic-tokens: Value -1 not in range" -- eval --synthetic-tokens -1
     expect 105 "--layers-per-text: Value 0 not in range" -- eval --layers-per-text 0
