@@ -38,4 +38,5 @@ if [ "${QUICK:-0}" != 1 ]; then
 fi
 
 # ctest last, so that its summary closes the log.
+echo "[test] ctest on the Release build (GPU-labelled tests excluded; the longest step)" >&2
 ctest --test-dir build --output-on-failure --label-exclude gpu -j "$jobs"

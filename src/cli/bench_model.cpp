@@ -76,7 +76,6 @@ void check_args(const ModelBenchArgs& a, const std::string& device) {
   if (a.gpu_kv_mem_gib != 0 && device == "cpu") throw Error("bench: --gpu-kv-mem applies to --device cuda only");
   if (a.profile_timed && device == "cpu") throw Error("bench: --profile-timed applies to --device cuda only");
   if (!(a.gpu_kv_mem_gib >= 0)) throw Error(fmt::format("bench: --gpu-kv-mem {}: GiB >= 0", a.gpu_kv_mem_gib));
-  if (a.reps < 1) throw Error(fmt::format("bench: -r {}: at least one repetition", a.reps));
   if (a.output != "md" && a.output != "json") throw Error(fmt::format("bench: -o {}: md or json", a.output));
   const std::pair<const char*, int> positive[] = {
       {"-t", a.threads}, {"--page-size", a.page_size}, {"--tile-pages", a.tile_pages}, {"--prefill-chunk", a.prefill_chunk}};
@@ -286,7 +285,8 @@ void add_bench(CLI::App& app, std::function<int()>& run) {
   app.add_option("--gpu-kv-mem", a->gpu_kv_mem_gib,
                  "CUDA: GiB the history's device pages may use (0: free memory after weights less a margin)")
       ->capture_default_str();
-  app.add_option("-r,--repetitions", a->reps, "Repetitions per row (t/s mean ± stddev)")->capture_default_str();
+  app.add_option("-r,--repetitions", a->reps, "Repetitions per row (t/s mean ± stddev)")->capture_default_str()
+      ->check(count_range(1));
   app.add_option("-o,--output", a->output, "md (markdown table) or json, on stdout")->capture_default_str();
   app.add_option("--device", a->device, "auto, cuda (runtime::GpuRuntime) or cpu (generate's CPU path)")
       ->capture_default_str()->check(CLI::IsMember({"auto", "cpu", "cuda"}));

@@ -4,6 +4,7 @@
 // the flags, the CPU path and what both paths share; the GPU path (the whole
 // model on the GPU, the history in pinned host pages) is generate_gpu.cpp.
 #include "generate.h"
+#include "options.h"
 
 #include <fmt/format.h>
 #include <omp.h>
@@ -55,7 +56,9 @@ std::vector<int32_t> prompt_ids(const GenerateArgs& a, const Tokenizer& tok) {
 
 model::SamplerParams sampler_params(const GenerateArgs& a) {
   model::SamplerParams s = a.sampling;
-  s.seed = a.seed >= 0 ? uint64_t(a.seed) : uint64_t(std::random_device{}()) << 32 | std::random_device{}();
+  // A random seed within --seed's range, so that the printed one can be given back.
+  s.seed = a.seed >= 0 ? uint64_t(a.seed)
+                       : (uint64_t(std::random_device{}()) << 32 | std::random_device{}()) & 0x7fffffffffffffffull;
   if (a.seed < 0) fmt::print(stderr, "seed {}\n", s.seed);
   return s;
 }
@@ -310,7 +313,7 @@ void add_generate(CLI::App& app, std::function<int()>& run_fn) {
   app.add_option("--top-k", a->sampling.top_k, "Top-k (<= 0: off)")->capture_default_str();
   app.add_option("--top-p", a->sampling.top_p, "Top-p in (0, 1]")->capture_default_str();
   app.add_option("--seed", a->seed, "Sampling seed (-1: random, printed)")->capture_default_str()
-      ->check(CLI::Range(int64_t(-1), std::numeric_limits<int64_t>::max()));
+      ->check(seed_value());
   app.add_flag("--chat", a->chat, "Wrap the prompt in the model's chat template (ChatML; Gemma's turn format for gemma3)");
   add_page_size_option(app, a->page_size);
   app.add_option("--kv-format", a->kv_format,

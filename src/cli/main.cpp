@@ -99,9 +99,14 @@ int main(int argc, char** argv) {
                                           "/v1/models, /health, /metrics)");
   activekv::cli::add_serve(*srv, run_serve);
   std::function<int()> run_bench, run_bench_decode, run_calibrate;
-  auto* bench = app.add_subcommand("bench", "A model's prompt and decode speed in llama-bench's form (bench -m MODEL "
-                                            "-p 512 -n 128 -d 0,32k -ctk bf16,hybrid --kv-placement host,gpu); "
-                                            "`bench decode`: the GPU decode engine alone");
+#ifdef ACTIVEKV_HAVE_CUDA
+  constexpr const char* kBenchDecode = "`bench decode`: the GPU decode engine alone";
+#else
+  constexpr const char* kBenchDecode = "`bench decode`: the GPU decode engine alone [not in this build]";
+#endif
+  auto* bench = app.add_subcommand("bench", std::string("A model's prompt and decode speed in llama-bench's form "
+                                                        "(bench -m MODEL -p 512 -n 128 -d 0,32k -ctk bf16,hybrid "
+                                                        "--kv-placement host,gpu); ") + kBenchDecode);
   bench->require_subcommand(0, 1);
   activekv::cli::add_bench(*bench, run_bench);
   auto* bench_dec = bench->add_subcommand("decode", "Decode-step latency vs depth per kv-format: streamed from pinned "

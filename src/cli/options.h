@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <charconv>
 #include <string>
 #include <thread>
 #include <vector>
@@ -36,6 +37,22 @@ inline CLI::Validator count_range(int lo) {
         return range(checked);
       },
       range.get_description());
+}
+
+/// A sampling seed: -1 (a random one, printed) or a whole number from 0 to
+/// 2^63 - 1 (every printed seed). CLI11's own conversion saturated larger
+/// values to 2^63 - 1 without a word.
+inline CLI::Validator seed_value() {
+  return CLI::Validator(
+      [](std::string& v) -> std::string {
+        if (v == "-1") return {};
+        long long x = 0;
+        const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+        if (v.empty() || ec != std::errc() || end != v.data() + v.size() || x < 0)
+          return "Value " + v + " is not -1 or a whole number from 0 to 9223372036854775807";
+        return {};
+      },
+      "-1 or 0..2^63-1");
 }
 
 /// Token counts as digits with an optional k (x 1024) or m (x 1024^2):

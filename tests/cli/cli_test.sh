@@ -199,7 +199,7 @@ case $CASE in
     expect 1 "bench: -ctk f16 is llama.cpp's name" -- bench -m "$m" --device cpu -ctk f16
     expect 1 "bench: -ctk q4: unknown kv format" -- bench -m "$m" --device cpu -ctk bf16,q4
     expect 1 "bench: -o xml: md or json" -- bench -m "$m" --device cpu -o xml
-    expect 1 "bench: -r 0: at least one repetition" -- bench -m "$m" --device cpu -r 0
+    expect 105 "-r/--repetitions: Value 0 not in range 1" -- bench -m "$m" --device cpu -r 0
     expect 1 "bench: nothing to run" -- bench -m "$m" --device cpu -n 0 -p 0
     expect 1 "bench: --kv-placement gpu needs --device cuda" -- bench -m "$m" --device cpu --kv-placement host,gpu
     expect 1 "bench: --kv-placement disk: auto, host, gpu or partial" -- bench -m "$m" --device cpu --kv-placement disk
@@ -252,6 +252,9 @@ case $CASE in
     expect 105 "--threads: Value 0 not in range" -- generate -t 0
     expect 105 "activekv: error: -n/--n-predict: Value abc is not a whole number" -- generate -n abc  # both names
     expect 105 "activekv: error: -d/--n-depth: 'abc' is not a token count" -- bench -d abc
+    # --seed past 2^63 - 1 was saturated without a word (a README trial); -r past int: "Could not convert"
+    expect 105 "--seed: Value 11611051477990640864 is not -1 or a whole number" -- generate --seed 11611051477990640864
+    expect 105 "-r/--repetitions: Value 99999999999999999999 is not a whole number" -- bench -r 99999999999999999999
     expect 105 "--threads: Value 0 not in range" -- eval -t 0
     expect 105 "--synthetic-tokens: Value -1 not in range" -- eval --synthetic-tokens -1
     expect 105 "--layers-per-text: Value 0 not in range" -- eval --layers-per-text 0
