@@ -77,7 +77,6 @@ inline CLI::Validator token_count() {
       "TOKENS (k = 1024)");
 }
 
-/// -t,--threads: CPU threads, 1..1024.
 /// `message` (a CLI11 error) with the option it starts with ("--n-depth: ...")
 /// named by its short name too ("-d/--n-depth: ..."), looked up in the
 /// subcommands parsed, deepest first, then `app`; unchanged otherwise.
@@ -98,6 +97,7 @@ inline std::string name_both(const CLI::App& app, std::string message) {
   return message;
 }
 
+/// -t,--threads: CPU threads, 1..1024.
 inline CLI::Option* add_threads_option(CLI::App& app, int& threads) {
   return app.add_option("-t,--threads", threads, "CPU threads")->capture_default_str()->check(CLI::Range(1, 1024));
 }
