@@ -93,7 +93,7 @@ std::string run_header_line(const BenchRun& run) {
   const bool any_depth = std::any_of(run.rows.begin(), run.rows.end(), [](const BenchRow& r) { return r.depth > 0; });
   const bool probed = d.probe_gbps && !run.parallel;  // tg floors then use their own probes, not this figure
   return fmt::format(
-      "model: {} ({}), {} params, {:.3g} MB file | device: {} | depth fill: {} | bandwidth measured{}: weights {:.1f} "
+      "model: {} ({}), {} params, {:.3g} MB of tensors | device: {} | depth fill: {} | bandwidth measured{}: weights {:.1f} "
       "GB/s ({}){}\n\n",
       run.model_path, run.config.name.empty() ? run.config.arch : run.config.name,
       run.params >= 1e9 ? fmt::format("{:.2f}B", run.params / 1e9) : fmt::format("{:.2f}M", run.params / 1e6),

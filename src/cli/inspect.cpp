@@ -109,12 +109,12 @@ int run(const std::string& path, bool all_tensors, int tensor_parallel) {
 void add_inspect(CLI::App& app, std::function<int()>& run_fn) {
   auto path = std::make_shared<std::string>();
   auto all = std::make_shared<bool>(false);
-  app.add_option("model", *path, "GGUF model file")->required();
+  app.add_option("model", *path, "GGUF model file (default: as generate)");
   app.add_flag("--tensors", *all, "List every tensor");
   auto tp = std::make_shared<int>(0);
   app.add_option("--tensor-parallel", *tp, "Also print what each of N GPUs would hold split tensor-parallel")
       ->check(CLI::Range(1, 64));
-  run_fn = [path, all, tp] { return run(*path, *all, *tp); };
+  run_fn = [path, all, tp] { return run(path->empty() ? default_model_path() : *path, *all, *tp); };
 }
 
 }  // namespace activekv::cli

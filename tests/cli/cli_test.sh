@@ -340,6 +340,7 @@ PY
       inspect "$m" --tensor-parallel 2
     expect 0 "does not split: tensor parallel: 3 GPUs for 2 KV heads" -- inspect "$m" --tensor-parallel 3
     expect 105 "--tensor-parallel: Value 0 not in range" -- inspect "$m" --tensor-parallel 0
+    expect 0 "SmolLM2-135M-Instruct.Q4_1.gguf" -- inspect  # no model named: the default one, as generate
     ;;
   passkey)  # eval --passkey on the default model at a tiny context: the table and the JSON's fields
     if ! "$AKV" eval --passkey -c 256 --page-size 32 --depths 0.2,0.8 --seed 5 --answer-tokens 4 \
