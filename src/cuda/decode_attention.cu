@@ -279,8 +279,8 @@ split_attention_kernel(const SplitWork* __restrict__ work, const float* __restri
   // writing the output itself when a history is one split (no merge launch)
   // was slower on the H200 -- depth 0 1.55 against 1.50 ms/token, and 32K,
   // where it is not taken, 2.03 against 2.00 from the extra arguments
-  // (bench/results/h200_ab_direct_output_f18ad24.json): the merge spreads
-  // this work over 192 CTAs.
+  // (bench/results/h200_ab_direct_output_f18ad24.json); likely (not
+  // profiled) because the merge spreads this work over 192 CTAs.
 #pragma unroll 4
   for (int idx = threadIdx.x; idx < group * HD; idx += W * 32) {
     const int gg = idx / HD, c = idx % HD;
