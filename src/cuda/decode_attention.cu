@@ -19,6 +19,7 @@
 #include "mma_util.cuh"
 #include "once_per_device.h"
 #include "pdl.cuh"
+#include "split_tail.cuh"
 #include "quant_x.cuh"
 
 namespace activekv::cuda {
@@ -89,7 +90,8 @@ template <int HD> __host__ __device__ constexpr int stage_bytes() { return 2 * k
 template <int HD>
 constexpr size_t split_smem_bytes() {
   const size_t ring = size_t(warps_for<HD>()) * kStages * stage_bytes<HD>();
-  const size_t merge = size_t(warps_for<HD>()) * kRows * HD * 4 + 2 * size_t(warps_for<HD>()) * kRows * 4;
+  const size_t merge = size_t(warps_for<HD>()) * kRows * HD * 4 + 2 * size_t(warps_for<HD>()) * kRows * 4 +
+                       kRows * sizeof(split_tail::HeadMerge<warps_for<HD>()>);
   const size_t qfrag = size_t(HD / 16) * 2 * 3 * 32 * 4;  // after the ring, not aliased
   static_assert(HD == 64 || HD == 128 || HD == 256, "instantiated head dims");
   return (ring > merge ? ring : merge) + qfrag;
@@ -152,7 +154,9 @@ split_attention_kernel(const SplitWork* __restrict__ work, const float* __restri
   // Q fragments (A operand, row g = head g of the group, rows 8..15 zero),
   // pre-scaled to base 2, as 3 bf16 terms; the same for every warp, so kept
   // once per CTA in shared memory after the ring: [k][half][term][lane].
-  static_assert(size_t(W) * kRows * HD * 4 + 2 * W * kRows * 4 <= size_t(W) * kStages * SB,
+  using HeadMerge = split_tail::HeadMerge<W>;
+  static_assert(size_t(W) * kRows * HD * 4 + 2 * W * kRows * 4 + kRows * sizeof(HeadMerge) <=
+                    size_t(W) * kStages * SB,
                 "the merge area must fit in the ring it aliases (sm_q follows the ring)");
   uint32_t* sm_q = reinterpret_cast<uint32_t*>(smem + size_t(W) * kStages * SB);
   {
@@ -262,6 +266,7 @@ split_attention_kernel(const SplitWork* __restrict__ work, const float* __restri
   float* sm_acc = reinterpret_cast<float*>(smem);  // [W][kRows][HD]
   float* sm_m = sm_acc + size_t(W) * kRows * HD;   // [W][kRows]
   float* sm_l = sm_m + W * kRows;                  // [W][kRows]
+  HeadMerge* sm_hm = reinterpret_cast<HeadMerge*>(sm_l + W * kRows);  // [kRows]
   if (q4 == 0) { sm_m[warp * kRows + g] = m_run; sm_l[warp * kRows + g] = l_run; }
 #pragma unroll
   for (int mt = 0; mt < KS; ++mt)
@@ -273,33 +278,23 @@ split_attention_kernel(const SplitWork* __restrict__ work, const float* __restri
   __syncthreads();
 
   const size_t base = (size_t(w.seq) * max_splits + w.split) * nq + size_t(h) * group;
-  // Unrolled: each output is a short chain of shared-memory reads and an
-  // exp2, independent of the others (group x HD outputs over W x 32 threads).
-  // This tail is on the critical path at short depths (4 CTAs at depth 0):
-  // writing the output itself when a history is one split (no merge launch)
-  // was slower on the H200 -- depth 0 1.55 against 1.50 ms/token, and 32K,
-  // where it is not taken, 2.03 against 2.00 from the extra arguments
-  // (bench/results/h200_ab_direct_output_f18ad24.json); likely (not
-  // profiled) because the merge spreads this work over 192 CTAs.
+  // The merge weights of a head are computed once (split_tail.cuh), then
+  // every output is W products: the tail is on the critical path at short
+  // depths (4 CTAs at depth 0). Writing the output itself when a history is
+  // one split (no merge launch) was slower on the H200 -- depth 0 1.55
+  // against 1.50 ms/token, and 32K, where it is not taken, 2.03 against 2.00
+  // from the extra arguments (bench/results/h200_ab_direct_output_f18ad24.json);
+  // likely (not profiled) because the merge spreads this work over 192 CTAs.
+  if (threadIdx.x < group) {
+    const HeadMerge hm = split_tail::head_merge<W>(sm_m + threadIdx.x, sm_l + threadIdx.x, kRows);
+    sm_hm[threadIdx.x] = hm;
+    part_lse[base + threadIdx.x] = split_tail::merged_lse(hm, kLn2);
+  }
+  __syncthreads();
 #pragma unroll 4
   for (int idx = threadIdx.x; idx < group * HD; idx += W * 32) {
     const int gg = idx / HD, c = idx % HD;
-    float M = -INFINITY;
-#pragma unroll
-    for (int i = 0; i < W; ++i) M = fmaxf(M, sm_m[i * kRows + gg]);
-    float L = 0.f, O = 0.f;
-    if (M != -INFINITY) {
-#pragma unroll
-      for (int i = 0; i < W; ++i) {
-        const float mi = sm_m[i * kRows + gg];
-        if (mi == -INFINITY) continue;
-        const float sc = exp2f(mi - M);
-        L = fmaf(sc, sm_l[i * kRows + gg], L);
-        O = fmaf(sc, sm_acc[(size_t(i) * kRows + gg) * HD + c], O);
-      }
-    }
-    part_o[(base + gg) * HD + c] = M == -INFINITY ? 0.f : O / L;
-    if (c == 0) part_lse[base + gg] = M == -INFINITY ? -INFINITY : (M + log2f(L)) * kLn2;
+    part_o[(base + gg) * HD + c] = split_tail::merged_output<W>(sm_hm[gg], sm_acc + size_t(gg) * HD + c, kRows * HD);
   }
 }
 

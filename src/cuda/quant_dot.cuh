@@ -101,9 +101,11 @@ AKV_QHD void load_q6k_x(int h, int j, int64_t xb0, XQuant xq, int64_t cols, Q6kX
 }
 
 /// Q6_K item (h, j): bytes 8j..8j+7 of the ql/qh rows of half h, i.e. elements
-/// 8j..8j+7 of the four units u = 4h + k, dotted with their x.
-template <int NV>
-AKV_QHD void dot_q6k_item_x(const uint8_t* b, int h, int j, const Q6kX<NV>& x, float* acc) {
+/// 8j..8j+7 of the four units u = 4h + k, dotted with their x. b is a byte
+/// source (quant_blocks.cuh): the block's bytes, or the item in registers
+/// (qsplit::Q6kItemRegs).
+template <int NV, class S>
+AKV_QHD void dot_q6k_item_x(const S& b, int h, int j, const Q6kX<NV>& x, float* acc) {
   uint32_t c[4][2];
   float a[4];
   AKV_UNROLL

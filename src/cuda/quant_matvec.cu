@@ -454,7 +454,7 @@ void validate_matrix(const DeviceMatrix& w) {
                           std::to_string(w.rows) + " rows x " + std::to_string(w.cols) + " cols)");
   }
   if (w.layout == WeightLayout::Split && !has_split_layout(w.type)) {
-    throw InvalidArgument(shape_str(w) + ": the split layout exists for Q4_0, Q4_1, Q5_0 and Q8_0 only");
+    throw InvalidArgument(shape_str(w) + ": the split layout exists for Q4_0, Q4_1, Q5_0, Q8_0 and Q6_K only");
   }
   if (w.layout != WeightLayout::Split && w.layout != WeightLayout::Gguf) {
     throw InvalidArgument(shape_str(w) + ": unknown layout " + std::to_string(int(w.layout)));

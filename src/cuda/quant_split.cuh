@@ -14,10 +14,15 @@
 //
 // so that every block's codes are one or two 16-byte loads from a 16-byte
 // aligned address (the matrix starts 16-byte aligned and kPayload is 16 or
-// 32). The matrix's size is unchanged. Readers see a split block through a
-// byte source (quant_blocks.cuh): SplitPtr in memory, SplitRegs in registers;
-// both present the block's GGUF byte offsets, so every traits function and
-// every dot product is the GGUF layout's, bit for bit.
+// 32). Q6_K splits the other way round: its 210-byte super-block is 208
+// bytes of codes and scales (ql, qh, scales: 13 x 16 bytes) followed by the
+// f16 d, so the payload is the block's *first* 208 bytes and the head its
+// last 2 (kPayloadAt, kHeadAt), and every payload starts 16-byte aligned.
+// The matrix's size is unchanged. Readers see a split block through a
+// byte source (quant_blocks.cuh): SplitPtr in memory, SplitRegs (32-element
+// types) or Q6kItemRegs (Q6_K, quant_q6kregs.cuh) in registers; all present
+// the block's GGUF byte offsets, so every traits function and every dot
+// product is the GGUF layout's, bit for bit.
 #pragma once
 
 #include <cstdint>
@@ -32,33 +37,36 @@ using qblk::Q4_0;
 using qblk::Q4_1;
 using qblk::Q5_0;
 using qblk::Q8_0;
+using qblk::Q6_K;
 
-/// kOk: the type has a split layout; kHead + kPayload == T::kBytes; the
-/// payload is the block's last kPayload bytes.
+/// kOk: the type has a split layout; kHead + kPayload == T::kBytes. The head
+/// is GGUF bytes kHeadAt .. kHeadAt + kHead - 1 of the block, the payload
+/// bytes kPayloadAt .. kPayloadAt + kPayload - 1: for the 32-element types
+/// the head comes first (kHeadAt 0, kPayloadAt kHead), for Q6_K last.
 template <class T>
 struct SplitOf {
   static constexpr bool kOk = false;
-  static constexpr int kHead = 0, kPayload = 0;
+  static constexpr int kHead = 0, kPayload = 0, kHeadAt = 0, kPayloadAt = 0;
+};
+/// The 32-element types: head first, payload (the codes) last.
+template <int Head, int Payload>
+struct HeadFirst {
+  static constexpr bool kOk = true;
+  static constexpr int kHead = Head, kPayload = Payload, kHeadAt = 0, kPayloadAt = Head;
 };
 template <>
-struct SplitOf<Q4_0> {  // f16 d | 16 bytes of nibbles
-  static constexpr bool kOk = true;
-  static constexpr int kHead = 2, kPayload = 16;
-};
+struct SplitOf<Q4_0> : HeadFirst<2, 16> {};  // f16 d | 16 bytes of nibbles
 template <>
-struct SplitOf<Q4_1> {  // f16 d, f16 m | 16 bytes of nibbles
-  static constexpr bool kOk = true;
-  static constexpr int kHead = 4, kPayload = 16;
-};
+struct SplitOf<Q4_1> : HeadFirst<4, 16> {};  // f16 d, f16 m | 16 bytes of nibbles
 template <>
-struct SplitOf<Q5_0> {  // f16 d, 4 bytes of fifth bits | 16 bytes of nibbles
-  static constexpr bool kOk = true;
-  static constexpr int kHead = 6, kPayload = 16;
-};
+struct SplitOf<Q5_0> : HeadFirst<6, 16> {};  // f16 d, 4 bytes of fifth bits | 16 bytes of nibbles
 template <>
-struct SplitOf<Q8_0> {  // f16 d | 32 int8 codes
+struct SplitOf<Q8_0> : HeadFirst<2, 32> {};  // f16 d | 32 int8 codes
+
+template <>
+struct SplitOf<Q6_K> {  // ql[128] qh[64] scales[16] | f16 d
   static constexpr bool kOk = true;
-  static constexpr int kHead = 2, kPayload = 32;
+  static constexpr int kHead = 2, kPayload = 208, kHeadAt = 208, kPayloadAt = 0;
 };
 
 /// Byte offsets of block b of row r in a split matrix of `rows` rows of
@@ -72,9 +80,9 @@ AKV_QHD int64_t head_offset(int64_t rows, int64_t r, int64_t b, int64_t n_blocks
   return rows * n_blocks * SplitOf<T>::kPayload + (r * n_blocks + b) * SplitOf<T>::kHead;
 }
 
-/// A split block in memory. Offsets below kHead read the head (2-byte
+/// A split block in memory. GGUF offsets in the head read it (2-byte
 /// aligned), the rest the payload (16-byte aligned, so 4-byte reads there
-/// are aligned: every traits' payload read is at kHead + 4k).
+/// are aligned: every traits' payload read is at kPayloadAt + 4k).
 template <class T>
 struct SplitPtr {
   const uint8_t* head;
@@ -111,8 +119,14 @@ void with_layout(WeightLayout layout, F&& f) {
 /// The GGUF bytes of a split block, for the CPU reference of the repack.
 template <class T>
 void gguf_block(const SplitPtr<T>& s, uint8_t* out) {
-  for (int i = 0; i < SplitOf<T>::kHead; ++i) out[i] = s.head[i];
-  for (int i = 0; i < SplitOf<T>::kPayload; ++i) out[SplitOf<T>::kHead + i] = s.payload[i];
+  for (int i = 0; i < SplitOf<T>::kHead; ++i) out[SplitOf<T>::kHeadAt + i] = s.head[i];
+  for (int i = 0; i < SplitOf<T>::kPayload; ++i) out[SplitOf<T>::kPayloadAt + i] = s.payload[i];
+}
+
+/// True when GGUF byte `off` of a T block is in its head.
+template <class T>
+AKV_QHD bool in_head(int off) {
+  return off >= SplitOf<T>::kHeadAt && off < SplitOf<T>::kHeadAt + SplitOf<T>::kHead;
 }
 
 template <class T>
@@ -127,28 +141,29 @@ namespace activekv::cuda::qblk {
 
 template <int Align, class T>
 AKV_QHD uint32_t src_u32(const qsplit::SplitPtr<T>& s, int off) {
-  constexpr int kHead = qsplit::SplitOf<T>::kHead;
-  return off < kHead ? ld32<2>(s.head + off) : ld32<4>(s.payload + (off - kHead));
+  using S = qsplit::SplitOf<T>;
+  return qsplit::in_head<T>(off) ? ld32<2>(s.head + (off - S::kHeadAt)) : ld32<4>(s.payload + (off - S::kPayloadAt));
 }
 template <class T>
 AKV_QHD uint32_t src_u8(const qsplit::SplitPtr<T>& s, int off) {
-  constexpr int kHead = qsplit::SplitOf<T>::kHead;
-  return off < kHead ? s.head[off] : s.payload[off - kHead];
+  using S = qsplit::SplitOf<T>;
+  return qsplit::in_head<T>(off) ? s.head[off - S::kHeadAt] : s.payload[off - S::kPayloadAt];
 }
 template <class T>
 AKV_QHD float src_half(const qsplit::SplitPtr<T>& s, int off) {
-  return ld_half(s.head + off);  // every f16 of these types is in the head
+  return ld_half(s.head + (off - qsplit::SplitOf<T>::kHeadAt));  // every f16 of these types is in the head
 }
 
 }  // namespace activekv::cuda::qblk
 
 namespace activekv::cuda::qsplit {
 
-/// A split block in registers: the head's bytes in words (little endian,
-/// byte 0 first), the payload's 4-byte words. Indices are compile-time
-/// constants once the callers are unrolled.
+/// A split block of a 32-element type in registers: the head's bytes in
+/// words (little endian, byte 0 first), the payload's 4-byte words. Indices
+/// are compile-time constants once the callers are unrolled.
 template <class T>
 struct SplitRegs {
+  static_assert(T::kUnits == 1 && SplitOf<T>::kHeadAt == 0, "SplitRegs holds a 32-element block, head first");
   static constexpr int kHeadWords = (SplitOf<T>::kHead + 3) / 4, kPayloadWords = SplitOf<T>::kPayload / 4;
   uint32_t head[kHeadWords];
   uint32_t payload[kPayloadWords];

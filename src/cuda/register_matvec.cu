@@ -10,19 +10,22 @@
 // matrix in the GGUF layout, and the CPU emulation of that kernel
 // (tests/cuda/matvec_emulation.h) holds.
 //
-// What changes is how the bytes arrive: an item's bytes are 16-byte loads
+// What changes is how the bytes arrive: an item's bytes are aligned loads
 // straight into registers, U items per lane issued before any is used, no
-// shared memory, no per-granule bookkeeping. Two kinds of matrix qualify
+// shared memory, no per-granule bookkeeping. Three kinds of matrix qualify
 // (RegItems below): the 32-element types in the split layout (an item is a
-// block: its codes one or two 16-byte loads, quant_split.cuh), and Q4_K in
+// block: its codes one or two 16-byte loads, quant_split.cuh), Q4_K in
 // its GGUF layout (an item is a unit of a 144-byte super-block: the
-// 16-byte header and the unit's 32-byte nibble group, quant_kregs.cuh).
+// 16-byte header and the unit's 32-byte nibble group, quant_kregs.cuh), and
+// Q6_K in the split layout (an item is the chunked kernel's Q6_K item, 8
+// columns of 4 units: four 8-byte loads and d, quant_q6kregs.cuh).
 #include <cuda_runtime.h>
 
 
 #include "register_matvec.h"
 #include "pdl.cuh"
 #include "quant_kregs.cuh"
+#include "quant_q6kregs.cuh"
 #include "quant_split.cuh"
 
 namespace activekv::cuda::regmv {
@@ -34,17 +37,34 @@ using qsplit::SplitRegs;
 
 constexpr int kWarps = mvhost::kWarpsPerCta;
 
-/// How the register kernel reads items of a matrix of type T (kOk), and how
-/// many it has in flight per lane and row: kPerDepth<R> times the depth D.
+/// How the register kernel reads items of a matrix of type T (kOk), how
+/// many it has in flight per lane and row (kPerDepth<R> times the depth D),
+/// and the x and dot of an item (the chunked kernel's: quant_dot.cuh).
 template <class T, class = void>
 struct RegItems {
   static constexpr bool kOk = false;
 };
 
+/// An item that is one 32-element unit: x is the unit's (UnitX), the dot
+/// dot_unit_x.
+template <class T>
+struct UnitItems {
+  template <int NV>
+  using X = qdot::UnitX<NV>;
+  template <int NV>
+  __device__ __forceinline__ static void load_x(int item, const XQuant& xq, int64_t cols, X<NV>& x) {
+    qdot::load_unit_x<NV>(item, xq, cols, x);
+  }
+  template <int NV, class Regs>
+  __device__ __forceinline__ static void dot(const Regs& regs, int item, const X<NV>& x, float* acc) {
+    qdot::dot_unit_x<T, NV>(regs, item % T::kUnits, x, acc);
+  }
+};
+
 /// Split-layout 32-element types: an item is a block (one unit); 4 blocks of
 /// 16-byte codes per row and depth (2 of Q8_0's 32).
 template <class T>
-struct RegItems<T, std::enable_if_t<SplitOf<T>::kOk>> {
+struct RegItems<T, std::enable_if_t<SplitOf<T>::kOk && T::kUnits == 1>> : UnitItems<T> {
   static constexpr bool kOk = true;
   template <int R>
   static constexpr int kPerDepth = SplitOf<T>::kPayload == 16 ? 4 : 2;
@@ -53,7 +73,37 @@ struct RegItems<T, std::enable_if_t<SplitOf<T>::kOk>> {
                                               int n_blocks, Regs& regs) {
     qsplit::load_regs<T>(qsplit::split_block<T>(w, rows, r, item, n_blocks), regs);
   }
-  __device__ __forceinline__ static int unit(int) { return 0; }
+};
+
+/// Q6_K in the split layout: an item is item % 8 = (h, j) = (half, 8-byte
+/// column group) of super-block item / 8, as the chunked kernel's Q6_K item
+/// (quant_dot.cuh: Tiling, dot_q6k_item_x), so the lanes meet the same items
+/// in the same order. 9 registers an item: 4 per row and depth, 2 at 2 rows,
+/// 1 at 4.
+template <>
+struct RegItems<qblk::Q6_K> {
+  static constexpr bool kOk = true;
+  template <int R>
+  static constexpr int kPerDepth = R >= 4 ? 1 : R >= 2 ? 2 : 4;
+  using Regs = qsplit::Q6kItemRegs;
+  __device__ __forceinline__ static void load(const uint8_t* w, int64_t rows, int64_t, int64_t r, int item,
+                                              int n_blocks, Regs& regs) {
+    const int part = item & 7;
+    qsplit::load_q6k_item(qsplit::split_block<qblk::Q6_K>(w, rows, r, item >> 3, n_blocks), part >> 2, part & 3,
+                          regs);
+  }
+  template <int NV>
+  using X = qdot::Q6kX<NV>;
+  template <int NV>
+  __device__ __forceinline__ static void load_x(int item, const XQuant& xq, int64_t cols, X<NV>& x) {
+    const int part = item & 7;
+    qdot::load_q6k_x<NV>(part >> 2, part & 3, int64_t(item >> 3) * qblk::Q6_K::kUnits, xq, cols, x);
+  }
+  template <int NV>
+  __device__ __forceinline__ static void dot(const Regs& regs, int item, const X<NV>& x, float* acc) {
+    const int part = item & 7;
+    qdot::dot_q6k_item_x<NV>(regs, part >> 2, part & 3, x, acc);
+  }
 };
 
 /// Q4_K in the GGUF layout: an item is unit item % 8 of super-block item / 8.
@@ -62,7 +112,7 @@ struct RegItems<T, std::enable_if_t<SplitOf<T>::kOk>> {
 /// 4 units per row and depth, 1 at 4 rows (at 4 x 4 the 8-vector kernel
 /// spilled 736 bytes).
 template <>
-struct RegItems<qblk::Q4_K> {
+struct RegItems<qblk::Q4_K> : UnitItems<qblk::Q4_K> {
   static constexpr bool kOk = true;
   template <int R>
   static constexpr int kPerDepth = R >= 4 ? 1 : 4;
@@ -71,7 +121,6 @@ struct RegItems<qblk::Q4_K> {
                                               int, Regs& regs) {
     qkregs::load_unit(w + r * row_bytes + int64_t(item >> 3) * qblk::Q4_K::kBytes, item & 7, regs);
   }
-  __device__ __forceinline__ static int unit(int item) { return item & 7; }
 };
 
 template <class T, int NV, int R, int D>
@@ -84,7 +133,7 @@ __device__ __forceinline__ void register_cta(const uint8_t* __restrict__ w, int6
   const int64_t row0 = (cta * kWarps + warp) * R;
   if (row0 >= rows) return;
   const int n_rows = int(min(int64_t(R), rows - row0));
-  const int n_items = n_blocks * T::kUnits;
+  const int n_items = n_blocks * qdot::Tiling<T>::kItemsPerBlock;
 
   float acc[R * NV];
 #pragma unroll
@@ -110,11 +159,11 @@ __device__ __forceinline__ void register_cta(const uint8_t* __restrict__ w, int6
     for (int u = 0; u < U; ++u) {
       const int i = i0 + 32 * u;
       if (i >= n_items) break;
-      qdot::UnitX<NV> x;
-      qdot::load_unit_x<NV>(i, xq, cols, x);
+      typename Items::template X<NV> x;
+      Items::template load_x<NV>(i, xq, cols, x);
 #pragma unroll
       for (int r = 0; r < R; ++r)
-        if (r < n_rows) qdot::dot_unit_x<T, NV>(item_regs[u][r], Items::unit(i), x, acc + r * NV);
+        if (r < n_rows) Items::template dot<NV>(item_regs[u][r], i, x, acc + r * NV);
     }
   }
 #pragma unroll
@@ -155,8 +204,8 @@ __global__ void repack_kernel(const uint8_t* __restrict__ src, uint8_t* __restri
   const uint8_t* s = src + i * T::kBytes;  // rows of whole blocks: block i of the matrix
   uint8_t* h = dst + qsplit::head_offset<T>(rows, r, b, n_blocks);
   uint8_t* p = dst + qsplit::payload_offset<T>(r, b, n_blocks);
-  for (int k = 0; k < SplitOf<T>::kHead; ++k) h[k] = s[k];
-  for (int k = 0; k < SplitOf<T>::kPayload; ++k) p[k] = s[SplitOf<T>::kHead + k];
+  for (int k = 0; k < SplitOf<T>::kHead; ++k) h[k] = s[SplitOf<T>::kHeadAt + k];
+  for (int k = 0; k < SplitOf<T>::kPayload; ++k) p[k] = s[SplitOf<T>::kPayloadAt + k];
 }
 
 /// Calls f(T{}) for the split types.

@@ -282,7 +282,7 @@ TEST(SplitLayout, RepackPutsEveryBlockWhereTheReadersLook) {
     qblk::dispatch_block_type(t, [&](auto traits) {
       using T = decltype(traits);
       if constexpr (qsplit::SplitOf<T>::kOk) {
-        const HostMatrix h = random_matrix(t, 37, 320, 4242 + uint64_t(t));
+        const HostMatrix h = random_matrix(t, 37, 512, 4242 + uint64_t(t));  // Q6_K: 2 super-blocks
         DeviceCopy dw(h, WeightLayout::Split);
         const auto got = download<uint8_t>(dw.mem, h.bytes.size());
         const int64_t n_blocks = h.cols / T::kElems;
@@ -350,7 +350,7 @@ TEST(WeightKernelsErrors, UnsupportedTypesAndBadShapesThrow) {
   EXPECT_NE(thrown_message([&] { (void)matvec_workspace_bytes(100, 1); }).find("cols 100"), std::string::npos);
   DeviceMatrix f16{TensorType::F16, buf.p, 4, 12, 24};  // cols not a multiple of 8
   EXPECT_NE(mv(f16).find("multiple of 8"), std::string::npos) << mv(f16);
-  // The split layout: only for Q4_0, Q4_1, Q5_0, Q8_0; the repack needs a
+  // The split layout: only for Q4_0, Q4_1, Q5_0, Q8_0, Q6_K; the repack needs a
   // split destination and a source that does not overlap it.
   m = good;
   m.layout = WeightLayout::Split;

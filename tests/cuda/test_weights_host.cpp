@@ -11,6 +11,7 @@
 #include "activekv/core/bf16.h"
 #include "matvec_emulation.h"
 #include "quant_kregs.cuh"
+#include "quant_q6kregs.cuh"
 #include "quant_split.cuh"
 
 namespace activekv::cuda {
@@ -126,11 +127,28 @@ TEST(WeightKernelsHostQuant, ActivationQuantisationIsInRange) {
   }
 }
 
+/// h (GGUF layout) repacked into the split layout by quant_split.cuh's
+/// offsets, on the host.
+template <class T>
+std::vector<uint8_t> split_on_host(const HostMatrix& h) {
+  using S = qsplit::SplitOf<T>;
+  const int64_t n_blocks = h.cols / T::kElems;
+  std::vector<uint8_t> split(h.bytes.size());
+  for (int64_t r = 0; r < h.rows; ++r)
+    for (int64_t b = 0; b < n_blocks; ++b) {
+      const uint8_t* g = h.bytes.data() + r * h.row_bytes + b * T::kBytes;
+      std::memcpy(split.data() + qsplit::head_offset<T>(h.rows, r, b, n_blocks), g + S::kHeadAt, S::kHead);
+      std::memcpy(split.data() + qsplit::payload_offset<T>(r, b, n_blocks), g + S::kPayloadAt, S::kPayload);
+    }
+  return split;
+}
+
 // The split layout (quant_split.cuh): a matrix repacked by its offsets, each
-// block read through SplitPtr (memory) and SplitRegs (registers, what the
-// register matvec holds) decodes and dots bit for bit as its GGUF bytes do --
-// so the register kernel's rows are the chunked kernel's (the GPU test checks
-// the kernels themselves, and the GPU repack against these offsets).
+// block read through SplitPtr (memory) and, for the 32-element types,
+// SplitRegs (registers, what the register matvec holds) decodes and dots bit
+// for bit as its GGUF bytes do -- so the register kernel's rows are the
+// chunked kernel's (the GPU test checks the kernels themselves, and the GPU
+// repack against these offsets). Q6_K's registers: Q6kRegistersHost below.
 TEST(SplitLayoutHost, SourcesReadTheGgufBytes) {
   int checked = 0;
   for (const TensorType t : all_types()) {
@@ -138,16 +156,9 @@ TEST(SplitLayoutHost, SourcesReadTheGgufBytes) {
       using T = decltype(traits);
       if constexpr (qsplit::SplitOf<T>::kOk) {
         SCOPED_TRACE(gguf::type_name(t));
-        const HostMatrix h = random_matrix(t, 5, 256, 515 + uint64_t(t));
+        const HostMatrix h = random_matrix(t, 5, 512, 515 + uint64_t(t));
         const int64_t n_blocks = h.cols / T::kElems;
-        std::vector<uint8_t> split(h.bytes.size());
-        for (int64_t r = 0; r < h.rows; ++r)
-          for (int64_t b = 0; b < n_blocks; ++b) {
-            const uint8_t* g = h.bytes.data() + r * h.row_bytes + b * T::kBytes;
-            constexpr int kHead = qsplit::SplitOf<T>::kHead;
-            std::memcpy(split.data() + qsplit::head_offset<T>(h.rows, r, b, n_blocks), g, kHead);
-            std::memcpy(split.data() + qsplit::payload_offset<T>(r, b, n_blocks), g + kHead, T::kBytes - kHead);
-          }
+        const std::vector<uint8_t> split = split_on_host<T>(h);
         const std::vector<float> x = random_x(2, h.cols, 99);
         const QuantizedX q = quantize_like_kernel(x, 2, h.cols);
         const qdot::XQuant xq = q.view();
@@ -155,14 +166,31 @@ TEST(SplitLayoutHost, SourcesReadTheGgufBytes) {
           for (int64_t b = 0; b < n_blocks; ++b) {
             const uint8_t* g = h.bytes.data() + r * h.row_bytes + b * T::kBytes;
             const qsplit::SplitPtr<T> sp = qsplit::split_block<T>(split.data(), h.rows, r, b, n_blocks);
+            for (int u = 0; u < T::kUnits; ++u)
+              for (int q = 0; q < 8; ++q) {
+                float want[4], via_ptr[4];
+                qblk::dequant4<T>(g, u, q, want);
+                qblk::dequant4<T>(sp, u, q, via_ptr);
+                ASSERT_EQ(0, std::memcmp(want, via_ptr, sizeof want))
+                    << "SplitPtr, row " << r << " block " << b << " unit " << u;
+              }
+            if constexpr (T::kUnits == 8) {  // Q6_K: its items through SplitPtr
+              for (int item = 0; item < 8; ++item) {
+                qdot::Q6kX<2> qx;
+                qdot::load_q6k_x<2>(item >> 2, item & 3, b * T::kUnits, xq, h.cols, qx);
+                float want[2] = {0.5f, -0.25f}, got[2] = {0.5f, -0.25f};
+                qdot::dot_q6k_item_x<2>(g, item >> 2, item & 3, qx, want);
+                qdot::dot_q6k_item_x<2>(sp, item >> 2, item & 3, qx, got);
+                ASSERT_EQ(0, std::memcmp(want, got, sizeof want)) << "dot, row " << r << " block " << b;
+              }
+              continue;
+            }
             qsplit::SplitRegs<T> regs;
             qsplit::load_regs_host(sp, regs);
             for (int q = 0; q < 8; ++q) {
-              float want[4], via_ptr[4], via_regs[4];
+              float want[4], via_regs[4];
               qblk::dequant4<T>(g, 0, q, want);
-              qblk::dequant4<T>(sp, 0, q, via_ptr);
               qblk::dequant4<T>(regs, 0, q, via_regs);
-              ASSERT_EQ(0, std::memcmp(want, via_ptr, sizeof want)) << "SplitPtr, row " << r << " block " << b;
               ASSERT_EQ(0, std::memcmp(want, via_regs, sizeof want)) << "SplitRegs, row " << r << " block " << b;
             }
             qdot::UnitX<2> ux;
@@ -176,7 +204,50 @@ TEST(SplitLayoutHost, SourcesReadTheGgufBytes) {
       }
     });
   }
-  EXPECT_EQ(checked, 4);  // Q4_0, Q4_1, Q5_0, Q8_0
+  EXPECT_EQ(checked, 5);  // Q4_0, Q4_1, Q5_0, Q8_0, Q6_K
+}
+
+// Q6_K in registers (quant_q6kregs.cuh): an item (h, j) loaded from the split
+// layout as the register matvec loads it -- four 8-byte words and d --
+// decodes its 8 columns of 4 units and dots bit for bit as the block's GGUF
+// bytes do, for every item of every block, with h and j known only at run
+// time (as in the kernel, where they are the lane's). So the register
+// kernel's Q6_K rows are the chunked kernel's (the GPU test checks the
+// kernel itself).
+TEST(Q6kRegistersHost, ItemRegsReadTheGgufBytes) {
+  using qblk::Q6_K;
+  const HostMatrix h = random_matrix(TensorType::Q6_K, 3, 1024, 717);
+  const int64_t n_blocks = h.cols / Q6_K::kElems;
+  const std::vector<uint8_t> split = split_on_host<Q6_K>(h);
+  const std::vector<float> x = random_x(3, h.cols, 97);
+  const QuantizedX q = quantize_like_kernel(x, 3, h.cols);
+  const qdot::XQuant xq = q.view();
+  volatile int item_at_run_time = 0;
+  int checked = 0;
+  for (int64_t r = 0; r < h.rows; ++r)
+    for (int64_t b = 0; b < n_blocks; ++b)
+      for (int i0 = 0; i0 < 8; ++i0) {
+        item_at_run_time = i0;
+        const int hh = item_at_run_time >> 2, j = item_at_run_time & 3;
+        const uint8_t* g = h.bytes.data() + r * h.row_bytes + b * Q6_K::kBytes;
+        qsplit::Q6kItemRegs regs;
+        qsplit::load_q6k_item_host(qsplit::split_block<Q6_K>(split.data(), h.rows, r, b, n_blocks), hh, j, regs);
+        for (int k = 0; k < 4; ++k)
+          for (int gi = 2 * j; gi < 2 * j + 2; ++gi) {
+            float want[4], got[4];
+            qblk::dequant4<Q6_K>(g, 4 * hh + k, gi, want);
+            qblk::dequant4<Q6_K>(regs, 4 * hh + k, gi, got);
+            ASSERT_EQ(0, std::memcmp(want, got, sizeof want)) << "row " << r << " block " << b << " item " << i0;
+          }
+        qdot::Q6kX<3> qx;
+        qdot::load_q6k_x<3>(hh, j, b * Q6_K::kUnits, xq, h.cols, qx);
+        float want[3] = {0.5f, -0.25f, 2.f}, got[3] = {0.5f, -0.25f, 2.f};
+        qdot::dot_q6k_item_x<3>(g, hh, j, qx, want);
+        qdot::dot_q6k_item_x<3>(regs, hh, j, qx, got);
+        ASSERT_EQ(0, std::memcmp(want, got, sizeof want)) << "dot, row " << r << " block " << b << " item " << i0;
+        ++checked;
+      }
+  EXPECT_EQ(checked, 3 * 4 * 8);
 }
 
 // Q4_K in registers (quant_kregs.cuh): a unit loaded as the register matvec

@@ -172,7 +172,7 @@ struct DeviceCopy {
   }
 };
 
-/// The layouts a type has: GGUF, and split for Q4_0, Q4_1, Q5_0, Q8_0.
+/// The layouts a type has: GGUF, and split for Q4_0, Q4_1, Q5_0, Q8_0, Q6_K.
 inline std::vector<WeightLayout> layouts_for(TensorType t) {
   if (has_split_layout(t)) return {WeightLayout::Gguf, WeightLayout::Split};
   return {WeightLayout::Gguf};

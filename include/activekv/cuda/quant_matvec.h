@@ -5,8 +5,8 @@
 // elements; each row is cols / block_elements(type) blocks laid out exactly as
 // in the GGUF file (ggml-common.h; our CPU decoder is src/gguf/dequant*.cpp).
 // The device copy is those bytes (no fp32 copy exists anywhere), in the GGUF
-// layout or, for the 32-element block types Q4_0, Q4_1, Q5_0 and Q8_0, in
-// the split layout (WeightLayout below) that the model's weights use.
+// layout or, for Q4_0, Q4_1, Q5_0, Q8_0 and Q6_K, in the split layout
+// (WeightLayout below) that the model's weights use.
 //
 // Types with a kernel: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K
 // (every type gguf::TensorType names).
@@ -37,14 +37,17 @@ namespace activekv::cuda {
 
 /// How a matrix's blocks sit in device memory.
 ///   Gguf:  row r at data + r * row_bytes, its blocks as in the GGUF file.
-///   Split: (Q4_0, Q4_1, Q5_0, Q8_0 only) the same bytes in two regions: the
-///          codes of every block, [rows][cols/32][P] with P = 16 (32 for
-///          Q8_0) -- each block's last P bytes -- then the rest of every
-///          block, [rows][cols/32][H] with H = 2 (Q4_0, Q8_0), 4 (Q4_1), 6
-///          (Q5_0). The codes are then 16-byte aligned: the matvec reads them
-///          with 16-byte loads straight from global memory instead of staging
-///          2-byte aligned rows through shared memory (src/cuda/quant_split.cuh).
-///          Every kernel gives the same bits on either layout.
+///   Split: (Q4_0, Q4_1, Q5_0, Q8_0, Q6_K only) the same bytes in two
+///          regions: the payload of every block, [rows][blocks per row][P],
+///          then the rest of every block, [rows][blocks per row][H]. For the
+///          32-element types the payload is the codes, each block's last P
+///          bytes: P = 16 (32 for Q8_0), H = 2 (Q4_0, Q8_0), 4 (Q4_1), 6
+///          (Q5_0). For Q6_K it is each 210-byte super-block's first P = 208
+///          bytes (ql, qh, scales), H = 2 (d). Payloads are then 16-byte
+///          aligned: the matvec reads them with aligned loads straight from
+///          global memory instead of staging 2-byte aligned rows through
+///          shared memory (src/cuda/quant_split.cuh). Every kernel gives the
+///          same bits on either layout.
 /// launch_repack_split writes the split layout from the GGUF one.
 enum class WeightLayout : uint8_t { Gguf, Split };
 
@@ -66,7 +69,7 @@ struct DeviceMatrix {
   WeightLayout layout = WeightLayout::Gguf;
 };
 
-/// True for the types with a split layout: Q4_0, Q4_1, Q5_0, Q8_0.
+/// True for the types with a split layout: Q4_0, Q4_1, Q5_0, Q8_0, Q6_K.
 bool has_split_layout(gguf::TensorType t);
 
 /// Writes dst (dst.layout == Split, a type with has_split_layout, valid as
@@ -81,9 +84,10 @@ inline constexpr int kMaxMatvecVectors = 8;
 /// The block-type matvec kernel launch_matvec and launch_matvec_prequantized
 /// use. Every matrix in the split layout (WeightLayout::Split) runs the
 /// register kernel whatever is selected: its weights load straight into
-/// registers, 16 bytes at a time, no shared memory; its rows are bitwise
-/// the chunked kernel's (each lane meets the same 32-element units in the
-/// same order). For matrices in the GGUF layout:
+/// registers in aligned 16-byte (8-byte for Q6_K) loads, no shared memory;
+/// its rows are bitwise the chunked kernel's (each lane meets the same work
+/// items -- 32-element units; Q6_K's 8 columns of 4 units -- in the same
+/// order). For matrices in the GGUF layout:
 ///   Chunked (the default): a warp per row streamed through shared memory.
 ///   Register: the register kernel also on Q4_K (144-byte super-blocks,
 ///     16-byte aligned: a unit is three 16-byte loads), the chunked kernel

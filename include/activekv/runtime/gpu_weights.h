@@ -3,9 +3,9 @@
 //
 // Every matrix is uploaded once, its bytes as in the file, into one device
 // allocation, and read by the quantised matvec and GEMM kernels of
-// activekv/cuda/quant_matvec.h. Matrices of Q4_0, Q4_1, Q5_0 and Q8_0 are
-// stored in the split layout (cuda::WeightLayout: the same bytes, the codes
-// 16-byte aligned for the matvec), repacked on the GPU through a scratch
+// activekv/cuda/quant_matvec.h. Matrices of Q4_0, Q4_1, Q5_0, Q8_0 and Q6_K
+// are stored in the split layout (cuda::WeightLayout: the same bytes, the
+// codes 16-byte aligned for the matvec), repacked on the GPU through a scratch
 // buffer the size of the largest of them; ACTIVEKV_WEIGHT_LAYOUT=gguf keeps
 // every matrix as in the file (for A/B measurements). The norm weights and
 // biases (vectors of a few thousand values) are widened to fp32 on upload,
