@@ -14,8 +14,8 @@
 // output 32000x5120. --kernel picks the block-type matvec kernel for
 // matrices in the GGUF layout (set_block_matvec_kernel; default chunked, the
 // runtime's; register reads Q4_K through registers too); --layout split
-// (the default, the runtime's: GpuWeights) puts Q4_0, Q4_1, Q5_0 and Q8_0
-// matrices in the split layout, which only the register kernel reads,
+// (the default, the runtime's: GpuWeights) puts Q4_0, Q4_1, Q5_0, Q8_0 and
+// Q6_K matrices in the split layout, which only the register kernel reads,
 // whatever --kernel says (quant_matvec.h's WeightLayout); other types stay GGUF.
 //
 // Timing: CUDA events around a batch of back-to-back launches on one stream
@@ -176,7 +176,7 @@ int main(int argc, char** argv) {
   app.add_option("--groups", groups, "grouped launches: R1+R2+...xCOLS, comma-separated (\"\" for none)");
   app.add_option("--kernel", kernel, "block-type matvec kernel")->check(CLI::IsMember({"tiled", "chunked", "register"}));
   std::string layout = "split";
-  app.add_option("--layout", layout, "weight layout of Q4_0/Q4_1/Q5_0/Q8_0 matrices")
+  app.add_option("--layout", layout, "weight layout of Q4_0/Q4_1/Q5_0/Q8_0/Q6_K matrices")
       ->check(CLI::IsMember({"split", "gguf"}));
   std::string pdl = "off";
   app.add_option("--pdl", pdl,

@@ -183,22 +183,22 @@ TEST(SplitLayoutHost, SourcesReadTheGgufBytes) {
                 qdot::dot_q6k_item_x<2>(sp, item >> 2, item & 3, qx, got);
                 ASSERT_EQ(0, std::memcmp(want, got, sizeof want)) << "dot, row " << r << " block " << b;
               }
-              continue;
+            } else {
+              qsplit::SplitRegs<T> regs;
+              qsplit::load_regs_host(sp, regs);
+              for (int q = 0; q < 8; ++q) {
+                float want[4], via_regs[4];
+                qblk::dequant4<T>(g, 0, q, want);
+                qblk::dequant4<T>(regs, 0, q, via_regs);
+                ASSERT_EQ(0, std::memcmp(want, via_regs, sizeof want)) << "SplitRegs, row " << r << " block " << b;
+              }
+              qdot::UnitX<2> ux;
+              qdot::load_unit_x<2>(b, xq, h.cols, ux);
+              float want[2] = {0.5f, -0.25f}, got[2] = {0.5f, -0.25f};
+              qdot::dot_unit_x<T, 2>(g, 0, ux, want);
+              qdot::dot_unit_x<T, 2>(regs, 0, ux, got);
+              ASSERT_EQ(0, std::memcmp(want, got, sizeof want)) << "dot, row " << r << " block " << b;
             }
-            qsplit::SplitRegs<T> regs;
-            qsplit::load_regs_host(sp, regs);
-            for (int q = 0; q < 8; ++q) {
-              float want[4], via_regs[4];
-              qblk::dequant4<T>(g, 0, q, want);
-              qblk::dequant4<T>(regs, 0, q, via_regs);
-              ASSERT_EQ(0, std::memcmp(want, via_regs, sizeof want)) << "SplitRegs, row " << r << " block " << b;
-            }
-            qdot::UnitX<2> ux;
-            qdot::load_unit_x<2>(b, xq, h.cols, ux);
-            float want[2] = {0.5f, -0.25f}, got[2] = {0.5f, -0.25f};
-            qdot::dot_unit_x<T, 2>(g, 0, ux, want);
-            qdot::dot_unit_x<T, 2>(regs, 0, ux, got);
-            ASSERT_EQ(0, std::memcmp(want, got, sizeof want)) << "dot, row " << r << " block " << b;
           }
         ++checked;
       }
