@@ -114,7 +114,7 @@ SplitShape split_shape(int64_t rows, int64_t cols, int n_vec, int block_bytes, i
   // Measured on the H200 (session 13, 8c8ef6d, one call): 32000x5120 63.2 ->
   // 50.5 us, 17408x5120 36.8 -> 30.4, 6144x5120 16.2 -> 14.6, 1024x5120 5.8
   // -> 5.5; the wide 5120x17408 36.2 -> 42.7 keeps depth 1.
-  const bool six_bit = !four_bit && 8 * block_bytes < 7 * block_elems;
+  const bool six_bit = !four_bit && block_elems == 256;  // of the split types, Q6_K
   if (forced == 0 && forced_rows() == 0 && n_vec == 1 && six_bit && cols <= 8192) return {1, 2};
   return {chunked_rows_per_warp(rows, n_vec, block_bytes, block_elems), forced == 2 && n_vec == 1 ? 2 : 1};
 }
