@@ -81,7 +81,8 @@ GroupPlan plan_group(const MatvecGroupItem* items, int n, const float* x, int n_
 
 /// The register kernel's units per lane in flight for one vector: depth 1
 /// (per row, 4 blocks of 16-byte codes of a split type, 2 of Q8_0's 32; 4
-/// Q4_K units of 48 bytes, 1 at 4 rows) or 2 (twice as many), or 0 (the
+/// Q4_K units of 48 bytes, 1 at 4 rows; 4 Q6_K items of 34 bytes, 2 at 2
+/// rows, 1 at 4) or 2 (twice as many), or 0 (the
 /// default): split_shape's rule. ACTIVEKV_SPLIT_DEPTH=1|2
 /// at start forces one (measurements), as does this. The same bits either
 /// way (each lane meets its blocks in the same order). Process-wide, as
@@ -108,8 +109,15 @@ int split_depth();
 /// (h200_wide_rule_0bc7a46.json, alternating): Q4_0 5120x17408 18.14 / 18.17
 /// us against 23.01 / 22.81 with 2 rows; the 27B-shape model at depth 0
 /// 1.625 / 1.628 against 1.712 / 1.710 ms/token. ACTIVEKV_WIDE_ROWS=2 keeps
-/// the chunked rule's rows there (A/B runs). Else chunked_rows_per_warp at
-/// depth 1. ACTIVEKV_MATVEC_ROWS forces the rows as there.
+/// the chunked rule's rows there (A/B runs). For one vector over a Q6_K
+/// matrix (split) of <= 8192 cols, 1 row at depth 2: measured on the H200 in
+/// one call at 8c8ef6d (bench/results/h200_matvec_q6k_split_8c8ef6d.json, us,
+/// depth 1 against 2): 32000x5120 63.2 vs 50.5, 17408x5120 36.8 vs 30.4,
+/// 6144x5120 16.2 vs 14.6, 5120x6144 16.5 vs 15.5, where the wide 5120x17408
+/// lost (36.2 vs 42.7); the Q6_K 27B-shape model at depth 0 2.654 / 2.654
+/// against 2.671 / 2.665 ms/token (h200_q6k_depth_rule_d0a356c.json). Else
+/// chunked_rows_per_warp at depth 1. ACTIVEKV_MATVEC_ROWS forces the rows as
+/// there.
 struct SplitShape {
   int rows_per_warp = 1;
   int depth = 1;

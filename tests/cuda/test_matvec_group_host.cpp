@@ -187,15 +187,15 @@ TEST(MatvecGroupPlan, BadGroupsThrowOneLine) {
 // run here, without one): which types have it, a split K-quant matrix, and
 // the repack's destination and source.
 TEST(SplitLayoutChecks, TypesAndBadRepacksThrowOneLine) {
-  for (TensorType t : {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q5_0, TensorType::Q8_0})
+  for (TensorType t : {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q5_0, TensorType::Q8_0, TensorType::Q6_K})
     EXPECT_TRUE(has_split_layout(t)) << gguf::type_name(t);
-  for (TensorType t : {TensorType::Q4_K, TensorType::Q5_K, TensorType::Q6_K, TensorType::F16, TensorType::F32})
+  for (TensorType t : {TensorType::Q4_K, TensorType::Q5_K, TensorType::F16, TensorType::F32})
     EXPECT_FALSE(has_split_layout(t)) << gguf::type_name(t);
   DeviceMatrix k4 = mat(TensorType::Q4_K, 10, 512);
   k4.layout = WeightLayout::Split;
   EXPECT_EQ(thrown([&] { validate_matrix(k4); }),
-            "Q4_K matrix (split layout) of 10 rows x 512 cols: the split layout exists for Q4_0, Q4_1, Q5_0 and Q8_0 "
-            "only");
+            "Q4_K matrix (split layout) of 10 rows x 512 cols: the split layout exists for Q4_0, Q4_1, Q5_0, Q8_0 "
+            "and Q6_K only");
   const DeviceMatrix gguf_q4 = mat(TensorType::Q4_0, 10, 512);
   EXPECT_EQ(thrown([&] { launch_repack_split(kWs, gguf_q4, nullptr); }),
             "repack: the destination's layout must be Split");
@@ -231,6 +231,14 @@ TEST(SplitShape, TallFourBitMatricesTakeOneRowPerWarpAtDepthTwo) {
   EXPECT_EQ(shape(5120, 17408, 8, kQ4_0), std::make_pair(4, 1));  // several vectors: as before
   EXPECT_EQ(shape(17408, 5120, 1, kQ8_0), std::make_pair(1, 1));  // 8-bit: lost there
   EXPECT_EQ(shape(17408, 5120, 8, kQ4_0), std::make_pair(4, 1));  // several vectors: as before
+  auto q6k = [](int64_t rows, int64_t cols, int n_vec) {
+    const mvhost::SplitShape s = mvhost::split_shape(rows, cols, n_vec, 210, 256);
+    return std::make_pair(s.rows_per_warp, s.depth);
+  };
+  EXPECT_EQ(q6k(32000, 5120, 1), std::make_pair(1, 2));  // Q6_K: depth 2 unless wide
+  EXPECT_EQ(q6k(6144, 5120, 1), std::make_pair(1, 2));
+  EXPECT_EQ(q6k(5120, 17408, 1), std::make_pair(1, 1));
+  EXPECT_EQ(q6k(17408, 5120, 8), std::make_pair(2, 1));  // several vectors: the chunked rule
   const int before = mvhost::split_depth();
   mvhost::set_split_depth(2);  // forced: every one-vector launch, rows by the chunked rule
   const auto forced_small = shape(6144, 5120, 1, kQ4_0), forced_tall = shape(17408, 5120, 1, kQ4_0),
