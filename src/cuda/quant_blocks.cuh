@@ -150,6 +150,17 @@ AKV_QHD float half_bits_to_float(uint16_t h) {
 
 AKV_QHD float ld_half(const uint8_t* p) { return half_bits_to_float(ld16(p)); }
 
+/// binary16 -> binary32 for the byte sources in registers: by the hardware
+/// on the device (exact but for NaN payloads, which the matvec does not
+/// promise to keep), by bits on the host.
+AKV_QHD float reg_half_to_float(uint16_t h) {
+#ifdef __CUDA_ARCH__
+  return __half2float(__ushort_as_half(h));
+#else
+  return half_bits_to_float(h);
+#endif
+}
+
 /// f32 -> bf16 bits, round to nearest even, NaN quieted: activekv/core/bf16.h.
 AKV_QHD uint16_t f32_to_bf16_bits(float f) {
   const uint32_t u = f32_bits(f);
@@ -219,17 +230,10 @@ AKV_QHD uint32_t src_u8(const WordsAt<N>& s, int off) {
   const int o = s.base + off;
   return (s.t->w[o >> 2] >> (8 * (o & 3))) & 0xffu;
 }
-/// binary16 -> binary32 by the hardware on the device (exact but for NaN
-/// payloads, which the matvec does not promise to keep), by bits on the host.
 template <int N>
 AKV_QHD float src_half(const WordsAt<N>& s, int off) {
   const int o = s.base + off;
-  const uint16_t h = uint16_t(s.t->w[o >> 2] >> (8 * (o & 3)));
-#ifdef __CUDA_ARCH__
-  return __half2float(__ushort_as_half(h));
-#else
-  return half_bits_to_float(h);
-#endif
+  return reg_half_to_float(uint16_t(s.t->w[o >> 2] >> (8 * (o & 3))));
 }
 
 /// 6-bit scale and min of sub-block j of the 12-byte array at `off` of Q4_K/Q5_K

@@ -89,16 +89,9 @@ AKV_QHD uint32_t src_u32(const UnitRegs& s, int off) {
 AKV_QHD uint32_t src_u8(const UnitRegs& s, int off) {
   return (head_word(s, off >> 2) >> (8 * (off & 3))) & 0xffu;
 }
-/// d (offset 0) and dmin (offset 2). binary16 -> binary32 by the hardware on
-/// the device (exact but for NaN payloads, which the matvec does not promise
-/// to keep), by bits on the host.
+/// d (offset 0) and dmin (offset 2).
 AKV_QHD float src_half(const UnitRegs& s, int off) {
-  const uint16_t h = uint16_t(s.head[0] >> (8 * (off & 2)));
-#ifdef __CUDA_ARCH__
-  return __half2float(__ushort_as_half(h));
-#else
-  return qblk::half_bits_to_float(h);
-#endif
+  return qblk::reg_half_to_float(uint16_t(s.head[0] >> (8 * (off & 2))));
 }
 
 }  // namespace activekv::cuda::qkregs

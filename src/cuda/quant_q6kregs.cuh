@@ -93,15 +93,7 @@ AKV_QHD uint32_t src_u8(const Q6kItemRegs& s, int off) {
   const int i = (off - 192) & 7;
   return ((i >> 2 ? s.sc[1] : s.sc[0]) >> (8 * (i & 3))) & 0xffu;
 }
-/// d (offset 208). binary16 -> binary32 by the hardware on the device (exact
-/// but for NaN payloads), by bits on the host.
-AKV_QHD float src_half(const Q6kItemRegs& s, int /*off*/) {
-  const uint16_t h = uint16_t(s.d);
-#ifdef __CUDA_ARCH__
-  return __half2float(__ushort_as_half(h));
-#else
-  return qblk::half_bits_to_float(h);
-#endif
-}
+/// d (offset 208).
+AKV_QHD float src_half(const Q6kItemRegs& s, int /*off*/) { return qblk::reg_half_to_float(uint16_t(s.d)); }
 
 }  // namespace activekv::cuda::qsplit

@@ -236,16 +236,9 @@ AKV_QHD uint32_t src_u8(const qsplit::SplitRegs<T>& s, int off) {
   if (off >= kHead) return (s.payload[(off - kHead) >> 2] >> (8 * ((off - kHead) & 3))) & 0xffu;
   return (s.head[off >> 2] >> (8 * (off & 3))) & 0xffu;
 }
-/// binary16 -> binary32 by the hardware on the device (exact but for NaN
-/// payloads, which the matvec does not promise to keep), by bits on the host.
 template <class T>
 AKV_QHD float src_half(const qsplit::SplitRegs<T>& s, int off) {
-  const uint16_t h = uint16_t(s.head[off >> 2] >> (8 * (off & 3)));
-#ifdef __CUDA_ARCH__
-  return __half2float(__ushort_as_half(h));
-#else
-  return half_bits_to_float(h);
-#endif
+  return reg_half_to_float(uint16_t(s.head[off >> 2] >> (8 * (off & 3))));
 }
 
 }  // namespace activekv::cuda::qblk
