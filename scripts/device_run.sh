@@ -87,6 +87,8 @@ MODEL=/tmp/akv-model/SmolLM2-135M-Instruct.Q4_1.gguf
 GEMMA3=/tmp/akv-model/gemma-3-270m-q4_k_m.gguf
 GEMMA3_SHA=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818  # scripts/setup.sh's
 PFX=/tmp/akv-prefix; ARCH=x86_64-linux-gnu
+# (After this line a bare `wait` also waits for the tee, which never ends: a
+# call hung to its time limit that way in session 13. Wait for PIDs only.)
 exec > >(tee -a "$OUT/run.log") 2>&1
 echo "== device_run.sh $PHASE, commit $COMMIT, $(date -u +%FT%TZ)"
 t0=$(date +%s)
