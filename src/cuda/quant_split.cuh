@@ -1,5 +1,5 @@
 // Internal to the CUDA backend: the split layout of a weight matrix of a
-// 32-element block type (WeightLayout::Split in quant_matvec.h).
+// 32-element block type or Q6_K (WeightLayout::Split in quant_matvec.h).
 //
 // A GGUF Q4_0 block is 18 bytes: an f16 scale, then 16 bytes of codes. Rows
 // of such blocks put the codes at 2-byte alignment, so a kernel reads them
@@ -9,7 +9,7 @@
 // cycle per scheduler at 52 % of DRAM bandwidth). The split layout keeps the
 // same bytes in two regions of the matrix:
 //
-//   payload [rows][n_blocks][kPayload]   the codes (the block's last kPayload bytes)
+//   payload [rows][n_blocks][kPayload]   the codes (Q4_0..Q8_0: the block's last kPayload bytes)
 //   head    [rows][n_blocks][kHead]      the rest (scale, min, fifth bits)
 //
 // so that every block's codes are one or two 16-byte loads from a 16-byte
