@@ -9,8 +9,9 @@
 # Alternating default and setting, AKV_AB_REPS times (default 2):
 #   bench_matvec --types AKV_AB_TYPES (default Q4_0) on the 27B shape's
 #     matrices and its QKV group, one vector, 30 batches;
-#   activekv bench on the 27B-shape Q4_0 GGUF (written to /tmp once) at
-#     depth 0: gpu placement, bf16, tg32, -r 5.
+#   activekv bench on the 27B-shape GGUF of AKV_AB_TYPES' first type (Q4_0,
+#     Q8_0, Q4_K or Q6_K: tools/make_synthetic_gguf.py --type, written to
+#     /tmp once) at depth 0: gpu placement, bf16, tg32, -r 5.
 # Writes OUT_DIR/ab.json ({setting, commit, command, runs}: every run's own
 # JSON, which records its ACTIVEKV_* environment) and prints, per matrix and
 # for the model, the median of default and setting and their ratio.
@@ -19,8 +20,13 @@ OUT=${1:?usage: matvec_ab.sh OUT_DIR 'VAR=VALUE ...'}
 SETTING=${2:?usage: matvec_ab.sh OUT_DIR 'VAR=VALUE ...'}
 REPS=${AKV_AB_REPS:-2}
 B=build-device/bin
-G=/tmp/akv-27b-q4_0.gguf
-[ -f "$G" ] || python3 tools/make_synthetic_gguf.py "$G" > /tmp/ab_gguf.log 2>&1 &
+TYPE=${AKV_AB_TYPES:-Q4_0}; TYPE=${TYPE%%,*}
+G=/tmp/akv-27b-$(echo "$TYPE" | tr 'A-Z' 'a-z').gguf
+GEN_PID=
+if [ ! -f "$G" ]; then
+  python3 tools/make_synthetic_gguf.py --type "$TYPE" "$G" > /tmp/ab_gguf.log 2>&1 &
+  GEN_PID=$!
+fi
 W=$(mktemp -d)
 for rep in $(seq "$REPS"); do
   for arm in default setting; do
@@ -32,7 +38,7 @@ for rep in $(seq "$REPS"); do
       || echo "== bench_matvec $arm $rep failed: $(tail -1 "$W/mv_${arm}_$rep.txt")"
   done
 done
-wait
+[ -z "$GEN_PID" ] || wait "$GEN_PID" || { echo "== make_synthetic_gguf.py --type $TYPE failed: $(tail -1 /tmp/ab_gguf.log)"; exit 1; }
 for rep in $(seq "$REPS"); do
   for arm in default setting; do
     env_args=()
