@@ -62,7 +62,10 @@ def main():
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
-    fig.savefig(a.out, dpi=120)
+    # The command, in the PNG's own text chunk: the file says how it was made.
+    import shlex, sys  # noqa: E401
+    fig.savefig(a.out, dpi=120,
+                metadata={"Description": "python3 bench/plot_model_bench.py " + " ".join(map(shlex.quote, sys.argv[1:]))})
     print(f"wrote {a.out}")
 
 
