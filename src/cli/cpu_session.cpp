@@ -23,10 +23,19 @@ void CpuSession::step_batch(model::LlamaModel& lm, std::span<CpuSession* const> 
                             std::span<const int32_t> tokens) {
   if (sessions.size() != tokens.size())
     throw InvalidArgument(fmt::format("step_batch: {} sessions but {} tokens", sessions.size(), tokens.size()));
+  std::vector<std::span<const int32_t>> pieces;
+  for (size_t i = 0; i < tokens.size(); ++i) pieces.push_back(tokens.subspan(i, 1));
+  append_batch(lm, sessions, pieces);
+}
+
+void CpuSession::append_batch(model::LlamaModel& lm, std::span<CpuSession* const> sessions,
+                              std::span<const std::span<const int32_t>> pieces) {
+  if (sessions.size() != pieces.size())
+    throw InvalidArgument(fmt::format("append_batch: {} sessions but {} pieces", sessions.size(), pieces.size()));
   if (sessions.empty()) return;
   std::vector<model::BatchItem> items(sessions.size());
   for (size_t i = 0; i < sessions.size(); ++i)
-    items[i] = {tokens.subspan(i, 1), &sessions[i]->history_.seq(), &sessions[i]->history_.view()};
+    items[i] = {pieces[i], &sessions[i]->history_.seq(), &sessions[i]->history_.view()};
   const size_t vocab = size_t(lm.config().vocab_size);
   std::vector<float> logits(sessions.size() * vocab);
   lm.forward_batch(items, logits);

@@ -35,6 +35,14 @@ class CpuSession {
   /// tokens[i]. Each session's history is read and written alone.
   static void step_batch(model::LlamaModel& lm, std::span<CpuSession* const> sessions,
                          std::span<const int32_t> tokens);
+  /// Several sessions append a piece each in one forward pass: sessions[i]
+  /// appends pieces[i] (any length >= 1; a prompt's piece or one token) and
+  /// keeps the logits of its piece's last position; pages that fill up are
+  /// queued for conversion. The weights are read once for all of them, which
+  /// is what a tick with several short prompts to prefill needs. Throws as
+  /// forward_batch (every session unchanged), InvalidArgument when the counts differ.
+  static void append_batch(model::LlamaModel& lm, std::span<CpuSession* const> sessions,
+                           std::span<const std::span<const int32_t>> pieces);
   /// Blocks until background conversion has published every full page
   /// (compressed formats), so the next step reads them compressed.
   void wait_conversions() { history_.wait(); }

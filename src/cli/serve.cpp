@@ -108,7 +108,8 @@ void add_serve(CLI::App& app, std::function<int()>& run_fn) {
       ->check(CLI::Range(1, 1 << 20));
   app.add_option("--convert-threads", a->convert_threads, "Background page-conversion threads per request")
       ->capture_default_str()->check(CLI::Range(1, 256));
-  app.add_option("--prefill-chunk", a->prefill_chunk, "Prompt tokens per prefill pass (one pass per scheduler tick)")
+  app.add_option("--prefill-chunk", a->prefill_chunk,
+                 "Prompt tokens per scheduler tick, in one forward pass (CPU: shared by the requests still prefilling)")
       ->capture_default_str()->check(CLI::Range(1, 1 << 16));
   app.add_option("--drain-seconds", a->drain_seconds, "On SIGINT/SIGTERM: stop admitting (503 with Retry-After, /health "
                  "503) and give running requests up to this long to finish, streams with data: [DONE]; a second "

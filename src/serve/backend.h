@@ -11,6 +11,7 @@
 #include <span>
 #include <string>
 
+#include "activekv/core/error.h"
 #include "activekv/gguf/gguf.h"
 #include "activekv/model/config.h"
 #include "activekv/model/sampler.h"
@@ -38,6 +39,13 @@ class Session {
   virtual uint64_t gpu_bytes() const { return 0; }
 };
 
+/// One session's piece of prompt in a tick's prefill (Backend::prefill_batch).
+struct PrefillPiece {
+  Session* session = nullptr;
+  std::span<const int32_t> tokens;
+  bool last = false;  ///< the prompt's final piece
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -46,6 +54,17 @@ class Backend {
   virtual std::string describe() const = 0;
   /// Prompt tokens per prefill piece (one piece per scheduler tick).
   virtual int prefill_chunk() const = 0;
+  /// Whether prefill_batch runs several sessions' pieces in one forward pass
+  /// (the CPU path). If not, the scheduler prefills one session per tick
+  /// through Session::prefill, as a pass there already holds a whole chunk.
+  virtual bool batches_prefill() const { return false; }
+  /// The pieces (distinct sessions, at most prefill_chunk() tokens in all) in
+  /// one forward pass: the weights are read once for all of them. On a throw
+  /// every session is unchanged (the scheduler then retries them one at a
+  /// time). Only called when batches_prefill().
+  virtual void prefill_batch(std::span<const PrefillPiece> /*pieces*/) {
+    throw Error("serve: this backend prefills one session per tick (batches_prefill() is false)");
+  }
   /// Most sessions one step_batch call takes.
   virtual int max_batch() const = 0;
   /// Host bytes of a history of n_ctx tokens (the scheduler's host KV budget).

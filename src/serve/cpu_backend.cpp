@@ -1,7 +1,8 @@
 // The CPU path behind the scheduler (backend.h): one LlamaModel, a
 // cli::CpuSession per request (what `generate --device cpu` runs), batched
 // steps through CpuSession::step_batch (the projections and FFN over all
-// rows at once, attention per request over its own pages).
+// rows at once, attention per request over its own pages), and a tick's
+// prompt pieces of several requests in one pass (CpuSession::append_batch).
 #include <fmt/format.h>
 
 #include <vector>
@@ -21,8 +22,10 @@ class CpuBackendSession final : public Session {
       : s_(lm, o, n_ctx, sampling) {}
   void prefill(std::span<const int32_t> piece, bool last) override {
     s_.prefill(piece);
-    if (last) s_.history().view().report = &read_;  // count decode reads only
+    if (last) count_decode_reads();
   }
+  /// From the prompt's last piece on, what the history reads is counted (decode steps only).
+  void count_decode_reads() { s_.history().view().report = &read_; }
   int32_t sample() override { return s_.sample(); }
   void step(int32_t token) override { s_.step(token); }
   void wait_conversions() override { s_.wait_conversions(); }
@@ -49,6 +52,18 @@ class CpuBackend final : public Backend {
   const model::ModelConfig& config() const override { return lm_->config(); }
   std::string describe() const override { return fmt::format("cpu, {} history", o_.history.kv_format); }
   int prefill_chunk() const override { return lm_->options().prefill_chunk; }
+  bool batches_prefill() const override { return true; }
+  void prefill_batch(std::span<const PrefillPiece> pieces) override {
+    std::vector<cli::CpuSession*> s;
+    std::vector<std::span<const int32_t>> tokens;
+    for (const PrefillPiece& p : pieces) {
+      s.push_back(&static_cast<CpuBackendSession*>(p.session)->session());
+      tokens.push_back(p.tokens);
+    }
+    cli::CpuSession::append_batch(*lm_, s, tokens);
+    for (const PrefillPiece& p : pieces)
+      if (p.last) static_cast<CpuBackendSession*>(p.session)->count_decode_reads();
+  }
   int max_batch() const override { return 1 << 20; }  // forward_batch takes any number of rows
   uint64_t history_bytes(int64_t n_ctx) const override {
     const cli::HistoryPlan plan = cli::plan_history(o_.history.kv_format);

@@ -64,7 +64,7 @@ void Scheduler::loop() {
     }
     drop_cancelled();
     admit();
-    prefill_one();
+    prefill_tick();
     decode_all();
     remove_done();
     update_gauges();
@@ -117,6 +117,39 @@ void Scheduler::admit() {
   }
 }
 
+void Scheduler::prefill_tick() {
+  if (!backend_.batches_prefill()) return prefill_one();
+  // A budget of prefill_chunk prompt tokens for the tick, handed out in
+  // admission order: several short prompts share one pass (the weights read
+  // once), a long one takes the whole budget, as in prefill_one.
+  std::vector<Running*> owners;
+  std::vector<PrefillPiece> pieces;
+  size_t budget = size_t(backend_.prefill_chunk());
+  for (auto& r : running_) {
+    const auto& prompt = r->job->prompt();
+    if (budget == 0) break;
+    if (r->done || r->prefilled == prompt.size()) continue;
+    const size_t n = std::min(prompt.size() - r->prefilled, budget);
+    pieces.push_back({r->session.get(), std::span(prompt).subspan(r->prefilled, n), r->prefilled + n == prompt.size()});
+    owners.push_back(r.get());
+    budget -= n;
+  }
+  if (pieces.empty()) return;
+  try {
+    backend_.prefill_batch(pieces);
+  } catch (const std::exception&) {  // nothing appended: each alone, and only those that throw again fail
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      try {
+        pieces[i].session->prefill(pieces[i].tokens, pieces[i].last);
+      } catch (const std::exception& e) {
+        fail(*owners[i], e.what());
+      }
+    }
+  }
+  for (size_t i = 0; i < pieces.size(); ++i)
+    if (!owners[i]->done) prefilled(*owners[i], pieces[i].tokens.size());
+}
+
 void Scheduler::prefill_one() {
   for (auto& r : running_) {
     const auto& prompt = r->job->prompt();
@@ -124,15 +157,24 @@ void Scheduler::prefill_one() {
     const size_t n = std::min(prompt.size() - r->prefilled, size_t(backend_.prefill_chunk()));
     try {
       r->session->prefill(std::span(prompt).subspan(r->prefilled, n), r->prefilled + n == prompt.size());
-      if (opt_.sync_conversion) r->session->wait_conversions();
     } catch (const std::exception& e) {
       fail(*r, e.what());
       return;
     }
-    r->prefilled += n;
-    if (r->prefilled == prompt.size()) metrics_.prompt_tokens += prompt.size();
+    prefilled(*r, n);
     return;  // one chunk per tick: the decoding requests are not held up longer
   }
+}
+
+void Scheduler::prefilled(Running& r, size_t n) {
+  try {
+    if (opt_.sync_conversion) r.session->wait_conversions();
+  } catch (const std::exception& e) {
+    fail(r, e.what());
+    return;
+  }
+  r.prefilled += n;
+  if (r.prefilled == r.job->prompt().size()) metrics_.prompt_tokens += r.prefilled;
 }
 
 void Scheduler::decode_all() {

@@ -10,8 +10,12 @@
 // cancelled. One tick of the loop:
 //   1. drop cancelled requests (waiting or running), freeing their pages;
 //   2. admit what fits;
-//   3. prefill one chunk (the backend's prefill_chunk) of one admitted request,
-//      so a long prompt never stalls the running ones for more than a chunk;
+//   3. prefill at most one chunk (the backend's prefill_chunk) of prompt
+//      tokens, so a long prompt never stalls the running ones for more than
+//      a chunk: on the CPU path the chunk's budget is shared in admission
+//      order by the requests still prefilling, all in one forward pass
+//      (Backend::prefill_batch: several short prompts cost about one pass);
+//      on the GPU one request's chunk per tick;
 //   4. every decoding request samples its next token (text out to its
 //      client, stop strings, end of text, max_tokens), then all that go on
 //      take one batched decode step (Backend::step_batch, in groups of its
@@ -67,7 +71,9 @@ class Scheduler {
   void loop();
   void drop_cancelled();
   void admit();
+  void prefill_tick();
   void prefill_one();
+  void prefilled(Running& r, size_t n);
   void decode_all();
   void step(std::vector<Running*>& batch, std::vector<int32_t>& tokens);
   void step_group(std::span<Running* const> group, std::span<const int32_t> tokens);
