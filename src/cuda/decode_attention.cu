@@ -335,10 +335,7 @@ merge_kernel(const float* __restrict__ part_o, const float* __restrict__ part_ls
   __syncthreads();
   float L = 0.f, O = 0.f;
   const float* o = part_o + (size_t(s) * max_splits * nq + h) * hd + c;
-  // Unrolled 16 deep so that a warp has 16 loads in flight, not 4: at 128K
-  // (256 splits, 192 CTAs) the 4-deep loop waited on memory 8 times per warp
-  // and took 12 us per layer (ncu, H200) for 6.3 MB. The sums keep their order.
-#pragma unroll 16
+#pragma unroll 4
   for (int j = way; j < n; j += kMergeWays) {
     const float wj = wts[j];
     const float oj = wj != 0.f ? __ldg(o + size_t(j) * nq * hd) : 0.f;
