@@ -49,6 +49,8 @@ using Int8sKernel = void (*)(const Int8sItem&, int group, int d, float* scores, 
 // and d % 64 == 0, group in 1..8.
 void bf16_item_avx512(const Bf16Item&, int group, int d, float scale, float* scores, float* o, float* lse);
 void int8s_item_avx512(const Int8sItem&, int group, int d, float* scores, float* o, float* lse);
+/// The int8s item's scores alone, [group][n] (what int8s_item_avx512 softmaxes): for the bitwise test.
+void int8s_scores_avx512(const Int8sItem&, int group, int d, float* scores);
 /// The bf16 item's softmax and P.V from its scores [group][n] (scaled q.k).
 void bf16_finish_avx512(const Bf16Item&, int group, int d, float* scores, float* o, float* lse);
 
@@ -66,5 +68,8 @@ void pack_query_amx(const uint16_t* q_hi, const uint16_t* q_lo, int group, int d
 // Portable (kernels_portable.cpp), AVX2 code generation where the CPU has it.
 Bf16Kernel pick_bf16_portable();
 Int8sKernel pick_int8s_portable();
+/// An int8s item's scores [group][n] exactly as attention_int8s.cpp computes
+/// them: the reference the vector kernels' scores are held to, bit for bit.
+void int8s_scores_reference(const Int8sItem&, int group, int d, float* scores);
 
 }  // namespace activekv::cpu::detail

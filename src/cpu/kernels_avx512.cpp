@@ -6,9 +6,11 @@
 //
 // Per item (split of n tokens, one KV head, G query heads):
 //   pass 1 over K: each key chunk is loaded once into a register and dotted
-//     with all G query heads (bf16: two dpbf16 terms per head; int8s: dpbusd
-//     on the codes per query term), a few tokens at a time, so that one
-//     reduce16 sums 16 accumulators at once -> scores [G][n];
+//     with all G query heads -> scores [G][n]. bf16: two dpbf16 terms per
+//     head, a few tokens at a time, so that one reduce16 sums 16
+//     accumulators at once. int8s: 16 tokens at a time, their key chunks
+//     transposed so that each token has a lane, dpbusd per query term
+//     against broadcast query bytes: no horizontal sums;
 //   softmax per head against the split's max, exp in AVX-512 (exp512: Cody-
 //     Waite reduction, degree-7 polynomial, exact 2^n by scalef; ~1 ulp);
 //   pass 2 over V: per block of 16 * NV channels, G x NV fp32 accumulators in
@@ -48,11 +50,10 @@ inline __m512 exp512(__m512 x) {
 
 // Sums of 16 vectors at once (a 4x4 transpose of the partial sums): lane i of
 // the result is the sum of the lanes of x[i]. 15 adds and 30 shuffles where
-// 16 separate reductions take ~4x as many. V = __m512 (add_ps) or __m512i
-// (add_epi32: exact). The shuffles deliver sum(a[j]) to lane perm(j), a 4x4
-// transpose of the index (its own inverse), so the input is permuted the same way.
+// 16 separate reductions take ~4x as many. V = __m512 (add_ps). The shuffles
+// deliver sum(a[j]) to lane perm(j), a 4x4 transpose of the index (its own
+// inverse), so the input is permuted the same way.
 inline __m512 add(__m512 x, __m512 y) { return _mm512_add_ps(x, y); }
-inline __m512i add(__m512i x, __m512i y) { return _mm512_add_epi32(x, y); }
 template <class V>
 inline V reduce16(const V* x) {
   V a[16];
@@ -221,54 +222,92 @@ void bf16_item(const Bf16Item& it, int d, float scale, float* scores, float* o, 
   finish<G>(Bf16Rows{it.v, d}, it.n, d, scores, nullptr, o, lse);
 }
 
-// Pass 1 of an int8s item: the integer dots of both query terms, TB = 16 /
-// (G * TERMS) tokens per step, one reduce16 per step. dpbusd multiplies
-// unsigned by signed bytes: the key codes are flipped to k + 128 (xor 0x80)
-// and 128 * sum_j q_j is subtracted after; exact in int32. Then the
-// reference's float arithmetic (attention_int8s.cpp).
+// 16x16 transpose of 32-bit elements: on return x[j] lane r = x[r] lane j
+// (as given). Within 128-bit lanes (unpack 32 then 64), then across them (a
+// 4x4 transpose of the 128-bit lanes of each group of four).
+inline void transpose16(__m512i (&x)[16]) {
+  __m512i t[16], u[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(x[2 * i], x[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(x[2 * i], x[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {  // u[4i + e]: element 4L + e of rows 4i..4i+3, in 128-bit lane L
+    u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int e = 0; e < 4; ++e) {
+    const __m512i v0 = _mm512_shuffle_i32x4(u[e], u[4 + e], 0x44), v1 = _mm512_shuffle_i32x4(u[e], u[4 + e], 0xEE);
+    const __m512i v2 = _mm512_shuffle_i32x4(u[8 + e], u[12 + e], 0x44);
+    const __m512i v3 = _mm512_shuffle_i32x4(u[8 + e], u[12 + e], 0xEE);
+    x[e] = _mm512_shuffle_i32x4(v0, v2, 0x88);
+    x[4 + e] = _mm512_shuffle_i32x4(v0, v2, 0xDD);
+    x[8 + e] = _mm512_shuffle_i32x4(v1, v3, 0x88);
+    x[12 + e] = _mm512_shuffle_i32x4(v1, v3, 0xDD);
+  }
+}
+
+inline int32_t load_i32(const int8_t* p) {
+  int32_t v;
+  __builtin_memcpy(&v, p, 4);
+  return v;
+}
+
+// Pass 1 of an int8s item, 16 tokens per step with a token in each lane:
+// each 64-byte key chunk of the 16 rows is loaded once and transposed, so
+// that register j holds bytes 4j..4j+3 of every token; dpbusd against the
+// query's bytes 4j..4j+3 broadcast adds the 4 products into each token's
+// lane. The G x TERMS accumulators end with one token per lane: no
+// horizontal sums (the earlier layout, one key chunk against whole query
+// chunks, took a 16-way reduction per token at G = 6, two terms). dpbusd
+// multiplies unsigned by signed bytes: the key codes are flipped to k + 128
+// (xor 0x80) and 128 * sum_j q_j is subtracted after; exact in int32. Then the
+// reference's float arithmetic (attention_int8s.cpp), lane by lane, so the
+// scores are bitwise the reference's (tests/cpu: Int8sScoresAreBitwiseTheReference).
 template <int G, int TERMS>
 void int8s_scores(const Int8sItem& it, int d, float* scores) {
-  constexpr int TB = 16 / (G * TERMS) > 0 ? 16 / (G * TERMS) : 1;
   const int nc = d / 64;
   int32_t corr[G * TERMS];
+  const int8_t* qt[G * TERMS];
   for (int h = 0; h < G; ++h) {
     for (int k = 0; k < TERMS; ++k) {
       const int8_t* qk = (k == 0 ? it.qq : it.qq_lo) + size_t(h) * d;
       int32_t s = 0;
       for (int j = 0; j < d; ++j) s += qk[j];
       corr[h * TERMS + k] = 128 * s;
+      qt[h * TERMS + k] = qk;
     }
   }
   const __m512i flip = _mm512_set1_epi8(char(0x80));
-  alignas(64) int32_t sums[16];
-  for (int t0 = 0; t0 < it.n; t0 += TB) {
-    const int nt = it.n - t0 < TB ? it.n - t0 : TB;
-    for (int tb = 0; tb < nt; ++tb)
-      if (t0 + tb + kKeyAhead < it.n) prefetch_bytes(it.kq + size_t(t0 + tb + kKeyAhead) * d, d);
-    __m512i acc[16];
-    for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_si512();
+  for (int t0 = 0; t0 < it.n; t0 += 16) {
+    const int nt = it.n - t0 < 16 ? it.n - t0 : 16;
+    const __mmask16 live = nt == 16 ? __mmask16(0xffff) : __mmask16((1u << nt) - 1u);
+    for (int r = 0; r < 16; ++r)
+      if (t0 + 16 + r < it.n) prefetch_bytes(it.kq + size_t(t0 + 16 + r) * d, d);
+    __m512i acc[G * TERMS];
+    for (int i = 0; i < G * TERMS; ++i) acc[i] = _mm512_setzero_si512();
     for (int c = 0; c < nc; ++c) {
-      for (int tb = 0; tb < TB; ++tb) {
-        if (tb >= nt) break;
-        const __m512i kc = _mm512_xor_si512(_mm512_loadu_si512(it.kq + size_t(t0 + tb) * d + 64 * c), flip);
-        for (int h = 0; h < G; ++h) {
-          for (int k = 0; k < TERMS; ++k) {
-            const int8_t* qk = (k == 0 ? it.qq : it.qq_lo) + size_t(h) * d;
-            __m512i& a = acc[(tb * G + h) * TERMS + k];
-            a = _mm512_dpbusd_epi32(a, kc, _mm512_loadu_si512(qk + 64 * c));
-          }
-        }
+      __m512i x[16];
+      for (int r = 0; r < 16; ++r) {  // rows past the item repeat its last one (lanes never stored)
+        const int t = r < nt ? t0 + r : it.n - 1;
+        x[r] = _mm512_xor_si512(_mm512_loadu_si512(it.kq + size_t(t) * d + 64 * c), flip);
       }
+      transpose16(x);
+      for (int j = 0; j < 16; ++j)
+        for (int i = 0; i < G * TERMS; ++i)
+          acc[i] = _mm512_dpbusd_epi32(acc[i], x[j], _mm512_set1_epi32(load_i32(qt[i] + 64 * c + 4 * j)));
     }
-    _mm512_store_si512(sums, reduce16(acc));
-    for (int tb = 0; tb < nt; ++tb) {
-      const int t = t0 + tb;
-      for (int h = 0; h < G; ++h) {
-        const int i = (tb * G + h) * TERMS;
-        float dot = float(sums[i] - corr[h * TERMS]);
-        if (TERMS == 2) dot += float(sums[i + 1] - corr[h * TERMS + 1]) / 127.0f;
-        scores[size_t(h) * it.n + t] = (dot * it.s[t]) * it.row_scale[h];
+    const __m512 tok = _mm512_maskz_loadu_ps(live, it.s + t0);
+    for (int h = 0; h < G; ++h) {
+      const int i = h * TERMS;
+      __m512 dot = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i], _mm512_set1_epi32(corr[i])));
+      if constexpr (TERMS == 2) {
+        const __m512 lo = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i + 1], _mm512_set1_epi32(corr[i + 1])));
+        dot = _mm512_add_ps(dot, _mm512_div_ps(lo, _mm512_set1_ps(127.0f)));
       }
+      const __m512 sc = _mm512_mul_ps(_mm512_mul_ps(dot, tok), _mm512_set1_ps(it.row_scale[h]));
+      _mm512_mask_storeu_ps(scores + size_t(h) * it.n + t0, live, sc);
     }
   }
 }
@@ -309,6 +348,23 @@ void bf16_finish_avx512(const Bf16Item& it, int group, int d, float* scores, flo
     case 6: return finish<6>(rows, it.n, d, scores, nullptr, o, lse);
     case 7: return finish<7>(rows, it.n, d, scores, nullptr, o, lse);
     default: return finish<8>(rows, it.n, d, scores, nullptr, o, lse);
+  }
+}
+
+void int8s_scores_avx512(const Int8sItem& it, int group, int d, float* scores) {
+  auto run = [&]<int G>() {
+    if (it.terms == 2) int8s_scores<G, 2>(it, d, scores);
+    else int8s_scores<G, 1>(it, d, scores);
+  };
+  switch (group) {
+    case 1: return run.template operator()<1>();
+    case 2: return run.template operator()<2>();
+    case 3: return run.template operator()<3>();
+    case 4: return run.template operator()<4>();
+    case 5: return run.template operator()<5>();
+    case 6: return run.template operator()<6>();
+    case 7: return run.template operator()<7>();
+    default: return run.template operator()<8>();
   }
 }
 

@@ -68,8 +68,7 @@ template <class LoadValue>
 }
 
 // Scores exactly as attention_int8s.cpp computes them (the reference).
-[[gnu::always_inline]] inline void int8s_item(const Int8sItem& it, int group, int d, float* scores, float* o,
-                                              float* lse) {
+[[gnu::always_inline]] inline void int8s_scores(const Int8sItem& it, int group, int d, float* scores) {
   for (int h = 0; h < group; ++h) {
     const int8_t* qq = it.qq + size_t(h) * d;
     const int8_t* qq_lo = it.qq_lo + size_t(h) * d;
@@ -80,6 +79,11 @@ template <class LoadValue>
       scores[size_t(h) * it.n + t] = (dot * it.s[t]) * it.row_scale[h];
     }
   }
+}
+
+[[gnu::always_inline]] inline void int8s_item(const Int8sItem& it, int group, int d, float* scores, float* o,
+                                              float* lse) {
+  int8s_scores(it, group, d, scores);
   softmax_pv(group, d, it.n, scores, it.vscale, [&](int t, int j) { return float(it.vq[size_t(t) * d + j]); }, o,
              lse);
 }
@@ -108,6 +112,10 @@ Bf16Kernel pick_bf16_portable() {
   if (__builtin_cpu_supports("avx2")) return bf16_item_avx2;
 #endif
   return bf16_item_base;
+}
+
+void int8s_scores_reference(const Int8sItem& it, int group, int d, float* scores) {
+  int8s_scores(it, group, d, scores);
 }
 
 Int8sKernel pick_int8s_portable() {

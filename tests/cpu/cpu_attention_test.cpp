@@ -15,6 +15,7 @@
 #include "activekv/core/error.h"
 #include "activekv/cpu/decode_attention.h"
 #include "codec_attention_util.h"
+#include "kernels.h"  // src/cpu: the kernels' internal entry points
 
 namespace activekv {
 namespace {
@@ -158,6 +159,50 @@ TEST(CpuAttention, Bf16ShortHistoriesAndWideHeads) {
       }
   std::printf("bf16 short histories, max relative error vs fp64: portable %.3g, avx512 %.3g, amx %.3g (0: not run "
               "here)\n", worst[int(Isa::portable)], worst[int(Isa::avx512)], worst[int(Isa::amx)]);
+}
+
+// The AVX-512 int8s score pass (16 tokens a step, their key chunks
+// transposed so that each token has a lane) against the reference's
+// arithmetic: the integer dots are exact and each lane runs the reference's
+// float expression, so the scores must be equal bit for bit -- for every
+// group, both query terms, tails of 1..15 tokens, and codes at -128 and 127.
+// A canary after the scores catches a masked store that writes past them.
+TEST(CpuAttention, Int8sScoresAreBitwiseTheReference) {
+  if (!cpu::cpu_has_avx512_kernels()) GTEST_SKIP() << "no AVX-512 BF16/VNNI on this CPU";
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int> key(-128, 127), query(-127, 127);
+  std::uniform_real_distribution<float> scale(1e-3f, 0.1f);
+  int cases = 0;
+  for (const int d : {64, 128, 256})
+    for (int G = 1; G <= 8; ++G)
+      for (const int terms : {1, 2})
+        for (const int n : {1, 15, 16, 17, 40, 257}) {
+          std::vector<int8_t> kq(size_t(n) * d), qq(size_t(G) * d), qq_lo(size_t(G) * d);
+          for (size_t i = 0; i < kq.size(); ++i)  // the extremes first and last
+            kq[i] = i == 0 ? int8_t(-128) : i + 1 == kq.size() ? int8_t(127) : int8_t(key(rng));
+          for (auto& x : qq) x = int8_t(query(rng));
+          for (auto& x : qq_lo) x = int8_t(query(rng));
+          std::vector<float> s(static_cast<size_t>(n)), rs(static_cast<size_t>(G));
+          for (auto& x : s) x = scale(rng);
+          for (auto& x : rs) x = scale(rng);
+          cpu::detail::Int8sItem it;
+          it.kq = kq.data();
+          it.n = n;
+          it.s = s.data();
+          it.qq = qq.data();
+          it.qq_lo = qq_lo.data();
+          it.row_scale = rs.data();
+          it.terms = terms;
+          const size_t m = size_t(G) * n;
+          std::vector<float> ref(m + 16, -7.f), got(m + 16, -7.f);
+          cpu::detail::int8s_scores_reference(it, G, d, ref.data());
+          cpu::detail::int8s_scores_avx512(it, G, d, got.data());
+          ASSERT_EQ(std::memcmp(ref.data(), got.data(), m * sizeof(float)), 0)
+              << "d " << d << " G " << G << " terms " << terms << " n " << n;
+          for (size_t i = m; i < m + 16; ++i) ASSERT_EQ(got[i], -7.f) << "written past the scores: n " << n;
+          ++cases;
+        }
+  EXPECT_EQ(cases, 3 * 8 * 2 * 6);
 }
 
 TEST(CpuAttention, Int8sMatchesTheCpuReferenceAndTheOwnFormatBound) {
