@@ -2,8 +2,9 @@
 // LlamaModel, a cli::CpuSession per request) or the GPU runtime
 // (gpu_backend.cpp, CUDA builds: one runtime::GpuModel, a GpuSequence per
 // request). The scheduler (scheduler.h) is the same for both: it opens a
-// Session per admitted request, prefills it a chunk per tick, samples, and
-// advances the decoding ones together with step_batch.
+// Session per admitted request, prefills prompts a chunk of tokens per tick
+// (one request's, or several requests' pieces in one pass where the backend
+// batches prefill), samples, and advances the decoding ones together with step_batch.
 #pragma once
 
 #include <cstdint>
@@ -52,7 +53,8 @@ class Backend {
   virtual const model::ModelConfig& config() const = 0;
   /// One line for the startup message, e.g. "cpu, bf16 history" or "cuda (NVIDIA H200), ...".
   virtual std::string describe() const = 0;
-  /// Prompt tokens per prefill piece (one piece per scheduler tick).
+  /// Prompt tokens per scheduler tick: one request's piece, or, where
+  /// batches_prefill(), the pieces of several in one pass.
   virtual int prefill_chunk() const = 0;
   /// Whether prefill_batch runs several sessions' pieces in one forward pass
   /// (the CPU path). If not, the scheduler prefills one session per tick
