@@ -101,7 +101,8 @@ void add_serve(CLI::App& app, std::function<int()>& run_fn) {
                  "share of --gpu-kv-mem, else partial or host)")
       ->capture_default_str()->check(CLI::IsMember({"auto", "host", "gpu", "partial"}));
   app.add_option("--gpu-kv-mem", a->gpu_kv_mem_gib, "cuda: GiB of GPU memory all histories share, 1/--max-seqs per "
-                 "request (0: free memory less a margin)")->check(CLI::NonNegativeNumber);
+                 "request (0: free memory less a margin)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
   add_page_size_option(app, a->page_size);
   add_recent_pages_option(app, a->recent_pages);
   app.add_option("--tile-pages", a->tile_pages, "Pages per attention tile")->capture_default_str()
