@@ -7,7 +7,8 @@ colour), and llama.cpp's figures from SPEC section 1 where the JSON has them
 resident rows differ by two orders of magnitude.
 
 usage: plot_model_bench.py bench.json [more.json ...] [-o model_bench.png]
-(several files of one model, e.g. depths run in separate calls: their rows are joined;
+(an input FILE.json:a.b is the object at keys a, b inside FILE.json, e.g. one
+run of an A/B file; several files of one model, e.g. depths run in separate calls: their rows are joined;
 a later file's row replaces an earlier one of the same format, placement and depth)
 """
 import argparse
@@ -19,12 +20,24 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
+def load(spec):
+    """FILE.json, or FILE.json:a.b -- the object at keys a, b inside it."""
+    path, _, keys = spec.partition(".json:")
+    path = path if not keys else path + ".json"
+    obj = json.load(open(path))
+    for k in keys.split(".") if keys else []:
+        if k not in obj:
+            raise SystemExit(f"{spec}: no key '{k}' (has {', '.join(obj)})")
+        obj = obj[k]
+    return obj
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("inputs", nargs="+")
     ap.add_argument("-o", "--out", default="model_bench.png")
     a = ap.parse_args()
-    runs = [json.load(open(p)) for p in a.inputs]
+    runs = [load(p) for p in a.inputs]
     d = runs[0]
     latest = {}
     for run in runs:
