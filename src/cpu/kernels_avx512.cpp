@@ -50,12 +50,12 @@ inline __m512 exp512(__m512 x) {
 
 // Sums of 16 vectors at once (a 4x4 transpose of the partial sums): lane i of
 // the result is the sum of the lanes of x[i]. 15 adds and 30 shuffles where
-// 16 separate reductions take ~4x as many. V = __m512 (add_ps). The shuffles
-// deliver sum(a[j]) to lane perm(j), a 4x4 transpose of the index (its own
-// inverse), so the input is permuted the same way.
+// 16 separate reductions take ~4x as many. The shuffles deliver sum(a[j])
+// to lane perm(j), a 4x4 transpose of the index (its own inverse), so the
+// input is permuted the same way.
 inline __m512 add(__m512 x, __m512 y) { return _mm512_add_ps(x, y); }
-template <class V>
-inline V reduce16(const V* x) {
+inline __m512 reduce16(const __m512* x) {
+  using V = __m512;
   V a[16];
   for (int j = 0; j < 16; ++j) a[j] = x[(j % 4) * 4 + j / 4];
   V b[8], c[4], d[2];
