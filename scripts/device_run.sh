@@ -53,6 +53,14 @@
 #           GGUF at 128K with --gpu-kv-mem 4 (about half the bf16 history):
 #           host (link only) against partial (+ --cpu-share auto) for bf16 and
 #           hybrid into $OUT/partial_bench.json (each row's plan line in it)
+#   decode-ab  A/B of two builds' decode attention step (issue 13): carry
+#           .mp/base.tgz (git archive --format=tar.gz -o .mp/base.tgz BASE) and
+#           set AKV_BASE_COMMIT=BASE; the base tree's `activekv` builds beside
+#           build-device/ (started before it; `setup` with AKV_BASE_COMMIT set
+#           builds both and waits, so that a second call runs the rest), then the tc int8s kernel's GPU
+#           tests, then bench/gpu/decode_ab.sh (bf16 / int8s / hybrid resident,
+#           32K and 128K, alternating) -> $OUT/decode_ab.json, and ncu of the new
+#           int8s tc kernel at 128K -> $OUT/ncu_int8s_tc_128k.txt
 #   ab      A/B of ACTIVEKV_* switches against the defaults in one call
 #           (AKV_AB='ACTIVEKV_WIDE_ROWS=2', say): bench/gpu/matvec_ab.sh --
 #           bench_matvec on the 27B shape's matrices and activekv bench at
@@ -112,6 +120,24 @@ configure() {
     cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$PFX/usr" \
     -DACTIVEKV_MODEL_DIR=/tmp/akv-model "$@" >> /tmp/cmake.log 2>&1
 }
+# decode-ab: the base tree builds (its CLI only, no server) while build-device/ does.
+build_base() {
+  rm -rf /tmp/akv-base && mkdir -p /tmp/akv-base && tar -xzf "${AKV_BASE_TGZ:-.mp/base.tgz}" -C /tmp/akv-base &&
+    cmake -S /tmp/akv-base -B /tmp/akv-base/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$PFX/usr" \
+      -DCMAKE_DISABLE_FIND_PACKAGE_PkgConfig=ON -DACTIVEKV_BUILD_TESTS=OFF -DACTIVEKV_BUILD_BENCHMARKS=OFF &&
+    cmake --build /tmp/akv-base/build -j 16 --target activekv
+}
+BASE_PID=
+[ "$PHASE" = decode-ab ] && : "${AKV_BASE_COMMIT:?set AKV_BASE_COMMIT to the commit .mp/base.tgz holds}"
+if [ -n "${AKV_BASE_COMMIT:-}" ] && [ ! -x /tmp/akv-base/build/bin/activekv ]; then  # setup or decode-ab
+  export AKV_BASE_COMMIT
+  build_base > /tmp/base_build.log 2>&1 &
+  BASE_PID=$!
+fi
+wait_base() {
+  [ -z "$BASE_PID" ] || wait "$BASE_PID" || { echo "== the base build failed:"; tail -20 /tmp/base_build.log; return 1; }
+  echo "== base tree ($AKV_BASE_COMMIT) built"
+}
 : > /tmp/cmake.log
 if ! { configure && cmake --build build-device -j 16 >> /tmp/cmake.log 2>&1; }; then
   grep -m3 -iE "error" /tmp/cmake.log
@@ -122,7 +148,7 @@ if ! { configure && cmake --build build-device -j 16 >> /tmp/cmake.log 2>&1; }; 
 fi
 grep -q "cpp-httplib not found" /tmp/cmake.log && echo "== built without activekv serve (cpp-httplib not found)"
 echo "== whole-project build ok in $(( $(date +%s) - t0 )) s"
-[ "$PHASE" = setup ] && exit 0
+if [ "$PHASE" = setup ]; then [ -z "${AKV_BASE_COMMIT:-}" ] || wait_base || exit 1; exit 0; fi
 AKV=build-device/bin/activekv
 
 if ! { [ -f "$MODEL" ] && echo "$MODEL_SHA  $MODEL" | sha256sum -c --quiet 2>/dev/null; }; then
@@ -223,8 +249,8 @@ run_shards() {
   done
 }
 
-run_int8s() {
-  echo "== tc int8s kernel: GPU tests over every launch configuration, then the sweep"
+run_int8s_tests() {
+  echo "== tc int8s kernel: GPU tests over every launch configuration"
   local rc=0
   build-device/bin/test_cuda_int8s_tc > /tmp/test_int8s_tc.log 2>&1 || rc=1
   grep -E "FAILED|PASSED|Failure|worst" /tmp/test_int8s_tc.log | head -20
@@ -232,7 +258,33 @@ run_int8s() {
     --gtest_output=json:"$OUT/gtest_int8s.json" > /tmp/test_int8s_formats.log 2>&1 || rc=1
   grep -E "FAILED|PASSED|Failure|vs default|tc kernel" /tmp/test_int8s_formats.log | head -${AKV_LOG_LINES:-120}
   cp /tmp/test_int8s_formats.log "$OUT/test_int8s_formats.log"
+  return $rc
+}
+
+run_int8s() {
+  local rc=0
+  run_int8s_tests || rc=1
+  echo "== the sweep"
   bench/gpu/int8s_sweep.sh "$OUT" || rc=1
+  return $rc
+}
+
+run_decode_ab() {
+  local rc=0 base=/tmp/akv-base/build/bin/activekv
+  run_int8s_tests || rc=1
+  wait_base || return 1
+  echo "== decode step A/B: base $AKV_BASE_COMMIT against $COMMIT $(( $(date +%s) - t0 )) s"
+  bench/gpu/decode_ab.sh "$OUT" "$base" build-device/bin/activekv || rc=1
+  local ncu
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  if [ -n "$ncu" ]; then  # one launch of the tc kernel, after the calibration's and the warmup's
+    echo "== ncu: int8s tc kernel at 128K, resident, split 512 $(( $(date +%s) - t0 )) s"
+    timeout 150 "$ncu" --clock-control none --set full -k regex:int8s_tc --launch-skip 20 --launch-count 1 \
+      $AKV bench decode --contexts 128k --batches 1 --modes resident --split 512 --steps 2 --warmup 1 --profile "" \
+      --kv-format int8s --int8s-kernel tc --int8s-tc-config w4s2c > "$OUT/ncu_int8s_tc_128k.txt" 2>&1
+    grep -E "Duration|DRAM Throughput|Registers Per|Achieved Occ|Theoretical Occ|Block Limit|Issued Ipc|Waves" \
+      "$OUT/ncu_int8s_tc_128k.txt" | head -16
+  fi
   return $rc
 }
 
@@ -382,6 +434,7 @@ case "$PHASE" in
   modelbench) run_modelbench || RC=1 ;;
   partial) run_partial || RC=1 ;;
   parallel) run_parallel || RC=1 ;;
+  decode-ab) run_decode_ab || RC=1 ;;
   ab) bench/gpu/matvec_ab.sh "$OUT" "${AKV_AB:?set AKV_AB='ACTIVEKV_X=value ...'}" || RC=1 ;;
   eval) run_eval || RC=1 ;;
 esac

@@ -28,6 +28,7 @@
 
 #include "activekv/cuda/format_kernels.h"
 #include "int8s_query.cuh"
+#include "int8s_score.cuh"
 #include "int8s_tc.h"
 #include "mma_util.cuh"
 #include "activekv/kv/int8s_layout.h"
@@ -39,6 +40,7 @@ namespace {
 using detail::cp_async16;  // mma_util.cuh
 using detail::quantise_int8;  // int8s_query.cuh
 using detail::quantise_int8_residual;
+using detail::int8s_score;  // int8s_score.cuh
 using detail::smem_u32;
 
 constexpr int kThreads = 128;
@@ -71,10 +73,6 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// score of token t, head g from the integer dot products of its two query terms.
-__device__ __forceinline__ float score(int dot_hi, int dot_lo, float token_scale, float row_scale) {
-  return ((float(dot_hi) + float(dot_lo) / 127.f) * token_scale) * row_scale;
-}
 
 // CUDA cores: thread t takes token t of the block, every head, __dp4a on 4
 // codes at a time (key row read as 16-byte chunks, query codes broadcast).
@@ -110,7 +108,7 @@ __device__ __forceinline__ void scores_dp4a(const int8_t* sk, const int8_t* sq, 
 #pragma unroll
   for (int g = 0; g < kHeads; ++g) {
     if (g >= group) break;
-    sp[g * kTok + tid] = valid ? score(dhi[g], dlo[g], ss[tid], row_scale[g]) : -INFINITY;
+    sp[g * kTok + tid] = valid ? int8s_score(dhi[g], dlo[g], ss[tid], row_scale[g]) : -INFINITY;
   }
 }
 
@@ -154,7 +152,7 @@ __device__ __forceinline__ void scores_mma(const int8_t* sk, const int8_t* sq, c
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const int t = n0 + 2 * q4 + j;
-        sp[g * kTok + t] = t < nb ? score(c[j], c[2 + j], ss[t], row_scale[g]) : -INFINITY;
+        sp[g * kTok + t] = t < nb ? int8s_score(c[j], c[2 + j], ss[t], row_scale[g]) : -INFINITY;
       }
     }
   }

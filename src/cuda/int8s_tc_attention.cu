@@ -33,6 +33,7 @@
 
 #include "activekv/kv/int8s_layout.h"
 #include "int8s_query.cuh"
+#include "int8s_score.cuh"
 #include "int8s_tc.h"
 #include "int8s_tc_fragments.cuh"
 #include "mma_util.cuh"
@@ -41,7 +42,7 @@
 namespace activekv::cuda {
 namespace {
 
-using namespace detail;  // mma_util.cuh, int8s_tc_fragments.cuh, int8s_query.cuh
+using namespace detail;  // mma_util.cuh, int8s_tc_fragments.cuh, int8s_query.cuh, int8s_score.cuh
 
 constexpr int kRows = 8;  // query heads per KV head the mma rows hold
 
@@ -123,6 +124,53 @@ __device__ __forceinline__ void quantise_queries(const float* qrow0, const __hal
   }
 }
 
+// One lane's share of the copies that fill a stage (T token rows of K codes,
+// then T of V codes): copy i moves chunk c = lane % CH of row
+// r_i = lane / CH + i * RPI of both planes. The swizzled shared offsets of
+// the NI copies are per-lane constants, computed once; the global ones are
+// lane_src + i * RPI * HD. So a full stage costs one add and two cp.async
+// per copy, the rest in the instructions' immediates (the SASS of the loop
+// recomputed ~180 integer operations per stage before). The split's last
+// stage, when it runs past the end, zero-fills the missing rows.
+template <int HD, int T>
+struct StageCopier {
+  static constexpr int CH = HD / 16, RPI = 32 / CH, NI = T * CH / 32;
+  static_assert(32 % CH == 0 && (T * CH) % 32 == 0, "whole rows per copy index");
+  uint32_t doff[NI];  // shared offset of copy i in a stage's K rows
+  int lane_src;       // global offset of copy 0 from the stage's first row
+
+  __device__ __forceinline__ explicit StageCopier(int lane) : lane_src((lane / CH) * HD + (lane % CH) * 16) {
+#pragma unroll
+    for (int i = 0; i < NI; ++i) doff[i] = stage_offset<HD>(lane / CH + i * RPI, lane % CH);
+  }
+  // Rows t0.. of the split's K (kq) and V (vq) codes into the stage at shared address sk.
+  __device__ __forceinline__ void issue(uint32_t sk, const unsigned char* kq, const unsigned char* vq, int t0,
+                                        int ntok, int lane) const {
+    if (t0 + T <= ntok) {
+      const size_t base = size_t(t0) * HD + lane_src;
+      full(sk, kq + base, vq + base, std::make_index_sequence<NI>{});
+      return;
+    }
+#pragma unroll
+    for (int i = 0; i < NI; ++i) {
+      const int r = lane / CH + i * RPI;
+      const bool ok = t0 + r < ntok;  // rows past the split are zero-filled
+      const size_t off = size_t(ok ? t0 + r : t0) * HD + size_t(lane % CH) * 16;
+      cp_async16(sk + doff[i], kq + off, ok ? 16 : 0);
+      cp_async16(sk + T * HD + doff[i], vq + off, ok ? 16 : 0);
+    }
+  }
+
+ private:
+  template <size_t... I>
+  __device__ __forceinline__ void full(uint32_t sk, const unsigned char* gk, const unsigned char* gv,
+                                       std::index_sequence<I...>) const {
+    ((cp_async16_at<0, int(I) * RPI * HD>(sk + doff[I], gk),
+      cp_async16_at<T * HD, int(I) * RPI * HD>(sk + doff[I], gv)),
+     ...);
+  }
+};
+
 // One 16-token block of a warp (tokens t0.. of the split, key codes at
 // shared address sk, value codes at sv): S = Q.K^T on int8 tensor cores,
 // scores of tokens >= ntok masked, online softmax in base 2 (m_run, l_run:
@@ -130,21 +178,20 @@ __device__ __forceinline__ void quantise_queries(const float* qrow0, const __hal
 // O += P.V on f16 tensor cores.
 // CR: P.V in channel rows (pv_block_t; acc[c][0]), else pv_block (acc[c][parity]).
 template <int HD, bool CR>
-__device__ __forceinline__ void attend_block(const uint4* sq, uint32_t sk, uint32_t sv, const float* s_tok, int t0,
+__device__ __forceinline__ void attend_block(const uint4 (&qa)[HD / 32], uint32_t sk, uint32_t sv, const float* s_tok, int t0,
                                              int ntok, float rs, const Int8sKernelOptions& opt, int lane,
                                              float& m_run, float& l_run, float (&acc)[HD / 16][CR ? 1 : 2][4]) {
   constexpr int CH = HD / 16, E = CR ? 1 : 2;
   const int q4 = lane & 3;
   int dots[2][4];
-  qk_block<HD>(sq, sk, lane, dots);
+  qk_block<HD>(qa, sk, lane, dots);
   float s[2][2];
 #pragma unroll
   for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int t = t0 + score_token(nt, q4, j);
-      const float v = ((float(dots[nt][j]) + float(dots[nt][2 + j]) / 127.f) * s_tok[t]) * rs;
-      s[nt][j] = t < ntok ? v : -INFINITY;
+      s[nt][j] = t < ntok ? int8s_score(dots[nt][j], dots[nt][2 + j], s_tok[t], rs) : -INFINITY;
     }
   // --- online softmax, base 2 ---------------------------------------------
   float p[2][2];
@@ -201,18 +248,8 @@ int8s_tc_kernel(const SplitWork* __restrict__ work, const float* __restrict__ q,
   const uint32_t ring = smem_u32(smem) + uint32_t(warp * NS * SB);
   const int nst = (w.ntok + T - 1) / T;
   const int n_it = warp < nst ? (nst - warp + W - 1) / W : 0;
-  auto issue = [&](int it) {
-    const uint32_t sk = ring + uint32_t((it % NS) * SB), sv = sk + T * HD;
-    const int t0 = (warp + it * W) * T;
-#pragma unroll
-    for (int i = 0; i < T * CH / 32; ++i) {
-      const int idx = lane + 32 * i, r = idx / CH, c = idx % CH;
-      const bool ok = t0 + r < w.ntok;  // rows past the split are zero-filled
-      const size_t off = size_t(ok ? t0 + r : t0) * HD + size_t(c) * 16;
-      cp_async16(sk + stage_offset<HD>(r, c), kq + off, ok ? 16 : 0);
-      cp_async16(sv + stage_offset<HD>(r, c), vq + off, ok ? 16 : 0);
-    }
-  };
+  const StageCopier<HD, T> copier(lane);
+  auto issue = [&](int it) { copier.issue(ring + uint32_t((it % NS) * SB), kq, vq, (warp + it * W) * T, w.ntok, lane); };
 #pragma unroll
   for (int i = 0; i < NS - 1; ++i) {
     if (i < n_it) issue(i);
@@ -228,6 +265,8 @@ int8s_tc_kernel(const SplitWork* __restrict__ work, const float* __restrict__ q,
   for (int t = threadIdx.x; t < nst * T; t += W * 32) s_tok[t] = t < w.ntok ? __half2float(t_scale[t]) : 0.f;
   __syncthreads();
   const float rs = row_scale[g];
+  uint4 qa[HD / 32];  // the query's q.k A fragments, in registers for the whole split
+  load_q_frags<HD>(sq, lane, qa);
 
   float m_run = -INFINITY, l_run = 0.f;  // head g; l_run: this lane's tokens only
   constexpr int E = CR ? 1 : 2;
@@ -249,7 +288,7 @@ int8s_tc_kernel(const SplitWork* __restrict__ work, const float* __restrict__ q,
     for (int b = 0; b < B; ++b) {
       const int t0 = (warp + it * W) * T + b * kTcBlk;
       if (B > 1 && t0 >= w.ntok) break;  // the split's end (warp-uniform)
-      attend_block<HD, CR>(sq, sk + uint32_t(b * kTcBlk * HD), sv + uint32_t(b * kTcBlk * HD), s_tok, t0, w.ntok, rs,
+      attend_block<HD, CR>(qa, sk + uint32_t(b * kTcBlk * HD), sv + uint32_t(b * kTcBlk * HD), s_tok, t0, w.ntok, rs,
                        opt, lane, m_run, l_run, acc);
     }
     __syncwarp();  // all lanes done reading this stage before it is refilled

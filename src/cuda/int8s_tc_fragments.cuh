@@ -129,26 +129,45 @@ __host__ __device__ constexpr int score_token(int nt, int q4, int j) { return 8 
 // entries 0, 1 are the hi term's, 2, 3 the lo term's of the same channels.
 __host__ __device__ constexpr int pv_channel(int c, int e, int i, int q4) { return 16 * c + 4 * q4 + 2 * (i & 1) + e; }
 
-// q.k of one block: c[nt] = C fragments of tokens 8nt..8nt+7 (rows: see
-// q_frag_byte). sq: the A fragments ([HD/32][32] uint4, shared); stage_k:
-// the shared address of the block's key codes (stage layout).
+// The q.k A fragments of a lane, held in registers for the whole split (they
+// never change): sq is the shared [HD/32][32] uint4 array of q_frag_byte.
 template <int HD>
-__device__ __forceinline__ void qk_block(const uint4* sq, uint32_t stage_k, int lane, int (&c)[2][4]) {
+__device__ __forceinline__ void load_q_frags(const uint4* sq, int lane, uint4 (&qa)[HD / 32]) {
+#pragma unroll
+  for (int ks = 0; ks < HD / 32; ++ks) qa[ks] = sq[ks * 32 + lane];
+}
+
+// q.k of one block: c[nt] = C fragments of tokens 8nt..8nt+7 (rows: see
+// q_frag_byte). qa: the lane's A fragments (load_q_frags); stage_k: the
+// shared address of the block's key codes (stage layout).
+// The k-steps alternate between two accumulator sets that are added at the
+// end: four independent mma chains of HD/64 instead of two of HD/32 (the
+// warp waits on this chain before its softmax). int32 sums are exact, so
+// the order changes no bit.
+template <int HD>
+__device__ __forceinline__ void qk_block(const uint4 (&qa)[HD / 32], uint32_t stage_k, int lane, int (&c)[2][4]) {
+  static_assert(HD % 64 == 0, "an even number of 32-channel k-steps");
   // ldmatrix x4 addressing: matrix i = (tokens 8(i>>1)..+7, chunk 2ks + (i&1)),
   // so registers 0, 1 are b0, b1 of n-tile 0 and 2, 3 those of n-tile 1.
   const int i = lane >> 3, r = 8 * (i >> 1) + (lane & 7), ch = i & 1;
+  int d[2][2][4];  // [k-step parity][n-tile][entry]
 #pragma unroll
-  for (int nt = 0; nt < 2; ++nt)
+  for (int s = 0; s < 2; ++s)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) c[nt][e] = 0;
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) d[s][nt][e] = 0;
 #pragma unroll
   for (int ks = 0; ks < HD / 32; ++ks) {
     uint32_t b[4];
     ldsm_x4(b, stage_k + stage_offset<HD>(r, 2 * ks + ch));
-    const uint4 a = sq[ks * 32 + lane];
-    mma_s8_16832(c[0], a, b[0], b[1]);
-    mma_s8_16832(c[1], a, b[2], b[3]);
+    mma_s8_16832(d[ks & 1][0], qa[ks], b[0], b[1]);
+    mma_s8_16832(d[ks & 1][1], qa[ks], b[2], b[3]);
   }
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) c[nt][e] = d[0][nt][e] + d[1][nt][e];
 }
 
 // 4 int8 codes (bytes b0..b3 of w) -> f16 pairs (b0, b2) and (b1, b3), exact:

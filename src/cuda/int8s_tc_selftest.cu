@@ -31,8 +31,10 @@ __global__ void qk_kernel(const int8_t* q, const int8_t* k, int32_t* out) {
   fill_stage<HD>(stage, k, lane);
   for (int idx = lane; idx < 16 * HD; idx += 32) sq[q_frag_byte(idx / HD, idx % HD)] = uint8_t(q[idx]);
   __syncwarp();
+  uint4 qa[HD / 32];
+  load_q_frags<HD>(reinterpret_cast<const uint4*>(sq), lane, qa);
   int c[2][4];
-  qk_block<HD>(reinterpret_cast<const uint4*>(sq), smem_u32(stage), lane, c);
+  qk_block<HD>(qa, smem_u32(stage), lane, c);
   for (int nt = 0; nt < 2; ++nt)
     for (int j = 0; j < 2; ++j) {
       out[g * 16 + score_token(nt, q4, j)] = c[nt][j];
