@@ -277,13 +277,30 @@ run_decode_ab() {
   bench/gpu/decode_ab.sh "$OUT" "$base" build-device/bin/activekv || rc=1
   local ncu
   ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-  if [ -n "$ncu" ]; then  # one launch of the tc kernel, after the calibration's and the warmup's
+  if [ -n "$ncu" ]; then
+    # The calibration launches the kernel first, on small grids: list every
+    # launch's grid, then profile the full-size one after the warmup's 16.
     echo "== ncu: int8s tc kernel at 128K, resident, split 512 $(( $(date +%s) - t0 )) s"
-    timeout 150 "$ncu" --clock-control none --set full -k regex:int8s_tc --launch-skip 20 --launch-count 1 \
-      $AKV bench decode --contexts 128k --batches 1 --modes resident --split 512 --steps 2 --warmup 1 --profile "" \
-      --kv-format int8s --int8s-kernel tc --int8s-tc-config w4s2c > "$OUT/ncu_int8s_tc_128k.txt" 2>&1
-    grep -E "Duration|DRAM Throughput|Registers Per|Achieved Occ|Theoretical Occ|Block Limit|Issued Ipc|Waves" \
-      "$OUT/ncu_int8s_tc_128k.txt" | head -16
+    local d=(bench decode --contexts 128k --batches 1 --modes resident --split 512 --steps 2 --warmup 1 --profile ""
+             --kv-format int8s --int8s-kernel tc --int8s-tc-config w4s2c)
+    timeout 120 "$ncu" --clock-control none --metrics launch__grid_size --csv -k regex:int8s_tc $AKV "${d[@]}" \
+      > /tmp/ncu_grids.csv 2>&1
+    local skip
+    skip=$(python3 - /tmp/ncu_grids.csv <<'PY'
+import csv, sys
+rows = [r for r in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"'))]
+hdr, rows = rows[0], rows[1:]
+vi = hdr.index("Metric Value")
+grids = [int(r[vi].replace(",", "")) for r in rows]
+big = [i for i, g in enumerate(grids) if g == max(grids)]
+print(big[min(16, len(big) - 1)])
+PY
+)
+    echo "   launch $skip of the tc kernel (grids: $(grep -c launch__grid_size /tmp/ncu_grids.csv) launches)"
+    timeout 150 "$ncu" --clock-control none --set full -k regex:int8s_tc --launch-skip "${skip:-0}" --launch-count 1 \
+      $AKV "${d[@]}" > "$OUT/ncu_int8s_tc_128k.txt" 2>&1
+    grep -E "Duration|DRAM Throughput|Registers Per|Achieved Occ|Theoretical Occ|Block Limit|Issued Ipc|Waves|Grid Size|Eligible|Issue Slots Busy|Executed Instructions  " \
+      "$OUT/ncu_int8s_tc_128k.txt" | head -24
   fi
   return $rc
 }

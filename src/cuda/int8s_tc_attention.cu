@@ -38,6 +38,7 @@
 #include "int8s_tc_fragments.cuh"
 #include "mma_util.cuh"
 #include "once_per_device.h"
+#include "split_tail.cuh"
 
 namespace activekv::cuda {
 namespace {
@@ -69,7 +70,7 @@ template <int HD, int B> __host__ __device__ constexpr int tc_stage_bytes() { re
 template <int HD, int W, int NS, int B>
 __host__ __device__ constexpr size_t tc_ring_bytes() {
   const size_t ring = size_t(W) * NS * tc_stage_bytes<HD, B>();
-  const size_t merge = size_t(W) * kRows * (HD + 2) * 4;
+  const size_t merge = size_t(W) * kRows * (HD + 2) * 4 + kRows * sizeof(split_tail::HeadMerge<W>);
   return ring > merge ? ring : merge;
 }
 template <int HD, int W, int NS, int B>
@@ -302,6 +303,8 @@ int8s_tc_kernel(const SplitWork* __restrict__ work, const float* __restrict__ q,
   float* sm_acc = reinterpret_cast<float*>(smem);  // [W][kRows][HD]
   float* sm_m = sm_acc + size_t(W) * kRows * HD;   // [W][kRows]
   float* sm_l = sm_m + W * kRows;                  // [W][kRows]
+  using HeadMerge = split_tail::HeadMerge<W>;
+  HeadMerge* sm_hm = reinterpret_cast<HeadMerge*>(sm_l + W * kRows);  // [kRows]
   if (g < G && q4 == 0) { sm_m[warp * kRows + g] = m_run; sm_l[warp * kRows + g] = l_run; }
   if constexpr (CR) {  // lane: channels 16c + 2g, + 1 of heads 2q4, 2q4 + 1 (all 8 rows; rows >= G unread)
     float* dst = sm_acc + (size_t(warp) * kRows + 2 * q4) * HD + 2 * g;
@@ -336,29 +339,29 @@ int8s_tc_kernel(const SplitWork* __restrict__ work, const float* __restrict__ q,
   }
   __syncthreads();
 
+  // Each head's merge weights once (split_tail.cuh: the per-output form's
+  // arithmetic in the same order, so the same bits); every output then takes
+  // only its W products.
   const size_t out_base = (size_t(w.seq) * max_splits + w.split) * nq + size_t(h) * G;
+  if (threadIdx.x < G) {
+    const HeadMerge hm = split_tail::head_merge<W>(sm_m + threadIdx.x, sm_l + threadIdx.x, kRows);
+    sm_hm[threadIdx.x] = hm;
+    const bool empty = hm.valid == 0 || !(hm.L > 0.f);
+    part_lse[out_base + threadIdx.x] = empty ? -INFINITY : split_tail::merged_lse(hm, kLn2);
+  }
+  __syncthreads();
 #pragma unroll
   for (int k = 0; k < PER; ++k) {
     const int idx = threadIdx.x + k * NT;
     if (idx >= G * HD) break;
     const int gg = idx / HD, c = idx % HD;
-    float M = -INFINITY;
+    const HeadMerge& hm = sm_hm[gg];
+    float O = 0.f;
 #pragma unroll
-    for (int i = 0; i < W; ++i) M = fmaxf(M, sm_m[i * kRows + gg]);
-    float L = 0.f, O = 0.f;
-    if (M != -INFINITY) {
-#pragma unroll
-      for (int i = 0; i < W; ++i) {
-        const float mi = sm_m[i * kRows + gg];
-        if (mi == -INFINITY) continue;
-        const float sc = exp2f(mi - M);  // an exact power of two under trick 2
-        L = fmaf(sc, sm_l[i * kRows + gg], L);
-        O = fmaf(sc, sm_acc[(size_t(i) * kRows + gg) * HD + c], O);
-      }
-    }
-    const bool empty = M == -INFINITY || !(L > 0.f);
-    part_o[(out_base + gg) * HD + c] = empty ? 0.f : ((O * kPUnscale) * vs[k]) / L;
-    if (c == 0) part_lse[out_base + gg] = empty ? -INFINITY : (M + log2f(L)) * kLn2;
+    for (int i = 0; i < W; ++i)
+      if (hm.valid >> i & 1u) O = fmaf(hm.sc[i], sm_acc[(size_t(i) * kRows + gg) * HD + c], O);
+    const bool empty = hm.valid == 0 || !(hm.L > 0.f);
+    part_o[(out_base + gg) * HD + c] = empty ? 0.f : ((O * kPUnscale) * vs[k]) / hm.L;
   }
 }
 
