@@ -37,7 +37,8 @@ bool same_engine_config(const EngineConfig& a, const EngineConfig& b) {
   const bool int8s = i.kernel == j.kernel && i.query_terms == j.query_terms &&
                      i.skip_unit_rescale == j.skip_unit_rescale && i.pow2_reference == j.pow2_reference &&
                      i.tensor_cores == j.tensor_cores && i.tc.warps == j.tc.warps && i.tc.stages == j.tc.stages &&
-                     i.tc.blocks == j.tc.blocks && i.tc.channel_rows == j.tc.channel_rows;
+                     i.tc.blocks == j.tc.blocks && i.tc.channel_rows == j.tc.channel_rows &&
+                     i.tc.single_v == j.tc.single_v;
   const cpu::CpuAttentionOptions &c = a.cpu_kernels, &d = b.cpu_kernels;
   const bool cpu = c.threads == d.threads && c.split_tokens == d.split_tokens &&
                    c.int8s_query_terms == d.int8s_query_terms && c.isa == d.isa;

@@ -56,29 +56,40 @@ constexpr int kRows = 8;  // query heads per KV head the mma rows hold
 // split 512) put it within 1 % of the fastest int8s step at 32K and 128K and
 // fastest for hybrid at both (int8s 0.634 / 1.938 ms against w2s3's 0.881 /
 // 1.959); w4s4 for head_dim 64 is unmeasured by the sweep (the old default).
-struct Cfg { int w, s, b; bool c; };
-constexpr Cfg kConfigs[] = {{4, 2, 1, true},  {4, 4, 1, false}, {2, 3, 1, false}, {2, 2, 1, false},
-                            {2, 4, 1, false}, {4, 2, 1, false}, {4, 3, 1, false}, {2, 2, 2, false},
-                            {4, 2, 2, false}, {2, 2, 1, true},  {2, 3, 1, true},  {4, 3, 1, true},
-                            {4, 4, 1, true}};
+// w3s2c and w4s2cv (single_v) fit 4 CTAs per SM at head_dim 256 (54 and
+// 55 KiB of shared memory; w4s2c's 71 KiB fit 3), for the 128K grid's 1024
+// CTAs that is 1.94 waves instead of 2.59.
+struct Cfg { int w, s, b; bool c, v; };
+constexpr Cfg kConfigs[] = {{4, 2, 1, true, false},  {4, 4, 1, false, false}, {2, 3, 1, false, false},
+                            {2, 2, 1, false, false}, {2, 4, 1, false, false}, {4, 2, 1, false, false},
+                            {4, 3, 1, false, false}, {2, 2, 2, false, false}, {4, 2, 2, false, false},
+                            {2, 2, 1, true, false},  {2, 3, 1, true, false},  {4, 3, 1, true, false},
+                            {4, 4, 1, true, false},  {3, 2, 1, true, false},  {4, 2, 1, true, true}};
 constexpr int kNumConfigs = int(sizeof(kConfigs) / sizeof(kConfigs[0]));
 constexpr Cfg default_cfg(int head_dim) { return head_dim >= 256 ? kConfigs[0] : kConfigs[1]; }
 
 template <int HD, int B> __host__ __device__ constexpr int tc_stage_bytes() { return 2 * B * kTcBlk * HD; }  // K then V codes
 
+// Bytes of one warp's ring: NS stages of K and V codes, or (V1: single_v)
+// NS stages of K codes and one of V codes.
+template <int HD, int NS, int B, bool V1>
+__host__ __device__ constexpr int tc_warp_ring_bytes() {
+  return V1 ? (NS + 1) * B * kTcBlk * HD : NS * tc_stage_bytes<HD, B>();
+}
+
 // Shared memory: [ring | merge area aliasing it] [query fragments] [row scales] [token scales of the split].
-template <int HD, int W, int NS, int B>
+template <int HD, int W, int NS, int B, bool V1>
 __host__ __device__ constexpr size_t tc_ring_bytes() {
-  const size_t ring = size_t(W) * NS * tc_stage_bytes<HD, B>();
+  const size_t ring = size_t(W) * tc_warp_ring_bytes<HD, NS, B, V1>();
   const size_t merge = size_t(W) * kRows * (HD + 2) * 4 + kRows * sizeof(split_tail::HeadMerge<W>);
   return ring > merge ? ring : merge;
 }
-template <int HD, int W, int NS, int B>
-constexpr size_t tc_fixed_smem() { return tc_ring_bytes<HD, W, NS, B>() + size_t(HD) * 16 + kRows * 4; }
+template <int HD, int W, int NS, int B, bool V1>
+constexpr size_t tc_fixed_smem() { return tc_ring_bytes<HD, W, NS, B, V1>() + size_t(HD) * 16 + kRows * 4; }
 constexpr int kMaxTcSplit = 4096;  // token scales of a split held in shared memory
-template <int HD, int W, int NS, int B> constexpr size_t tc_smem(int split_tokens) {
+template <int HD, int W, int NS, int B, bool V1> constexpr size_t tc_smem(int split_tokens) {
   constexpr int T = B * kTcBlk;  // tokens per stage: the token scales are read up to a whole stage
-  return tc_fixed_smem<HD, W, NS, B>() + size_t((split_tokens + T - 1) / T * T) * 4;
+  return tc_fixed_smem<HD, W, NS, B, V1>() + size_t((split_tokens + T - 1) / T * T) * 4;
 }
 constexpr size_t kMaxSmem = 227 * 1024;  // sm_90 opt-in limit per CTA
 
@@ -125,50 +136,45 @@ __device__ __forceinline__ void quantise_queries(const float* qrow0, const __hal
   }
 }
 
-// One lane's share of the copies that fill a stage (T token rows of K codes,
-// then T of V codes): copy i moves chunk c = lane % CH of row
-// r_i = lane / CH + i * RPI of both planes. The swizzled shared offsets of
-// the NI copies are per-lane constants, computed once; the global ones are
-// lane_src + i * RPI * HD. So a full stage costs one add and two cp.async
-// per copy, the rest in the instructions' immediates (the SASS of the loop
-// recomputed ~180 integer operations per stage before). The split's last
-// stage, when it runs past the end, zero-fills the missing rows.
+// One lane's share of the copies that fill a stage (T token rows of one
+// plane, K or V codes): copy i moves chunk c = lane % CH of row
+// r_i = lane / CH + i * RPI. The swizzled shared offsets of the NI copies are
+// per-lane constants, computed once; the global ones are lane_src + i * RPI
+// * HD. So a full stage costs one add and one cp.async per copy, the rest in
+// the instructions' immediates (the SASS of the loop recomputed ~180 integer
+// operations per stage before). The split's last stage, when it runs past
+// the end, zero-fills the missing rows.
 template <int HD, int T>
 struct StageCopier {
   static constexpr int CH = HD / 16, RPI = 32 / CH, NI = T * CH / 32;
   static_assert(32 % CH == 0 && (T * CH) % 32 == 0, "whole rows per copy index");
-  uint32_t doff[NI];  // shared offset of copy i in a stage's K rows
+  uint32_t doff[NI];  // shared offset of copy i in a stage's rows
   int lane_src;       // global offset of copy 0 from the stage's first row
 
   __device__ __forceinline__ explicit StageCopier(int lane) : lane_src((lane / CH) * HD + (lane % CH) * 16) {
 #pragma unroll
     for (int i = 0; i < NI; ++i) doff[i] = stage_offset<HD>(lane / CH + i * RPI, lane % CH);
   }
-  // Rows t0.. of the split's K (kq) and V (vq) codes into the stage at shared address sk.
-  __device__ __forceinline__ void issue(uint32_t sk, const unsigned char* kq, const unsigned char* vq, int t0,
-                                        int ntok, int lane) const {
+  // Rows t0.. of the split's codes of one plane (plane: its row 0) into the
+  // stage at shared address base + DST (DST: an immediate).
+  template <int DST>
+  __device__ __forceinline__ void issue(uint32_t base, const unsigned char* plane, int t0, int ntok, int lane) const {
     if (t0 + T <= ntok) {
-      const size_t base = size_t(t0) * HD + lane_src;
-      full(sk, kq + base, vq + base, std::make_index_sequence<NI>{});
+      full<DST>(base, plane + size_t(t0) * HD + lane_src, std::make_index_sequence<NI>{});
       return;
     }
 #pragma unroll
     for (int i = 0; i < NI; ++i) {
       const int r = lane / CH + i * RPI;
       const bool ok = t0 + r < ntok;  // rows past the split are zero-filled
-      const size_t off = size_t(ok ? t0 + r : t0) * HD + size_t(lane % CH) * 16;
-      cp_async16(sk + doff[i], kq + off, ok ? 16 : 0);
-      cp_async16(sk + T * HD + doff[i], vq + off, ok ? 16 : 0);
+      cp_async16(base + DST + doff[i], plane + size_t(ok ? t0 + r : t0) * HD + size_t(lane % CH) * 16, ok ? 16 : 0);
     }
   }
 
  private:
-  template <size_t... I>
-  __device__ __forceinline__ void full(uint32_t sk, const unsigned char* gk, const unsigned char* gv,
-                                       std::index_sequence<I...>) const {
-    ((cp_async16_at<0, int(I) * RPI * HD>(sk + doff[I], gk),
-      cp_async16_at<T * HD, int(I) * RPI * HD>(sk + doff[I], gv)),
-     ...);
+  template <int DST, size_t... I>
+  __device__ __forceinline__ void full(uint32_t base, const unsigned char* g, std::index_sequence<I...>) const {
+    (cp_async16_at<DST, int(I) * RPI * HD>(base + doff[I], g), ...);
   }
 };
 
@@ -178,14 +184,24 @@ struct StageCopier {
 // head g's running reference and this lane's share of the denominator),
 // O += P.V on f16 tensor cores.
 // CR: P.V in channel rows (pv_block_t; acc[c][0]), else pv_block (acc[c][parity]).
-template <int HD, bool CR>
-__device__ __forceinline__ void attend_block(const uint4 (&qa)[HD / 32], uint32_t sk, uint32_t sv, const float* s_tok, int t0,
-                                             int ntok, float rs, const Int8sKernelOptions& opt, int lane,
-                                             float& m_run, float& l_run, float (&acc)[HD / 16][CR ? 1 : 2][4]) {
+// QREG: the query fragments qa are in registers, else read from shared
+// memory (sq) per block (the single_v configurations' register budget).
+// before_pv() runs between the softmax and P.V (single_v: wait for the V codes).
+template <int HD, bool CR, bool QREG, class BeforePv>
+__device__ __forceinline__ void attend_block(const uint4 (&qa)[HD / 32], const uint4* sq, uint32_t sk, uint32_t sv,
+                                             const float* s_tok, int t0, int ntok, float rs,
+                                             const Int8sKernelOptions& opt, int lane, float& m_run, float& l_run,
+                                             float (&acc)[HD / 16][CR ? 1 : 2][4], BeforePv&& before_pv) {
   constexpr int CH = HD / 16, E = CR ? 1 : 2;
   const int q4 = lane & 3;
   int dots[2][4];
-  qk_block<HD>(qa, sk, lane, dots);
+  if constexpr (QREG) {
+    qk_block<HD>(qa, sk, lane, dots);
+  } else {
+    uint4 q[HD / 32];
+    load_q_frags<HD>(sq, lane, q);
+    qk_block<HD>(q, sk, lane, dots);
+  }
   float s[2][2];
 #pragma unroll
   for (int nt = 0; nt < 2; ++nt)
@@ -216,21 +232,37 @@ __device__ __forceinline__ void attend_block(const uint4 (&qa)[HD / 32], uint32_
   }
   uint32_t pa[4];
   p_frag(p, pa);
+  before_pv();
   if constexpr (CR) pv_block_t<HD>(sv, pa, lane, acc);
   else pv_block<HD>(sv, pa, lane, acc);
 }
 
-template <int HD, int G, int W, int NS, int B, bool CR>
-__global__ void __launch_bounds__(W * 32)
+// Resident CTAs per SM that the shared memory allows at the default split of
+// 512 tokens (228 KiB per SM, 1 KiB of it reserved per CTA), at most 512 / W
+// warps' worth of 128 registers: the register budget each configuration is
+// compiled for (__launch_bounds__). Without it the compiler's choice moved
+// w4s2c from 168 registers (3 CTAs per SM) to 228 (2) on an unrelated change.
+template <int HD, int W, int NS, int B, bool V1>
+constexpr int tc_ctas_per_sm() {
+  const int by_smem = int((228 * 1024) / (tc_smem<HD, W, NS, B, V1>(512) + 1024));
+  const int by_regs = 65536 / (W * 32 * 128);
+  const int n = by_smem < by_regs ? by_smem : by_regs;
+  return n < 1 ? 1 : n;
+}
+
+template <int HD, int G, int W, int NS, int B, bool CR, bool V1>
+__global__ void __launch_bounds__(W * 32, (tc_ctas_per_sm<HD, W, NS, B, V1>()))
 int8s_tc_kernel(const SplitWork* __restrict__ work, const float* __restrict__ q, float* __restrict__ part_o,
                 float* __restrict__ part_lse, int max_splits, int n_kv, int page_size, float scale_log2,
                 Int8sKernelOptions opt, int head0) {
   constexpr int SB = tc_stage_bytes<HD, B>(), T = B * kTcBlk;  // bytes, tokens per stage
   constexpr int CH = HD / 16;  // 16-byte chunks per row
   static_assert(G >= 1 && G <= kRows, "the mma rows hold 8 heads x 2 query terms");
-  static_assert(NS >= 2 && (W == 2 || W == 4) && B >= 1, "ring of >= 2 stages; 2 or 4 warps share the 8 query rows");
+  static_assert(NS >= 2 && W >= 2 && W <= 4 && B >= 1, "ring of >= 2 stages; 2 to 4 warps share the 8 query rows");
+  static_assert(!V1 || (NS == 2 && B == 1), "single_v: two K stages, one block per stage");
+  constexpr bool QREG = !V1;  // query fragments in registers (32 at head_dim 256) unless single_v
   extern __shared__ __align__(128) unsigned char smem[];
-  unsigned char* sq_bytes = smem + tc_ring_bytes<HD, W, NS, B>();
+  unsigned char* sq_bytes = smem + tc_ring_bytes<HD, W, NS, B, V1>();
   const uint4* sq = reinterpret_cast<const uint4*>(sq_bytes);
   float* row_scale = reinterpret_cast<float*>(sq_bytes + HD * 16);
   float* s_tok = row_scale + kRows;
@@ -245,16 +277,28 @@ int8s_tc_kernel(const SplitWork* __restrict__ work, const float* __restrict__ q,
 
   // --- the warp's ring: stage it % NS holds tokens [T (warp + it W), + T) ---
   // A stage is [K rows 0..T-1][V rows 0..T-1]; block b's K codes start at row
-  // 16 b, whose swizzle (chunk_slot) is that of a block of its own.
-  const uint32_t ring = smem_u32(smem) + uint32_t(warp * NS * SB);
+  // 16 b, whose swizzle (chunk_slot) is that of a block of its own. single_v:
+  // [K stage 0][K stage 1][V], one commit group per plane and stage.
+  const uint32_t ring = smem_u32(smem) + uint32_t(warp * tc_warp_ring_bytes<HD, NS, B, V1>());
   const int nst = (w.ntok + T - 1) / T;
   const int n_it = warp < nst ? (nst - warp + W - 1) / W : 0;
   const StageCopier<HD, T> copier(lane);
-  auto issue = [&](int it) { copier.issue(ring + uint32_t((it % NS) * SB), kq, vq, (warp + it * W) * T, w.ntok, lane); };
-#pragma unroll
-  for (int i = 0; i < NS - 1; ++i) {
-    if (i < n_it) issue(i);
+  auto tok0 = [&](int it) { return (warp + it * W) * T; };
+  auto k_stage = [&](int it) { return ring + uint32_t((it % NS) * (V1 ? T * HD : SB)); };
+  constexpr int kVSlot = V1 ? NS * T * HD : T * HD;  // V codes: from the ring (V1) or from the K stage
+  auto issue_k = [&](int it) { copier.template issue<0>(k_stage(it), kq, tok0(it), w.ntok, lane); };
+  auto issue_v = [&](int it) { copier.template issue<kVSlot>(V1 ? ring : k_stage(it), vq, tok0(it), w.ntok, lane); };
+  if constexpr (V1) {  // groups: K0, V0
+    if (n_it > 0) issue_k(0);
     cp_async_commit();
+    if (n_it > 0) issue_v(0);
+    cp_async_commit();
+  } else {
+#pragma unroll
+    for (int i = 0; i < NS - 1; ++i) {
+      if (i < n_it) { issue_k(i); issue_v(i); }
+      cp_async_commit();
+    }
   }
 
   // --- prologue (overlaps the first copies): query codes, token scales ------
@@ -266,8 +310,8 @@ int8s_tc_kernel(const SplitWork* __restrict__ work, const float* __restrict__ q,
   for (int t = threadIdx.x; t < nst * T; t += W * 32) s_tok[t] = t < w.ntok ? __half2float(t_scale[t]) : 0.f;
   __syncthreads();
   const float rs = row_scale[g];
-  uint4 qa[HD / 32];  // the query's q.k A fragments, in registers for the whole split
-  load_q_frags<HD>(sq, lane, qa);
+  uint4 qa[HD / 32];  // the query's q.k A fragments, in registers for the whole split (QREG)
+  if constexpr (QREG) load_q_frags<HD>(sq, lane, qa);
 
   float m_run = -INFINITY, l_run = 0.f;  // head g; l_run: this lane's tokens only
   constexpr int E = CR ? 1 : 2;
@@ -280,17 +324,35 @@ int8s_tc_kernel(const SplitWork* __restrict__ work, const float* __restrict__ q,
       for (int i = 0; i < 4; ++i) acc[c][e][i] = 0.f;
 
   for (int it = 0; it < n_it; ++it) {
-    if (it + NS - 1 < n_it) issue(it + NS - 1);
+    if constexpr (V1) {
+      // Outstanding after K(it): V(it) (committed at the end of the last
+      // iteration) and K(it + 1) (now).
+      if (it + 1 < n_it) issue_k(it + 1);
+      cp_async_commit();
+      cp_async_wait<2>();
+      __syncwarp();
+      const int t0 = tok0(it);
+      attend_block<HD, CR, QREG>(qa, sq, k_stage(it), ring + kVSlot, s_tok, t0, w.ntok, rs, opt, lane, m_run, l_run,
+                                 acc, [] {
+                                   cp_async_wait<1>();  // V(it); K(it + 1) may still be in flight
+                                   __syncwarp();
+                                 });
+      __syncwarp();  // all lanes done with K stage it and the V slot
+      if (it + 1 < n_it) issue_v(it + 1);
+      cp_async_commit();
+      continue;
+    }
+    if (it + NS - 1 < n_it) { issue_k(it + NS - 1); issue_v(it + NS - 1); }
     cp_async_commit();
     cp_async_wait<NS - 1>();
     __syncwarp();  // every lane's copies of this stage are visible to the whole warp
-    const uint32_t sk = ring + uint32_t((it % NS) * SB), sv = sk + T * HD;
+    const uint32_t sk = k_stage(it), sv = sk + T * HD;
 #pragma unroll
     for (int b = 0; b < B; ++b) {
-      const int t0 = (warp + it * W) * T + b * kTcBlk;
+      const int t0 = tok0(it) + b * kTcBlk;
       if (B > 1 && t0 >= w.ntok) break;  // the split's end (warp-uniform)
-      attend_block<HD, CR>(qa, sk + uint32_t(b * kTcBlk * HD), sv + uint32_t(b * kTcBlk * HD), s_tok, t0, w.ntok, rs,
-                       opt, lane, m_run, l_run, acc);
+      attend_block<HD, CR, QREG>(qa, sq, sk + uint32_t(b * kTcBlk * HD), sv + uint32_t(b * kTcBlk * HD), s_tok, t0,
+                                 w.ntok, rs, opt, lane, m_run, l_run, acc, [] {});
     }
     __syncwarp();  // all lanes done reading this stage before it is refilled
   }
@@ -365,18 +427,19 @@ int8s_tc_kernel(const SplitWork* __restrict__ work, const float* __restrict__ q,
   }
 }
 
-template <int HD, int G, int W, int NS, int B, bool CR>
+template <int HD, int G, int W, int NS, int B, bool CR, bool V1>
 void launch_tc(const AttnShape& sh, const SplitWork* work, int n_work, const float* q, Partials p, float sl2,
                const Int8sKernelOptions& opt, cudaStream_t st) {
-  static_assert(tc_smem<HD, W, NS, B>(kMaxTcSplit) <= kMaxSmem, "configuration over the shared memory per CTA");
+  static_assert(tc_smem<HD, W, NS, B, V1>(kMaxTcSplit) <= kMaxSmem, "configuration over the shared memory per CTA");
   // Over the 48 KiB default: the limit is raised (to the largest split) per device and instantiation.
   static OncePerDevice smem_limit_set;
   smem_limit_set([] {
-    check_cuda(cudaFuncSetAttribute(int8s_tc_kernel<HD, G, W, NS, B, CR>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    int(tc_smem<HD, W, NS, B>(kMaxTcSplit))),
+    check_cuda(cudaFuncSetAttribute(int8s_tc_kernel<HD, G, W, NS, B, CR, V1>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    int(tc_smem<HD, W, NS, B, V1>(kMaxTcSplit))),
                "cudaFuncSetAttribute(int8s_tc_kernel)");
   });
-  int8s_tc_kernel<HD, G, W, NS, B, CR><<<dim3(n_work, sh.n_kv_heads), W * 32, tc_smem<HD, W, NS, B>(sh.split_tokens), st>>>(
+  int8s_tc_kernel<HD, G, W, NS, B, CR, V1><<<dim3(n_work, sh.n_kv_heads), W * 32, tc_smem<HD, W, NS, B, V1>(sh.split_tokens), st>>>(
       work, q, p.o, p.lse, p.max_splits, sh.n_kv_heads, sh.page_size, sl2, opt, sh.kv_head0);
 }
 
@@ -384,8 +447,9 @@ void launch_tc(const AttnShape& sh, const SplitWork* work, int n_work, const flo
 template <int HD, int G, size_t... I>
 void launch_tc_config(const Cfg& c, std::index_sequence<I...>, const AttnShape& sh, const SplitWork* work, int n_work,
                       const float* q, Partials p, float sl2, const Int8sKernelOptions& opt, cudaStream_t st) {
-  const bool hit = ((c.w == kConfigs[I].w && c.s == kConfigs[I].s && c.b == kConfigs[I].b && c.c == kConfigs[I].c
-                         ? (launch_tc<HD, G, kConfigs[I].w, kConfigs[I].s, kConfigs[I].b, kConfigs[I].c>(
+  const bool hit = ((c.w == kConfigs[I].w && c.s == kConfigs[I].s && c.b == kConfigs[I].b && c.c == kConfigs[I].c &&
+                             c.v == kConfigs[I].v
+                         ? (launch_tc<HD, G, kConfigs[I].w, kConfigs[I].s, kConfigs[I].b, kConfigs[I].c, kConfigs[I].v>(
                                 sh, work, n_work, q, p, sl2, opt, st),
                             true)
                          : false) ||
@@ -410,7 +474,7 @@ void launch_tc_group(const Cfg& c, const AttnShape& sh, const SplitWork* work, i
 
 std::string cfg_name(const Cfg& c) {
   return "w" + std::to_string(c.w) + "s" + std::to_string(c.s) + (c.b == 1 ? "" : "b" + std::to_string(c.b)) +
-         (c.c ? "c" : "");
+         (c.c ? "c" : "") + (c.v ? "v" : "");
 }
 
 const Int8sTcConfig* env_config() {
@@ -441,14 +505,14 @@ const std::vector<std::string>& int8s_tc_config_names() {
 Int8sTcConfig parse_int8s_tc_config(const std::string& name) {
   if (name.empty() || name == "default") return {};
   for (const Cfg& c : kConfigs)
-    if (cfg_name(c) == name) return {c.w, c.s, c.b, c.c};
+    if (cfg_name(c) == name) return {c.w, c.s, c.b, c.c, c.v};
   std::string list;
   for (const std::string& n : int8s_tc_config_names()) list += (list.empty() ? "" : ", ") + n;
   throw InvalidArgument("int8s tc kernel: configuration '" + name + "' is not instantiated (" + list + ", or default)");
 }
 
 std::string int8s_tc_config_name(const Int8sTcConfig& c) {
-  return c.is_default() ? "default" : cfg_name({c.warps, c.stages, c.blocks, c.channel_rows});
+  return c.is_default() ? "default" : cfg_name({c.warps, c.stages, c.blocks, c.channel_rows, c.single_v});
 }
 
 Int8sTcConfig resolve_int8s_tc_config(const Int8sTcConfig& c, int head_dim) {
@@ -458,7 +522,7 @@ Int8sTcConfig resolve_int8s_tc_config(const Int8sTcConfig& c, int head_dim) {
   }
   if (const Int8sTcConfig* e = env_config(); e && !e->is_default()) return *e;
   const Cfg d = default_cfg(head_dim);
-  return {d.w, d.s, d.b, d.c};
+  return {d.w, d.s, d.b, d.c, d.v};
 }
 
 bool int8s_tc_supports_group(int group) {
@@ -478,7 +542,7 @@ void launch_split_attention_int8s_tc(const AttnShape& shape, const SplitWork* wo
     throw InvalidArgument("int8s tc kernel: split_tokens must be at most " + std::to_string(kMaxTcSplit) + ", got " +
                           std::to_string(shape.split_tokens));
   const Int8sTcConfig r = resolve_int8s_tc_config(opt.tc, shape.head_dim);
-  const Cfg c{r.warps, r.stages, r.blocks, r.channel_rows};
+  const Cfg c{r.warps, r.stages, r.blocks, r.channel_rows, r.single_v};
   if (shape.head_dim == 256) launch_tc_group<256>(c, shape, work, n_work, q, partials, scale_log2, opt, stream);
   else launch_tc_group<64>(c, shape, work, n_work, q, partials, scale_log2, opt, stream);
   check_cuda(cudaGetLastError(), "int8s_tc_kernel launch");

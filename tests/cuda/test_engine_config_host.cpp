@@ -46,6 +46,7 @@ TEST(EngineConfigHost, EveryFieldTakesPartInEquality) {
       [](EngineConfig& c) { c.int8s.tc.stages = 3; },
       [](EngineConfig& c) { c.int8s.tc.blocks = 2; },
       [](EngineConfig& c) { c.int8s.tc.channel_rows = true; },
+      [](EngineConfig& c) { c.int8s.tc.single_v = true; },
       [](EngineConfig& c) { c.cpu_kernels.threads = 3; },
       [](EngineConfig& c) { c.cpu_kernels.split_tokens = 128; },
       [](EngineConfig& c) { c.cpu_kernels.int8s_query_terms = 1; },

@@ -366,7 +366,11 @@ TEST(Int8sTcConfig, NamesParseAndResolve) {
   EXPECT_EQ(b2.blocks, 2);
   EXPECT_FALSE(b2.channel_rows);
   EXPECT_TRUE(parse_int8s_tc_config("w4s2c").channel_rows);
-  for (const char* bad : {"w3s2", "w2s9", "w2s2b1", "fast", "w2", "w2s3cc"}) {
+  EXPECT_FALSE(parse_int8s_tc_config("w4s2c").single_v);
+  const Int8sTcConfig v = parse_int8s_tc_config("w4s2cv");
+  EXPECT_TRUE(v.channel_rows && v.single_v && v.warps == 4 && v.stages == 2);
+  EXPECT_EQ(parse_int8s_tc_config("w3s2c").warps, 3);
+  for (const char* bad : {"w3s2", "w2s9", "w2s2b1", "fast", "w2", "w2s3cc", "w4s2v", "w4s2vc"}) {
     try {
       parse_int8s_tc_config(bad);
       ADD_FAILURE() << bad << " accepted";

@@ -48,8 +48,13 @@ const char* int8s_kernel_name(Int8sKernel k);
 /// a stage once and runs its blocks), and `channel_rows`: P.V computed
 /// transposed, channels in the mma rows, so that P's two f16 terms share one
 /// accumulator (half the accumulator registers; int8s_tc_fragments.cuh).
+/// single_v: the K codes of `stages` stages in the warp's ring but the V
+/// codes of one (a stage's V copy starts once the previous block's P.V is
+/// done; stages == 2, one block per stage): 12 KiB per warp at head_dim 256
+/// instead of 16, so 4 CTAs of 4 warps fit an SM's shared memory.
 /// Named "w<warps>s<stages>", then "b<blocks>" when blocks > 1, then "c"
-/// for channel rows, e.g. "w4s2", "w2s2b2", "w4s2c". All zero (the
+/// for channel rows, then "v" for single_v, e.g. "w4s2", "w2s2b2", "w4s2c",
+/// "w4s2cv". All zero (the
 /// default) means: the environment variable ACTIVEKV_INT8S_TC_CONFIG if set
 /// (read once per process), else w4s2c for head_dim 256 (the fastest all
 /// round in the H200 sweep of bench/gpu/int8s_sweep.sh) and w4s4 for 64.
@@ -58,7 +63,8 @@ const char* int8s_kernel_name(Int8sKernel k);
 struct Int8sTcConfig {
   int warps = 0, stages = 0, blocks = 0;
   bool channel_rows = false;
-  bool is_default() const { return warps == 0 && stages == 0 && blocks == 0 && !channel_rows; }
+  bool single_v = false;
+  bool is_default() const { return warps == 0 && stages == 0 && blocks == 0 && !channel_rows && !single_v; }
 };
 
 /// The instantiated configurations' names, the defaults first.
