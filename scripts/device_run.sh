@@ -282,7 +282,7 @@ run_decode_ab() {
     # launch's grid, then profile the full-size one after the warmup's 16.
     echo "== ncu: int8s tc kernel at 128K, resident, split 512 $(( $(date +%s) - t0 )) s"
     local d=(bench decode --contexts 128k --batches 1 --modes resident --split 512 --steps 2 --warmup 1 --profile ""
-             --kv-format int8s --int8s-kernel tc --int8s-tc-config w4s2c)
+             --kv-format int8s --int8s-kernel tc)  # the default configuration
     timeout 120 "$ncu" --clock-control none --metrics launch__grid_size --csv -k regex:int8s_tc $AKV "${d[@]}" \
       > /tmp/ncu_grids.csv 2>&1
     local skip

@@ -18,7 +18,7 @@ set -uo pipefail  # no -e: a failing run (e.g. a record not repeatable: rc 1) st
 cd "$(dirname "$0")/../.."
 OUT_DIR=${1:-${OUT:-/tmp/int8s_sweep}}
 AKV=${AKV:-build-device/bin/activekv}
-CONFIGS=${CONFIGS:-w4s2c,w4s4,w2s3,w2s2,w2s4,w4s2,w4s3,w2s2b2,w4s2b2,w2s2c,w2s3c,w4s3c,w4s4c}
+CONFIGS=${CONFIGS:-w4s2cv,w4s4,w2s3,w2s2,w2s4,w4s2,w4s3,w2s2b2,w4s2b2,w2s2c,w2s3c,w4s3c,w4s4c,w3s2c,w4s2c}
 SPLITS=${SPLITS:-512 256}
 STEPS=${STEPS:-10}
 mkdir -p "$OUT_DIR"

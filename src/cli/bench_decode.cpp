@@ -45,7 +45,7 @@ void add_bench_decode(CLI::App& app, std::function<int()>& run) {
   auto tc_configs = std::make_shared<std::vector<std::string>>();
   dec->add_option("--int8s-tc-config", *tc_configs,
                   "tc int8s kernel launch configurations to sweep, w<warps>s<stages>[b<blocks per stage>] (e.g. "
-                  "w2s3,w4s2,w2s2b2; default: ACTIVEKV_INT8S_TC_CONFIG, else w4s2c for head_dim 256, w4s4 for 64)")
+                  "w2s3,w4s2,w2s2b2; default: ACTIVEKV_INT8S_TC_CONFIG, else w4s2cv for head_dim 256, w4s4 for 64)")
       ->delimiter(',');
   dec->add_flag("!--serial-formats", o->overlap_formats,
                 "hybrid: run a job's bf16 and int8s kernels one after the other on the compute stream (default: "

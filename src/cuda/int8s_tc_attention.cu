@@ -52,19 +52,20 @@ constexpr int kRows = 8;  // query heads per KV head the mma rows hold
 // two are the defaults for head_dim 256 and 64; the rest are the sweep's
 // (bench/gpu/int8s_sweep.sh). Adding one here instantiates it for both
 // head_dims and every group; tests/cuda/test_formats.cpp runs them all.
-// w4s2c for head_dim 256: the H200 sweep at b0220f2 (27B shape, resident,
-// split 512) put it within 1 % of the fastest int8s step at 32K and 128K and
-// fastest for hybrid at both (int8s 0.634 / 1.938 ms against w2s3's 0.881 /
-// 1.959); w4s4 for head_dim 64 is unmeasured by the sweep (the old default).
-// w3s2c and w4s2cv (single_v) fit 4 CTAs per SM at head_dim 256 (54 and
-// 55 KiB of shared memory; w4s2c's 71 KiB fit 3), for the 128K grid's 1024
-// CTAs that is 1.94 waves instead of 2.59.
+// w4s2cv for head_dim 256: it and w3s2c fit 4 CTAs per SM (54 and 55 KiB of
+// shared memory; w4s2c's 71 KiB fit 3), for the 128K grid's 1024 CTAs 1.94
+// waves instead of 2.59. The H200 sweep at 4234a46 (27B shape, resident,
+// split 512; bench/results/h200_int8s_sweep_4234a46.json): int8s 0.566 /
+// 1.631 ms at 32K / 128K against w4s2c's 0.576 / 1.742 and w3s2c's 0.609 /
+// 1.706; hybrid 0.602 / 1.685 against 0.625 / 1.783. w4s2c had been the
+// sweep's choice at b0220f2 (int8s 0.634 / 1.938 ms against w2s3's 0.881 /
+// 1.959). w4s4 for head_dim 64 is unmeasured by the sweep (the old default).
 struct Cfg { int w, s, b; bool c, v; };
-constexpr Cfg kConfigs[] = {{4, 2, 1, true, false},  {4, 4, 1, false, false}, {2, 3, 1, false, false},
+constexpr Cfg kConfigs[] = {{4, 2, 1, true, true},   {4, 4, 1, false, false}, {2, 3, 1, false, false},
                             {2, 2, 1, false, false}, {2, 4, 1, false, false}, {4, 2, 1, false, false},
                             {4, 3, 1, false, false}, {2, 2, 2, false, false}, {4, 2, 2, false, false},
                             {2, 2, 1, true, false},  {2, 3, 1, true, false},  {4, 3, 1, true, false},
-                            {4, 4, 1, true, false},  {3, 2, 1, true, false},  {4, 2, 1, true, true}};
+                            {4, 4, 1, true, false},  {3, 2, 1, true, false},  {4, 2, 1, true, false}};
 constexpr int kNumConfigs = int(sizeof(kConfigs) / sizeof(kConfigs[0]));
 constexpr Cfg default_cfg(int head_dim) { return head_dim >= 256 ? kConfigs[0] : kConfigs[1]; }
 
@@ -119,6 +120,12 @@ __device__ __forceinline__ void quantise_queries(const float* qrow0, const __hal
   for (int r = 0; r < R; ++r) {
     const int g = warp + r * W;
     if (g >= kRows) break;
+    if (g >= G) {  // an unused mma row (warp-uniform): zero codes and scale, no divisions
+#pragma unroll
+      for (int i = 0; i < NJ; ++i) sq[q_frag_byte(g, lane + 32 * i)] = sq[q_frag_byte(g + 8, lane + 32 * i)] = 0;
+      if (lane == 0) row_scale[g] = 0.f;
+      continue;
+    }
     float mx = 0.f;
 #pragma unroll
     for (int i = 0; i < NJ; ++i) mx = fmaxf(mx, fabsf(x[r][i]));
@@ -132,7 +139,7 @@ __device__ __forceinline__ void quantise_queries(const float* qrow0, const __hal
       sq[q_frag_byte(g, j)] = uint8_t(hi);
       sq[q_frag_byte(g + 8, j)] = uint8_t(terms == 2 ? quantise_int8_residual(x[r][i], a, hi) : int8_t(0));
     }
-    if (lane == 0) row_scale[g] = g < G ? a * scale_log2 : 0.f;
+    if (lane == 0) row_scale[g] = a * scale_log2;
   }
 }
 

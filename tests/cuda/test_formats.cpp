@@ -355,7 +355,7 @@ TEST(Int8sTcConfig, NamesParseAndResolve) {
   // Host only: no GPU needed.
   const std::vector<std::string>& names = int8s_tc_config_names();
   ASSERT_GE(names.size(), 2u);
-  EXPECT_EQ(names[0], "w4s2c");  // the defaults first: head_dim 256 (the sweep's choice), then 64
+  EXPECT_EQ(names[0], "w4s2cv");  // the defaults first: head_dim 256 (the sweep's choice), then 64
   EXPECT_EQ(names[1], "w4s4");
   for (const std::string& n : names) EXPECT_EQ(int8s_tc_config_name(parse_int8s_tc_config(n)), n);
   EXPECT_TRUE(parse_int8s_tc_config("").is_default());
@@ -375,11 +375,11 @@ TEST(Int8sTcConfig, NamesParseAndResolve) {
       parse_int8s_tc_config(bad);
       ADD_FAILURE() << bad << " accepted";
     } catch (const InvalidArgument& e) {
-      EXPECT_NE(std::string(e.what()).find("is not instantiated (w4s2c, w4s4, w2s3"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("is not instantiated (w4s2cv, w4s4, w2s3"), std::string::npos) << e.what();
     }
   }
   if (!std::getenv("ACTIVEKV_INT8S_TC_CONFIG")) {  // the environment overrides the default
-    EXPECT_EQ(int8s_tc_config_name(resolve_int8s_tc_config({}, 256)), "w4s2c");
+    EXPECT_EQ(int8s_tc_config_name(resolve_int8s_tc_config({}, 256)), "w4s2cv");
     EXPECT_EQ(int8s_tc_config_name(resolve_int8s_tc_config({}, 64)), "w4s4");
   }
   EXPECT_EQ(int8s_tc_config_name(resolve_int8s_tc_config(parse_int8s_tc_config("w4s2"), 256)), "w4s2");

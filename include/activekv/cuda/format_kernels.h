@@ -56,7 +56,7 @@ const char* int8s_kernel_name(Int8sKernel k);
 /// for channel rows, then "v" for single_v, e.g. "w4s2", "w2s2b2", "w4s2c",
 /// "w4s2cv". All zero (the
 /// default) means: the environment variable ACTIVEKV_INT8S_TC_CONFIG if set
-/// (read once per process), else w4s2c for head_dim 256 (the fastest all
+/// (read once per process), else w4s2cv for head_dim 256 (the fastest all
 /// round in the H200 sweep of bench/gpu/int8s_sweep.sh) and w4s4 for 64.
 /// Configurations differ only in which warp sums which tokens (fp32
 /// summation order), never in the per-token arithmetic.
