@@ -44,6 +44,7 @@ struct State {
   std::atomic<bool> cut{false};       // the drain is over: whole responses still waiting give up
   std::map<std::string, std::string> allow;  // route -> its methods (the Allow header of a 405)
   Metrics metrics;
+  std::unique_ptr<gguf::File> file;  // opened before the server listens; released once loaded
   std::unique_ptr<Tokenizer> tok;
   std::unique_ptr<Backend> backend;  // the model, on the CPU or the GPU
   std::unique_ptr<Scheduler> scheduler;
@@ -316,7 +317,7 @@ void load(State& s) {
   const ServeOptions& o = s.opt;
   omp_set_num_threads(o.threads);
   set_blas_threads(o.threads);
-  const gguf::File file = gguf::File::open(o.model_path);
+  const gguf::File& file = *s.file;
   s.tok = std::make_unique<Tokenizer>(Tokenizer::from_gguf(file));
   BackendOptions bo;
   bo.device = o.device;
@@ -338,6 +339,7 @@ void load(State& s) {
              "host KV budget {}\n",
              loaded_what(s), s.backend->config().n_layers, s.n_ctx, s.backend->describe(), o.max_seqs,
              so.host_kv_budget ? cli::describe_bytes(so.host_kv_budget) : std::string("unlimited"));
+  s.file.reset();  // the backend holds what it needs
 }
 
 }  // namespace
@@ -396,6 +398,9 @@ int run_server(const ServeOptions& o) {
   s.opt = o;
   s.model_id = o.model_name.empty() ? std::filesystem::path(o.model_path).stem().string() : o.model_name;
   s.created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  // A path that is not a readable GGUF fails here, in one line, before the
+  // server listens (the weights load after, while /health answers 503).
+  s.file = std::make_unique<gguf::File>(gguf::File::open(o.model_path));
   httplib::Server svr;
   // A worker per running and queued request (a stream holds one to its end), and some for the rest.
   const size_t workers = o.http_threads > 0 ? size_t(o.http_threads) : size_t(std::max(32, o.max_seqs + o.max_queue + 8));

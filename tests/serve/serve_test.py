@@ -190,14 +190,22 @@ def run_hostile():
     ok, _ = post_json(port, "/v1/completions", {"prompt": "Hello", "max_tokens": 4})
     check(ok == 200, "a plain request: %d" % ok)
     rss_idle = srv.rss_bytes()
-    # Bad command lines: one line naming the problem, exit 1.
-    for args, words in ([["--port", str(port)], "cannot listen"], [["--port", "0", "--kv-placement", "gpu"], "--kv-placement"],
-                        [["--port", "0", "-m", "/nonexistent.gguf"], "nonexistent"]):
+    # Bad command lines: one line naming the problem, exit 1. A model file that
+    # is missing or not a GGUF fails before the server listens: that one line only.
+    bad_gguf = os.path.join(tempfile.mkdtemp(), "not-a-model.gguf")
+    with open(bad_gguf, "wb") as f:
+        f.write(b"garbage, not a GGUF header")
+    for args, words, alone in ([["--port", str(port)], "cannot listen", False],
+                               [["--port", "0", "--kv-placement", "gpu"], "--kv-placement", False],
+                               [["--port", "0", "-m", "/nonexistent.gguf"], "nonexistent", True],
+                               [["--port", "0", "-m", bad_gguf], "not a GGUF", True]):
         # --device cpu: with auto, a GPU machine would start a GPU server for --kv-placement gpu (H200, 9392ece).
         r = subprocess.run([BIN, "serve", "--device", "cpu", *args], capture_output=True, text=True, timeout=60)
-        last = r.stderr.strip().splitlines()[-2:] if r.stderr.strip() else [""]
+        lines = r.stderr.strip().splitlines()
+        last = lines[-2:] if lines else [""]
         check(r.returncode == 1 and any(words in line for line in last),
               "serve %s: exit %d, %r" % (" ".join(args), r.returncode, r.stderr[-300:]))
+        check(not alone or len(lines) == 1, "serve %s: %d lines, one expected: %r" % (" ".join(args), len(lines), r.stderr[-300:]))
 
     expect_error(port, 400, None, raw='{"prompt": "a", ')
     expect_error(port, 400, None, raw=b'{"prompt": "\xff\xfe bad utf-8"}')
