@@ -6,20 +6,23 @@
 // Designed like the bf16 split kernel (decode_attention.cu): CTA = one split
 // x one KV head, W warps; warp w takes the split's stages of B 16-token
 // blocks w, w + W, ... through its own NS-stage cp.async ring (K and V codes
-// of B blocks per stage), so the main loop has no CTA barrier, only
-// __syncwarp. W, NS and B are compile-time (Int8sTcConfig, chosen at run time
-// among the instantiated configurations of kConfigs). Per block and warp:
+// of B blocks per stage; single_v: K codes of 2 stages, V codes of one), so
+// the main loop has no CTA barrier, only __syncwarp. W, NS, B and single_v
+// are compile-time (Int8sTcConfig, chosen at run time among the instantiated
+// configurations of kConfigs). Per block and warp:
 //   S = Q . K^T     mma.m16n8k32.s8: rows g / g + 8 = head g's two int8
 //                   query terms, exact int32 dot products; the token scale
 //                   and row scale multiply the accumulator fragment:
 //                   s_t = ((hi + lo / 127) * s_t) * a_g * scale * log2 e
-//                   (the legacy kernel's expression, so the same bits);
+//                   (the legacy kernel's expression, int8s_score.cuh, so
+//                   the same bits);
 //   online softmax in registers, base 2 (4 lanes per head, butterflies);
 //   O += P . V      mma.m16n8k16.f16: P as f16 hi + lo terms (rows g / g + 8)
 //                   of p * 2^12, V codes converted to f16 in registers (exact);
 //                   fp32 accumulation on raw codes.
-// The W warp states merge in shared memory in fixed order after the loop,
-// then O = (acc * 2^-12 * v_j) / l: the page's value scale once (a split
+// The W warp states merge in shared memory in fixed order after the loop
+// (per-head weights, split_tail.cuh), then O = (acc * 2^-12 * v_j) / l: the
+// page's value scale once (a split
 // never crosses a page). No atomics: bitwise repeatable.
 // The group size is a template parameter (prologue and epilogue loops);
 // the main loop always computes 8 heads x 2 terms, the rows of the mma.
