@@ -73,7 +73,6 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-
 // CUDA cores: thread t takes token t of the block, every head, __dp4a on 4
 // codes at a time (key row read as 16-byte chunks, query codes broadcast).
 template <int HD>
