@@ -55,7 +55,7 @@ constexpr int kRows = 8;  // query heads per KV head the mma rows hold
 // two are the defaults for head_dim 256 and 64; the rest are the sweep's
 // (bench/gpu/int8s_sweep.sh). Adding one here instantiates it for both
 // head_dims and every group; tests/cuda/test_formats.cpp runs them all.
-// w4s2cv for head_dim 256: it and w3s2c fit 4 CTAs per SM (54 and 55 KiB of
+// w4s2cv for head_dim 256: it and w3s2c fit 4 CTAs per SM (54 KiB each of
 // shared memory; w4s2c's 71 KiB fit 3), for the 128K grid's 1024 CTAs 1.94
 // waves instead of 2.59. The H200 sweep at 4234a46 (27B shape, resident,
 // split 512; bench/results/h200_int8s_sweep_4234a46.json): int8s 0.566 /
