@@ -61,6 +61,11 @@
 #           tests, then bench/gpu/decode_ab.sh (bf16 / int8s / hybrid resident,
 #           32K and 128K, alternating) -> $OUT/decode_ab.json, and ncu of the new
 #           int8s tc kernel at 128K -> $OUT/ncu_int8s_tc_128k.txt
+#   batch   issue 13's resident report: the tc int8s kernel's GPU tests; bench
+#           decode resident at 32K (batch 1, 2, 4, 8) and 128K (1, 2, 4), bf16 /
+#           int8s / hybrid, against the measured HBM read bandwidth and N batch-1
+#           launches; 128K at split 1024; ncu of the default tc launch at 128K
+#           (+ its SASS source page, gzipped CSV) and 32K -> $OUT/ncu_int8s_tc.txt
 #   ab      A/B of ACTIVEKV_* switches against the defaults in one call
 #           (AKV_AB='ACTIVEKV_WIDE_ROWS=2', say): bench/gpu/matvec_ab.sh --
 #           bench_matvec on the 27B shape's matrices and activekv bench at
@@ -269,24 +274,22 @@ run_int8s() {
   return $rc
 }
 
-run_decode_ab() {
-  local rc=0 base=/tmp/akv-base/build/bin/activekv
-  run_int8s_tests || rc=1
-  wait_base || return 1
-  echo "== decode step A/B: base $AKV_BASE_COMMIT against $COMMIT $(( $(date +%s) - t0 )) s"
-  bench/gpu/decode_ab.sh "$OUT" "$base" build-device/bin/activekv || rc=1
-  local ncu
+# ncu --set full of one default-configuration tc int8s launch at depth CTX
+# (resident, split 512, batch 1), to stdout; with SASS=1 also its source page
+# (per SASS instruction: executed instructions and warp-stall samples) ->
+# $OUT/ncu_int8s_tc_CTX_sass.csv.gz. The calibration launches the kernel first,
+# on small grids: every launch's grid is listed, then the full-size one after
+# the warmup's 16 profiled.
+ncu_int8s() {
+  local ctx=$1 ncu skip
   ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-  if [ -n "$ncu" ]; then
-    # The calibration launches the kernel first, on small grids: list every
-    # launch's grid, then profile the full-size one after the warmup's 16.
-    echo "== ncu: int8s tc kernel at 128K, resident, split 512 $(( $(date +%s) - t0 )) s"
-    local d=(bench decode --contexts 128k --batches 1 --modes resident --split 512 --steps 2 --warmup 1 --profile ""
-             --kv-format int8s --int8s-kernel tc)  # the default configuration
-    timeout 120 "$ncu" --clock-control none --metrics launch__grid_size --csv -k regex:int8s_tc $AKV "${d[@]}" \
-      > /tmp/ncu_grids.csv 2>&1
-    local skip
-    skip=$(python3 - /tmp/ncu_grids.csv <<'PY'
+  [ -n "$ncu" ] || { echo "ncu not found"; return 1; }
+  echo "== ncu: int8s tc kernel at $ctx, resident, split 512 $(( $(date +%s) - t0 )) s" >&2
+  local d=(bench decode --contexts "$ctx" --batches 1 --modes resident --split 512 --steps 2 --warmup 1 --profile ""
+           --kv-format int8s --int8s-kernel tc)  # the default configuration
+  timeout 120 "$ncu" --clock-control none --metrics launch__grid_size --csv -k regex:int8s_tc $AKV "${d[@]}" \
+    > /tmp/ncu_grids.csv 2>&1
+  skip=$(python3 - /tmp/ncu_grids.csv <<'PY'
 import csv, sys
 rows = [r for r in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"'))]
 hdr, rows = rows[0], rows[1:]
@@ -296,12 +299,49 @@ big = [i for i, g in enumerate(grids) if g == max(grids)]
 print(big[min(16, len(big) - 1)])
 PY
 )
-    echo "   launch $skip of the tc kernel (grids: $(grep -c launch__grid_size /tmp/ncu_grids.csv) launches)"
-    timeout 150 "$ncu" --clock-control none --set full -k regex:int8s_tc --launch-skip "${skip:-0}" --launch-count 1 \
-      $AKV "${d[@]}" > "$OUT/ncu_int8s_tc_128k.txt" 2>&1
-    grep -E "Duration|DRAM Throughput|Registers Per|Achieved Occ|Theoretical Occ|Block Limit|Issued Ipc|Waves|Grid Size|Eligible|Issue Slots Busy|Executed Instructions  " \
-      "$OUT/ncu_int8s_tc_128k.txt" | head -24
+  echo "   launch $skip of the tc kernel (grids: $(grep -c launch__grid_size /tmp/ncu_grids.csv) launches)" >&2
+  rm -f /tmp/ncu_int8s.ncu-rep
+  timeout 150 "$ncu" --clock-control none --set full -k regex:int8s_tc --launch-skip "${skip:-0}" --launch-count 1 \
+    -o /tmp/ncu_int8s $AKV "${d[@]}" > /tmp/ncu_int8s_run.log 2>&1 || tail -5 /tmp/ncu_int8s_run.log >&2
+  "$ncu" -i /tmp/ncu_int8s.ncu-rep
+  grep -E "Duration|DRAM Throughput|Registers Per|Achieved Occ|Theoretical Occ|Block Limit|Issued Ipc|Waves|Grid Size|Eligible|Issue Slots Busy|Executed Instructions  " \
+    <("$ncu" -i /tmp/ncu_int8s.ncu-rep) | head -24 >&2
+  if [ "${SASS:-0}" = 1 ]; then
+    "$ncu" -i /tmp/ncu_int8s.ncu-rep --page source --csv --print-source sass 2>&1 | gzip > "$OUT/ncu_int8s_tc_${ctx}_sass.csv.gz"
+    echo "   source page: $(zcat "$OUT/ncu_int8s_tc_${ctx}_sass.csv.gz" | wc -l) lines" >&2
   fi
+}
+
+run_decode_ab() {
+  local rc=0 base=/tmp/akv-base/build/bin/activekv
+  run_int8s_tests || rc=1
+  wait_base || return 1
+  echo "== decode step A/B: base $AKV_BASE_COMMIT against $COMMIT $(( $(date +%s) - t0 )) s"
+  bench/gpu/decode_ab.sh "$OUT" "$base" build-device/bin/activekv || rc=1
+  ncu_int8s 128k > "$OUT/ncu_int8s_tc_128k.txt"
+  return $rc
+}
+
+# Issue 13's resident report: GPU tests of the tc int8s kernel; batch 1, 2, 4,
+# 8 at 32K and 1, 2, 4 at 128K (bf16 / int8s / hybrid, one launch per layer
+# over the batch) held against the measured HBM read bandwidth and against N
+# batch-1 launches; split 1024 beside 512 at 128K; ncu of the default tc
+# launch at 128K (with its SASS source page) and 32K.
+run_batch() {
+  local rc=0 c b
+  run_int8s_tests || rc=1
+  for c in "32k 1,2,4,8" "128k 1,2,4"; do
+    set -- $c
+    echo "== bench decode resident, depth $1, batches $2 $(( $(date +%s) - t0 )) s"
+    $AKV bench decode --contexts "$1" --batches "$2" --modes resident --kv-format bf16,int8s,hybrid --steps 10 \
+      --warmup 2 --profile "" --json "$OUT/bench_decode_batch_$1.json" > /tmp/batch_$1.log 2>&1 || rc=1
+    sed -n '/^HBM read/p;/^| kv-format/,$p' /tmp/batch_$1.log; grep -iE "error|skip" /tmp/batch_$1.log | head -5
+  done
+  echo "== bench decode resident, 128K, split 1024 $(( $(date +%s) - t0 )) s"
+  $AKV bench decode --contexts 128k --batches 1 --modes resident --split 1024 --kv-format bf16,int8s,hybrid --steps 10 \
+    --warmup 2 --profile "" --json "$OUT/bench_decode_split1024.json" > /tmp/split1024.log 2>&1 || rc=1
+  sed -n '/^| kv-format/,$p' /tmp/split1024.log; grep -iE "error" /tmp/split1024.log | head -5
+  { SASS=1 ncu_int8s 128k; ncu_int8s 32k; } > "$OUT/ncu_int8s_tc.txt"
   return $rc
 }
 
@@ -452,6 +492,7 @@ case "$PHASE" in
   partial) run_partial || RC=1 ;;
   parallel) run_parallel || RC=1 ;;
   decode-ab) run_decode_ab || RC=1 ;;
+  batch) run_batch || RC=1 ;;
   ab) bench/gpu/matvec_ab.sh "$OUT" "${AKV_AB:?set AKV_AB='ACTIVEKV_X=value ...'}" || RC=1 ;;
   eval) run_eval || RC=1 ;;
 esac

@@ -9,7 +9,7 @@
 # Alternating base and new, AKV_AB_REPS times (default 2), each runs
 #   bench decode --contexts 32k,128k --batches 1 --modes resident --split 512
 #     --steps 8 --warmup 2 --profile "" --kv-format bf16,int8s,hybrid
-#     --int8s-kernel tc --int8s-tc-config w4s2c
+#     --int8s-kernel tc   (the default launch configuration)
 # (AKV_AB_DECODE_ARGS replaces that argument list). Writes OUT_DIR/decode_ab.json
 # ({commit, base_commit, command, runs: every run's own JSON, summary}) and
 # prints, per format and context, the median step of base and new and new/base.
@@ -18,7 +18,7 @@ OUT=${1:?usage: decode_ab.sh OUT_DIR BASE_ACTIVEKV [NEW_ACTIVEKV]}
 BASE=${2:?usage: decode_ab.sh OUT_DIR BASE_ACTIVEKV [NEW_ACTIVEKV]}
 NEW=${3:-build-device/bin/activekv}
 REPS=${AKV_AB_REPS:-2}
-DEFAULT_ARGS='--contexts 32k,128k --batches 1 --modes resident --split 512 --steps 8 --warmup 2 --profile "" --kv-format bf16,int8s,hybrid --int8s-kernel tc --int8s-tc-config w4s2c'
+DEFAULT_ARGS='--contexts 32k,128k --batches 1 --modes resident --split 512 --steps 8 --warmup 2 --profile "" --kv-format bf16,int8s,hybrid --int8s-kernel tc'
 ARGS=${AKV_AB_DECODE_ARGS:-$DEFAULT_ARGS}
 eval "args=($ARGS)"
 for b in "$BASE" "$NEW"; do [ -x "$b" ] || { echo "decode_ab.sh: $b is not an executable" >&2; exit 2; }; done

@@ -19,6 +19,7 @@
 #include "activekv/cuda/decode_engine.h"
 #include "activekv/cuda/device_pages.h"
 #include "activekv/cuda/sharded_engine.h"
+#include "bandwidth.h"
 #include "bench_pages.h"
 #include "bench_util.h"
 #include "gpu_bench.h"
@@ -209,7 +210,7 @@ nlohmann::json record_json(const Record& r, int steps) {
 }
 
 void write_json(std::ofstream& f, const BenchDecodeOptions& opt, const std::map<int, Profile>& profiles,
-                double tile_chunk, const HistorySet& hist, const std::vector<Record>& records) {
+                double tile_chunk, const HistorySet& hist, const std::vector<Record>& records, double hbm_gbps) {
   const AttnShape& sh = opt.attn;
   const std::vector<int> devices = run_devices(opt);
   const Profile& pr = profiles.at(devices[0]);
@@ -239,27 +240,42 @@ void write_json(std::ofstream& f, const BenchDecodeOptions& opt, const std::map<
       {"profile", pr.to_json()},
       {"records", nlohmann::json::array()},
   };
-  for (const Record& r : records) j["records"].push_back(record_json(r, opt.steps));
+  if (hbm_gbps > 0) {
+    j["hbm_read_gbps"] = hbm_gbps;
+    j["hbm_read_note"] = "measure_hbm_read_gbps (bench/gpu/bandwidth.h) on the home GPU before the history; a "
+                         "resident record's history_over_hbm = history_bytes / device_ms over it";
+  }
+  for (const Record& r : records) {
+    j["records"].push_back(record_json(r, opt.steps));
+    if (hbm_gbps > 0 && r.mode == "resident")
+      j["records"].back()["history_over_hbm"] = double(r.history_bytes) / (r.device_ms * 1e6) / hbm_gbps;
+  }
   f << j.dump(2) << "\n";
   if (!f.flush()) throw Error("bench decode: writing " + opt.json_path + " failed");
   std::printf("\nJSON written to %s\n", opt.json_path.c_str());
 }
 
-// Batch N in one launch vs N batch-1 launches (SPEC §4 batched decode, issue 13: N = 2, 4, 8),
-// resident device time, and the rate the launch reads the history at (its page bytes / device time:
-// the figure to hold against HBM bandwidth).
-void print_batching(const std::vector<Record>& rs) {
+// Resident steps against HBM (issue 13): each resident record's history bytes
+// over its device time (the compute stream's span of the whole step: every
+// layer's launches, merges and the gaps between them), as a share of the
+// measured HBM read bandwidth `hbm_gbps`; and batch N in one launch vs N
+// batch-1 launches (SPEC §4 batched decode: N = 2, 4, 8).
+void print_resident_vs_hbm(const std::vector<Record>& rs, double hbm_gbps) {
   bool header = false;
   for (const Record& rn : rs) {
-    if (rn.mode != "resident" || rn.batch < 2) continue;
-    const Record* r1 = find_record(rs, rn.format, "resident", rn.context, 1, rn.tc_config);
-    if (!r1) continue;
-    if (!header) std::printf("\nbatched decode, resident device time per step:\n"), header = true;
-    std::printf("  %-10s depth %7lld: batch %d in one launch %.3f ms (history at %.0f GB/s), %d batch-1 launches "
-                "%.3f ms (ratio %.3f)\n",
-                rn.format.c_str(), static_cast<long long>(rn.context), rn.batch, rn.device_ms,
-                double(rn.history_bytes) / (rn.device_ms * 1e6), rn.batch, rn.batch * r1->device_ms,
-                rn.device_ms / (rn.batch * r1->device_ms));
+    if (rn.mode != "resident" || rn.cpu_share != 0) continue;
+    if (!header)
+      std::printf("\nresident steps against HBM (measured read bandwidth %.0f GB/s), device time per step:\n",
+                  hbm_gbps), header = true;
+    const double gbps = double(rn.history_bytes) / (rn.device_ms * 1e6);
+    std::printf("  %-8s %-7s depth %7lld batch %d: %.3f ms, history at %.0f GB/s = %.2f x HBM", rn.format.c_str(),
+                rn.tc_config.c_str(), static_cast<long long>(rn.context), rn.batch, rn.device_ms, gbps,
+                gbps / hbm_gbps);
+    const Record* r1 = rn.batch > 1 ? find_record(rs, rn.format, "resident", rn.context, 1, rn.tc_config) : nullptr;
+    if (r1)
+      std::printf("; %d batch-1 launches %.3f ms, one launch / %d launches %.3f", rn.batch, rn.batch * r1->device_ms,
+                  rn.batch, rn.device_ms / (rn.batch * r1->device_ms));
+    std::printf("\n");
   }
 }
 
@@ -514,6 +530,15 @@ int run_bench_decode(const BenchDecodeOptions& opt) {
   }
   cuda::require_gpu(home, "bench decode");
   const Profile& pr = profiles.at(home);
+  // Resident steps are held against the HBM read bandwidth, measured here
+  // while the device holds no history yet (a quarter of its free memory, at most 4 GiB).
+  double hbm_gbps = 0;
+  if (std::find(opt.modes.begin(), opt.modes.end(), "resident") != opt.modes.end()) {
+    size_t free = 0, total = 0;
+    AKV_CUDA(cudaMemGetInfo(&free, &total));
+    hbm_gbps = measure_hbm_read_gbps(std::min(size_t(4) << 30, free / 4), 10);
+    std::printf("HBM read bandwidth: %.0f GB/s (GPU %d)\n", hbm_gbps, home);
+  }
   // The bus limit of a sharded step: each device's bytes over its link at a
   // whole tile's copy (the unsharded engine's copy size), the slowest device.
   const double tile_chunk = double(std::max(opt.tile_pages, 1)) * double(sh.page_bytes());
@@ -731,8 +756,8 @@ int run_bench_decode(const BenchDecodeOptions& opt) {
     }
   }
   print_table(records);
-  print_batching(records);
-  if (json_file.is_open()) write_json(json_file, opt, profiles, tile_chunk, hist, records);
+  if (hbm_gbps > 0) print_resident_vs_hbm(records, hbm_gbps);
+  if (json_file.is_open()) write_json(json_file, opt, profiles, tile_chunk, hist, records, hbm_gbps);
   return all_ok ? 0 : 1;
 }
 
