@@ -275,11 +275,12 @@ run_int8s() {
 }
 
 # ncu --set full of one default-configuration tc int8s launch at depth CTX
-# (resident, split 512, batch 1), to stdout; with SASS=1 also its source page
-# (per SASS instruction: executed instructions and warp-stall samples) ->
-# $OUT/ncu_int8s_tc_CTX_sass.csv.gz. The calibration launches the kernel first,
-# on small grids: every launch's grid is listed, then the full-size one after
-# the warmup's 16 profiled.
+# (resident, split 512, batch 1; CTX as 32k or 128k), to stdout; with SASS=1
+# also its source page (per SASS instruction: executed instructions and
+# warp-stall samples) -> $OUT/ncu_int8s_tc_CTX_sass.csv.gz. The calibration
+# launches the kernel first, over grids of every size: every launch's grid is
+# listed, then the last one of the depth's grid (4 KV heads x CTX / 512
+# splits: a measured step's) is profiled.
 ncu_int8s() {
   local ctx=$1 ncu skip
   ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
@@ -289,14 +290,13 @@ ncu_int8s() {
            --kv-format int8s --int8s-kernel tc)  # the default configuration
   timeout 120 "$ncu" --clock-control none --metrics launch__grid_size --csv -k regex:int8s_tc $AKV "${d[@]}" \
     > /tmp/ncu_grids.csv 2>&1
-  skip=$(python3 - /tmp/ncu_grids.csv <<'PY'
+  skip=$(python3 - /tmp/ncu_grids.csv $(( 4 * ${ctx%k} * 1024 / 512 )) <<'PY'
 import csv, sys
 rows = [r for r in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"'))]
 hdr, rows = rows[0], rows[1:]
 vi = hdr.index("Metric Value")
 grids = [int(r[vi].replace(",", "")) for r in rows]
-big = [i for i, g in enumerate(grids) if g == max(grids)]
-print(big[min(16, len(big) - 1)])
+print(max(i for i, g in enumerate(grids) if g == int(sys.argv[2])))
 PY
 )
   echo "   launch $skip of the tc kernel (grids: $(grep -c launch__grid_size /tmp/ncu_grids.csv) launches)" >&2
