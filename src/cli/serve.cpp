@@ -23,7 +23,7 @@ struct ServeArgs {
   std::string kv_placement = "auto";
   int port = 8080, threads = default_threads(), max_seqs = 8, max_queue = 64, n_ctx = 0;
   int page_size = 1024, recent_pages = 2, tile_pages = 32, convert_threads = 1, prefill_chunk = 256;
-  double host_kv_mem_gib = 0, gpu_kv_mem_gib = 0, drain_seconds = 5;
+  double host_kv_mem_gib = 0, gpu_kv_mem_gib = 0, drain_seconds = 5, itl_target_ms = 0;
   bool sync_conversion = false;
 };
 
@@ -65,6 +65,7 @@ int run(const ServeArgs& a) {
   o.convert_threads = a.convert_threads;
   o.prefill_chunk = a.prefill_chunk;
   o.sync_conversion = a.sync_conversion;
+  o.itl_target_s = a.itl_target_ms / 1000.0;
   o.drain_seconds = a.drain_seconds;
   return serve::run_server(o);
 #else
@@ -112,6 +113,10 @@ void add_serve(CLI::App& app, std::function<int()>& run_fn) {
   app.add_option("--prefill-chunk", a->prefill_chunk,
                  "Prompt tokens per scheduler tick, in one forward pass (CPU: shared by the requests still prefilling)")
       ->capture_default_str()->check(CLI::Range(1, 1 << 16));
+  app.add_option("--itl-target-ms", a->itl_target_ms, "Target inter-token latency while prompts prefill: a tick "
+                 "prefills fewer than --prefill-chunk tokens (at least 32) when others decode, as the measured pass and "
+                 "step times allow (0: always the whole chunk: first tokens sooner, later ones slower)")
+      ->capture_default_str()->check(CLI::Range(0.0, 3600e3));
   app.add_option("--drain-seconds", a->drain_seconds, "On SIGINT/SIGTERM: stop admitting (503 with Retry-After, /health "
                  "503) and give running requests up to this long to finish, streams with data: [DONE]; a second "
                  "signal stops at once (0: stop at once, cutting streams)")

@@ -334,6 +334,7 @@ void load(State& s) {
   so.host_kv_budget = o.host_kv_mem_gib > 0 ? uint64_t(o.host_kv_mem_gib * double(1ull << 30))
                                             : cli::available_memory_bytes() / 2;
   so.sync_conversion = o.sync_conversion;
+  so.itl_target_s = o.itl_target_s;
   s.scheduler = std::make_unique<Scheduler>(*s.backend, *s.tok, so, s.metrics);
   fmt::print(stderr, "activekv serve: {} loaded ({} layers, context {}) on {}, up to {} requests at once, "
              "host KV budget {}\n",

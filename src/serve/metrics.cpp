@@ -55,6 +55,9 @@ std::string Metrics::render(const std::string& model) const {
   sample("gauge", "num_requests_waiting", "Requests queued for admission.", waiting.load());
   sample("gauge", "kv_host_bytes", "KV history bytes held in host memory by running requests.", kv_host_bytes.load());
   sample("gauge", "kv_gpu_bytes", "KV history bytes held in GPU memory by running requests.", kv_gpu_bytes.load());
+  sample("gauge", "prefill_budget_tokens",
+         "Prompt tokens a scheduler tick may prefill (the chunk, or less under --itl-target-ms while others decode).",
+         prefill_budget_tokens.load());
   sample("counter", "prompt_tokens_total", "Prompt tokens prefilled.", prompt_tokens.load());
   sample("counter", "generation_tokens_total", "Tokens generated.", generation_tokens.load());
   sample("counter", "decode_steps_total", "Batched decode steps (one per scheduler tick with decoding requests).",

@@ -41,7 +41,7 @@ class Histogram {
 struct Metrics {
   Histogram ttft, itl, e2e;
   std::atomic<int64_t> running{0}, waiting{0};
-  std::atomic<int64_t> kv_host_bytes{0}, kv_gpu_bytes{0};
+  std::atomic<int64_t> kv_host_bytes{0}, kv_gpu_bytes{0}, prefill_budget_tokens{0};
   std::atomic<uint64_t> prompt_tokens{0}, generation_tokens{0}, decode_steps{0};
   std::atomic<uint64_t> finished_stop{0}, finished_length{0}, finished_abort{0}, failed{0};
   std::atomic<double> history_bytes_read{0};

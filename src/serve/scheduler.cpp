@@ -21,7 +21,8 @@ struct Scheduler::Running {
 };
 
 Scheduler::Scheduler(Backend& backend, const Tokenizer& tok, const SchedulerOptions& o, Metrics& metrics)
-    : backend_(backend), tok_(tok), opt_(o), metrics_(metrics), thread_([this] { loop(); }) {}
+    : backend_(backend), tok_(tok), opt_(o), metrics_(metrics), budget_(backend.prefill_chunk(), o.itl_target_s),
+      thread_([this] { loop(); }) {}
 
 Scheduler::~Scheduler() {
   {
@@ -117,14 +118,28 @@ void Scheduler::admit() {
   }
 }
 
+bool Scheduler::decoding() const {
+  return std::any_of(running_.begin(), running_.end(),
+                     [](const auto& r) { return !r->done && r->prefilled == r->job->prompt().size(); });
+}
+
 void Scheduler::prefill_tick() {
-  if (!backend_.batches_prefill()) return prefill_one();
-  // A budget of prefill_chunk prompt tokens for the tick, handed out in
-  // admission order: several short prompts share one pass (the weights read
-  // once), a long one takes the whole budget, as in prefill_one.
+  // The tick's budget of prompt tokens: the backend's prefill_chunk, less
+  // while others decode when an ITL target is set (prefill_budget.h).
+  const size_t budget = size_t(budget_.tokens(decoding()));
+  const Clock::time_point t0 = Clock::now();
+  const size_t n = backend_.batches_prefill() ? prefill_batched(budget) : prefill_one(budget);
+  budget_.prefilled(int(n), std::chrono::duration<double>(Clock::now() - t0).count());
+  metrics_.prefill_budget_tokens = int64_t(budget);
+}
+
+size_t Scheduler::prefill_batched(size_t budget) {
+  // The budget handed out in admission order: several short prompts share
+  // one pass (the weights read once), a long one takes the whole budget, as
+  // in prefill_one.
   std::vector<Running*> owners;
   std::vector<PrefillPiece> pieces;
-  size_t budget = size_t(backend_.prefill_chunk());
+  size_t total = 0;
   for (auto& r : running_) {
     const auto& prompt = r->job->prompt();
     if (budget == 0) break;
@@ -133,8 +148,9 @@ void Scheduler::prefill_tick() {
     pieces.push_back({r->session.get(), std::span(prompt).subspan(r->prefilled, n), r->prefilled + n == prompt.size()});
     owners.push_back(r.get());
     budget -= n;
+    total += n;
   }
-  if (pieces.empty()) return;
+  if (pieces.empty()) return 0;
   try {
     backend_.prefill_batch(pieces);
   } catch (const std::exception&) {  // nothing appended: each alone, and only those that throw again fail
@@ -148,22 +164,24 @@ void Scheduler::prefill_tick() {
   }
   for (size_t i = 0; i < pieces.size(); ++i)
     if (!owners[i]->done) prefilled(*owners[i], pieces[i].tokens.size());
+  return total;
 }
 
-void Scheduler::prefill_one() {
+size_t Scheduler::prefill_one(size_t budget) {
   for (auto& r : running_) {
     const auto& prompt = r->job->prompt();
     if (r->done || r->prefilled == prompt.size()) continue;
-    const size_t n = std::min(prompt.size() - r->prefilled, size_t(backend_.prefill_chunk()));
+    const size_t n = std::min(prompt.size() - r->prefilled, budget);
     try {
       r->session->prefill(std::span(prompt).subspan(r->prefilled, n), r->prefilled + n == prompt.size());
     } catch (const std::exception& e) {
       fail(*r, e.what());
-      return;
+      return 0;  // not a measure of the rate
     }
     prefilled(*r, n);
-    return;  // one chunk per tick: the decoding requests are not held up longer
+    return n;  // one piece per tick: the decoding requests are not held up longer
   }
+  return 0;
 }
 
 void Scheduler::prefilled(Running& r, size_t n) {
@@ -178,6 +196,9 @@ void Scheduler::prefilled(Running& r, size_t n) {
 }
 
 void Scheduler::decode_all() {
+  // The whole of it (sampling, text out, the step) is what a decoding request waits each tick.
+  const Clock::time_point t0 = Clock::now();
+  const bool any = decoding();
   std::vector<Running*> batch;
   std::vector<int32_t> tokens;
   for (auto& rp : running_) {
@@ -204,6 +225,7 @@ void Scheduler::decode_all() {
     }
   }
   if (!batch.empty()) step(batch, tokens);
+  if (any) budget_.decoded(std::chrono::duration<double>(Clock::now() - t0).count());
 }
 
 void Scheduler::step(std::vector<Running*>& batch, std::vector<int32_t>& tokens) {

@@ -12,10 +12,12 @@
 //   2. admit what fits;
 //   3. prefill at most one chunk (the backend's prefill_chunk) of prompt
 //      tokens, so a long prompt never stalls the running ones for more than
-//      a chunk: on the CPU path the chunk's budget is shared in admission
-//      order by the requests still prefilling, all in one forward pass
+//      a chunk (with an ITL target, itl_target_s, fewer while others decode,
+//      as the measured pass and step times allow: prefill_budget.h). On the
+//      CPU path the tick's budget is shared in admission order by the
+//      requests still prefilling, all in one forward pass
 //      (Backend::prefill_batch: several short prompts cost about one pass);
-//      on the GPU one request's chunk per tick;
+//      on the GPU one request's piece per tick;
 //   4. every decoding request samples its next token (text out to its
 //      client, stop strings, end of text, max_tokens), then all that go on
 //      take one batched decode step (Backend::step_batch, in groups of its
@@ -38,6 +40,7 @@
 #include "backend.h"
 #include "job.h"
 #include "metrics.h"
+#include "prefill_budget.h"
 
 namespace activekv::serve {
 
@@ -49,6 +52,10 @@ struct SchedulerOptions {
   /// so a compressed format reads every full page compressed whatever the
   /// timing: deterministic outputs (tests). Off: decode never waits (generate's behaviour).
   bool sync_conversion = false;
+  /// Target inter-token latency (seconds) of the decoding requests while
+  /// prompts prefill: each tick's prefill is sized to leave it (prefill_budget.h).
+  /// 0: every tick prefills the backend's whole prefill_chunk.
+  double itl_target_s = 0;
 };
 
 class Scheduler {
@@ -71,8 +78,10 @@ class Scheduler {
   void loop();
   void drop_cancelled();
   void admit();
+  bool decoding() const;  // whether a running request is past its prompt
   void prefill_tick();
-  void prefill_one();
+  size_t prefill_batched(size_t budget);  // each returns the prompt tokens it prefilled
+  size_t prefill_one(size_t budget);
   void prefilled(Running& r, size_t n);
   void decode_all();
   void step(std::vector<Running*>& batch, std::vector<int32_t>& tokens);
@@ -94,6 +103,7 @@ class Scheduler {
 
   std::vector<std::unique_ptr<Running>> running_;  // the scheduler thread's alone
   uint64_t running_bytes_ = 0;
+  PrefillBudget budget_;
   std::thread thread_;  // last: started once everything above exists
 };
 

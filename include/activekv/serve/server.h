@@ -32,6 +32,9 @@ struct ServeOptions {
   std::string kv_placement = "auto";  ///< cuda: host, gpu or auto (route::parse_placement)
   double gpu_kv_mem_gib = 0;        ///< cuda: GPU memory all histories share (each request gets 1/max_seqs); 0: free less a margin
   bool sync_conversion = false;     ///< wait for page conversion every step (deterministic compressed reads; tests)
+  /// Target inter-token latency (seconds) while prompts prefill: ticks prefill
+  /// fewer than prefill_chunk tokens when others decode (src/serve/prefill_budget.h); 0: off.
+  double itl_target_s = 0;
   int http_threads = 0;             ///< HTTP worker threads; 0: max_seqs + max_queue + 8
   /// Seconds the first SIGINT/SIGTERM gives the requests in flight to finish
   /// (new ones get 503 with Retry-After, /health 503); 0: stop at once,
