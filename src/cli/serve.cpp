@@ -3,6 +3,9 @@
 // Without cpp-httplib at configure time the subcommand stays, saying so.
 #include <fmt/format.h>
 
+#include <cmath>
+#include <utility>
+
 #include "activekv/core/error.h"
 #ifdef ACTIVEKV_HAVE_CUDA
 #include "activekv/cuda/decode_attention.h"
@@ -28,6 +31,10 @@ struct ServeArgs {
 };
 
 int run(const ServeArgs& a) {
+  // CLI11's range checks let "nan" through: one line here, before the port binds.
+  for (const auto& [flag, v] : {std::pair{"--itl-target-ms", a.itl_target_ms}, {"--drain-seconds", a.drain_seconds},
+                                {"--host-kv-mem", a.host_kv_mem_gib}, {"--gpu-kv-mem", a.gpu_kv_mem_gib}})
+    if (!std::isfinite(v)) throw Error(fmt::format("{}: {} is not a number", flag, v));
 #ifdef ACTIVEKV_HAVE_SERVE
   serve::block_stop_signals();  // first: the GPU probe below starts the CUDA driver's threads
 #endif

@@ -198,7 +198,8 @@ def run_hostile():
     for args, words, alone in ([["--port", str(port)], "cannot listen", False],
                                [["--port", "0", "--kv-placement", "gpu"], "--kv-placement", False],
                                [["--port", "0", "-m", "/nonexistent.gguf"], "nonexistent", True],
-                               [["--port", "0", "-m", bad_gguf], "not a GGUF", True]):
+                               [["--port", "0", "-m", bad_gguf], "not a GGUF", True],
+                               [["--port", "0", "--itl-target-ms", "nan"], "not a number", True]):
         # --device cpu: with auto, a GPU machine would start a GPU server for --kv-placement gpu (H200, 9392ece).
         r = subprocess.run([BIN, "serve", "--device", "cpu", *args], capture_output=True, text=True, timeout=60)
         lines = r.stderr.strip().splitlines()
