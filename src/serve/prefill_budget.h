@@ -39,15 +39,10 @@ class PrefillBudget {
   /// A tick's decode step (every decoding request) took `seconds`.
   void decoded(double seconds);
 
-  double target_s() const { return target_s_; }
-  /// The running averages (0 until measured): prompt tokens per second of a pass, seconds of a decode step.
-  double prefill_rate() const { return rate_; }
-  double decode_s() const { return decode_s_; }
-
  private:
   int chunk_, min_tokens_;
   double target_s_;
-  double rate_ = 0, decode_s_ = 0;
+  double rate_ = 0, decode_s_ = 0;  // running averages, 0 until measured: prompt tokens/s of a pass, s of a step
 };
 
 }  // namespace activekv::serve
