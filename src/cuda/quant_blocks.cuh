@@ -252,8 +252,9 @@ AKV_QHD void scale_min_k4(const S& b, int off, int j, int& sc, int& m) {
 // ---- 32-element block types --------------------------------------------------
 // Besides codes4 (the signed codes), each type gives raw4, the codes before
 // the constant kOffset is subtracted (bytes < 0x80), so that the matvec can
-// dot the raw codes and subtract kOffset * sum(x) once per unit. Q6_K, whose
-// scale changes every 16 elements, has kScale16 set and no raw4.
+// dot the raw codes and subtract kOffset * sum(x) once per unit. Q6_K's
+// scale changes every 16 elements (kScale16), so its matvec takes the offset
+// per 8 elements instead (quant_dot.cuh: dot_q6k_item_x).
 
 /// f16 d, 16 bytes of nibbles: element j < 16 is the low nibble of qs[j],
 /// element 16 + j the high one; value = (nibble - 8) * d.

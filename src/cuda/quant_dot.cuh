@@ -43,16 +43,24 @@ struct UnitX {
   float2 d[NV];
 };
 
+/// x of the unit whose int8 codes start at qx and whose {d, sum q} is *ds,
+/// for vector 0; vector v's are v * cols codes and v * cols / 32 entries on.
 template <int NV>
-AKV_QHD void load_unit_x(int64_t xb, XQuant xq, int64_t cols, UnitX<NV>& x) {
+AKV_QHD void load_unit_x_at(const int8_t* qx, const float2* ds, int64_t cols, UnitX<NV>& x) {
   AKV_UNROLL
   for (int v = 0; v < NV; ++v) {
-    const int4* xp = reinterpret_cast<const int4*>(xq.qx + v * cols + xb * 32);
+    const int4* xp = reinterpret_cast<const int4*>(qx + v * cols);
     const int4 x0 = ldg(xp), x1 = ldg(xp + 1);
     x.xs[v][0] = x0.x, x.xs[v][1] = x0.y, x.xs[v][2] = x0.z, x.xs[v][3] = x0.w;
     x.xs[v][4] = x1.x, x.xs[v][5] = x1.y, x.xs[v][6] = x1.z, x.xs[v][7] = x1.w;
-    x.d[v] = ldg(xq.ds + v * (cols / 32) + xb);
+    x.d[v] = ldg(ds + v * (cols / 32));
   }
+}
+
+/// x of unit xb (the unit's 32 elements of every vector).
+template <int NV>
+AKV_QHD void load_unit_x(int64_t xb, XQuant xq, int64_t cols, UnitX<NV>& x) {
+  load_unit_x_at<NV>(xq.qx + xb * 32, xq.ds + xb, cols, x);
 }
 
 /// Dot of unit u of block b (a byte source: quant_blocks.cuh) with x, added to acc[v] for every vector:
@@ -87,17 +95,26 @@ struct Q6kX {
   float d[NV][4];
 };
 
+/// x of a Q6_K item whose first unit's bytes 8j.. start at qx and whose
+/// first unit's {d, sum q} is *ds (vector 0, as load_unit_x_at): the four
+/// units are 32 codes and one entry apart.
 template <int NV>
-AKV_QHD void load_q6k_x(int h, int j, int64_t xb0, XQuant xq, int64_t cols, Q6kX<NV>& x) {
+AKV_QHD void load_q6k_x_at(const int8_t* qx, const float2* ds, int64_t cols, Q6kX<NV>& x) {
   AKV_UNROLL
   for (int v = 0; v < NV; ++v) {
     AKV_UNROLL
     for (int k = 0; k < 4; ++k) {
-      const int64_t xb = xb0 + 4 * h + k;
-      x.xs[v][k] = ldg(reinterpret_cast<const int2*>(xq.qx + v * cols + xb * 32 + 8 * j));
-      x.d[v][k] = ldg(xq.ds + v * (cols / 32) + xb).x;
+      x.xs[v][k] = ldg(reinterpret_cast<const int2*>(qx + v * cols + 32 * k));
+      x.d[v][k] = ldg(ds + v * (cols / 32) + k).x;
     }
   }
+}
+
+/// x of item (h, j) of the super-block whose first unit is xb0.
+template <int NV>
+AKV_QHD void load_q6k_x(int h, int j, int64_t xb0, XQuant xq, int64_t cols, Q6kX<NV>& x) {
+  const int64_t xb = xb0 + 4 * h;
+  load_q6k_x_at<NV>(xq.qx + xb * 32 + 8 * j, xq.ds + xb, cols, x);
 }
 
 /// Q6_K item (h, j): bytes 8j..8j+7 of the ql/qh rows of half h, i.e. elements
@@ -106,19 +123,34 @@ AKV_QHD void load_q6k_x(int h, int j, int64_t xb0, XQuant xq, int64_t cols, Q6kX
 /// (qsplit::Q6kItemRegs).
 template <int NV, class S>
 AKV_QHD void dot_q6k_item_x(const S& b, int h, int j, const Q6kX<NV>& x, float* acc) {
+  // The codes are raw - 32 (raw in 0..63). With one vector, sum((raw - 32) *
+  // q) is taken as sum(raw * q) + sum(-32 * q), the second term two more
+  // dp4a against bytes of -32: the same int32, and 4 instructions per unit
+  // fewer than subtracting 32 from every byte (3 per word: sub_bytes). That
+  // costs 2 dp4a per unit *per vector* against 6 per unit per row, so
+  // several vectors keep the subtraction.
+  constexpr bool kOffsetByDot = NV == 1;
+  constexpr int kMinus32 = int(0xe0e0e0e0u);  // four bytes of -32
   uint32_t c[4][2];
   float a[4];
   AKV_UNROLL
   for (int k = 0; k < 4; ++k) {
-    c[k][0] = codes4<Q6_K>(b, 4 * h + k, 2 * j);
-    c[k][1] = codes4<Q6_K>(b, 4 * h + k, 2 * j + 1);
+    if constexpr (kOffsetByDot) {
+      c[k][0] = Q6_K::raw4(b, 4 * h + k, 2 * j);
+      c[k][1] = Q6_K::raw4(b, 4 * h + k, 2 * j + 1);
+    } else {
+      c[k][0] = codes4<Q6_K>(b, 4 * h + k, 2 * j);
+      c[k][1] = codes4<Q6_K>(b, 4 * h + k, 2 * j + 1);
+    }
     a[k] = Q6_K::scale(b, 4 * h + k, 2 * j);
   }
   AKV_UNROLL
   for (int v = 0; v < NV; ++v) {
     AKV_UNROLL
     for (int k = 0; k < 4; ++k) {
-      const int s = dp4a(int(c[k][1]), x.xs[v][k].y, dp4a(int(c[k][0]), x.xs[v][k].x, 0));
+      int s = 0;
+      if constexpr (kOffsetByDot) s = dp4a(kMinus32, x.xs[v][k].y, dp4a(kMinus32, x.xs[v][k].x, 0));
+      s = dp4a(int(c[k][1]), x.xs[v][k].y, dp4a(int(c[k][0]), x.xs[v][k].x, s));
       acc[v] = fmaf(x.d[v][k], mul_rn(a[k], float(s)), acc[v]);
     }
   }

@@ -48,20 +48,21 @@ AKV_QHD uint32_t head_word(const UnitRegs& s, int i) {
 }
 
 #ifdef __CUDACC__
-/// Unit u of the super-block at `blk` (16-byte aligned): its header and its
-/// nibble group, three 16-byte streaming loads (qsplit::ld_stream16's
-/// ld.global.nc.L1::no_allocate: read once, kept out of L1).
-__device__ __forceinline__ void load_unit(const uint8_t* blk, int u, UnitRegs& r) {
+/// A unit of the super-block at `blk` whose nibble group is at `group` (blk
+/// + group_offset(u); both 16-byte aligned): its header and its group, three
+/// 16-byte streaming loads (qsplit::ld_stream16's ld.global.nc.L1::no_allocate:
+/// read once, kept out of L1). The register matvec keeps both pointers, so
+/// that a lane's later units (whole super-blocks on) are constant offsets.
+__device__ __forceinline__ void load_unit_at(const uint8_t* blk, const uint8_t* group, UnitRegs& r) {
   uint4 v;
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
                : "=r"(r.head[0]), "=r"(r.head[1]), "=r"(r.head[2]), "=r"(r.head[3])
                : "l"(blk));
-  const uint8_t* g = blk + group_offset(u);
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(g + 16 * i));
+                 : "l"(group + 16 * i));
     r.qs[4 * i] = v.x, r.qs[4 * i + 1] = v.y, r.qs[4 * i + 2] = v.z, r.qs[4 * i + 3] = v.w;
   }
 }

@@ -42,9 +42,26 @@ struct Q6kItemRegs {
 };
 
 /// GGUF offsets of item (h, j)'s loads within its super-block.
-AKV_QHD int q6k_ql_offset(int h, int j, int c) { return 64 * h + 32 * c + 8 * j; }
-AKV_QHD int q6k_qh_offset(int h, int j) { return 128 + 32 * h + 8 * j; }
-AKV_QHD int q6k_sc_offset(int h) { return 192 + 8 * h; }
+AKV_QHD constexpr int q6k_ql_offset(int h, int j, int c) { return 64 * h + 32 * c + 8 * j; }
+AKV_QHD constexpr int q6k_qh_offset(int h, int j) { return 128 + 32 * h + 8 * j; }
+AKV_QHD constexpr int q6k_sc_offset(int h) { return 192 + 8 * h; }
+
+/// Where item (h, j) of a split block is: its four 8-byte loads (the second
+/// ql load is 32 bytes past the first) and d. A lane computes this once;
+/// its later items are whole super-blocks on, so their loads are constant
+/// offsets from it (register_matvec.cu).
+struct Q6kItemAt {
+  const uint8_t* ql;  // ql bytes 64h + 8j (units 4h, 4h + 2); + 32: units 4h + 1, 4h + 3
+  const uint8_t* qh;  // qh bytes 32h + 8j
+  const uint8_t* sc;  // scales 8h .. 8h + 7
+  const uint8_t* d;   // the f16 d, in the head region
+};
+
+AKV_QHD Q6kItemAt q6k_item_at(const SplitPtr<Q6_K>& s, int h, int j) {
+  return {s.payload + q6k_ql_offset(h, j, 0), s.payload + q6k_qh_offset(h, j), s.payload + q6k_sc_offset(h), s.head};
+}
+static_assert(q6k_ql_offset(0, 0, 1) - q6k_ql_offset(0, 0, 0) == 32 &&
+              q6k_ql_offset(1, 3, 1) - q6k_ql_offset(1, 3, 0) == 32);
 
 #ifdef __CUDACC__
 /// 8 bytes streamed from global memory (read once: kept out of L1, as ld_stream16).
@@ -52,27 +69,29 @@ __device__ __forceinline__ void ld_stream8(const uint8_t* p, uint32_t* w) {
   asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(w[0]), "=r"(w[1]) : "l"(p));
 }
 
-/// Item (h, j) of the split block s into registers.
-__device__ __forceinline__ void load_q6k_item(const SplitPtr<Q6_K>& s, int h, int j, Q6kItemRegs& r) {
-  ld_stream8(s.payload + q6k_ql_offset(h, j, 0), r.ql[0]);
-  ld_stream8(s.payload + q6k_ql_offset(h, j, 1), r.ql[1]);
-  ld_stream8(s.payload + q6k_qh_offset(h, j), r.qh);
-  ld_stream8(s.payload + q6k_sc_offset(h), r.sc);
-  r.d = __ldg(reinterpret_cast<const uint16_t*>(s.head));
+/// The item at a into registers.
+__device__ __forceinline__ void load_q6k_item(const Q6kItemAt& a, Q6kItemRegs& r) {
+  ld_stream8(a.ql, r.ql[0]);
+  ld_stream8(a.ql + 32, r.ql[1]);
+  ld_stream8(a.qh, r.qh);
+  ld_stream8(a.sc, r.sc);
+  r.d = __ldg(reinterpret_cast<const uint16_t*>(a.d));
 }
 #endif
 
-/// The same on the host (the CPU tests of the source).
+/// Item (h, j) of split block s on the host (the CPU tests of the source
+/// and of q6k_item_at).
 inline void load_q6k_item_host(const SplitPtr<Q6_K>& s, int h, int j, Q6kItemRegs& r) {
   auto word = [](const uint8_t* p) {
     return uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24;
   };
   auto two = [&](const uint8_t* p, uint32_t* w) { w[0] = word(p), w[1] = word(p + 4); };
-  two(s.payload + q6k_ql_offset(h, j, 0), r.ql[0]);
-  two(s.payload + q6k_ql_offset(h, j, 1), r.ql[1]);
-  two(s.payload + q6k_qh_offset(h, j), r.qh);
-  two(s.payload + q6k_sc_offset(h), r.sc);
-  r.d = uint32_t(s.head[0]) | uint32_t(s.head[1]) << 8;
+  const Q6kItemAt a = q6k_item_at(s, h, j);
+  two(a.ql, r.ql[0]);
+  two(a.ql + 32, r.ql[1]);
+  two(a.qh, r.qh);
+  two(a.sc, r.sc);
+  r.d = uint32_t(a.d[0]) | uint32_t(a.d[1]) << 8;
 }
 
 // Byte sources over Q6kItemRegs: declared beside it, so that the traits'

@@ -37,9 +37,26 @@ using qsplit::SplitRegs;
 
 constexpr int kWarps = mvhost::kWarpsPerCta;
 
+/// Where a lane's x is: the x of its first item (item `lane`). A lane's
+/// items are 32 apart and an item is 32 elements of x, so its s-th item's x
+/// is s x 1024 codes and s x 32 {d, sum q} entries on, for every type.
+struct XAt {
+  const int8_t* qx;
+  const float2* ds;
+  __device__ __forceinline__ XAt at(int s) const { return {qx + 1024 * s, ds + 32 * s}; }
+};
+
 /// How the register kernel reads items of a matrix of type T (kOk), how
 /// many it has in flight per lane and row (kPerDepth<R> times the depth D),
 /// and the x and dot of an item (the chunked kernel's: quant_dot.cuh).
+///
+/// A lane's items are lane, lane + 32, lane + 64, ...: each whole blocks
+/// (kStep bytes of the matrix) past the one before in the same place within
+/// its block (`part`). So a lane computes where its first item is once
+/// (Lane, from lane_at) and reaches its s-th by a constant offset (load's s
+/// is a compile-time constant in the unrolled loop, so the offsets are load
+/// immediates). Computing each item's address from its index took about 45
+/// of Q6_K's 187 instructions per item (SASS at ed60a9e).
 template <class T, class = void>
 struct RegItems {
   static constexpr bool kOk = false;
@@ -51,13 +68,14 @@ template <class T>
 struct UnitItems {
   template <int NV>
   using X = qdot::UnitX<NV>;
+  __device__ __forceinline__ static XAt x_at(const XQuant& xq, int lane) { return {xq.qx + 32 * lane, xq.ds + lane}; }
   template <int NV>
-  __device__ __forceinline__ static void load_x(int item, const XQuant& xq, int64_t cols, X<NV>& x) {
-    qdot::load_unit_x<NV>(item, xq, cols, x);
+  __device__ __forceinline__ static void load_x(const XAt& a, int64_t cols, X<NV>& x) {
+    qdot::load_unit_x_at<NV>(a.qx, a.ds, cols, x);
   }
   template <int NV, class Regs>
-  __device__ __forceinline__ static void dot(const Regs& regs, int item, const X<NV>& x, float* acc) {
-    qdot::dot_unit_x<T, NV>(regs, item % T::kUnits, x, acc);
+  __device__ __forceinline__ static void dot(const Regs& regs, int part, const X<NV>& x, float* acc) {
+    qdot::dot_unit_x<T, NV>(regs, part, x, acc);
   }
 };
 
@@ -69,39 +87,54 @@ struct RegItems<T, std::enable_if_t<SplitOf<T>::kOk && T::kUnits == 1>> : UnitIt
   template <int R>
   static constexpr int kPerDepth = SplitOf<T>::kPayload == 16 ? 4 : 2;
   using Regs = SplitRegs<T>;
-  __device__ __forceinline__ static void load(const uint8_t* w, int64_t rows, int64_t, int64_t r, int item,
-                                              int n_blocks, Regs& regs) {
-    qsplit::load_regs<T>(qsplit::split_block<T>(w, rows, r, item, n_blocks), regs);
+  using Lane = qsplit::SplitPtr<T>;
+  __device__ __forceinline__ static Lane lane_at(const uint8_t* w, int64_t rows, int64_t, int64_t r, int n_blocks,
+                                                 int lane) {
+    return qsplit::split_block<T>(w, rows, r, lane, n_blocks);
   }
+  __device__ __forceinline__ static Lane advanced(const Lane& a, int s) {
+    return {a.head + 32 * SplitOf<T>::kHead * s, a.payload + 32 * SplitOf<T>::kPayload * s};
+  }
+  __device__ __forceinline__ static void load(const Lane& a, Regs& regs) { qsplit::load_regs<T>(a, regs); }
 };
 
 /// Q6_K in the split layout: an item is item % 8 = (h, j) = (half, 8-byte
 /// column group) of super-block item / 8, as the chunked kernel's Q6_K item
 /// (quant_dot.cuh: Tiling, dot_q6k_item_x), so the lanes meet the same items
 /// in the same order. 9 registers an item: 4 per row and depth, 2 at 2 rows,
-/// 1 at 4.
+/// 1 at 4. A lane's next item is 4 super-blocks on.
 template <>
 struct RegItems<qblk::Q6_K> {
   static constexpr bool kOk = true;
   template <int R>
   static constexpr int kPerDepth = R >= 4 ? 1 : R >= 2 ? 2 : 4;
   using Regs = qsplit::Q6kItemRegs;
-  __device__ __forceinline__ static void load(const uint8_t* w, int64_t rows, int64_t, int64_t r, int item,
-                                              int n_blocks, Regs& regs) {
-    const int part = item & 7;
-    qsplit::load_q6k_item(qsplit::split_block<qblk::Q6_K>(w, rows, r, item >> 3, n_blocks), part >> 2, part & 3,
-                          regs);
+  using Lane = qsplit::Q6kItemAt;
+  static constexpr int kBlocksPerStep = 32 / 8;
+  __device__ __forceinline__ static Lane lane_at(const uint8_t* w, int64_t rows, int64_t, int64_t r, int n_blocks,
+                                                 int lane) {
+    const int part = lane & 7;
+    return qsplit::q6k_item_at(qsplit::split_block<qblk::Q6_K>(w, rows, r, lane >> 3, n_blocks), part >> 2, part & 3);
   }
+  __device__ __forceinline__ static Lane advanced(const Lane& a, int s) {
+    constexpr int kPayloadStep = kBlocksPerStep * SplitOf<qblk::Q6_K>::kPayload;
+    constexpr int kHeadStep = kBlocksPerStep * SplitOf<qblk::Q6_K>::kHead;
+    return {a.ql + kPayloadStep * s, a.qh + kPayloadStep * s, a.sc + kPayloadStep * s, a.d + kHeadStep * s};
+  }
+  __device__ __forceinline__ static void load(const Lane& a, Regs& regs) { qsplit::load_q6k_item(a, regs); }
   template <int NV>
   using X = qdot::Q6kX<NV>;
-  template <int NV>
-  __device__ __forceinline__ static void load_x(int item, const XQuant& xq, int64_t cols, X<NV>& x) {
-    const int part = item & 7;
-    qdot::load_q6k_x<NV>(part >> 2, part & 3, int64_t(item >> 3) * qblk::Q6_K::kUnits, xq, cols, x);
+  __device__ __forceinline__ static XAt x_at(const XQuant& xq, int lane) {
+    const int part = lane & 7, h = part >> 2, j = part & 3;
+    const int xb = (lane >> 3) * qblk::Q6_K::kUnits + 4 * h;  // item lane's first unit
+    return {xq.qx + 32 * xb + 8 * j, xq.ds + xb};
   }
   template <int NV>
-  __device__ __forceinline__ static void dot(const Regs& regs, int item, const X<NV>& x, float* acc) {
-    const int part = item & 7;
+  __device__ __forceinline__ static void load_x(const XAt& a, int64_t cols, X<NV>& x) {
+    qdot::load_q6k_x_at<NV>(a.qx, a.ds, cols, x);
+  }
+  template <int NV>
+  __device__ __forceinline__ static void dot(const Regs& regs, int part, const X<NV>& x, float* acc) {
     qdot::dot_q6k_item_x<NV>(regs, part >> 2, part & 3, x, acc);
   }
 };
@@ -110,17 +143,27 @@ struct RegItems<qblk::Q6_K> {
 /// Each lane loads its unit whole (header + 32-byte nibble group: 3 x 16
 /// bytes in 12 registers, the group loaded by both lanes of the unit pair);
 /// 4 units per row and depth, 1 at 4 rows (at 4 x 4 the 8-vector kernel
-/// spilled 736 bytes).
+/// spilled 736 bytes). A lane's next unit is 4 super-blocks on.
 template <>
 struct RegItems<qblk::Q4_K> : UnitItems<qblk::Q4_K> {
   static constexpr bool kOk = true;
   template <int R>
   static constexpr int kPerDepth = R >= 4 ? 1 : 4;
   using Regs = qkregs::UnitRegs;
-  __device__ __forceinline__ static void load(const uint8_t* w, int64_t, int64_t row_bytes, int64_t r, int item,
-                                              int, Regs& regs) {
-    qkregs::load_unit(w + r * row_bytes + int64_t(item >> 3) * qblk::Q4_K::kBytes, item & 7, regs);
+  struct Lane {
+    const uint8_t* blk;    // the super-block of item `lane`
+    const uint8_t* group;  // its unit's nibble group
+  };
+  static constexpr int kStepBytes = 32 / 8 * qblk::Q4_K::kBytes;
+  __device__ __forceinline__ static Lane lane_at(const uint8_t* w, int64_t, int64_t row_bytes, int64_t r, int,
+                                                 int lane) {
+    const uint8_t* blk = w + r * row_bytes + int64_t(lane >> 3) * qblk::Q4_K::kBytes;
+    return {blk, blk + qkregs::group_offset(lane & 7)};
   }
+  __device__ __forceinline__ static Lane advanced(const Lane& a, int s) {
+    return {a.blk + kStepBytes * s, a.group + kStepBytes * s};
+  }
+  __device__ __forceinline__ static void load(const Lane& a, Regs& regs) { qkregs::load_unit_at(a.blk, a.group, regs); }
 };
 
 template <class T, int NV, int R, int D>
@@ -134,19 +177,27 @@ __device__ __forceinline__ void register_cta(const uint8_t* __restrict__ w, int6
   if (row0 >= rows) return;
   const int n_rows = int(min(int64_t(R), rows - row0));
   const int n_items = n_blocks * qdot::Tiling<T>::kItemsPerBlock;
+  const int part = lane % qdot::Tiling<T>::kItemsPerBlock;  // every item of this lane's
 
   float acc[R * NV];
 #pragma unroll
   for (int k = 0; k < R * NV; ++k) acc[k] = 0.f;
 
+  // Rows past n_rows get addresses too, never read.
+  typename Items::Lane at[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) at[r] = Items::lane_at(w, rows, row_bytes, row0 + r, n_blocks, lane);
+  XAt x_at = Items::x_at(xq, lane);
+
+  // Iteration t holds items i0 + 32u (u < U, i0 = lane + 32 U t): at[r] and
+  // x_at are where the lane's item i0 is, item i0 + 32u is u steps on.
   typename Items::Regs item_regs[U][R];
   auto load = [&](int i0) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int i = i0 + 32 * u;
 #pragma unroll
       for (int r = 0; r < R; ++r)
-        if (i < n_items && r < n_rows) Items::load(w, rows, row_bytes, row0 + r, i, n_blocks, item_regs[u][r]);
+        if (i0 + 32 * u < n_items && r < n_rows) Items::load(Items::advanced(at[r], u), item_regs[u][r]);
     }
   };
   // The first items' loads go out before the wait for x (pdl.cuh): the
@@ -157,14 +208,17 @@ __device__ __forceinline__ void register_cta(const uint8_t* __restrict__ w, int6
     if (i0 != lane) load(i0);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int i = i0 + 32 * u;
-      if (i >= n_items) break;
+      if (i0 + 32 * u >= n_items) break;
       typename Items::template X<NV> x;
-      Items::template load_x<NV>(i, xq, cols, x);
+      Items::template load_x<NV>(x_at.at(u), cols, x);
 #pragma unroll
       for (int r = 0; r < R; ++r)
-        if (r < n_rows) Items::template dot<NV>(item_regs[u][r], i, x, acc + r * NV);
+        if (r < n_rows) Items::template dot<NV>(item_regs[u][r], part, x, acc + r * NV);
     }
+    // The next iteration's items are U steps on.
+#pragma unroll
+    for (int r = 0; r < R; ++r) at[r] = Items::advanced(at[r], U);
+    x_at = x_at.at(U);
   }
 #pragma unroll
   for (int r = 0; r < R; ++r)

@@ -250,6 +250,55 @@ TEST(Q6kRegistersHost, ItemRegsReadTheGgufBytes) {
   EXPECT_EQ(checked, 3 * 4 * 8);
 }
 
+// dot_q6k_item_x with one vector takes the codes' offset of 32 as a dot of
+// x with bytes of -32 instead of subtracting it from every code byte
+// (kOffsetByDot): the same int32, so the same bits as vector 0 of a
+// several-vector dot, which subtracts. Random blocks, then the extremes:
+// every code 0 or 63 against x of -127 or 127.
+TEST(Q6kRegistersHost, OneVectorDotIsBitwiseVectorZeroOfSeveral) {
+  using qblk::Q6_K;
+  auto check = [](const uint8_t* g, const qdot::Q6kX<3>& qx, int hh, int j) {
+    qdot::Q6kX<1> one;
+    for (int k = 0; k < 4; ++k) one.xs[0][k] = qx.xs[0][k], one.d[0][k] = qx.d[0][k];
+    float several[3] = {0.5f, -0.25f, 2.f}, single[1] = {0.5f};
+    qdot::dot_q6k_item_x<3>(g, hh, j, qx, several);
+    qdot::dot_q6k_item_x<1>(g, hh, j, one, single);
+    return std::memcmp(&several[0], &single[0], sizeof(float)) == 0;
+  };
+  const HostMatrix h = random_matrix(TensorType::Q6_K, 2, 1024, 733);
+  const std::vector<float> x = random_x(3, h.cols, 31);
+  const QuantizedX q = quantize_like_kernel(x, 3, h.cols);
+  int checked = 0;
+  for (int64_t r = 0; r < h.rows; ++r)
+    for (int64_t b = 0; b < h.cols / Q6_K::kElems; ++b)
+      for (int item = 0; item < 8; ++item) {
+        qdot::Q6kX<3> qx;
+        qdot::load_q6k_x<3>(item >> 2, item & 3, b * Q6_K::kUnits, q.view(), h.cols, qx);
+        ASSERT_TRUE(check(h.bytes.data() + r * h.row_bytes + b * Q6_K::kBytes, qx, item >> 2, item & 3))
+            << "row " << r << " block " << b << " item " << item;
+        ++checked;
+      }
+  for (const uint8_t fill : {uint8_t(0x00), uint8_t(0xff)})  // codes all 0, all 63
+    for (const int8_t xv : {int8_t(-127), int8_t(127)}) {
+      uint8_t blk[Q6_K::kBytes];
+      std::memset(blk, fill, 192);
+      std::memset(blk + 192, 0x7f, 16);  // scales +127
+      blk[208] = 0x00, blk[209] = 0x3c;  // d = 1.0
+      qdot::Q6kX<3> qx;
+      for (int v = 0; v < 3; ++v)
+        for (int k = 0; k < 4; ++k) {
+          const uint32_t w = 0x01010101u * uint8_t(xv);
+          qx.xs[v][k] = {int(w), int(w)};
+          qx.d[v][k] = 0.75f;
+        }
+      for (int item = 0; item < 8; ++item) {
+        ASSERT_TRUE(check(blk, qx, item >> 2, item & 3)) << "fill " << int(fill) << " x " << int(xv);
+        ++checked;
+      }
+    }
+  EXPECT_EQ(checked, 2 * 4 * 8 + 4 * 8);
+}
+
 // Q4_K in registers (quant_kregs.cuh): a unit loaded as the register matvec
 // loads it -- the super-block's 16-byte header and the unit's nibble group
 // -- decodes and dots bit for bit as the block's GGUF bytes do, for every
