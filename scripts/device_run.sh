@@ -66,6 +66,12 @@
 #           int8s / hybrid, against the measured HBM read bandwidth and N batch-1
 #           launches; 128K at split 1024; ncu of the default tc launch at 128K
 #           (+ its SASS source page, gzipped CSV) and 32K -> $OUT/ncu_int8s_tc.txt
+#   matvec-ab  A/B of two builds' matvecs (issue 10): carry .mp/base.tgz and
+#           set AKV_BASE_COMMIT as for decode-ab (`setup` builds both); every
+#           GPU test, then bench/gpu/matvec_ab.sh with the base build's
+#           bench_matvec and activekv as arm A (AKV_AB_TYPES, default
+#           Q6_K,Q4_0,Q8_0; models AKV_AB_MODELS, default Q6_K,Q4_0; AKV_AB
+#           an optional setting for arm B) -> $OUT/matvec_ab.json
 #   ab      A/B of ACTIVEKV_* switches against the defaults in one call
 #           (AKV_AB='ACTIVEKV_WIDE_ROWS=2', say): bench/gpu/matvec_ab.sh --
 #           bench_matvec on the 27B shape's matrices and activekv bench at
@@ -125,16 +131,16 @@ configure() {
     cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$PFX/usr" \
     -DACTIVEKV_MODEL_DIR=/tmp/akv-model "$@" >> /tmp/cmake.log 2>&1
 }
-# decode-ab: the base tree builds (its CLI only, no server) while build-device/ does.
+# decode-ab, matvec-ab: the base tree builds (its CLI and bench_matvec, no server) while build-device/ does.
 build_base() {
   rm -rf /tmp/akv-base && mkdir -p /tmp/akv-base && tar -xzf "${AKV_BASE_TGZ:-.mp/base.tgz}" -C /tmp/akv-base &&
     cmake -S /tmp/akv-base -B /tmp/akv-base/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$PFX/usr" \
       -DCMAKE_DISABLE_FIND_PACKAGE_PkgConfig=ON -DACTIVEKV_BUILD_TESTS=OFF -DACTIVEKV_BUILD_BENCHMARKS=OFF &&
-    cmake --build /tmp/akv-base/build -j 16 --target activekv
+    cmake --build /tmp/akv-base/build -j 16 --target activekv bench_matvec
 }
 BASE_PID=
-[ "$PHASE" = decode-ab ] && : "${AKV_BASE_COMMIT:?set AKV_BASE_COMMIT to the commit .mp/base.tgz holds}"
-if [ -n "${AKV_BASE_COMMIT:-}" ] && [ ! -x /tmp/akv-base/build/bin/activekv ]; then  # setup or decode-ab
+case "$PHASE" in decode-ab | matvec-ab) : "${AKV_BASE_COMMIT:?set AKV_BASE_COMMIT to the commit .mp/base.tgz holds}" ;; esac
+if [ -n "${AKV_BASE_COMMIT:-}" ] && [ ! -x /tmp/akv-base/build/bin/activekv ]; then  # setup, decode-ab or matvec-ab
   export AKV_BASE_COMMIT
   build_base > /tmp/base_build.log 2>&1 &
   BASE_PID=$!
@@ -322,6 +328,18 @@ run_decode_ab() {
   return $rc
 }
 
+# The matvec of this build against the base build's (issue 10): every GPU
+# test, then bench/gpu/matvec_ab.sh with the base's binaries as arm A.
+run_matvec_ab() {
+  local rc=0
+  run_tests || rc=1
+  wait_base || return 1
+  echo "== matvec A/B: base $AKV_BASE_COMMIT against $COMMIT $(( $(date +%s) - t0 )) s"
+  AKV_AB_TYPES=${AKV_AB_TYPES:-Q6_K,Q4_0,Q8_0} AKV_AB_MODELS=${AKV_AB_MODELS:-Q6_K,Q4_0} \
+    AKV_AB_NAME=matvec_ab AKV_AB_BASE_BIN=/tmp/akv-base/build/bin bench/gpu/matvec_ab.sh "$OUT" "${AKV_AB:-}" || rc=1
+  return $rc
+}
+
 # Issue 13's resident report: GPU tests of the tc int8s kernel; batch 1, 2, 4,
 # 8 at 32K and 1, 2, 4 at 128K (bf16 / int8s / hybrid, one launch per layer
 # over the batch) held against the measured HBM read bandwidth and against N
@@ -493,6 +511,7 @@ case "$PHASE" in
   parallel) run_parallel || RC=1 ;;
   decode-ab) run_decode_ab || RC=1 ;;
   batch) run_batch || RC=1 ;;
+  matvec-ab) run_matvec_ab || RC=1 ;;
   ab) bench/gpu/matvec_ab.sh "$OUT" "${AKV_AB:?set AKV_AB='ACTIVEKV_X=value ...'}" || RC=1 ;;
   eval) run_eval || RC=1 ;;
 esac
