@@ -166,12 +166,12 @@ struct RegItems<qblk::Q4_K> : UnitItems<qblk::Q4_K> {
   __device__ __forceinline__ static void load(const Lane& a, Regs& regs) { qkregs::load_unit_at(a.blk, a.group, regs); }
 };
 
-/// U: items in flight per lane and row (with_items).
-template <class T, int NV, int R, int U>
+template <class T, int NV, int R, int D>
 __device__ __forceinline__ void register_cta(const uint8_t* __restrict__ w, int64_t rows, int64_t row_bytes,
                                              int n_blocks, XQuant xq, int64_t cols, float* __restrict__ y,
                                              bool accumulate, int64_t cta) {
   using Items = RegItems<T>;
+  constexpr int U = D * Items::template kPerDepth<R>;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t row0 = (cta * kWarps + warp) * R;
   if (row0 >= rows) return;
@@ -225,44 +225,28 @@ __device__ __forceinline__ void register_cta(const uint8_t* __restrict__ w, int6
     if (r < n_rows) mvkern::write_row<NV>(acc + r * NV, y, rows, row0 + r, accumulate);
 }
 
-template <class T, int NV, int R, int U>
+template <class T, int NV, int R, int D>
 __global__ void __launch_bounds__(kWarps * 32)
     register_matvec_kernel(const uint8_t* __restrict__ w, int64_t rows, int64_t row_bytes, int n_blocks,
                            XQuant xq, int64_t cols, float* __restrict__ y, bool accumulate) {
-  register_cta<T, NV, R, U>(w, rows, row_bytes, n_blocks, xq, cols, y, accumulate, blockIdx.x);
+  register_cta<T, NV, R, D>(w, rows, row_bytes, n_blocks, xq, cols, y, accumulate, blockIdx.x);
 }
 
-template <class T, int NV, int R, int U>
+template <class T, int NV, int R, int D>
 __global__ void __launch_bounds__(kWarps * 32)
     register_matvec_group_kernel(mvkern::GroupArgs g, int64_t row_bytes, int n_blocks, XQuant xq, int64_t cols) {
   const mvkern::GroupPart m = mvkern::group_part(g);
-  register_cta<T, NV, R, U>(m.w, m.rows, row_bytes, n_blocks, xq, cols, m.y, false, m.cta);
+  register_cta<T, NV, R, D>(m.w, m.rows, row_bytes, n_blocks, xq, cols, m.y, false, m.cta);
 }
 
-/// Calls f(std::integral_constant<int, U>) for the items in flight per lane
-/// and row at `depth`: kPerDepth<R> x depth (depth 2 for one vector only:
-/// several vectors hold R x NV accumulators already). At depth 2 with one
-/// row, a row of 5..7 items a lane (n_items / 32, rounded up) takes exactly
-/// that many instead of depth 2's 8 slots: the whole row in one go with no
-/// registers held for items that do not exist. At 5120 columns, Q4_0 and
-/// Q6_K rows are 5 items a lane, and the 8-slot kernels took 70 and 128
-/// registers against 48 and 72 at 4 (ptxas, 546544a).
-template <class T, int NV, int R, class F>
-void with_items(int depth, int n_items, F&& f) {
-  constexpr int kPer = RegItems<T>::template kPerDepth<R>;
-  using std::integral_constant;
+/// Calls f(std::integral_constant<int, D>) for `depth`, 2 for one vector only
+/// (instantiated there only: several vectors hold R x NV accumulators already).
+template <int NV, class F>
+void with_depth(int depth, F&& f) {
   if constexpr (NV == 1) {
-    if (depth == 2) {
-      if constexpr (R == 1 && 2 * kPer == 8) {
-        const int per_lane = (n_items + 31) / 32;
-        if (per_lane == 5) return f(integral_constant<int, 5>{});
-        if (per_lane == 6) return f(integral_constant<int, 6>{});
-        if (per_lane == 7) return f(integral_constant<int, 7>{});
-      }
-      return f(integral_constant<int, 2 * kPer>{});
-    }
+    if (depth == 2) return f(std::integral_constant<int, 2>{});
   }
-  f(integral_constant<int, kPer>{});
+  f(std::integral_constant<int, 1>{});
 }
 
 template <class T>
@@ -313,8 +297,9 @@ void run(const DeviceMatrix& w, const XQuant& xq, int n_vec, float* y, bool accu
       mvkern::with_rows<NV>(shape.rows_per_warp, [&](auto r) {
         constexpr int kR = decltype(r)::value;
         const int64_t warps = (w.rows + kR - 1) / kR;
-        with_items<T, NV, kR>(shape.depth, n_blocks * qdot::Tiling<T>::kItemsPerBlock, [&](auto u) {
-          pdl::launch("matvec (register) kernel launch", register_matvec_kernel<T, NV, kR, decltype(u)::value>,
+        with_depth<NV>(shape.depth, [&](auto d) {
+          constexpr int kD = decltype(d)::value;
+          pdl::launch("matvec (register) kernel launch", register_matvec_kernel<T, NV, kR, kD>,
                       unsigned((warps + kWarps - 1) / kWarps), kWarps * 32, 0, stream,
                       static_cast<const uint8_t*>(w.data), w.rows, int64_t(w.row_bytes), n_blocks, xq, w.cols, y,
                       accumulate);
@@ -331,11 +316,9 @@ void run_group(const mvkern::GroupArgs& g, const mvhost::GroupPlan& plan, const 
     mvkern::with_nv(n_vec, [&](auto nv) {
       constexpr int NV = decltype(nv)::value;
       mvkern::with_rows<NV>(plan.rows_per_warp, [&](auto r) {
-        const int n_items = int(w0.cols / T::kElems) * qdot::Tiling<T>::kItemsPerBlock;
-        // A group: depth 1 unless forced.
-        with_items<T, NV, decltype(r)::value>(mvhost::split_depth() == 2 ? 2 : 1, n_items, [&](auto u) {
+        with_depth<NV>(mvhost::split_depth() == 2 ? 2 : 1, [&](auto d) {  // a group: depth 1 unless forced
           pdl::launch("matvec group (register) kernel launch",
-                      register_matvec_group_kernel<T, NV, decltype(r)::value, decltype(u)::value>, plan.ctas(),
+                      register_matvec_group_kernel<T, NV, decltype(r)::value, decltype(d)::value>, plan.ctas(),
                       kWarps * 32, 0, stream, g, int64_t(w0.row_bytes), int(w0.cols / T::kElems), xq, w0.cols);
         });
       });
