@@ -72,6 +72,9 @@
 #           bench_matvec and activekv as arm A (AKV_AB_TYPES, default
 #           Q6_K,Q4_0,Q8_0; models AKV_AB_MODELS, default Q6_K,Q4_0; AKV_AB
 #           an optional setting for arm B) -> $OUT/matvec_ab.json
+#   ncu-matvec  Nsight Compute of the one-vector matvec on 17408x5120, Q6_K
+#           and Q4_0 (split, register kernel) and Q4_K (GGUF, chunked): report
+#           and SASS source page per type -> $OUT/ncu_matvec_<type>.txt, .csv.gz
 #   ab      A/B of ACTIVEKV_* switches against the defaults in one call
 #           (AKV_AB='ACTIVEKV_WIDE_ROWS=2', say): bench/gpu/matvec_ab.sh --
 #           bench_matvec on the 27B shape's matrices and activekv bench at
@@ -341,6 +344,29 @@ run_matvec_ab() {
   return $rc
 }
 
+# Nsight Compute (--set full) of one one-vector matvec launch on the 27B
+# shape's 17408x5120 for Q6_K and Q4_0 (split layout, register kernel) and
+# Q4_K (GGUF layout, the chunked kernel, the default): the report and its
+# SASS source page (executed instructions and warp-stall samples per
+# instruction, gzipped CSV) per type -> $OUT/ncu_matvec_<type>.txt, .csv.gz.
+run_ncu_matvec() {
+  local ncu t layout
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  [ -n "$ncu" ] || { echo "ncu not found"; return 1; }
+  for t in Q6_K:split Q4_0:split Q4_K:gguf; do
+    layout=${t#*:} t=${t%%:*}
+    echo "== ncu: matvec $t 17408x5120 ($layout layout) $(( $(date +%s) - t0 )) s"
+    timeout 150 "$ncu" --clock-control none --set full -k 'regex:register_matvec_kernel|matvec_blocks_kernel' \
+      --launch-skip 40 --launch-count 1 -f -o /tmp/ncu_mv_$t build-device/bin/bench_matvec --types $t \
+      --shapes 17408x5120 --nvec 1 --groups "" --layout $layout --batches 3 > /tmp/ncu_mv_$t.log 2>&1 \
+      || { tail -5 /tmp/ncu_mv_$t.log; continue; }
+    "$ncu" -i /tmp/ncu_mv_$t.ncu-rep > "$OUT/ncu_matvec_$t.txt"
+    grep -E "Duration|DRAM Throughput|Registers Per|Achieved Occ|Theoretical Occ|Issue Slots Busy|Eligible Warps|No Eligible|Executed Instructions  " \
+      "$OUT/ncu_matvec_$t.txt" | head -12
+    "$ncu" -i /tmp/ncu_mv_$t.ncu-rep --page source --csv --print-source sass 2>&1 | gzip > "$OUT/ncu_matvec_${t}_sass.csv.gz"
+  done
+}
+
 # Issue 13's resident report: GPU tests of the tc int8s kernel; batch 1, 2, 4,
 # 8 at 32K and 1, 2, 4 at 128K (bf16 / int8s / hybrid, one launch per layer
 # over the batch) held against the measured HBM read bandwidth and against N
@@ -513,6 +539,7 @@ case "$PHASE" in
   decode-ab) run_decode_ab || RC=1 ;;
   batch) run_batch || RC=1 ;;
   matvec-ab) run_matvec_ab || RC=1 ;;
+  ncu-matvec) run_ncu_matvec || RC=1 ;;
   ab) bench/gpu/matvec_ab.sh "$OUT" "${AKV_AB:?set AKV_AB='ACTIVEKV_X=value ...'}" || RC=1 ;;
   eval) run_eval || RC=1 ;;
 esac
