@@ -21,9 +21,6 @@
 // columns of 4 units: four 8-byte loads and d, quant_q6kregs.cuh).
 #include <cuda_runtime.h>
 
-#include <cstdlib>
-#include <cstring>
-
 
 #include "register_matvec.h"
 #include "pdl.cuh"
@@ -169,10 +166,7 @@ struct RegItems<qblk::Q4_K> : UnitItems<qblk::Q4_K> {
   __device__ __forceinline__ static void load(const Lane& a, Regs& regs) { qkregs::load_unit_at(a.blk, a.group, regs); }
 };
 
-/// kPx (A/B switch, ACTIVEKV_MATVEC_PREFETCH_X=1): item u + 1's x is loaded
-/// before item u's dot (from item 0's address when u + 1 is past the row),
-/// so that its L1 round trip overlaps the dot.
-template <class T, int NV, int R, int D, bool kPx>
+template <class T, int NV, int R, int D>
 __device__ __forceinline__ void register_cta(const uint8_t* __restrict__ w, int64_t rows, int64_t row_bytes,
                                              int n_blocks, XQuant xq, int64_t cols, float* __restrict__ y,
                                              bool accumulate, int64_t cta) {
@@ -212,27 +206,14 @@ __device__ __forceinline__ void register_cta(const uint8_t* __restrict__ w, int6
   pdl::begin();
   for (int i0 = lane; i0 < n_items; i0 += 32 * U) {
     if (i0 != lane) load(i0);
-    if constexpr (kPx) {
-      typename Items::template X<NV> x[2];
-      Items::template load_x<NV>(x_at, cols, x[0]);
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        if (u + 1 < U) Items::template load_x<NV>(i0 + 32 * (u + 1) < n_items ? x_at.at(u + 1) : x_at, cols, x[(u + 1) & 1]);
-        if (i0 + 32 * u >= n_items) break;
+    for (int u = 0; u < U; ++u) {
+      if (i0 + 32 * u >= n_items) break;
+      typename Items::template X<NV> x;
+      Items::template load_x<NV>(x_at.at(u), cols, x);
 #pragma unroll
-        for (int r = 0; r < R; ++r)
-          if (r < n_rows) Items::template dot<NV>(item_regs[u][r], part, x[u & 1], acc + r * NV);
-      }
-    } else {
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        if (i0 + 32 * u >= n_items) break;
-        typename Items::template X<NV> x;
-        Items::template load_x<NV>(x_at.at(u), cols, x);
-#pragma unroll
-        for (int r = 0; r < R; ++r)
-          if (r < n_rows) Items::template dot<NV>(item_regs[u][r], part, x, acc + r * NV);
-      }
+      for (int r = 0; r < R; ++r)
+        if (r < n_rows) Items::template dot<NV>(item_regs[u][r], part, x, acc + r * NV);
     }
     // The next iteration's items are U steps on.
 #pragma unroll
@@ -244,18 +225,18 @@ __device__ __forceinline__ void register_cta(const uint8_t* __restrict__ w, int6
     if (r < n_rows) mvkern::write_row<NV>(acc + r * NV, y, rows, row0 + r, accumulate);
 }
 
-template <class T, int NV, int R, int D, bool kPx>
+template <class T, int NV, int R, int D>
 __global__ void __launch_bounds__(kWarps * 32)
     register_matvec_kernel(const uint8_t* __restrict__ w, int64_t rows, int64_t row_bytes, int n_blocks,
                            XQuant xq, int64_t cols, float* __restrict__ y, bool accumulate) {
-  register_cta<T, NV, R, D, kPx>(w, rows, row_bytes, n_blocks, xq, cols, y, accumulate, blockIdx.x);
+  register_cta<T, NV, R, D>(w, rows, row_bytes, n_blocks, xq, cols, y, accumulate, blockIdx.x);
 }
 
-template <class T, int NV, int R, int D, bool kPx>
+template <class T, int NV, int R, int D>
 __global__ void __launch_bounds__(kWarps * 32)
     register_matvec_group_kernel(mvkern::GroupArgs g, int64_t row_bytes, int n_blocks, XQuant xq, int64_t cols) {
   const mvkern::GroupPart m = mvkern::group_part(g);
-  register_cta<T, NV, R, D, kPx>(m.w, m.rows, row_bytes, n_blocks, xq, cols, m.y, false, m.cta);
+  register_cta<T, NV, R, D>(m.w, m.rows, row_bytes, n_blocks, xq, cols, m.y, false, m.cta);
 }
 
 /// Calls f(std::integral_constant<int, D>) for `depth`, 2 for one vector only
@@ -266,20 +247,6 @@ void with_depth(int depth, F&& f) {
     if (depth == 2) return f(std::integral_constant<int, 2>{});
   }
   f(std::integral_constant<int, 1>{});
-}
-
-/// Calls f(std::bool_constant<kPx>) (register_cta): true with one vector
-/// and ACTIVEKV_MATVEC_PREFETCH_X=1 (an A/B switch, read once).
-template <int NV, class F>
-void with_prefetch(F&& f) {
-  static const bool on = [] {
-    const char* e = std::getenv("ACTIVEKV_MATVEC_PREFETCH_X");
-    return e != nullptr && std::strcmp(e, "1") == 0;
-  }();
-  if constexpr (NV == 1) {
-    if (on) return f(std::true_type{});
-  }
-  f(std::false_type{});
 }
 
 template <class T>
@@ -331,13 +298,11 @@ void run(const DeviceMatrix& w, const XQuant& xq, int n_vec, float* y, bool accu
         constexpr int kR = decltype(r)::value;
         const int64_t warps = (w.rows + kR - 1) / kR;
         with_depth<NV>(shape.depth, [&](auto d) {
-          with_prefetch<NV>([&](auto px) {
-            pdl::launch("matvec (register) kernel launch",
-                        register_matvec_kernel<T, NV, kR, decltype(d)::value, decltype(px)::value>,
-                        unsigned((warps + kWarps - 1) / kWarps), kWarps * 32, 0, stream,
-                        static_cast<const uint8_t*>(w.data), w.rows, int64_t(w.row_bytes), n_blocks, xq, w.cols, y,
-                        accumulate);
-          });
+          constexpr int kD = decltype(d)::value;
+          pdl::launch("matvec (register) kernel launch", register_matvec_kernel<T, NV, kR, kD>,
+                      unsigned((warps + kWarps - 1) / kWarps), kWarps * 32, 0, stream,
+                      static_cast<const uint8_t*>(w.data), w.rows, int64_t(w.row_bytes), n_blocks, xq, w.cols, y,
+                      accumulate);
         });
       });
     });
@@ -352,13 +317,9 @@ void run_group(const mvkern::GroupArgs& g, const mvhost::GroupPlan& plan, const 
       constexpr int NV = decltype(nv)::value;
       mvkern::with_rows<NV>(plan.rows_per_warp, [&](auto r) {
         with_depth<NV>(mvhost::split_depth() == 2 ? 2 : 1, [&](auto d) {  // a group: depth 1 unless forced
-          with_prefetch<NV>([&](auto px) {
-            pdl::launch("matvec group (register) kernel launch",
-                        register_matvec_group_kernel<T, NV, decltype(r)::value, decltype(d)::value,
-                                                     decltype(px)::value>,
-                        plan.ctas(), kWarps * 32, 0, stream, g, int64_t(w0.row_bytes), int(w0.cols / T::kElems), xq,
-                        w0.cols);
-          });
+          pdl::launch("matvec group (register) kernel launch",
+                      register_matvec_group_kernel<T, NV, decltype(r)::value, decltype(d)::value>, plan.ctas(),
+                      kWarps * 32, 0, stream, g, int64_t(w0.row_bytes), int(w0.cols / T::kElems), xq, w0.cols);
         });
       });
     });
