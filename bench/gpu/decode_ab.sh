@@ -26,8 +26,9 @@ W=$(mktemp -d)
 rc=0
 for rep in $(seq "$REPS"); do
   for arm in base new; do
-    bin=$BASE; [ $arm = new ] && bin=$NEW
-    if timeout 200 "$bin" bench decode "${args[@]}" --json "$W/${arm}_$rep.json" > "$W/${arm}_$rep.txt" 2>&1; then
+    # Each run's JSON records AKV_COMMIT: the base build's runs get the base commit.
+    bin=$BASE commit=${AKV_BASE_COMMIT:-unknown}; [ $arm = new ] && bin=$NEW commit=${AKV_COMMIT:-unknown}
+    if AKV_COMMIT=$commit timeout 200 "$bin" bench decode "${args[@]}" --json "$W/${arm}_$rep.json" > "$W/${arm}_$rep.txt" 2>&1; then
       echo "== $arm $rep: $(grep -cE '^  ' "$W/${arm}_$rep.txt") rows"
     else
       echo "== $arm $rep failed: $(tail -2 "$W/${arm}_$rep.txt")"; rc=1

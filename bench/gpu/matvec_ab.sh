@@ -42,7 +42,13 @@ for T in ${MODELS//,/ }; do
 done
 # arm A|B -> "env ... BIN_DIR" pieces: the binaries' directory and the environment.
 arm_bin() { if [ "$1" = A ] && [ -n "$BASE_BIN" ]; then echo "$BASE_BIN"; else echo "$B"; fi; }
-arm_env() { env_args=(); [ "$1" = B ] && [ -n "$SETTING" ] && read -r -a env_args <<< "$SETTING"; }
+arm_env() {
+  env_args=()
+  [ "$1" = B ] && [ -n "$SETTING" ] && read -r -a env_args <<< "$SETTING"
+  # Each run's JSON records AKV_COMMIT: the base build's runs get the base commit.
+  [ "$1" = A ] && [ -n "$BASE_BIN" ] && env_args+=("AKV_COMMIT=${AKV_BASE_COMMIT:-unknown}")
+  return 0
+}
 W=$(mktemp -d)
 for rep in $(seq "$REPS"); do
   for arm in A B; do
