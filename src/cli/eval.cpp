@@ -315,7 +315,7 @@ void add_eval(CLI::App& app, std::function<int()>& run_fn) {
   app.add_flag("--passkey", a->passkey, "Run the passkey retrieval check instead (a key planted at --depths of a "
                                       "-c token filler prompt; per depth and route: retrieved, agrees with exact)");
   app.add_option("--depths", a->pk.depths, "--passkey: needle depths, fractions of the prompt")
-      ->delimiter(',')->capture_default_str()->check(CLI::Range(0.0, 1.0));
+      ->delimiter(',')->capture_default_str()->check(in_range(0.0, 1.0));
   app.add_option("--seed", a->pk.seed, "--passkey: seed of the keys")->capture_default_str();
   app.add_option("--answer-tokens", a->pk.answer_tokens, "--passkey: greedy tokens per answer")
       ->capture_default_str()->check(count_range(1));

@@ -307,7 +307,8 @@ void add_generate(CLI::App& app, std::function<int()>& run_fn) {
   app.add_option("-p,--prompt", a->prompt, "Prompt text");
   app.add_option("-f,--file", a->prompt_file, "Read the prompt from a file (default: data/default_prompt.txt)");
   app.add_option("-n,--n-predict", a->n_predict, "Tokens to generate")->capture_default_str()->check(count_range(0));
-  app.add_option("-c,--ctx-size", a->n_ctx, "Context size in tokens (0 = prompt + n-predict)")->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("-c,--ctx-size", a->n_ctx, "Context size in tokens (0 = prompt + n-predict)")->capture_default_str()
+      ->check(in_range(0, std::numeric_limits<int>::max()));  // any int: too large is a memory error, with sizes
   add_threads_option(app, a->threads);
   app.add_option("--temp", a->sampling.temperature, "Temperature (<= 0: greedy)")->capture_default_str();
   app.add_option("--top-k", a->sampling.top_k, "Top-k (<= 0: off)")->capture_default_str();
@@ -322,9 +323,9 @@ void add_generate(CLI::App& app, std::function<int()>& run_fn) {
       ->capture_default_str()->check(CLI::IsMember({"bf16", "f32", "lossless13", "int8s", "hybrid"}));
   add_recent_pages_option(app, a->recent_pages);
   app.add_option("--convert-threads", a->convert_threads, "Background page-conversion threads")
-      ->capture_default_str()->check(CLI::Range(1, 256));
+      ->capture_default_str()->check(in_range(1, 256));
   app.add_option("--tile-pages", a->tile_pages, "Pages per attention tile (GPU: per streamed copy job)")
-      ->capture_default_str()->check(CLI::Range(1, 1 << 20));
+      ->capture_default_str()->check(in_range(1, 1 << 20));
   app.add_option("--device", a->device,
                  "auto (the GPU when one is usable, else the CPU), cpu, or cuda (the whole model on the GPU, "
                  "the history in pinned host memory)")
@@ -335,14 +336,14 @@ void add_generate(CLI::App& app, std::function<int()>& run_fn) {
                  "streamed), auto (gpu if it fits --gpu-kv-mem, else partial, with --cpu-share auto)")
       ->capture_default_str()->check(CLI::IsMember({"auto", "host", "gpu", "partial"}));
   app.add_option("--gpu-kv-mem", a->gpu_kv_mem_gib, "GPU: GiB the history's device pages may use (0: free memory less a margin); a prompt whose history does not fit streams during prefill")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()->check(non_negative());
   app.add_option("--matvec-activations", a->matvec_activations,
                  "GPU: projections take int8-rounded activations in decode and bf16 in prefill (int8, as "
                  "llama.cpp; fast) or fp32 ones throughout (f32: the CPU path's arithmetic, for comparisons; slower)")
       ->capture_default_str()->check(CLI::IsMember({"int8", "f32"}));
   add_cuda_graphs_option(app, a->cuda_graphs);
   add_cpu_share_option(app, a->cpu_share);
-  app.add_option("--prefill-chunk", a->prefill_chunk, "Tokens per prefill forward pass")->capture_default_str()->check(CLI::Range(1, 1 << 16));
+  app.add_option("--prefill-chunk", a->prefill_chunk, "Tokens per prefill forward pass")->capture_default_str()->check(in_range(1, 1 << 16));
   app.add_option("--json", a->json_out, "Also write the summary as JSON to this file (with command and commit)");
   run_fn = [a] { return run(*a); };
 }

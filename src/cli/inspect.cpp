@@ -14,6 +14,7 @@
 #include "activekv/model/config.h"
 #include "activekv/model/tensor_split.h"
 #include "commands.h"
+#include "options.h"
 
 namespace activekv::cli {
 namespace {
@@ -113,7 +114,7 @@ void add_inspect(CLI::App& app, std::function<int()>& run_fn) {
   app.add_flag("--tensors", *all, "List every tensor");
   auto tp = std::make_shared<int>(0);
   app.add_option("--tensor-parallel", *tp, "Also print what each of N GPUs would hold split tensor-parallel")
-      ->check(CLI::Range(1, 64));
+      ->check(in_range(1, 64));
   run_fn = [path, all, tp] { return run(path->empty() ? default_model_path() : *path, *all, *tp); };
 }
 

@@ -9,8 +9,11 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
+#include <limits>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 namespace activekv::cli {
@@ -22,22 +25,66 @@ inline constexpr int kMaxTokens = 1 << 30;
 /// Every hardware thread: the default of -t.
 inline int default_threads() { return int(std::max(1u, std::thread::hardware_concurrency())); }
 
-/// A token or item count in [lo, kMaxTokens]: a whole number first ("Value
-/// abc is not a whole number"; CLI::Range alone said "abc not in range"),
-/// then CLI::Range's check and message.
-inline CLI::Validator count_range(int lo) {
-  const CLI::Range range(lo, kMaxTokens);
-  return CLI::Validator(
-      [range](std::string& v) -> std::string {
-        const size_t sign = !v.empty() && (v[0] == '-' || v[0] == '+') ? 1 : 0;
-        if (v.size() == sign || v.size() > 15 ||
-            !std::all_of(v.begin() + long(sign), v.end(), [](char c) { return c >= '0' && c <= '9'; }))
-          return "Value " + v + " is not a whole number";
-        std::string checked = v;
-        return range(checked);
-      },
-      range.get_description());
+/// `x` in its shortest form ("1024", "0.5", "3600000"), for messages.
+template <class T>
+std::string shortest(T x) {
+  char buf[64];
+  const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, x);
+  return ec == std::errc() ? std::string(buf, end) : std::to_string(x);
 }
+
+/// A value for a T option in [lo, hi]: first that it is a number -- a
+/// whole number for integral T ("Value abc is not a whole number"), a
+/// finite one for floating T ("Value abc is not a number") -- then the
+/// range, worded as CLI::Range words it but with the bounds in their
+/// shortest form ("Value 0 not in range 1 to 1024"). CLI::Range alone said
+/// "Value abc not in range", and CLI::NonNegativeNumber printed DBL_MAX in
+/// full. The help text keeps CLI::Range's description.
+template <class T>
+CLI::Validator in_range(T lo, T hi) {
+  static_assert(std::is_arithmetic_v<T>);
+  return CLI::Validator(
+      [lo, hi](std::string& v) -> std::string {
+        T x{};
+        if constexpr (std::is_integral_v<T>) {
+          const size_t sign = !v.empty() && (v[0] == '-' || v[0] == '+') ? 1 : 0;
+          long long w = 0;
+          const char* digits = v.data() + (sign && v[0] == '+' ? 1 : 0);
+          const auto [end, ec] = std::from_chars(digits, v.data() + v.size(), w);
+          if (v.size() == sign || ec != std::errc() || end != v.data() + v.size())
+            return "Value " + v + " is not a whole number";
+          if (w < static_cast<long long>(lo) || w > static_cast<long long>(hi))
+            return "Value " + v + " not in range " + shortest(lo) + " to " + shortest(hi);
+          x = static_cast<T>(w);
+        } else {
+          char* end = nullptr;
+          const double d = v.empty() ? 0.0 : std::strtod(v.c_str(), &end);
+          if (v.empty() || end != v.c_str() + v.size() || !std::isfinite(d)) return "Value " + v + " is not a number";
+          if (d < static_cast<double>(lo) || d > static_cast<double>(hi))
+            return "Value " + v + " not in range " + shortest(lo) + " to " + shortest(hi);
+          x = static_cast<T>(d);
+        }
+        (void)x;
+        return {};
+      },
+      CLI::Range(lo, hi).get_description());
+}
+
+/// A value for a floating option that is a finite number >= 0 ("Value -1 is
+/// negative"); the help text says NONNEGATIVE, as CLI::NonNegativeNumber's.
+inline CLI::Validator non_negative() {
+  return CLI::Validator(
+      [](std::string& v) -> std::string {
+        std::string checked = v;
+        const std::string e = in_range(0.0, std::numeric_limits<double>::max())(checked);
+        if (!e.empty() && e.find("not in range") != std::string::npos) return "Value " + v + " is negative";
+        return e;
+      },
+      "NONNEGATIVE");
+}
+
+/// A token or item count in [lo, kMaxTokens] (in_range).
+inline CLI::Validator count_range(int lo) { return in_range(lo, kMaxTokens); }
 
 /// A sampling seed: -1 (a random one, printed) or a whole number from 0 to
 /// 2^63 - 1 (every printed seed). CLI11's own conversion saturated larger
@@ -99,19 +146,19 @@ inline std::string name_both(const CLI::App& app, std::string message) {
 
 /// -t,--threads: CPU threads, 1..1024.
 inline CLI::Option* add_threads_option(CLI::App& app, int& threads) {
-  return app.add_option("-t,--threads", threads, "CPU threads")->capture_default_str()->check(CLI::Range(1, 1024));
+  return app.add_option("-t,--threads", threads, "CPU threads")->capture_default_str()->check(in_range(1, 1024));
 }
 
 /// --page-size: tokens per KV page, 1..2^20.
 inline CLI::Option* add_page_size_option(CLI::App& app, int& page_size) {
   return app.add_option("--page-size", page_size, "Tokens per KV page")->capture_default_str()
-      ->check(CLI::Range(1, 1 << 20));
+      ->check(in_range(1, 1 << 20));
 }
 
 /// --recent-pages: the hybrid route's full pages kept exact before the tail, 0..2^20.
 inline CLI::Option* add_recent_pages_option(CLI::App& app, int& recent_pages) {
   return app.add_option("--recent-pages", recent_pages, "hybrid: full pages before the tail kept exact")
-      ->capture_default_str()->check(CLI::Range(0, 1 << 20));
+      ->capture_default_str()->check(in_range(0, 1 << 20));
 }
 
 /// --cuda-graphs auto|on|off: GPU decode steps with the history resident

@@ -1,10 +1,7 @@
 // `activekv serve`: flags (llama-server's and vLLM's names where they exist)
 // -> serve::ServeOptions -> serve::run_server (src/serve, docs/serve.md).
 // Without cpp-httplib at configure time the subcommand stays, saying so.
-#include <fmt/format.h>
 
-#include <cmath>
-#include <utility>
 
 #include "activekv/core/error.h"
 #ifdef ACTIVEKV_HAVE_CUDA
@@ -31,10 +28,6 @@ struct ServeArgs {
 };
 
 int run(const ServeArgs& a) {
-  // CLI11's range checks let "nan" through: one line here, before the port binds.
-  for (const auto& [flag, v] : {std::pair{"--itl-target-ms", a.itl_target_ms}, {"--drain-seconds", a.drain_seconds},
-                                {"--host-kv-mem", a.host_kv_mem_gib}, {"--gpu-kv-mem", a.gpu_kv_mem_gib}})
-    if (!std::isfinite(v)) throw Error(fmt::format("{}: {} is not a number", flag, v));
 #ifdef ACTIVEKV_HAVE_SERVE
   serve::block_stop_signals();  // first: the GPU probe below starts the CUDA driver's threads
 #endif
@@ -87,17 +80,17 @@ void add_serve(CLI::App& app, std::function<int()>& run_fn) {
   app.add_option("-m,--model", a->model, "GGUF model file (default: as generate)");
   app.add_option("--served-model-name", a->model_name, "The model id clients name (default: the file name without .gguf)");
   app.add_option("--host", a->host, "Address to listen on")->capture_default_str();
-  app.add_option("--port", a->port, "Port (0: any free one, printed)")->capture_default_str()->check(CLI::Range(0, 65535));
+  app.add_option("--port", a->port, "Port (0: any free one, printed)")->capture_default_str()->check(in_range(0, 65535));
   app.add_option("--api-key", a->api_key, "Require \"Authorization: Bearer KEY\" on /v1/*");
   add_threads_option(app, a->threads);
   app.add_option("-c,--ctx-size", a->n_ctx, "Tokens a request may hold, prompt + max_tokens (0: the model's context)")
       ->capture_default_str()->check(count_range(0));
   app.add_option("--max-seqs", a->max_seqs, "Requests decoded at once (one batched step)")->capture_default_str()
-      ->check(CLI::Range(1, 4096));
+      ->check(in_range(1, 4096));
   app.add_option("--max-queue", a->max_queue, "Requests waiting for admission; past it, 429")->capture_default_str()
-      ->check(CLI::Range(1, 1 << 16));
+      ->check(in_range(1, 1 << 16));
   app.add_option("--host-kv-mem", a->host_kv_mem_gib, "GiB of host memory all running histories may hold (0: half of "
-                 "MemAvailable at start)")->capture_default_str()->check(CLI::NonNegativeNumber);
+                 "MemAvailable at start)")->capture_default_str()->check(non_negative());
   app.add_option("--kv-format", a->kv_format, "History format, as generate")->capture_default_str()
       ->check(CLI::IsMember({"bf16", "f32", "lossless13", "int8s", "hybrid"}));
   app.add_option("--device", a->device, "cpu, or cuda (the GPU runtime: one copy of the weights, a history per "
@@ -110,24 +103,24 @@ void add_serve(CLI::App& app, std::function<int()>& run_fn) {
       ->capture_default_str()->check(CLI::IsMember({"auto", "host", "gpu", "partial"}));
   app.add_option("--gpu-kv-mem", a->gpu_kv_mem_gib, "cuda: GiB of GPU memory all histories share, 1/--max-seqs per "
                  "request (0: free memory less a margin)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()->check(non_negative());
   add_page_size_option(app, a->page_size);
   add_recent_pages_option(app, a->recent_pages);
   app.add_option("--tile-pages", a->tile_pages, "Pages per attention tile")->capture_default_str()
-      ->check(CLI::Range(1, 1 << 20));
+      ->check(in_range(1, 1 << 20));
   app.add_option("--convert-threads", a->convert_threads, "Background page-conversion threads per request")
-      ->capture_default_str()->check(CLI::Range(1, 256));
+      ->capture_default_str()->check(in_range(1, 256));
   app.add_option("--prefill-chunk", a->prefill_chunk,
                  "Prompt tokens per scheduler tick, in one forward pass (CPU: shared by the requests still prefilling)")
-      ->capture_default_str()->check(CLI::Range(1, 1 << 16));
+      ->capture_default_str()->check(in_range(1, 1 << 16));
   app.add_option("--itl-target-ms", a->itl_target_ms, "Target inter-token latency while prompts prefill: a tick "
                  "prefills fewer than --prefill-chunk tokens (at least 32) when others decode, as the measured pass and "
                  "step times allow (0: always the whole chunk: first tokens sooner, later ones slower)")
-      ->capture_default_str()->check(CLI::Range(0.0, 3600e3));
+      ->capture_default_str()->check(in_range(0.0, 3600e3));
   app.add_option("--drain-seconds", a->drain_seconds, "On SIGINT/SIGTERM: stop admitting (503 with Retry-After, /health "
                  "503) and give running requests up to this long to finish, streams with data: [DONE]; a second "
                  "signal stops at once (0: stop at once, cutting streams)")
-      ->capture_default_str()->check(CLI::Range(0.0, 86400.0));
+      ->capture_default_str()->check(in_range(0.0, 86400.0));
   app.add_flag("--sync-conversion", a->sync_conversion,
                "Wait for page conversion after every step, so compressed formats give the same tokens whatever the "
                "timing (tests; slower)");

@@ -259,6 +259,13 @@ case $CASE in
     expect 105 "--synthetic-tokens: Value -1 not in range" -- eval --synthetic-tokens -1
     expect 105 "--layers-per-text: Value 0 not in range" -- eval --layers-per-text 0
     expect 105 "--page-size: Value 0 not in range" -- eval --page-size 0
+    # Ranged flags say "not a (whole) number" for text, not "abc not in range" (a README trial),
+    # and NONNEGATIVE ones no longer print DBL_MAX in full
+    expect 105 "-t/--threads: Value abc is not a whole number" -- generate -t abc
+    expect 105 "-c/--ctx-size: Value 1.5 is not a whole number" -- generate -c 1.5
+    expect 105 "--gpu-kv-mem: Value abc is not a number" -- generate --gpu-kv-mem abc
+    expect 105 "--gpu-kv-mem: Value -1 is negative" -- generate --gpu-kv-mem -1
+    expect 105 "--itl-target-ms: Value 5e9 not in range 0 to 3600000" -- serve --itl-target-ms 5e9
     expect 1 "eval: --routes: route 'hybrid:recent=x': 'recent=x' is not key=count" -- eval --routes hybrid:recent=x
     expect 1 "eval: --routes: exact is always scored as the baseline" -- eval --routes exact
     expect 1 "eval: --device must be cpu or cuda, got 'cuda-tc'" -- eval --device cuda-tc
