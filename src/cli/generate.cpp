@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -101,7 +102,10 @@ void print_summary(const GenerationReport& r) {
   double decode_ms = 0;
   for (double s : r.step_ms) decode_ms += s;
   constexpr double MiB = 1024.0 * 1024.0;
-  fmt::print(stderr, "\n\n--- activekv summary ({}) ---\n", r.model_name);
+  // The file the user named heads the summary (a README trial found the GGUF's
+  // general.name, e.g. "Smollm2 135M 8k Lc100K Mix1 Ep2", hard to place).
+  fmt::print(stderr, "\n\n--- activekv summary ({}) ---\n", std::filesystem::path(r.model_path).filename().string());
+  fmt::print(stderr, "model                {}\n", r.model_name);
   fmt::print(stderr, "device               {}\n", r.device);
   if (!r.layers.empty()) fmt::print(stderr, "layers               {}\n", r.layers);
   if (!r.placement.empty()) fmt::print(stderr, "kv placement         {}\n", r.placement);
