@@ -26,6 +26,10 @@ class Session {
   virtual ~Session() = default;
   /// Appends a piece of the prompt (at most the backend's prefill_chunk
   /// tokens); `last`: the prompt's final piece (sample() then gives the first token).
+  /// Returns when the piece's work is done, not merely queued: the
+  /// scheduler times it for the ITL budget (prefill_budget.h). The GPU
+  /// session's GpuSequence::append and prefill end in HistoryView::prefill_done,
+  /// which synchronises the stream.
   virtual void prefill(std::span<const int32_t> piece, bool last) = 0;
   /// The next token, sampled from the last position: once after the prompt's
   /// last piece and once after every step.
