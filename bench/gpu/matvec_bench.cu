@@ -12,8 +12,9 @@
 // The default shapes are the 27B-shape model's matrices (rows x cols): Q
 // 6144x5120, K/V 1024x5120, O 5120x6144, gate/up 17408x5120, down 5120x17408,
 // output 32000x5120. --kernel picks the block-type matvec kernel for
-// matrices in the GGUF layout (set_block_matvec_kernel; default chunked, the
-// runtime's; register reads Q4_K through registers too); --layout split
+// matrices in the GGUF layout (set_block_matvec_kernel; not given, the
+// runtime's: ACTIVEKV_MATVEC_KERNEL, else chunked, so an A/B of that variable
+// reaches this program too; register reads Q4_K through registers too); --layout split
 // (the default, the runtime's: GpuWeights) puts Q4_0, Q4_1, Q5_0, Q8_0 and
 // Q6_K matrices in the split layout, which only the register kernel reads,
 // whatever --kernel says (quant_matvec.h's WeightLayout); other types stay GGUF.
@@ -165,7 +166,7 @@ int main(int argc, char** argv) {
   CLI::App app{"Decode matvec on GGUF-typed weights vs the measured HBM read bandwidth"};
   std::string types = "Q4_0,Q4_K,Q6_K,Q8_0,Q4_1,Q5_K,F16,BF16,F32";
   std::string shapes = "6144x5120,1024x5120,5120x6144,17408x5120,5120x17408,32000x5120";
-  std::string kernel = "chunked";  // the runtime's default (quant_matvec.h says why)
+  std::string kernel;  // not given: the runtime's (ACTIVEKV_MATVEC_KERNEL, else chunked; quant_matvec.h)
   std::string nvecs = "1,2,8";
   std::string json_path;
   int batches = 30;
@@ -192,9 +193,12 @@ int main(int argc, char** argv) {
   try {
     activekv::cuda::require_gpu(0, "bench_matvec");
     using activekv::cuda::BlockMatvecKernel;
-    activekv::cuda::set_block_matvec_kernel(kernel == "register" ? BlockMatvecKernel::Register
-                                            : kernel == "chunked"  ? BlockMatvecKernel::Chunked
-                                                                   : BlockMatvecKernel::Tiled);
+    if (!kernel.empty())
+      activekv::cuda::set_block_matvec_kernel(kernel == "register" ? BlockMatvecKernel::Register
+                                              : kernel == "chunked"  ? BlockMatvecKernel::Chunked
+                                                                     : BlockMatvecKernel::Tiled);
+    const BlockMatvecKernel in_use = activekv::cuda::block_matvec_kernel();
+    kernel = in_use == BlockMatvecKernel::Register ? "register" : in_use == BlockMatvecKernel::Chunked ? "chunked" : "tiled";
     activekv::cuda::set_programmatic_launch(pdl == "on");
     cudaDeviceProp prop{};
     check_cuda(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
