@@ -13,7 +13,8 @@
 # Phases:
 #   setup   unpack the Debian packages carried in .debs/ into a prefix, build
 #   part    copy the model parts carried in .mp/ to /tmp/akv-model/
-#   tests   (build) + every GPU test binary; one JSON of all results
+#   tests   (build) + every GPU test binary (AKV_TESTS="weights model_ops" picks
+#           some: those that need no model file); one JSON of all results
 #   bench   the measurements: generate on the default model (prefill and
 #           decode t/s per --kv-placement, --kv-format and depth), matvec vs
 #           the HBM floor, prefill attention, bench decode (engine level)
