@@ -3,6 +3,7 @@
 // value is one line naming the flag and a non-zero exit, as any CLI11 parse error).
 #pragma once
 
+#include <cerrno>
 #include <cstdlib>
 
 #include <CLI/CLI.hpp>
@@ -45,6 +46,7 @@ CLI::Validator in_range(T lo, T hi) {
   static_assert(std::is_arithmetic_v<T>);
   return CLI::Validator(
       [lo, hi](std::string& v) -> std::string {
+        if (v.empty()) return "the value is empty";
         T x{};
         if constexpr (std::is_integral_v<T>) {
           const size_t sign = !v.empty() && (v[0] == '-' || v[0] == '+') ? 1 : 0;
@@ -58,9 +60,11 @@ CLI::Validator in_range(T lo, T hi) {
           x = static_cast<T>(w);
         } else {
           char* end = nullptr;
-          const double d = v.empty() ? 0.0 : std::strtod(v.c_str(), &end);
-          if (v.empty() || end != v.c_str() + v.size() || !std::isfinite(d)) return "Value " + v + " is not a number";
-          if (d < static_cast<double>(lo) || d > static_cast<double>(hi))
+          errno = 0;
+          const double d = std::strtod(v.c_str(), &end);
+          const bool overflow = errno == ERANGE && std::isinf(d);  // 1e999: a number, out of range
+          if (end != v.c_str() + v.size() || (!std::isfinite(d) && !overflow)) return "Value " + v + " is not a number";
+          if (overflow || d < static_cast<double>(lo) || d > static_cast<double>(hi))
             return "Value " + v + " not in range " + shortest(lo) + " to " + shortest(hi);
           x = static_cast<T>(d);
         }
@@ -71,14 +75,15 @@ CLI::Validator in_range(T lo, T hi) {
 }
 
 /// A value for a floating option that is a finite number >= 0 ("Value -1 is
-/// negative"); the help text says NONNEGATIVE, as CLI::NonNegativeNumber's.
+/// negative", "Value 1e999 is too large"); the help text says NONNEGATIVE, as
+/// CLI::NonNegativeNumber's.
 inline CLI::Validator non_negative() {
   return CLI::Validator(
       [](std::string& v) -> std::string {
         std::string checked = v;
         const std::string e = in_range(0.0, std::numeric_limits<double>::max())(checked);
-        if (!e.empty() && e.find("not in range") != std::string::npos) return "Value " + v + " is negative";
-        return e;
+        if (e.empty() || e.find("not in range") == std::string::npos) return e;
+        return "Value " + v + (std::strtod(v.c_str(), nullptr) < 0 ? " is negative" : " is too large");
       },
       "NONNEGATIVE");
 }

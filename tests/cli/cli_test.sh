@@ -265,6 +265,8 @@ case $CASE in
     expect 105 "-c/--ctx-size: Value 1.5 is not a whole number" -- generate -c 1.5
     expect 105 "--gpu-kv-mem: Value abc is not a number" -- generate --gpu-kv-mem abc
     expect 105 "--gpu-kv-mem: Value -1 is negative" -- generate --gpu-kv-mem -1
+    expect 105 "--gpu-kv-mem: Value 1e999 is too large" -- generate --gpu-kv-mem 1e999
+    expect 105 "--gpu-kv-mem: the value is empty" -- generate --gpu-kv-mem ""
     expect 105 "--itl-target-ms: Value 5e9 not in range 0 to 3600000" -- serve --itl-target-ms 5e9
     expect 1 "eval: --routes: route 'hybrid:recent=x': 'recent=x' is not key=count" -- eval --routes hybrid:recent=x
     expect 1 "eval: --routes: exact is always scored as the baseline" -- eval --routes exact
