@@ -47,9 +47,8 @@ CLI::Validator in_range(T lo, T hi) {
   return CLI::Validator(
       [lo, hi](std::string& v) -> std::string {
         if (v.empty()) return "the value is empty";
-        T x{};
         if constexpr (std::is_integral_v<T>) {
-          const size_t sign = !v.empty() && (v[0] == '-' || v[0] == '+') ? 1 : 0;
+          const size_t sign = v[0] == '-' || v[0] == '+' ? 1 : 0;
           long long w = 0;
           const char* digits = v.data() + (sign && v[0] == '+' ? 1 : 0);
           const auto [end, ec] = std::from_chars(digits, v.data() + v.size(), w);
@@ -57,7 +56,6 @@ CLI::Validator in_range(T lo, T hi) {
             return "Value " + v + " is not a whole number";
           if (w < static_cast<long long>(lo) || w > static_cast<long long>(hi))
             return "Value " + v + " not in range " + shortest(lo) + " to " + shortest(hi);
-          x = static_cast<T>(w);
         } else {
           char* end = nullptr;
           errno = 0;
@@ -66,9 +64,7 @@ CLI::Validator in_range(T lo, T hi) {
           if (end != v.c_str() + v.size() || (!std::isfinite(d) && !overflow)) return "Value " + v + " is not a number";
           if (overflow || d < static_cast<double>(lo) || d > static_cast<double>(hi))
             return "Value " + v + " not in range " + shortest(lo) + " to " + shortest(hi);
-          x = static_cast<T>(d);
         }
-        (void)x;
         return {};
       },
       CLI::Range(lo, hi).get_description());
