@@ -6,7 +6,7 @@
 // printed beside it). Not a test: it asserts nothing.
 //
 //   bench_matvec [--types Q4_0,Q4_K,...] [--shapes 6144x5120,...] [--nvec 1,8]
-//                [--groups 6144+1024+1024x5120,...] [--kernel tiled|chunked|register]
+//                [--groups 6144+1024+1024x5120,...] [--kernel tiled|chunked]
 //                [--layout split|gguf] [--pdl off|on] [--batches 30] [--json out.json]
 //
 // The default shapes are the 27B-shape model's matrices (rows x cols): Q
@@ -14,10 +14,12 @@
 // output 32000x5120. --kernel picks the block-type matvec kernel for
 // matrices in the GGUF layout (set_block_matvec_kernel; not given, the
 // runtime's: ACTIVEKV_MATVEC_KERNEL, else chunked, so an A/B of that variable
-// reaches this program too; register reads Q4_K through registers too); --layout split
-// (the default, the runtime's: GpuWeights) puts Q4_0, Q4_1, Q5_0, Q8_0 and
-// Q6_K matrices in the split layout, which only the register kernel reads,
-// whatever --kernel says (quant_matvec.h's WeightLayout); other types stay GGUF.
+// reaches this program too); --layout split puts Q4_0, Q4_1, Q5_0, Q8_0,
+// Q4_K and Q6_K matrices in the split layout, which only the register
+// kernel reads,
+// whatever --kernel says (quant_matvec.h's WeightLayout); other types stay GGUF. Not given,
+// the runtime's (GpuWeights): ACTIVEKV_WEIGHT_LAYOUT=gguf|split, else split -- so an A/B
+// of that variable (scripts/device_run.sh ab) reaches this program too.
 //
 // Timing: CUDA events around a batch of back-to-back launches on one stream
 // (>= 20), rotating between enough copies of the matrix that their bytes are
@@ -175,9 +177,9 @@ int main(int argc, char** argv) {
   app.add_option("--nvec", nvecs, "vectors per matvec (1..8), comma-separated");
   std::string groups = "6144+1024+1024x5120,17408+17408x5120";
   app.add_option("--groups", groups, "grouped launches: R1+R2+...xCOLS, comma-separated (\"\" for none)");
-  app.add_option("--kernel", kernel, "block-type matvec kernel")->check(CLI::IsMember({"tiled", "chunked", "register"}));
-  std::string layout = "split";
-  app.add_option("--layout", layout, "weight layout of Q4_0/Q4_1/Q5_0/Q8_0/Q6_K matrices")
+  app.add_option("--kernel", kernel, "block-type matvec kernel")->check(CLI::IsMember({"tiled", "chunked"}));
+  std::string layout;
+  app.add_option("--layout", layout, "weight layout of Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q6_K matrices")
       ->check(CLI::IsMember({"split", "gguf"}));
   std::string pdl = "off";
   app.add_option("--pdl", pdl,
@@ -187,6 +189,10 @@ int main(int argc, char** argv) {
   app.add_option("--batches", batches, "timed batches per row (median)")->check(CLI::Range(1, 10000));
   app.add_option("--json", json_path, "write the results as JSON here");
   CLI11_PARSE(app, argc, argv);
+  if (layout.empty()) {
+    const char* e = std::getenv("ACTIVEKV_WEIGHT_LAYOUT");
+    layout = e != nullptr && std::string(e) == "gguf" ? "gguf" : "split";
+  }
   std::string command;
   for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
 
@@ -194,11 +200,9 @@ int main(int argc, char** argv) {
     activekv::cuda::require_gpu(0, "bench_matvec");
     using activekv::cuda::BlockMatvecKernel;
     if (!kernel.empty())
-      activekv::cuda::set_block_matvec_kernel(kernel == "register" ? BlockMatvecKernel::Register
-                                              : kernel == "chunked"  ? BlockMatvecKernel::Chunked
-                                                                     : BlockMatvecKernel::Tiled);
-    const BlockMatvecKernel in_use = activekv::cuda::block_matvec_kernel();
-    kernel = in_use == BlockMatvecKernel::Register ? "register" : in_use == BlockMatvecKernel::Chunked ? "chunked" : "tiled";
+      activekv::cuda::set_block_matvec_kernel(kernel == "chunked" ? BlockMatvecKernel::Chunked
+                                                                  : BlockMatvecKernel::Tiled);
+    kernel = activekv::cuda::block_matvec_kernel() == BlockMatvecKernel::Chunked ? "chunked" : "tiled";
     activekv::cuda::set_programmatic_launch(pdl == "on");
     cudaDeviceProp prop{};
     check_cuda(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
@@ -215,7 +219,7 @@ int main(int argc, char** argv) {
                  "cudaMemcpyAsync");
     });
     const double copy_gbs = double(big) / t_copy * 1e-9;
-    std::printf("layout: %s (Q4_0, Q4_1, Q5_0, Q8_0); programmatic dependent launch %s\n", layout.c_str(),
+    std::printf("layout: %s (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K); programmatic dependent launch %s\n", layout.c_str(),
                 pdl.c_str());
     std::printf("block-type kernel: %s\ndevice %s, %d SMs, L2 %.0f MB\nHBM floor: read-only kernel %.0f GB/s; cudaMemcpy D2D %.0f GB/s "
                 "(read + write)\n\n",

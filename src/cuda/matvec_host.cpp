@@ -127,14 +127,7 @@ int chunked_rows_per_warp(int64_t rows, int n_vec, int block_bytes, int block_el
   return four_bit ? 2 : 1;
 }
 
-bool reads_registers(const DeviceMatrix& w, BlockMatvecKernel kernel) {
-  // validate_matrix holds data 16-byte aligned and row_bytes at the GGUF
-  // size; a Q4_K row is whole 144-byte (9 x 16) super-blocks: every unit's
-  // three 16-byte loads are aligned.
-  static_assert(144 % 16 == 0);
-  if (w.layout == WeightLayout::Split) return true;
-  return w.type == gguf::TensorType::Q4_K && kernel == BlockMatvecKernel::Register;
-}
+bool reads_registers(const DeviceMatrix& w) { return w.layout == WeightLayout::Split; }
 
 GroupPlan plan_group(const MatvecGroupItem* items, int n, const float* x, int n_vec, const void* workspace,
                      BlockMatvecKernel kernel) {
@@ -164,7 +157,7 @@ GroupPlan plan_group(const MatvecGroupItem* items, int n, const float* x, int n_
   // The chunked and register kernels' rows do not depend on the grid (split
   // matrices always run the register kernel).
   p.registers = true;
-  for (int i = 0; i < n; ++i) p.registers = p.registers && reads_registers(*items[i].w, kernel);
+  for (int i = 0; i < n; ++i) p.registers = p.registers && reads_registers(*items[i].w);
   p.one_launch = is_float || kernel != BlockMatvecKernel::Tiled || p.registers;
   int64_t total_rows = 0;
   for (int i = 0; i < n; ++i) total_rows += items[i].w->rows;

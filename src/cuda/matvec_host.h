@@ -68,11 +68,9 @@ struct GroupPlan {
   uint32_t ctas() const { return n > 0 ? cta_end[n - 1] : 0; }
 };
 
-/// True where `kernel` selected means the register kernel reads w
-/// (BlockMatvecKernel's comment): the split layout always; Q4_K in the GGUF
-/// layout with Register selected (validate_matrix's 16-byte aligned data and
-/// 144-byte super-blocks keep its 16-byte loads aligned).
-bool reads_registers(const DeviceMatrix& w, BlockMatvecKernel kernel);
+/// True where the register kernel reads w (BlockMatvecKernel's comment): the
+/// split layout, whatever kernel is selected.
+bool reads_registers(const DeviceMatrix& w);
 
 /// Checks a group as launch_matvec_prequantized_group documents (throws
 /// InvalidArgument, nothing launched) and lays out its grid for `kernel`.
@@ -81,7 +79,7 @@ GroupPlan plan_group(const MatvecGroupItem* items, int n, const float* x, int n_
 
 /// The register kernel's units per lane in flight for one vector: depth 1
 /// (per row, 4 blocks of 16-byte codes of a split type, 2 of Q8_0's 32; 4
-/// Q4_K units of 48 bytes, 1 at 4 rows; 4 Q6_K items of 34 bytes, 2 at 2
+/// Q4_K units of 32 bytes, 1 at 4 rows; 4 Q6_K items of 34 bytes, 2 at 2
 /// rows, 1 at 4) or 2 (twice as many), or 0 (the
 /// default): split_shape's rule. ACTIVEKV_SPLIT_DEPTH=1|2
 /// at start forces one (measurements), as does this. The same bits either

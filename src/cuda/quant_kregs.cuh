@@ -1,98 +1,106 @@
-// Internal to the CUDA backend: one 32-element unit of a Q4_K super-block in
-// a lane's registers, for the register matvec (register_matvec.cu) on Q4_K
-// matrices in their GGUF layout.
+// Internal to the CUDA backend: one 32-element unit of a Q4_K super-block
+// in the split layout (quant_split.cuh) in a lane's registers, and its dot,
+// for the register matvec (register_matvec.cu).
 //
-// A Q4_K super-block is 144 bytes (256 elements, 8 units): f16 d, f16 dmin,
-// 12 bytes of 6-bit scales and mins, then 128 bytes of nibbles where units
-// 2j and 2j + 1 share bytes 16 + 32j .. 16 + 32j + 31 (low and high nibbles).
-// 144 = 9 x 16, so in a 16-byte aligned matrix every super-block, its
-// 16-byte header and each 32-byte nibble group start 16-byte aligned: a
-// unit is three 16-byte loads and no repack is needed (unlike Q4_0's
-// 18-byte blocks, quant_split.cuh).
+// A Q4_K super-block (256 elements, 8 units) is split into a 16-byte head
+// (f16 d, f16 dmin, 12 bytes of 6-bit scales and mins) and a 128-byte
+// payload whose unit u is bytes 16u .. 16u + 15 (element e < 16 the low
+// nibble of byte e, 16 + e the high one). Both start 16-byte aligned, so a
+// lane's unit is two 16-byte loads: 8 registers, where the GGUF layout's
+// unit (the head and the 32-byte group it shares with its neighbour) took
+// 12 for the same 18 bytes of the matrix.
 //
-// UnitRegs answers the traits' reads (quant_blocks.cuh's Q4_K::raw4, scale,
-// min) with the GGUF offsets of *its own unit*: a nibble read at 16 + 32j +
-// 4g returns word g of the group the unit was loaded with (the traits only
-// ask for their unit's group), and the scale bytes, whose offset depends on
-// the unit at run time, are picked by selects rather than a runtime index
-// into the register array (which would put it in local memory). So every
-// value the traits compute is the one a pointer into the block gives, and
-// dot_unit_x on UnitRegs is bitwise dot_unit_x on the block's bytes
-// (tests/cuda/test_weights_host.cpp holds it on the CPU) -- but for NaN
-// scales, whose payload the device's f16 conversion may change, as the
-// split layout's registers (quant_split.cuh) may.
+// The lane's unit u is the same in every super-block it meets (its lane
+// number mod 8), so which scale bytes and shifts it reads is fixed for the
+// kernel: scale_min below picks them by u without the run-time byte indexing
+// of the generic reader (quant_blocks.cuh's scale_min_k4 on a byte source),
+// and dot_unit_x masks the codes out of the 4 payload words directly. The
+// integers and floats are those of qdot::dot_unit_x<Q4_K> on the block's
+// GGUF bytes, in the same order (tests/cuda/test_weights_host.cpp holds it
+// bitwise on the CPU for every unit) -- but for NaN d or dmin, whose payload
+// the device's f16 conversion may change, as the other register sources may.
 #pragma once
 
 #include <cstdint>
 
 #include "quant_blocks.cuh"
+#include "quant_dot.cuh"
+#include "quant_split.cuh"
 
 namespace activekv::cuda::qkregs {
 
 using qblk::Q4_K;
 
-inline constexpr int kHeadBytes = 16;   // d, dmin, scales[12]
-inline constexpr int kGroupBytes = 32;  // the nibbles of a unit pair
-
 struct UnitRegs {
-  uint32_t head[4];  // bytes 0..15 of the super-block, little endian
-  uint32_t qs[8];    // bytes 16 + 32 * (u / 2) .. + 31 for the loaded unit u
+  uint32_t head[4];  // the super-block's head: d | dmin << 16, then scale bytes 0..11, little endian
+  uint32_t qs[4];    // the unit's 16 payload bytes
 };
 
-/// Byte offset of unit u's nibble group within its super-block.
-AKV_QHD int group_offset(int u) { return kHeadBytes + kGroupBytes * (u >> 1); }
+/// Where a lane's unit u of a split block is: its super-block's head and
+/// its 16 payload bytes.
+struct UnitAt {
+  const uint8_t* head;
+  const uint8_t* payload;
+};
 
-/// head[i] for a run-time i in 0..3, by selects.
-AKV_QHD uint32_t head_word(const UnitRegs& s, int i) {
-  return i == 0 ? s.head[0] : i == 1 ? s.head[1] : i == 2 ? s.head[2] : s.head[3];
-}
+AKV_QHD UnitAt unit_at(const qsplit::SplitPtr<Q4_K>& s, int u) { return {s.head, s.payload + 16 * u}; }
 
 #ifdef __CUDACC__
-/// A unit of the super-block at `blk` whose nibble group is at `group` (blk
-/// + group_offset(u); both 16-byte aligned): its header and its group, three
-/// 16-byte streaming loads (qsplit::ld_stream16's ld.global.nc.L1::no_allocate:
-/// read once, kept out of L1). The register matvec keeps both pointers, so
-/// that a lane's later units (whole super-blocks on) are constant offsets.
-__device__ __forceinline__ void load_unit_at(const uint8_t* blk, const uint8_t* group, UnitRegs& r) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r.head[0]), "=r"(r.head[1]), "=r"(r.head[2]), "=r"(r.head[3])
-               : "l"(blk));
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(group + 16 * i));
-    r.qs[4 * i] = v.x, r.qs[4 * i + 1] = v.y, r.qs[4 * i + 2] = v.z, r.qs[4 * i + 3] = v.w;
-  }
+/// The unit at a into registers: two 16-byte streaming loads (read once,
+/// kept out of L1: qsplit::ld_stream16). The 8 lanes of a super-block load
+/// the same head in one instruction: one request.
+__device__ __forceinline__ void load_unit(const UnitAt& a, UnitRegs& r) {
+  const uint4 h = qsplit::ld_stream16(a.head), q = qsplit::ld_stream16(a.payload);
+  r.head[0] = h.x, r.head[1] = h.y, r.head[2] = h.z, r.head[3] = h.w;
+  r.qs[0] = q.x, r.qs[1] = q.y, r.qs[2] = q.z, r.qs[3] = q.w;
 }
 #endif
 
-/// The same on the host (the CPU tests of the source).
-inline void load_unit_host(const uint8_t* blk, int u, UnitRegs& r) {
-  auto word = [](const uint8_t* p) {
-    return uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24;
-  };
-  for (int i = 0; i < 4; ++i) r.head[i] = word(blk + 4 * i);
-  for (int i = 0; i < 8; ++i) r.qs[i] = word(blk + group_offset(u) + 4 * i);
+/// The same on the host (the CPU tests).
+inline void load_unit_host(const UnitAt& a, UnitRegs& r) {
+  for (int i = 0; i < 4; ++i) r.head[i] = qblk::ld32<4>(a.head + 4 * i), r.qs[i] = qblk::ld32<4>(a.payload + 4 * i);
 }
 
-// Byte sources over UnitRegs: declared beside it, so that the traits'
-// unqualified src_* calls find them by argument-dependent lookup.
+/// Unit u's 6-bit scale and min: ggml's get_scale_min_k4 with the scale
+/// bytes q[0..11] in head[1..3]. For u < 4, sc = q[u] & 63, m = q[u + 4] & 63;
+/// for u >= 4 (k = u - 4), sc = (q[k + 8] & 15) | (q[k] >> 6) << 4 and m =
+/// (q[k + 8] >> 4) | (q[k + 4] >> 6) << 4. Byte k (= u % 4) of words 1, 2, 3
+/// is q[k], q[k + 4], q[k + 8]: one shift per word, the same for every block.
+AKV_QHD void scale_min(const UnitRegs& r, int u, int& sc, int& m) {
+  const int shift = 8 * (u & 3);
+  const uint32_t q0 = r.head[1] >> shift, q4 = r.head[2] >> shift;
+  if (u < 4) {
+    sc = int(q0 & 63), m = int(q4 & 63);
+  } else {
+    const uint32_t q8 = r.head[3] >> shift;
+    sc = int((q8 & 15) | ((q0 >> 6) & 3) << 4);
+    m = int(((q8 >> 4) & 15) | ((q4 >> 6) & 3) << 4);
+  }
+}
 
-/// Q4_K reads 4 bytes only from its nibbles: word g of the loaded group
-/// ((off - 16) mod 32 = 4g; g is a constant once dot_unit_x is unrolled).
-template <int Align>
-AKV_QHD uint32_t src_u32(const UnitRegs& s, int off) {
-  return s.qs[((off - kHeadBytes) & (kGroupBytes - 1)) >> 2];
-}
-/// Q4_K reads single bytes only from its scales (offsets 4..15).
-AKV_QHD uint32_t src_u8(const UnitRegs& s, int off) {
-  return (head_word(s, off >> 2) >> (8 * (off & 3))) & 0xffu;
-}
-/// d (offset 0) and dmin (offset 2).
-AKV_QHD float src_half(const UnitRegs& s, int off) {
-  return qblk::reg_half_to_float(uint16_t(s.head[0] >> (8 * (off & 2))));
+/// qdot::dot_unit_x<Q4_K, NV> for unit u held in r: acc[v] += d_x * (a *
+/// sum(code * q) + mn * sum(q)), a = d * sc, mn = -(dmin * m).
+template <int NV>
+AKV_QHD void dot_unit_x(const UnitRegs& r, int u, const qdot::UnitX<NV>& x, float* acc) {
+  uint32_t c[8];
+  AKV_UNROLL
+  for (int g = 0; g < 4; ++g) {
+    c[g] = r.qs[g] & 0x0f0f0f0fu;             // elements 4g .. 4g + 3
+    c[g + 4] = (r.qs[g] >> 4) & 0x0f0f0f0fu;  // elements 16 + 4g ..
+  }
+  int sc, m;
+  scale_min(r, u, sc, m);
+  const float a = qblk::mul_rn(qblk::reg_half_to_float(uint16_t(r.head[0])), float(sc));
+  const float mn = -qblk::mul_rn(qblk::reg_half_to_float(uint16_t(r.head[0] >> 16)), float(m));
+  AKV_UNROLL
+  for (int v = 0; v < NV; ++v) {
+    int s = 0;
+    AKV_UNROLL
+    for (int g = 0; g < 8; ++g) s = qblk::dp4a(int(c[g]), x.xs[v][g], s);
+    float t = qblk::mul_rn(a, float(s));
+    t = fmaf(mn, x.d[v].y, t);
+    acc[v] = fmaf(x.d[v].x, t, acc[v]);
+  }
 }
 
 }  // namespace activekv::cuda::qkregs

@@ -322,7 +322,6 @@ __global__ void __launch_bounds__(kWarps * 32)
 BlockMatvecKernel initial_kernel() {
   const char* e = std::getenv("ACTIVEKV_MATVEC_KERNEL");
   if (e != nullptr && std::strcmp(e, "tiled") == 0) return BlockMatvecKernel::Tiled;
-  if (e != nullptr && std::strcmp(e, "register") == 0) return BlockMatvecKernel::Register;
   return BlockMatvecKernel::Chunked;
 }
 
@@ -396,7 +395,7 @@ void run_matvec(const DeviceMatrix& w, const float* x, int n_vec, float* y, bool
   if (w.rows == 0) return;
   const auto* wp = static_cast<const uint8_t*>(w.data);
   const dim3 grid(unsigned((w.rows + kWarps - 1) / kWarps)), block(kWarps * 32);
-  if (mvhost::reads_registers(w, g_kernel)) {
+  if (mvhost::reads_registers(w)) {
     regmv::run(w, xquant_of(ws, w.cols, n_vec), n_vec, y, accumulate, stream);
     check_cuda(cudaGetLastError(), "matvec (register) kernel launch");
     return;
@@ -454,7 +453,7 @@ void validate_matrix(const DeviceMatrix& w) {
                           std::to_string(w.rows) + " rows x " + std::to_string(w.cols) + " cols)");
   }
   if (w.layout == WeightLayout::Split && !has_split_layout(w.type)) {
-    throw InvalidArgument(shape_str(w) + ": the split layout exists for Q4_0, Q4_1, Q5_0, Q8_0 and Q6_K only");
+    throw InvalidArgument(shape_str(w) + ": the split layout exists for Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K only");
   }
   if (w.layout != WeightLayout::Split && w.layout != WeightLayout::Gguf) {
     throw InvalidArgument(shape_str(w) + ": unknown layout " + std::to_string(int(w.layout)));

@@ -18,11 +18,22 @@
 // bytes of codes and scales (ql, qh, scales: 13 x 16 bytes) followed by the
 // f16 d, so the payload is the block's *first* 208 bytes and the head its
 // last 2 (kPayloadAt, kHeadAt), and every payload starts 16-byte aligned.
+// Q4_K's 144-byte super-block is a 16-byte head (d, dmin, 12 bytes of 6-bit
+// scales and mins) and 128 bytes of nibbles, where units 2j and 2j + 1 share
+// 32 bytes (low and high nibbles). Its split payload also regroups the
+// nibbles by unit (kNibblesByUnit): unit u's 32 codes are payload bytes
+// 16u .. 16u + 15, element e < 16 the low nibble of byte e and element 16 + e
+// the high one -- Q4_0's order. So a lane that takes one unit loads 16
+// bytes of codes for its 16 bytes, not the pair's 32 (in the GGUF layout the
+// register kernel held 48 bytes of registers per 18-byte unit, and lost to
+// the chunked kernel: bench/results/h200_q4k_register_model_b6cb9a6.json).
 // The matrix's size is unchanged. Readers see a split block through a
 // byte source (quant_blocks.cuh): SplitPtr in memory, SplitRegs (32-element
-// types) or Q6kItemRegs (Q6_K, quant_q6kregs.cuh) in registers; all present
-// the block's GGUF byte offsets, so every traits function and every dot
-// product is the GGUF layout's, bit for bit.
+// types), Q6kItemRegs (Q6_K, quant_q6kregs.cuh) or qkregs::UnitRegs (Q4_K,
+// quant_kregs.cuh) in registers; SplitPtr and SplitRegs present the block's
+// GGUF byte offsets, so every traits function and every dot product is the
+// GGUF layout's, bit for bit; the register sources of the K-quants have
+// their own dot, tested bitwise against the GGUF bytes'.
 #pragma once
 
 #include <cstdint>
@@ -37,21 +48,25 @@ using qblk::Q4_0;
 using qblk::Q4_1;
 using qblk::Q5_0;
 using qblk::Q8_0;
+using qblk::Q4_K;
 using qblk::Q6_K;
 
 /// kOk: the type has a split layout; kHead + kPayload == T::kBytes. The head
 /// is GGUF bytes kHeadAt .. kHeadAt + kHead - 1 of the block, the payload
 /// bytes kPayloadAt .. kPayloadAt + kPayload - 1: for the 32-element types
 /// the head comes first (kHeadAt 0, kPayloadAt kHead), for Q6_K last.
+/// kNibblesByUnit: the payload regroups the GGUF nibbles by unit (Q4_K,
+/// above; split_payload_byte and gguf_payload_byte map them); otherwise the
+/// payload is the GGUF bytes as they are.
 template <class T>
 struct SplitOf {
-  static constexpr bool kOk = false;
+  static constexpr bool kOk = false, kNibblesByUnit = false;
   static constexpr int kHead = 0, kPayload = 0, kHeadAt = 0, kPayloadAt = 0;
 };
 /// The 32-element types: head first, payload (the codes) last.
-template <int Head, int Payload>
+template <int Head, int Payload, bool NibblesByUnit = false>
 struct HeadFirst {
-  static constexpr bool kOk = true;
+  static constexpr bool kOk = true, kNibblesByUnit = NibblesByUnit;
   static constexpr int kHead = Head, kPayload = Payload, kHeadAt = 0, kPayloadAt = Head;
 };
 template <>
@@ -64,8 +79,11 @@ template <>
 struct SplitOf<Q8_0> : HeadFirst<2, 32> {};  // f16 d | 32 int8 codes
 
 template <>
+struct SplitOf<Q4_K> : HeadFirst<16, 128, true> {};  // d, dmin, scales[12] | 8 units x 16 bytes of nibbles
+
+template <>
 struct SplitOf<Q6_K> {  // ql[128] qh[64] scales[16] | f16 d
-  static constexpr bool kOk = true;
+  static constexpr bool kOk = true, kNibblesByUnit = false;
   static constexpr int kHead = 2, kPayload = 208, kHeadAt = 208, kPayloadAt = 0;
 };
 
@@ -78,6 +96,45 @@ AKV_QHD int64_t payload_offset(int64_t r, int64_t b, int64_t n_blocks) {
 template <class T>
 AKV_QHD int64_t head_offset(int64_t rows, int64_t r, int64_t b, int64_t n_blocks) {
   return rows * n_blocks * SplitOf<T>::kPayload + (r * n_blocks + b) * SplitOf<T>::kHead;
+}
+
+/// Byte i of a block's split payload, from the block's GGUF bytes g (the
+/// repack). For Q4_K, unit u = i / 16's elements b = i % 16 (low nibble)
+/// and b + 16 (high), from the GGUF group of units 2j, 2j + 1 (j = u / 2),
+/// where element e of unit u is nibble u % 2 of group byte e.
+template <class T>
+AKV_QHD uint8_t split_payload_byte(const uint8_t* g, int i) {
+  if constexpr (SplitOf<T>::kNibblesByUnit) {
+    const int u = i >> 4, b = i & 15, shift = 4 * (u & 1);
+    const uint8_t* group = g + SplitOf<T>::kPayloadAt + 32 * (u >> 1);
+    return uint8_t(((group[b] >> shift) & 15) | (((group[b + 16] >> shift) & 15) << 4));
+  } else {
+    return g[SplitOf<T>::kPayloadAt + i];
+  }
+}
+
+/// GGUF byte kPayloadAt + i of a block from its split payload p: the
+/// inverse of split_payload_byte.
+template <class T>
+AKV_QHD uint8_t gguf_payload_byte(const uint8_t* p, int i) {
+  if constexpr (SplitOf<T>::kNibblesByUnit) {
+    const int j = i >> 5, e = i & 31;  // group j, element e of its units 2j and 2j + 1
+    auto code = [&](int u) { return (p[16 * u + (e & 15)] >> (4 * (e >> 4))) & 15; };
+    return uint8_t(code(2 * j) | (code(2 * j + 1) << 4));
+  } else {
+    return p[i];
+  }
+}
+
+/// GGUF word kPayloadAt + i (i = 32j + 4g, g < 8) of a Q4_K-like block from
+/// its split payload p: gguf_payload_byte four at a time, by words. Group
+/// byte 4g + k is element 4g + k of units 2j and 2j + 1, which sit in byte
+/// 4(g % 4) + k of their 16 payload bytes, low nibble for g < 4.
+AKV_QHD uint32_t gguf_nibble_word(const uint8_t* p, int i) {
+  const int j = i >> 5, g = (i & 31) >> 2, shift = 4 * (g >> 2);
+  const uint32_t lo = (qblk::ld32<4>(p + 32 * j + 4 * (g & 3)) >> shift) & 0x0f0f0f0fu;
+  const uint32_t hi = (qblk::ld32<4>(p + 32 * j + 16 + 4 * (g & 3)) >> shift) & 0x0f0f0f0fu;
+  return lo | (hi << 4);
 }
 
 /// A split block in memory. GGUF offsets in the head read it (2-byte
@@ -120,7 +177,7 @@ void with_layout(WeightLayout layout, F&& f) {
 template <class T>
 void gguf_block(const SplitPtr<T>& s, uint8_t* out) {
   for (int i = 0; i < SplitOf<T>::kHead; ++i) out[SplitOf<T>::kHeadAt + i] = s.head[i];
-  for (int i = 0; i < SplitOf<T>::kPayload; ++i) out[SplitOf<T>::kPayloadAt + i] = s.payload[i];
+  for (int i = 0; i < SplitOf<T>::kPayload; ++i) out[SplitOf<T>::kPayloadAt + i] = gguf_payload_byte<T>(s.payload, i);
 }
 
 /// True when GGUF byte `off` of a T block is in its head.
@@ -142,12 +199,18 @@ namespace activekv::cuda::qblk {
 template <int Align, class T>
 AKV_QHD uint32_t src_u32(const qsplit::SplitPtr<T>& s, int off) {
   using S = qsplit::SplitOf<T>;
-  return qsplit::in_head<T>(off) ? ld32<2>(s.head + (off - S::kHeadAt)) : ld32<4>(s.payload + (off - S::kPayloadAt));
+  if (qsplit::in_head<T>(off)) return ld32<2>(s.head + (off - S::kHeadAt));
+  if constexpr (S::kNibblesByUnit) {
+    return qsplit::gguf_nibble_word(s.payload, off - S::kPayloadAt);  // Q4_K reads its nibbles at 16 + 4k only
+  } else {
+    return ld32<4>(s.payload + (off - S::kPayloadAt));
+  }
 }
 template <class T>
 AKV_QHD uint32_t src_u8(const qsplit::SplitPtr<T>& s, int off) {
   using S = qsplit::SplitOf<T>;
-  return qsplit::in_head<T>(off) ? s.head[off - S::kHeadAt] : s.payload[off - S::kPayloadAt];
+  return qsplit::in_head<T>(off) ? s.head[off - S::kHeadAt]
+                                 : qsplit::gguf_payload_byte<T>(s.payload, off - S::kPayloadAt);
 }
 template <class T>
 AKV_QHD float src_half(const qsplit::SplitPtr<T>& s, int off) {

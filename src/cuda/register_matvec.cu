@@ -12,12 +12,11 @@
 //
 // What changes is how the bytes arrive: an item's bytes are aligned loads
 // straight into registers, U items per lane issued before any is used, no
-// shared memory, no per-granule bookkeeping. Three kinds of matrix qualify
-// (RegItems below): the 32-element types in the split layout (an item is a
-// block: its codes one or two 16-byte loads, quant_split.cuh), Q4_K in
-// its GGUF layout (an item is a unit of a 144-byte super-block: the
-// 16-byte header and the unit's 32-byte nibble group, quant_kregs.cuh), and
-// Q6_K in the split layout (an item is the chunked kernel's Q6_K item, 8
+// shared memory, no per-granule bookkeeping. It reads the split layout
+// (quant_split.cuh), three kinds of item (RegItems below): the 32-element
+// types' (an item is a block: its codes one or two 16-byte loads), Q4_K's
+// (an item is a unit: its super-block's 16-byte head and its 16 bytes of
+// nibbles, quant_kregs.cuh), and Q6_K's (the chunked kernel's Q6_K item, 8
 // columns of 4 units: four 8-byte loads and d, quant_q6kregs.cuh).
 #include <cuda_runtime.h>
 
@@ -139,31 +138,33 @@ struct RegItems<qblk::Q6_K> {
   }
 };
 
-/// Q4_K in the GGUF layout: an item is unit item % 8 of super-block item / 8.
-/// Each lane loads its unit whole (header + 32-byte nibble group: 3 x 16
-/// bytes in 12 registers, the group loaded by both lanes of the unit pair);
-/// 4 units per row and depth, 1 at 4 rows (at 4 x 4 the 8-vector kernel
-/// spilled 736 bytes). A lane's next unit is 4 super-blocks on.
+/// Q4_K in the split layout: an item is unit item % 8 of super-block item /
+/// 8, the lane's unit (item % 8 = lane % 8) the same in each. 8 registers a
+/// unit (the head's 16 bytes and the unit's 16 payload bytes,
+/// quant_kregs.cuh); 4 units per row and depth, 1 at 4 rows (at 4 x 4 the
+/// 8-vector kernel spilled 736 bytes with 12 registers a unit). A lane's
+/// next unit is 4 super-blocks on.
 template <>
 struct RegItems<qblk::Q4_K> : UnitItems<qblk::Q4_K> {
   static constexpr bool kOk = true;
   template <int R>
   static constexpr int kPerDepth = R >= 4 ? 1 : 4;
   using Regs = qkregs::UnitRegs;
-  struct Lane {
-    const uint8_t* blk;    // the super-block of item `lane`
-    const uint8_t* group;  // its unit's nibble group
-  };
-  static constexpr int kStepBytes = 32 / 8 * qblk::Q4_K::kBytes;
-  __device__ __forceinline__ static Lane lane_at(const uint8_t* w, int64_t, int64_t row_bytes, int64_t r, int,
+  using Lane = qkregs::UnitAt;
+  static constexpr int kBlocksPerStep = 32 / 8;
+  __device__ __forceinline__ static Lane lane_at(const uint8_t* w, int64_t rows, int64_t, int64_t r, int n_blocks,
                                                  int lane) {
-    const uint8_t* blk = w + r * row_bytes + int64_t(lane >> 3) * qblk::Q4_K::kBytes;
-    return {blk, blk + qkregs::group_offset(lane & 7)};
+    return qkregs::unit_at(qsplit::split_block<qblk::Q4_K>(w, rows, r, lane >> 3, n_blocks), lane & 7);
   }
   __device__ __forceinline__ static Lane advanced(const Lane& a, int s) {
-    return {a.blk + kStepBytes * s, a.group + kStepBytes * s};
+    return {a.head + kBlocksPerStep * SplitOf<qblk::Q4_K>::kHead * s,
+            a.payload + kBlocksPerStep * SplitOf<qblk::Q4_K>::kPayload * s};
   }
-  __device__ __forceinline__ static void load(const Lane& a, Regs& regs) { qkregs::load_unit_at(a.blk, a.group, regs); }
+  __device__ __forceinline__ static void load(const Lane& a, Regs& regs) { qkregs::load_unit(a, regs); }
+  template <int NV>
+  __device__ __forceinline__ static void dot(const Regs& regs, int part, const X<NV>& x, float* acc) {
+    qkregs::dot_unit_x<NV>(regs, part, x, acc);
+  }
 };
 
 template <class T, int NV, int R, int D>
@@ -259,7 +260,7 @@ __global__ void repack_kernel(const uint8_t* __restrict__ src, uint8_t* __restri
   uint8_t* h = dst + qsplit::head_offset<T>(rows, r, b, n_blocks);
   uint8_t* p = dst + qsplit::payload_offset<T>(r, b, n_blocks);
   for (int k = 0; k < SplitOf<T>::kHead; ++k) h[k] = s[SplitOf<T>::kHeadAt + k];
-  for (int k = 0; k < SplitOf<T>::kPayload; ++k) p[k] = s[SplitOf<T>::kPayloadAt + k];
+  for (int k = 0; k < SplitOf<T>::kPayload; ++k) p[k] = qsplit::split_payload_byte<T>(s, k);
 }
 
 /// Calls f(T{}) for the split types.
@@ -270,16 +271,15 @@ void dispatch_split(gguf::TensorType t, F&& f) {
   });
 }
 
-/// Calls f(T{}) for w's type where the register kernel reads it in w's
-/// layout (mvhost::reads_registers: split types split, Q4_K in the GGUF
-/// layout); throws otherwise -- the caller checked.
+/// Calls f(T{}) for w's type where the register kernel reads it: the split
+/// layout (mvhost::reads_registers); throws otherwise -- the caller checked.
 template <class F>
 void dispatch_registers(const DeviceMatrix& w, F&& f) {
   bool done = false;
   qblk::dispatch_block_type(w.type, [&](auto traits) {
     using T = decltype(traits);
     if constexpr (RegItems<T>::kOk) {
-      if (SplitOf<T>::kOk == (w.layout == WeightLayout::Split)) f(traits), done = true;
+      if (w.layout == WeightLayout::Split) f(traits), done = true;
     }
   });
   if (!done) throw InvalidArgument("register matvec: no register kernel for the " + mvhost::shape_str(w));

@@ -251,7 +251,7 @@ inline std::vector<Shape> shapes_for(TensorType t) {
 }
 
 inline const char* kernel_name(BlockMatvecKernel k) {
-  return k == BlockMatvecKernel::Tiled ? "tiled" : k == BlockMatvecKernel::Chunked ? "chunked" : "register";
+  return k == BlockMatvecKernel::Tiled ? "tiled" : "chunked";
 }
 
 }  // namespace activekv::cuda::wtest

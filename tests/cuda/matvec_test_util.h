@@ -38,8 +38,7 @@ struct KernelScope {
 /// Every block-type kernel (float types have one).
 inline std::vector<BlockMatvecKernel> kernels_for(TensorType t) {
   if (is_float_type(t)) return {BlockMatvecKernel::Tiled};
-  if (t == TensorType::Q4_K) return {BlockMatvecKernel::Tiled, BlockMatvecKernel::Chunked, BlockMatvecKernel::Register};
-  return {BlockMatvecKernel::Tiled, BlockMatvecKernel::Chunked};  // Register runs Chunked on them
+  return {BlockMatvecKernel::Tiled, BlockMatvecKernel::Chunked};
 }
 
 /// Selects the register kernel's depth (units in flight) for one scope.
@@ -50,9 +49,9 @@ struct SplitDepthScope {
 };
 
 /// The register kernel's depths a matrix is tested at: both where that
-/// kernel can read it (the split layout; Q4_K's GGUF rows), else one.
-inline std::vector<int> depths_for(TensorType t, WeightLayout l) {
-  if (l == WeightLayout::Split || t == TensorType::Q4_K) return {1, 2};
+/// kernel reads it (the split layout), else one.
+inline std::vector<int> depths_for(TensorType, WeightLayout l) {
+  if (l == WeightLayout::Split) return {1, 2};
   return {1};
 }
 
@@ -61,8 +60,7 @@ inline std::vector<int> depths_for(TensorType t, WeightLayout l) {
 /// the register kernel's rows are the chunked kernel's bit for bit
 /// (register_matvec.cu).
 inline BlockMatvecKernel arithmetic_of(BlockMatvecKernel kernel, WeightLayout layout) {
-  return layout == WeightLayout::Split || kernel == BlockMatvecKernel::Register ? BlockMatvecKernel::Chunked
-                                                                                : kernel;
+  return layout == WeightLayout::Split ? BlockMatvecKernel::Chunked : kernel;
 }
 
 }  // namespace activekv::cuda::wtest

@@ -187,15 +187,16 @@ TEST(MatvecGroupPlan, BadGroupsThrowOneLine) {
 // run here, without one): which types have it, a split K-quant matrix, and
 // the repack's destination and source.
 TEST(SplitLayoutChecks, TypesAndBadRepacksThrowOneLine) {
-  for (TensorType t : {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q5_0, TensorType::Q8_0, TensorType::Q6_K})
+  for (TensorType t : {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q5_0, TensorType::Q8_0, TensorType::Q4_K,
+                       TensorType::Q6_K})
     EXPECT_TRUE(has_split_layout(t)) << gguf::type_name(t);
-  for (TensorType t : {TensorType::Q4_K, TensorType::Q5_K, TensorType::F16, TensorType::F32})
+  for (TensorType t : {TensorType::Q5_K, TensorType::F16, TensorType::F32})
     EXPECT_FALSE(has_split_layout(t)) << gguf::type_name(t);
-  DeviceMatrix k4 = mat(TensorType::Q4_K, 10, 512);
-  k4.layout = WeightLayout::Split;
-  EXPECT_EQ(thrown([&] { validate_matrix(k4); }),
-            "Q4_K matrix (split layout) of 10 rows x 512 cols: the split layout exists for Q4_0, Q4_1, Q5_0, Q8_0 "
-            "and Q6_K only");
+  DeviceMatrix k5 = mat(TensorType::Q5_K, 10, 512);
+  k5.layout = WeightLayout::Split;
+  EXPECT_EQ(thrown([&] { validate_matrix(k5); }),
+            "Q5_K matrix (split layout) of 10 rows x 512 cols: the split layout exists for Q4_0, Q4_1, Q5_0, Q8_0, "
+            "Q4_K and Q6_K only");
   const DeviceMatrix gguf_q4 = mat(TensorType::Q4_0, 10, 512);
   EXPECT_EQ(thrown([&] { launch_repack_split(kWs, gguf_q4, nullptr); }),
             "repack: the destination's layout must be Split");
@@ -250,24 +251,27 @@ TEST(SplitShape, TallFourBitMatricesTakeOneRowPerWarpAtDepthTwo) {
 }
 
 // Which matrices the register kernel reads (BlockMatvecKernel's comment):
-// split matrices whatever the selection; Q4_K in the GGUF layout when
-// Register is selected; nothing else.
-TEST(RegisterKernel, ReadsSplitMatricesAndAlignedQ4K) {
+// split matrices, whatever kernel is selected; nothing in the GGUF layout.
+TEST(RegisterKernel, ReadsSplitMatricesOnly) {
   using K = BlockMatvecKernel;
-  DeviceMatrix q4k = mat(TensorType::Q4_K, 6144, 5120), q4 = mat(TensorType::Q4_0, 6144, 5120);
-  EXPECT_TRUE(mvhost::reads_registers(q4k, K::Register));
-  EXPECT_FALSE(mvhost::reads_registers(q4k, K::Chunked));
-  EXPECT_FALSE(mvhost::reads_registers(q4k, K::Tiled));
-  EXPECT_FALSE(mvhost::reads_registers(q4, K::Register));  // 18-byte blocks: the split layout's job
-  q4.layout = WeightLayout::Split;
-  for (K k : {K::Register, K::Chunked, K::Tiled}) EXPECT_TRUE(mvhost::reads_registers(q4, k));
-  for (TensorType t : {TensorType::Q5_K, TensorType::Q6_K, TensorType::Q8_0, TensorType::F16})
-    EXPECT_FALSE(mvhost::reads_registers(mat(t, 256, 512), K::Register)) << gguf::type_name(t);
+  for (TensorType t : {TensorType::Q4_0, TensorType::Q4_K, TensorType::Q5_K, TensorType::Q6_K, TensorType::Q8_0,
+                       TensorType::F16})
+    EXPECT_FALSE(mvhost::reads_registers(mat(t, 256, 512))) << gguf::type_name(t);
+  for (TensorType t : {TensorType::Q4_0, TensorType::Q4_K, TensorType::Q6_K, TensorType::Q8_0}) {
+    DeviceMatrix m = mat(t, 256, 512);
+    m.layout = WeightLayout::Split;
+    EXPECT_TRUE(mvhost::reads_registers(m)) << gguf::type_name(t);
+  }
   // A group runs it only where it reads every matrix.
-  const std::vector<DeviceMatrix> both{mat(TensorType::Q4_K, 1024, 512), mat(TensorType::Q4_K, 64, 512)};
-  EXPECT_TRUE(plan(both, 1, K::Register).registers);
+  std::vector<DeviceMatrix> both{mat(TensorType::Q4_K, 1024, 512), mat(TensorType::Q4_K, 64, 512)};
   EXPECT_FALSE(plan(both, 1, K::Chunked).registers);
   EXPECT_TRUE(plan(both, 1, K::Chunked).one_launch);
+  EXPECT_FALSE(plan(both, 1, K::Tiled).one_launch);  // the tiled kernel: one launch per matrix
+  for (DeviceMatrix& m : both) m.layout = WeightLayout::Split;
+  for (K k : {K::Chunked, K::Tiled}) {
+    EXPECT_TRUE(plan(both, 1, k).registers);
+    EXPECT_TRUE(plan(both, 1, k).one_launch);
+  }
 }
 
 }  // namespace

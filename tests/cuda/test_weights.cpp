@@ -350,11 +350,10 @@ TEST(WeightKernelsErrors, UnsupportedTypesAndBadShapesThrow) {
   EXPECT_NE(thrown_message([&] { (void)matvec_workspace_bytes(100, 1); }).find("cols 100"), std::string::npos);
   DeviceMatrix f16{TensorType::F16, buf.p, 4, 12, 24};  // cols not a multiple of 8
   EXPECT_NE(mv(f16).find("multiple of 8"), std::string::npos) << mv(f16);
-  // The split layout: only for Q4_0, Q4_1, Q5_0, Q8_0, Q6_K; the repack needs a
-  // split destination and a source that does not overlap it.
-  m = good;
-  m.layout = WeightLayout::Split;
-  EXPECT_NE(mv(m).find("Q4_K matrix (split layout) of 10 rows x 512 cols: the split layout exists for"),
+  // The split layout: only for Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K; the repack
+  // needs a split destination and a source that does not overlap it.
+  m = DeviceMatrix{TensorType::Q5_K, buf.p, 10, 512, gguf::row_bytes(TensorType::Q5_K, 512), WeightLayout::Split};
+  EXPECT_NE(mv(m).find("Q5_K matrix (split layout) of 10 rows x 512 cols: the split layout exists for"),
             std::string::npos)
       << mv(m);
   const DeviceMatrix q4{TensorType::Q4_0, buf.as<uint8_t>() + 4096, 10, 512, gguf::row_bytes(TensorType::Q4_0, 512),

@@ -138,7 +138,8 @@ std::vector<uint8_t> split_on_host(const HostMatrix& h) {
     for (int64_t b = 0; b < n_blocks; ++b) {
       const uint8_t* g = h.bytes.data() + r * h.row_bytes + b * T::kBytes;
       std::memcpy(split.data() + qsplit::head_offset<T>(h.rows, r, b, n_blocks), g + S::kHeadAt, S::kHead);
-      std::memcpy(split.data() + qsplit::payload_offset<T>(r, b, n_blocks), g + S::kPayloadAt, S::kPayload);
+      uint8_t* payload = split.data() + qsplit::payload_offset<T>(r, b, n_blocks);
+      for (int i = 0; i < S::kPayload; ++i) payload[i] = qsplit::split_payload_byte<T>(g, i);
     }
   return split;
 }
@@ -174,7 +175,19 @@ TEST(SplitLayoutHost, SourcesReadTheGgufBytes) {
                 ASSERT_EQ(0, std::memcmp(want, via_ptr, sizeof want))
                     << "SplitPtr, row " << r << " block " << b << " unit " << u;
               }
-            if constexpr (T::kUnits == 8) {  // Q6_K: its items through SplitPtr
+            uint8_t back[T::kBytes];  // the GGUF block again, from the split one
+            qsplit::gguf_block(sp, back);
+            ASSERT_EQ(0, std::memcmp(back, g, T::kBytes)) << "gguf_block, row " << r << " block " << b;
+            if constexpr (std::is_same_v<T, qblk::Q4_K>) {  // its dot: through SplitPtr
+              for (int u = 0; u < 8; ++u) {
+                qdot::UnitX<2> ux;
+                qdot::load_unit_x<2>(b * T::kUnits + u, xq, h.cols, ux);
+                float want[2] = {0.5f, -0.25f}, got[2] = {0.5f, -0.25f};
+                qdot::dot_unit_x<T, 2>(g, u, ux, want);
+                qdot::dot_unit_x<T, 2>(sp, u, ux, got);
+                ASSERT_EQ(0, std::memcmp(want, got, sizeof want)) << "dot, row " << r << " block " << b;
+              }
+            } else if constexpr (T::kUnits == 8) {  // Q6_K: its items through SplitPtr
               for (int item = 0; item < 8; ++item) {
                 qdot::Q6kX<2> qx;
                 qdot::load_q6k_x<2>(item >> 2, item & 3, b * T::kUnits, xq, h.cols, qx);
@@ -204,7 +217,7 @@ TEST(SplitLayoutHost, SourcesReadTheGgufBytes) {
       }
     });
   }
-  EXPECT_EQ(checked, 5);  // Q4_0, Q4_1, Q5_0, Q8_0, Q6_K
+  EXPECT_EQ(checked, 6);  // Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K
 }
 
 // Q6_K in registers (quant_q6kregs.cuh): an item (h, j) loaded from the split
@@ -299,41 +312,57 @@ TEST(Q6kRegistersHost, OneVectorDotIsBitwiseVectorZeroOfSeveral) {
   EXPECT_EQ(checked, 2 * 4 * 8 + 4 * 8);
 }
 
-// Q4_K in registers (quant_kregs.cuh): a unit loaded as the register matvec
-// loads it -- the super-block's 16-byte header and the unit's nibble group
-// -- decodes and dots bit for bit as the block's GGUF bytes do, for every
-// unit of every block, with the unit known only at run time (as in the
-// kernel, where it is the lane's). So the register kernel's Q4_K rows are
-// the chunked kernel's (the GPU test checks the kernel itself).
-TEST(Q4kRegistersHost, UnitRegsReadTheGgufBytes) {
+// Q4_K in registers (quant_kregs.cuh): a unit of a split block loaded as the
+// register matvec loads it -- the super-block's head and the unit's 16
+// payload bytes -- has the 6-bit scale and min scale_min_k4 reads from the
+// GGUF bytes, and dots bit for bit as the GGUF bytes do, for every unit of
+// every block, with the unit known only at run time (as in the kernel,
+// where it is the lane's). Random blocks, then every value of the 12 scale
+// bytes' high bits: each byte 0x00, 0x3f, 0xc0 or 0xff in turn. So the
+// register kernel's Q4_K rows are the chunked kernel's (the GPU test checks
+// the kernel itself).
+TEST(Q4kRegistersHost, SplitUnitRegsDotAsTheGgufBytes) {
   using qblk::Q4_K;
-  const HostMatrix h = random_matrix(TensorType::Q4_K, 3, 1024, 616);
-  const int64_t n_blocks = h.cols / Q4_K::kElems;
-  const std::vector<float> x = random_x(3, h.cols, 98);
-  const QuantizedX q = quantize_like_kernel(x, 3, h.cols);
-  const qdot::XQuant xq = q.view();
+  const std::vector<float> x = random_x(3, 1024, 98);
+  const QuantizedX q = quantize_like_kernel(x, 3, 1024);
   volatile int unit_at_run_time = 0;
+  int checked = 0;
+  auto check_block = [&](const uint8_t* g, int64_t b) {
+    uint8_t head[16], payload[128];
+    std::memcpy(head, g, 16);
+    for (int i = 0; i < 128; ++i) payload[i] = qsplit::split_payload_byte<Q4_K>(g, i);
+    for (int u0 = 0; u0 < Q4_K::kUnits; ++u0) {
+      unit_at_run_time = u0;
+      const int u = unit_at_run_time;
+      qkregs::UnitRegs regs;
+      qkregs::load_unit_host(qkregs::unit_at({head, payload}, u), regs);
+      int sc_want, m_want, sc, m;
+      qblk::scale_min_k4(g, 4, u, sc_want, m_want);
+      qkregs::scale_min(regs, u, sc, m);
+      EXPECT_EQ(sc, sc_want) << "unit " << u;
+      EXPECT_EQ(m, m_want) << "unit " << u;
+      qdot::UnitX<3> ux;
+      qdot::load_unit_x<3>(b * Q4_K::kUnits + u, q.view(), 1024, ux);
+      float want[3] = {0.5f, -0.25f, 2.f}, got[3] = {0.5f, -0.25f, 2.f};
+      qdot::dot_unit_x<Q4_K, 3>(g, u, ux, want);
+      qkregs::dot_unit_x<3>(regs, u, ux, got);
+      EXPECT_EQ(0, std::memcmp(want, got, sizeof want)) << "dot, block " << b << " unit " << u;
+      ++checked;
+    }
+  };
+  const HostMatrix h = random_matrix(TensorType::Q4_K, 3, 1024, 616);
   for (int64_t r = 0; r < h.rows; ++r)
-    for (int64_t b = 0; b < n_blocks; ++b)
-      for (int u0 = 0; u0 < Q4_K::kUnits; ++u0) {
-        unit_at_run_time = u0;
-        const int u = unit_at_run_time;
-        const uint8_t* g = h.bytes.data() + r * h.row_bytes + b * Q4_K::kBytes;
-        qkregs::UnitRegs regs;
-        qkregs::load_unit_host(g, u, regs);
-        for (int k = 0; k < 8; ++k) {
-          float want[4], got[4];
-          qblk::dequant4<Q4_K>(g, u, k, want);
-          qblk::dequant4<Q4_K>(regs, u, k, got);
-          ASSERT_EQ(0, std::memcmp(want, got, sizeof want)) << "row " << r << " block " << b << " unit " << u;
-        }
-        qdot::UnitX<3> ux;
-        qdot::load_unit_x<3>(b * Q4_K::kUnits + u, xq, h.cols, ux);
-        float want[3] = {0.5f, -0.25f, 2.f}, got[3] = {0.5f, -0.25f, 2.f};
-        qdot::dot_unit_x<Q4_K, 3>(g, u, ux, want);
-        qdot::dot_unit_x<Q4_K, 3>(regs, u, ux, got);
-        ASSERT_EQ(0, std::memcmp(want, got, sizeof want)) << "dot, row " << r << " block " << b << " unit " << u;
-      }
+    for (int64_t b = 0; b < h.cols / Q4_K::kElems; ++b) check_block(h.bytes.data() + r * h.row_bytes + b * 144, b);
+  uint8_t blk[Q4_K::kBytes];
+  std::memcpy(blk, h.bytes.data(), sizeof blk);
+  for (int k = 0; k < 12; ++k)
+    for (const uint8_t v : {uint8_t(0x00), uint8_t(0x3f), uint8_t(0xc0), uint8_t(0xff)}) {
+      uint8_t edge[Q4_K::kBytes];
+      std::memcpy(edge, blk, sizeof edge);
+      edge[4 + k] = v;
+      check_block(edge, 0);
+    }
+  EXPECT_EQ(checked, 3 * 4 * 8 + 12 * 4 * 8);
 }
 
 }  // namespace

@@ -37,12 +37,15 @@ namespace activekv::cuda {
 
 /// How a matrix's blocks sit in device memory.
 ///   Gguf:  row r at data + r * row_bytes, its blocks as in the GGUF file.
-///   Split: (Q4_0, Q4_1, Q5_0, Q8_0, Q6_K only) the same bytes in two
+///   Split: (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K only) the same bytes in two
 ///          regions: the payload of every block, [rows][blocks per row][P],
 ///          then the rest of every block, [rows][blocks per row][H]. For the
 ///          32-element types the payload is the codes, each block's last P
 ///          bytes: P = 16 (32 for Q8_0), H = 2 (Q4_0, Q8_0), 4 (Q4_1), 6
-///          (Q5_0). For Q6_K it is each 210-byte super-block's first P = 208
+///          (Q5_0). For Q4_K it is the 144-byte super-block's 128 bytes of
+///          nibbles regrouped by unit (unit u's 32 codes in bytes 16u ..
+///          16u + 15, Q4_0's order), H = 16 (d, dmin, scales). For Q6_K it is
+///          each 210-byte super-block's first P = 208
 ///          bytes (ql, qh, scales), H = 2 (d). Payloads are then 16-byte
 ///          aligned: the matvec reads them with aligned loads straight from
 ///          global memory instead of staging 2-byte aligned rows through
@@ -69,7 +72,7 @@ struct DeviceMatrix {
   WeightLayout layout = WeightLayout::Gguf;
 };
 
-/// True for the types with a split layout: Q4_0, Q4_1, Q5_0, Q8_0, Q6_K.
+/// True for the types with a split layout: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K.
 bool has_split_layout(gguf::TensorType t);
 
 /// Writes dst (dst.layout == Split, a type with has_split_layout, valid as
@@ -89,13 +92,6 @@ inline constexpr int kMaxMatvecVectors = 8;
 /// items -- 32-element units; Q6_K's 8 columns of 4 units -- in the same
 /// order). For matrices in the GGUF layout:
 ///   Chunked (the default): a warp per row streamed through shared memory.
-///   Register: the register kernel also on Q4_K (144-byte super-blocks,
-///     16-byte aligned: a unit is three 16-byte loads), the chunked kernel
-///     for the other types. Same bits as Chunked. Measured on the H200 at
-///     27e9035 (bench/results/h200_matvec_q4k_27e9035.json) no faster: one
-///     vector, best rows and depth, 12.1-40.9 us against chunked's
-///     12.2-39.7 on the 27B shape's matrices; the 27B-shape Q4_K model at
-///     depth 0 2.364 ms/token against 2.039. Kept for that work.
 ///   Tiled: a thread per 256-element tile, all of its bytes loaded before
 ///     any use, R rows per CTA -- measured slower on the H200 at af92df1
 ///     (Q4_0 at 18-28 % of HBM read against the chunked kernel's 26-49 %;
@@ -104,10 +100,14 @@ inline constexpr int kMaxMatvecVectors = 8;
 ///     h200_model_bench_d0_tiled.json), kept for that work to continue
 ///     (bench_matvec --kernel tiled). It sums in another order, so its y
 ///     differs from the others' in the last bits; each is deterministic.
-/// The process starts with ACTIVEKV_MATVEC_KERNEL=tiled|register from the
-/// environment, else Chunked.
+/// The process starts with ACTIVEKV_MATVEC_KERNEL=tiled from the
+/// environment, else Chunked. (A third choice, Register, read Q4_K's GGUF
+/// layout through registers: 48 bytes of registers per 18-byte unit, it
+/// lost to Chunked -- the 27B-shape Q4_K model at depth 0 2.028 against
+/// 1.853 ms/token, bench/results/h200_q4k_register_model_b6cb9a6.json --
+/// and Q4_K's split layout replaced it.)
 /// Process-wide: set it before launching, not while other threads launch.
-enum class BlockMatvecKernel { Tiled, Chunked, Register };
+enum class BlockMatvecKernel { Tiled, Chunked };
 void set_block_matvec_kernel(BlockMatvecKernel k);
 BlockMatvecKernel block_matvec_kernel();
 
