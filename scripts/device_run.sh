@@ -73,9 +73,10 @@
 #           bench_matvec and activekv as arm A (AKV_AB_TYPES, default
 #           Q6_K,Q4_0,Q8_0; models AKV_AB_MODELS, default Q6_K,Q4_0; AKV_AB
 #           an optional setting for arm B) -> $OUT/matvec_ab.json
-#   ncu-matvec  Nsight Compute of the one-vector matvec on 17408x5120, Q6_K
-#           and Q4_0 (split, register kernel) and Q4_K (GGUF, chunked): report
-#           and SASS source page per type -> $OUT/ncu_matvec_<type>.txt, .csv.gz
+#   ncu-matvec  Nsight Compute of the one-vector matvec on 17408x5120, Q6_K,
+#           Q4_0 and Q4_K (split, register kernel; AKV_NCU_TYPES="Q4_K:gguf ..."
+#           picks types and layouts): report and SASS source page per type ->
+#           $OUT/ncu_matvec_<type>.txt, .csv.gz
 #   ab      A/B of ACTIVEKV_* switches against the defaults in one call
 #           (AKV_AB='ACTIVEKV_WIDE_ROWS=2', say): bench/gpu/matvec_ab.sh --
 #           bench_matvec on the 27B shape's matrices and activekv bench at
@@ -354,7 +355,7 @@ run_ncu_matvec() {
   local ncu t layout
   ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   [ -n "$ncu" ] || { echo "ncu not found"; return 1; }
-  for t in Q6_K:split Q4_0:split Q4_K:gguf; do
+  for t in ${AKV_NCU_TYPES:-Q6_K:split Q4_0:split Q4_K:split}; do
     layout=${t#*:} t=${t%%:*}
     echo "== ncu: matvec $t 17408x5120 ($layout layout) $(( $(date +%s) - t0 )) s"
     timeout 150 "$ncu" --clock-control none --set full -k 'regex:register_matvec_kernel|matvec_blocks_kernel' \
