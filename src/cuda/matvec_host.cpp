@@ -103,24 +103,6 @@ bool wide_rows_before() {
 }
 }  // namespace
 
-bool streams_rows() {
-  static const bool on = [] {
-    const char* e = std::getenv("ACTIVEKV_MATVEC_STREAM");
-    return e == nullptr || std::strcmp(e, "0") != 0;
-  }();
-  return on;
-}
-
-namespace {
-std::atomic<int> g_stream_ctas{0};
-}  // namespace
-
-void set_stream_ctas(int n) {
-  if (n < 0) throw InvalidArgument("register matvec: " + std::to_string(n) + " CTAs for a streamed launch");
-  g_stream_ctas.store(n, std::memory_order_relaxed);
-}
-int stream_ctas() { return g_stream_ctas.load(std::memory_order_relaxed); }
-
 SplitShape split_shape(int64_t rows, int64_t cols, int n_vec, int block_bytes, int block_elems) {
   const int forced = split_depth();
   const bool four_bit = 8 * block_bytes <= 5 * block_elems;

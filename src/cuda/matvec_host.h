@@ -122,16 +122,4 @@ struct SplitShape {
 };
 SplitShape split_shape(int64_t rows, int64_t cols, int n_vec, int block_bytes, int block_elems);
 
-/// Whether a one-vector register launch at one row per warp streams its rows
-/// (register_matvec.cu's register_stream_kernel: each warp several rows, the
-/// next row's items loaded while this row's are summed; same bits): yes
-/// unless ACTIVEKV_MATVEC_STREAM=0 at start (A/B measurements).
-bool streams_rows();
-
-/// CTAs of a streamed launch: 0 (the default) as many as fit the GPU at
-/// once; n > 0 at most n (tests: many rows per warp). Process-wide, as
-/// set_split_depth. InvalidArgument for n < 0.
-void set_stream_ctas(int n);
-int stream_ctas();
-
 }  // namespace activekv::cuda::mvhost

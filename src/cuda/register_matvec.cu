@@ -20,9 +20,6 @@
 // columns of 4 units: four 8-byte loads and d, quant_q6kregs.cuh).
 #include <cuda_runtime.h>
 
-#include <algorithm>
-#include <array>
-#include <atomic>
 
 #include "register_matvec.h"
 #include "pdl.cuh"
@@ -236,76 +233,6 @@ __global__ void __launch_bounds__(kWarps * 32)
   register_cta<T, NV, R, D>(w, rows, row_bytes, n_blocks, xq, cols, y, accumulate, blockIdx.x);
 }
 
-/// One vector at one row per warp, streamed: a warp takes rows row0, row0 +
-/// stride, ... (stride = the grid's warps, sized to the resident CTAs by
-/// stream_grid) as one stream of items -- per row, its items lane, lane +
-/// 32, ... as register_cta meets them -- through a ring of U slots: slot q
-/// is consumed (x loaded, dotted into the row's sum) and at once refilled
-/// with the item U on, which may be the next row's. So U - 1 items stay in
-/// flight across row ends, where register_cta's warp loads its row, waits
-/// one memory latency with nothing else in flight, reduces and exits (at
-/// 5120 columns a lane's row is 5 items: the whole warp's life). Each row's
-/// sum takes the same items in the same order, then the same write_row:
-/// the same bits.
-template <class T, int U>
-__global__ void __launch_bounds__(kWarps * 32)
-    register_stream_kernel(const uint8_t* __restrict__ w, int64_t rows, int64_t row_bytes, int n_blocks, XQuant xq,
-                           int64_t cols, float* __restrict__ y, bool accumulate) {
-  using Items = RegItems<T>;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t stride = int64_t(gridDim.x) * kWarps, row0 = int64_t(blockIdx.x) * kWarps + warp;
-  if (row0 >= rows) return;
-  const int n_items = n_blocks * qdot::Tiling<T>::kItemsPerBlock;
-  const int per_row = (n_items + 31) / 32;  // items a lane meets per row; its last may not exist
-  const int64_t total = (rows - row0 + stride - 1) / stride * per_row;  // the warp's stream
-  const int part = lane % qdot::Tiling<T>::kItemsPerBlock;
-
-  // The load cursor: the row and item j of the next item to load, and where it is.
-  int64_t load_row = row0;
-  int load_j = 0;
-  typename Items::Lane at = Items::lane_at(w, rows, row_bytes, row0, n_blocks, lane);
-  typename Items::Regs regs[U];
-  auto load_next = [&](int q) {
-    if (lane + 32 * load_j < n_items) Items::load(at, regs[q]);
-    at = Items::advanced(at, 1);
-    if (++load_j == per_row) {
-      load_j = 0;
-      load_row += stride;
-      if (load_row < rows) at = Items::lane_at(w, rows, row_bytes, load_row, n_blocks, lane);
-    }
-  };
-  // The consume cursor: the row being summed, its item j and x.
-  const XAt x0 = Items::x_at(xq, lane);
-  XAt x_at = x0;
-  int64_t row = row0;
-  int j = 0;
-  float acc = 0.f;
-  auto consume = [&](int q) {
-    if (lane + 32 * j < n_items) {
-      typename Items::template X<1> x;
-      Items::template load_x<1>(x_at, cols, x);
-      Items::template dot<1>(regs[q], part, x, &acc);
-    }
-    x_at = x_at.at(1);
-    if (++j == per_row) {
-      mvkern::write_row<1>(&acc, y, rows, row, accumulate);
-      acc = 0.f, j = 0, row += stride, x_at = x0;
-    }
-  };
-#pragma unroll
-  for (int q = 0; q < U; ++q)
-    if (q < total) load_next(q);
-  pdl::begin();  // the weights stream while the kernel before drains; x and y wait
-  for (int64_t s0 = 0; s0 < total; s0 += U) {
-#pragma unroll
-    for (int q = 0; q < U; ++q) {
-      if (s0 + q >= total) break;
-      consume(q);
-      if (s0 + q + U < total) load_next(q);
-    }
-  }
-}
-
 template <class T, int NV, int R, int D>
 __global__ void __launch_bounds__(kWarps * 32)
     register_matvec_group_kernel(mvkern::GroupArgs g, int64_t row_bytes, int n_blocks, XQuant xq, int64_t cols) {
@@ -321,30 +248,6 @@ void with_depth(int depth, F&& f) {
     if (depth == 2) return f(std::integral_constant<int, 2>{});
   }
   f(std::integral_constant<int, 1>{});
-}
-
-/// The streaming launch: as many CTAs as fit the GPU at once (the
-/// occupancy of this kernel, asked once per device), at most one per 4 rows;
-/// mvhost::stream_ctas() caps it (tests).
-template <class T, int U>
-void launch_stream(const DeviceMatrix& w, const XQuant& xq, float* y, bool accumulate, cudaStream_t stream) {
-  static std::array<std::atomic<int>, 64> resident{};  // CTAs per GPU, by device ordinal (0: not asked yet)
-  int dev = 0;
-  check_cuda(cudaGetDevice(&dev), "matvec (stream): cudaGetDevice");
-  int fit = dev < 64 ? resident[size_t(dev)].load(std::memory_order_relaxed) : 0;
-  if (fit == 0) {
-    int per_sm = 0, sms = 0;
-    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, register_stream_kernel<T, U>, kWarps * 32, 0),
-               "matvec (stream): occupancy");
-    check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "matvec (stream): SM count");
-    fit = std::max(1, per_sm * sms);
-    if (dev < 64) resident[size_t(dev)].store(fit, std::memory_order_relaxed);
-  }
-  int64_t ctas = std::min<int64_t>((w.rows + kWarps - 1) / kWarps, fit);
-  if (mvhost::stream_ctas() > 0) ctas = std::min<int64_t>(ctas, mvhost::stream_ctas());
-  pdl::launch("matvec (register, streamed) kernel launch", register_stream_kernel<T, U>, unsigned(ctas),
-              kWarps * 32, 0, stream, static_cast<const uint8_t*>(w.data), w.rows, int64_t(w.row_bytes),
-              int(w.cols / T::kElems), xq, w.cols, y, accumulate);
 }
 
 template <class T>
@@ -388,12 +291,6 @@ void run(const DeviceMatrix& w, const XQuant& xq, int n_vec, float* y, bool accu
   dispatch_registers(w, [&](auto t) {
     using T = decltype(t);
     const int n_blocks = int(w.cols / T::kElems);
-    if (n_vec == 1 && mvhost::streams_rows()) {
-      const mvhost::SplitShape shape = mvhost::split_shape(w.rows, w.cols, 1, T::kBytes, T::kElems);
-      if (shape.rows_per_warp == 1) return with_depth<1>(shape.depth, [&](auto d) {
-        launch_stream<T, decltype(d)::value * RegItems<T>::template kPerDepth<1>>(w, xq, y, accumulate, stream);
-      });
-    }
     mvkern::with_nv(n_vec, [&](auto nv) {
       constexpr int NV = decltype(nv)::value;
       const mvhost::SplitShape shape = mvhost::split_shape(w.rows, w.cols, NV, T::kBytes, T::kElems);

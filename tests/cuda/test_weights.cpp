@@ -219,55 +219,6 @@ TEST_P(WeightKernels, GatherAndDequantizeBf16Bitwise) {
   }
 }
 
-// One vector at one row per warp streams rows (register_stream_kernel): a
-// warp sums several rows with the next row's items in flight. With the grid
-// capped at 1 and 3 CTAs (each warp then streams up to hundreds of rows,
-// its ring wrapping across row ends mid-row) and at the default (as many as
-// fit), on shapes whose rows are 1..17 items a lane, some lanes with no
-// item in a row's last round: every y bitwise the CPU emulation of the
-// chunked kernel, written and accumulated, at both depths.
-TEST_P(WeightKernels, StreamedRowsAreTheChunkedKernelsBits) {
-  NEED_GPU();
-  const TensorType t = GetParam();
-  if (!has_split_layout(t)) GTEST_SKIP() << "no split layout: the register kernel does not read it";
-  if (!mvhost::streams_rows()) GTEST_SKIP() << "ACTIVEKV_MATVEC_STREAM=0";
-  struct StreamCtasScope {
-    int before = mvhost::stream_ctas();
-    explicit StreamCtasScope(int n) { mvhost::set_stream_ctas(n); }
-    ~StreamCtasScope() { mvhost::set_stream_ctas(before); }
-  };
-  const bool k32 = gguf::block_elements(t) <= 32;
-  uint64_t seed = 7000 + uint64_t(t);
-  for (const Shape& s : std::vector<Shape>{{1101, 256}, {301, 1536}, {67, 5120}, {19, 17408}, {2050, k32 ? 576 : 768}}) {
-    const HostMatrix h = random_matrix(t, s.rows, s.cols, seed++);
-    DeviceCopy dw(h, WeightLayout::Split);
-    const std::vector<float> x = random_x(1, s.cols, seed++);
-    const std::vector<float> want = emulate_matvec(h, x, 1, BlockMatvecKernel::Chunked);
-    std::vector<float> y0(size_t(s.rows));
-    Rng rng(seed++);
-    for (auto& v : y0) v = float(rng.uniform(-4, 4));
-    DevMem dx(x.size() * 4), dy(y0.size() * 4), ws(matvec_workspace_bytes(s.cols, 1));
-    upload(dx, x);
-    for (const int depth : {1, 2})
-      for (const int ctas : {1, 3, 0}) {
-        const SplitDepthScope depth_scope(depth);
-        const StreamCtasScope ctas_scope(ctas);
-        SCOPED_TRACE(gguf::type_name(t) + " " + std::to_string(s.rows) + "x" + std::to_string(s.cols) + " depth " +
-                     std::to_string(depth) + " ctas " + std::to_string(ctas));
-        dy.poison();
-        launch_matvec(dw.m, dx.as<float>(), 1, dy.as<float>(), false, ws.p, nullptr);
-        ck(cudaDeviceSynchronize(), "streamed matvec");
-        const auto y = download<float>(dy, y0.size());
-        ASSERT_TRUE(same_bits(y.data(), want.data(), y.size())) << "streamed matvec vs its CPU emulation";
-        upload(dy, y0);
-        launch_matvec(dw.m, dx.as<float>(), 1, dy.as<float>(), true, ws.p, nullptr);
-        ck(cudaDeviceSynchronize(), "streamed matvec, accumulate");
-        const auto yacc = download<float>(dy, y0.size());
-        for (size_t i = 0; i < y0.size(); ++i) ASSERT_EQ(yacc[i], y0[i] + y[i]) << "accumulate, element " << i;
-      }
-  }
-}
-
 INSTANTIATE_TEST_SUITE_P(AllTypes, WeightKernels, ::testing::ValuesIn(all_types()), name_of);
 
 // ---- types.gguf: gguf-py's own expected dequantisation -------------------------
