@@ -12,7 +12,8 @@
 # bench_matvec and activekv), arm B build-device/bin under the setting.
 # Alternating A and B, AKV_AB_REPS times (default 2):
 #   bench_matvec --types AKV_AB_TYPES (default Q4_0) on the 27B shape's
-#     matrices and its QKV group, one vector, 30 batches;
+#     matrices and its QKV group, --nvec AKV_AB_NVEC (default 1: one vector;
+#     "1,2,8" for batched decode's), 30 batches;
 #   activekv bench on the 27B-shape GGUF of each type in AKV_AB_MODELS
 #     (default: AKV_AB_TYPES' first; Q4_0, Q8_0, Q4_K or Q6_K:
 #     tools/make_synthetic_gguf.py --type, written to /tmp once) at depth 0:
@@ -31,6 +32,7 @@ B=build-device/bin
 TYPES=${AKV_AB_TYPES:-Q4_0}
 MODELS=${AKV_AB_MODELS:-${TYPES%%,*}}
 NAME=${AKV_AB_NAME:-ab}
+NVEC=${AKV_AB_NVEC:-1}
 gguf_of() { echo "/tmp/akv-27b-$(echo "$1" | tr 'A-Z' 'a-z').gguf"; }
 GEN_PIDS=()
 for T in ${MODELS//,/ }; do
@@ -54,7 +56,7 @@ for rep in $(seq "$REPS"); do
   for arm in A B; do
     arm_env $arm
     env "${env_args[@]}" timeout 180 "$(arm_bin $arm)/bench_matvec" --types "$TYPES" \
-      --shapes 6144x5120,5120x6144,17408x5120,5120x17408,32000x5120 --nvec 1 --groups 6144+1024+1024x5120 \
+      --shapes 6144x5120,5120x6144,17408x5120,5120x17408,32000x5120 --nvec "$NVEC" --groups 6144+1024+1024x5120 \
       --batches 30 --json "$W/mv_${arm}_$rep.json" > "$W/mv_${arm}_$rep.txt" 2>&1 \
       || echo "== bench_matvec $arm $rep failed: $(tail -1 "$W/mv_${arm}_$rep.txt")"
   done
@@ -76,7 +78,8 @@ python3 - "$W" "$OUT/$NAME.json" "$SETTING" "$BASE_BIN" <<'PY'
 import glob, json, os, statistics, sys
 w, out, setting, base_bin = sys.argv[1:5]
 runs = {os.path.basename(p)[:-5]: json.load(open(p)) for p in sorted(glob.glob(f"{w}/*.json"))}
-env = ", ".join(f"{k}={os.environ[k]}" for k in ("AKV_AB_REPS", "AKV_AB_TYPES", "AKV_AB_MODELS") if k in os.environ)
+env = ", ".join(f"{k}={os.environ[k]}" for k in ("AKV_AB_REPS", "AKV_AB_TYPES", "AKV_AB_MODELS", "AKV_AB_NVEC")
+               if k in os.environ)
 json.dump({"setting": setting, "base_bin": base_bin or None, "commit": os.environ.get("AKV_COMMIT"),
            "base_commit": os.environ.get("AKV_BASE_COMMIT") if base_bin else None,
            "command": f"{'AKV_AB_BASE_BIN=' + base_bin + ' ' if base_bin else ''}bench/gpu/matvec_ab.sh OUT "
@@ -85,17 +88,20 @@ json.dump({"setting": setting, "base_bin": base_bin or None, "commit": os.enviro
 def med(kind, arm, get):
     vals = [v for name, r in runs.items() if name.startswith(f"{kind}_{arm}_") for v in [get(r)] if v is not None]
     return statistics.median(vals) if vals else None
+def label_of(row):  # "17408x5120", "6144+1024+1024x5120", with " nv8" for several vectors
+    nv = row.get("n_vec", 1)
+    return (row.get("group") or f"{row['rows']}x{row['cols']}") + (f" nv{nv}" if nv != 1 else "")
 def mv_us(typ, label):
     def get(r):
         for row in r.get("rows", []) + r.get("groups", []):
-            if row["type"] == typ and (row.get("group") or f"{row['rows']}x{row['cols']}") == label:
+            if row["type"] == typ and label_of(row) == label:
                 return row["us"]
         return None
     return get
 labels = []
 for r in runs.values():
     if "groups" in r:
-        labels = [(x["type"], f"{x['rows']}x{x['cols']}") for x in r["rows"]] + [(g["type"], g["group"]) for g in r["groups"]]
+        labels = [(x["type"], label_of(x)) for x in r["rows"] + r["groups"]]
         break
 a_name = f"base ({base_bin})" if base_bin else "default"
 print(f"A/B: A = {a_name}, B = this build{' with ' + setting if setting else ''} "
