@@ -116,7 +116,13 @@ SplitShape split_shape(int64_t rows, int64_t cols, int n_vec, int block_bytes, i
   // -> 5.5; the wide 5120x17408 36.2 -> 42.7 keeps depth 1.
   const bool six_bit = !four_bit && block_elems == 256;  // of the split types, Q6_K
   if (forced == 0 && forced_rows() == 0 && n_vec == 1 && six_bit && cols <= 8192) return {1, 2};
-  return {chunked_rows_per_warp(rows, n_vec, block_bytes, block_elems), forced == 2 && n_vec == 1 ? 2 : 1};
+  return {register_rows_per_warp(rows, cols, n_vec, block_bytes, block_elems), forced == 2 && n_vec == 1 ? 2 : 1};
+}
+
+int register_rows_per_warp(int64_t rows, int64_t cols, int n_vec, int block_bytes, int block_elems) {
+  const int r = chunked_rows_per_warp(rows, n_vec, block_bytes, block_elems);
+  if (r == 4 && forced_rows() == 0 && (block_elems == 32 || cols > 8192)) return 2;
+  return r;
 }
 
 int chunked_rows_per_warp(int64_t rows, int n_vec, int block_bytes, int block_elems) {
@@ -162,8 +168,9 @@ GroupPlan plan_group(const MatvecGroupItem* items, int n, const float* x, int n_
   int64_t total_rows = 0;
   for (int i = 0; i < n; ++i) total_rows += items[i].w->rows;
   if (!is_float) {
-    p.rows_per_warp = chunked_rows_per_warp(total_rows, n_vec, int(gguf::block_bytes(w0.type)),
-                                            int(gguf::block_elements(w0.type)));
+    const int bb = int(gguf::block_bytes(w0.type)), be = int(gguf::block_elements(w0.type));
+    p.rows_per_warp = p.registers ? register_rows_per_warp(total_rows, w0.cols, n_vec, bb, be)
+                                  : chunked_rows_per_warp(total_rows, n_vec, bb, be);
   }
   int64_t end = 0;
   for (int i = 0; i < n; ++i) {

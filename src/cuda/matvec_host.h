@@ -90,7 +90,7 @@ int split_depth();
 
 /// Rows per warp and depth of one register-kernel launch (split types and
 /// Q4_K alike). Forced depth: that,
-/// with chunked_rows_per_warp's rows. Else, for one vector over a tall
+/// with register_rows_per_warp's rows. Else, for one vector over a tall
 /// matrix of a 4-bit type (>= 16384 rows, <= 8192 cols: the FFN's gate and
 /// up, the output head), 1 row per warp at depth 2 -- the same 8 blocks of 16 bytes in
 /// flight per lane as 2 rows at depth 1, but over twice the warps; measured
@@ -114,12 +114,28 @@ int split_depth();
 /// 6144x5120 16.2 vs 14.6, 5120x6144 16.5 vs 15.5, where the wide 5120x17408
 /// lost (36.2 vs 42.7); the Q6_K 27B-shape model at depth 0 2.654 / 2.654
 /// against 2.671 / 2.665 ms/token (h200_q6k_depth_rule_d0a356c.json). Else
-/// chunked_rows_per_warp at depth 1. ACTIVEKV_MATVEC_ROWS forces the rows as
+/// register_rows_per_warp at depth 1. ACTIVEKV_MATVEC_ROWS forces the rows as
 /// there.
 struct SplitShape {
   int rows_per_warp = 1;
   int depth = 1;
 };
 SplitShape split_shape(int64_t rows, int64_t cols, int n_vec, int block_bytes, int block_elems);
+
+/// Rows per warp of the register kernel (split matrices) where split_shape's
+/// one-vector rules do not apply, and of its grouped launch: the chunked
+/// kernel's rule, but 2 rows where that says 4 (kRowsFourVectors vectors of
+/// a 4-bit type) for the 32-element types and for wide matrices (> 8192
+/// cols). Measured on the H200 in one call at cecbfa3 (bench/results/
+/// h200_matvec_rows2_nv8_cecbfa3.json, 8 vectors, us at 4 / 2 rows): Q4_0
+/// 6144x5120 23.60 / 18.16, 5120x6144 26.71 / 18.87, 17408x5120 52.78 /
+/// 44.21, 5120x17408 69.01 / 44.44, 32000x5120 85.50 / 76.83, the QKV group
+/// 24.88 / 23.01 -- at 4 rows the register kernel lost to the chunked one on
+/// the GGUF layout (h200_q4k_layout_nvec_cecbfa3.json); Q4_K 5120x17408
+/// 55.33 / 47.49, but 17408x5120 44.03 / 48.58, 32000x5120 73.42 / 84.27,
+/// the QKV group 20.23 / 25.33, 6144x5120 20.24 / 19.68 (kept at 4: < 3 %).
+/// Q4_1 follows Q4_0 unmeasured. ACTIVEKV_MATVEC_ROWS forces the rows as
+/// for the chunked rule.
+int register_rows_per_warp(int64_t rows, int64_t cols, int n_vec, int block_bytes, int block_elems);
 
 }  // namespace activekv::cuda::mvhost

@@ -229,9 +229,18 @@ TEST(SplitShape, TallFourBitMatricesTakeOneRowPerWarpAtDepthTwo) {
   EXPECT_EQ(shape(6144, 5120, 1, kQ4_0), std::make_pair(2, 1));
   EXPECT_EQ(shape(17408, 17408, 1, kQ4_0), std::make_pair(1, 1));  // tall but wide
   EXPECT_EQ(shape(5120, 17408, 1, kQ8_0), std::make_pair(1, 1));   // 8-bit: chunked rule (1 row)
-  EXPECT_EQ(shape(5120, 17408, 8, kQ4_0), std::make_pair(4, 1));  // several vectors: as before
+  EXPECT_EQ(shape(5120, 17408, 8, kQ4_0), std::make_pair(2, 1));  // 8 vectors, 32-element 4-bit: 2 rows
   EXPECT_EQ(shape(17408, 5120, 1, kQ8_0), std::make_pair(1, 1));  // 8-bit: lost there
-  EXPECT_EQ(shape(17408, 5120, 8, kQ4_0), std::make_pair(4, 1));  // several vectors: as before
+  EXPECT_EQ(shape(17408, 5120, 8, kQ4_0), std::make_pair(2, 1));
+  EXPECT_EQ(shape(17408, 5120, 2, kQ4_0), std::make_pair(2, 1));  // 2 vectors: the chunked rule
+  auto q4k = [](int64_t rows, int64_t cols, int n_vec) {
+    const mvhost::SplitShape s = mvhost::split_shape(rows, cols, n_vec, 144, 256);
+    return std::make_pair(s.rows_per_warp, s.depth);
+  };
+  EXPECT_EQ(q4k(17408, 5120, 1), std::make_pair(1, 2));  // Q4_K is 4-bit: the same one-vector rules
+  EXPECT_EQ(q4k(17408, 5120, 8), std::make_pair(4, 1));  // 8 vectors: 4 rows, but 2 when wide
+  EXPECT_EQ(q4k(6144, 5120, 8), std::make_pair(4, 1));
+  EXPECT_EQ(q4k(5120, 17408, 8), std::make_pair(2, 1));
   auto q6k = [](int64_t rows, int64_t cols, int n_vec) {
     const mvhost::SplitShape s = mvhost::split_shape(rows, cols, n_vec, 210, 256);
     return std::make_pair(s.rows_per_warp, s.depth);
@@ -247,7 +256,14 @@ TEST(SplitShape, TallFourBitMatricesTakeOneRowPerWarpAtDepthTwo) {
   mvhost::set_split_depth(before);  // nothing between can fail
   EXPECT_EQ(forced_small, std::make_pair(2, 2));
   EXPECT_EQ(forced_tall, std::make_pair(2, 2));
-  EXPECT_EQ(forced_batch, std::make_pair(4, 1));
+  EXPECT_EQ(forced_batch, std::make_pair(2, 1));
+  // A grouped launch over split matrices takes the register kernel's rows.
+  std::vector<DeviceMatrix> qkv = {mat(TensorType::Q4_0, 6144, 5120), mat(TensorType::Q4_0, 1024, 5120),
+                                   mat(TensorType::Q4_0, 1024, 5120)};
+  for (DeviceMatrix& m : qkv) m.layout = WeightLayout::Split;
+  EXPECT_EQ(plan(qkv, mvhost::kRowsFourVectors).rows_per_warp, 2);
+  for (DeviceMatrix& m : qkv) m.type = TensorType::Q4_K, m.row_bytes = gguf::row_bytes(m.type, 5120);
+  EXPECT_EQ(plan(qkv, mvhost::kRowsFourVectors).rows_per_warp, 4);
 }
 
 // Which matrices the register kernel reads (BlockMatvecKernel's comment):
