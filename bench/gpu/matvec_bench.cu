@@ -16,10 +16,10 @@
 // runtime's: ACTIVEKV_MATVEC_KERNEL, else chunked, so an A/B of that variable
 // reaches this program too); --layout split puts Q4_0, Q4_1, Q5_0, Q8_0,
 // Q4_K and Q6_K matrices in the split layout, which only the register
-// kernel reads,
-// whatever --kernel says (quant_matvec.h's WeightLayout); other types stay GGUF. Not given,
-// the runtime's (GpuWeights): ACTIVEKV_WEIGHT_LAYOUT=gguf|split, else split -- so an A/B
-// of that variable (scripts/device_run.sh ab) reaches this program too.
+// kernel reads, whatever --kernel says (quant_matvec.h's WeightLayout);
+// other types stay GGUF. Not given, the runtime's (GpuWeights):
+// ACTIVEKV_WEIGHT_LAYOUT=gguf|split, else split -- so an A/B of that
+// variable (scripts/device_run.sh ab) reaches this program too.
 //
 // Timing: CUDA events around a batch of back-to-back launches on one stream
 // (>= 20), rotating between enough copies of the matrix that their bytes are

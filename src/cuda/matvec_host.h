@@ -88,8 +88,8 @@ GroupPlan plan_group(const MatvecGroupItem* items, int n, const float* x, int n_
 void set_split_depth(int depth);
 int split_depth();
 
-/// Rows per warp and depth of one register-kernel launch (split types and
-/// Q4_K alike). Forced depth: that,
+/// Rows per warp and depth of one register-kernel launch (every split
+/// type). Forced depth: that,
 /// with register_rows_per_warp's rows. Else, for one vector over a tall
 /// matrix of a 4-bit type (>= 16384 rows, <= 8192 cols: the FFN's gate and
 /// up, the output head), 1 row per warp at depth 2 -- the same 8 blocks of 16 bytes in
