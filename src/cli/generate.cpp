@@ -203,12 +203,6 @@ CpuHistoryOptions history_options(const GenerateArgs& a) {
 // Argument combinations that cannot work, rejected before the model loads.
 void check_args(const GenerateArgs& a, const std::string& device) {
   if (a.prompt && !a.prompt_file.empty()) throw Error("give either -p or -f, not both");
-  if (!std::isfinite(a.sampling.temperature)) {
-    throw InvalidArgument(fmt::format("--temp must be a finite number, got {}", a.sampling.temperature));
-  }
-  if (!(a.sampling.top_p > 0.0f && a.sampling.top_p <= 1.0f)) {  // also rejects NaN
-    throw InvalidArgument(fmt::format("--top-p must be in (0, 1], got {}", a.sampling.top_p));
-  }
   if (device == "cuda" && a.kv_format == "f32")
     throw Error("--kv-format f32 is the CPU path's reference format; on the GPU use bf16, lossless13, int8s or hybrid");
   if (device == "cpu" && (a.kv_placement != "auto" || a.gpu_kv_mem_gib > 0 || a.matvec_activations != "int8" ||
@@ -314,9 +308,11 @@ void add_generate(CLI::App& app, std::function<int()>& run_fn) {
   app.add_option("-c,--ctx-size", a->n_ctx, "Context size in tokens (0 = prompt + n-predict)")->capture_default_str()
       ->check(in_range(0, std::numeric_limits<int>::max()));  // any int: too large is a memory error, with sizes
   add_threads_option(app, a->threads);
-  app.add_option("--temp", a->sampling.temperature, "Temperature (<= 0: greedy)")->capture_default_str();
+  app.add_option("--temp", a->sampling.temperature, "Temperature (<= 0: greedy)")
+      ->check(finite_number<float>())
+      ->capture_default_str();
   app.add_option("--top-k", a->sampling.top_k, "Top-k (<= 0: off)")->capture_default_str();
-  app.add_option("--top-p", a->sampling.top_p, "Top-p in (0, 1]")->capture_default_str();
+  app.add_option("--top-p", a->sampling.top_p, "Top-p in (0, 1]")->check(above_zero_to_one())->capture_default_str();
   app.add_option("--seed", a->seed, "Sampling seed (-1: random, printed)")->capture_default_str()
       ->check(seed_value());
   app.add_flag("--chat", a->chat, "Wrap the prompt in the model's chat template (ChatML; Gemma's turn format for gemma3)");

@@ -84,6 +84,35 @@ inline CLI::Validator non_negative() {
       "NONNEGATIVE");
 }
 
+/// A value for a floating option of type T that is a finite T ("Value inf
+/// is not a number", "Value 1e39 is too large" for a float), checked as
+/// the flag is parsed like every other flag value (exit 105), not after.
+template <class T>
+CLI::Validator finite_number() {
+  static_assert(std::is_floating_point_v<T>);
+  return CLI::Validator(
+      [](std::string& v) -> std::string {
+        std::string checked = v;
+        const std::string e = in_range(-std::numeric_limits<T>::max(), std::numeric_limits<T>::max())(checked);
+        if (e.empty() || e.find("not in range") == std::string::npos) return e;
+        return "Value " + v + (std::strtod(v.c_str(), nullptr) < 0 ? " is too small" : " is too large");
+      },
+      "FINITE");
+}
+
+/// A probability above zero: a number in (0, 1] ("Value 0 not in range
+/// (0, 1]"), e.g. top-p.
+inline CLI::Validator above_zero_to_one() {
+  return CLI::Validator(
+      [](std::string& v) -> std::string {
+        std::string checked = v;
+        std::string e = in_range(0.0, 1.0)(checked);
+        if (e.empty() && std::strtod(v.c_str(), nullptr) == 0.0) e = "not in range";
+        return e.find("not in range") == std::string::npos ? e : "Value " + v + " not in range (0, 1]";
+      },
+      "(0, 1]");
+}
+
 /// A token or item count in [lo, kMaxTokens] (in_range).
 inline CLI::Validator count_range(int lo) { return in_range(lo, kMaxTokens); }
 

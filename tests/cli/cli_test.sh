@@ -276,10 +276,12 @@ case $CASE in
     expect 1 "eval: --f32-activations is for --device cuda" -- eval --f32-activations
     expect 105 "--depths: Value 1.5 not in range" -- eval --passkey --depths 1.5
     expect 105 "--answer-tokens: Value 0 not in range" -- eval --passkey --answer-tokens 0
-    expect 1 "--temp must be a finite number, got inf" -- generate --temp inf -p hi -n 1
-    expect 1 "--temp must be a finite number, got nan" -- generate --temp nan -p hi -n 1
-    expect 1 "--top-p must be in (0, 1], got inf" -- generate --top-p inf -p hi -n 1
-    expect 1 "--top-p must be in (0, 1], got 0" -- generate --top-p 0 -p hi -n 1
+    expect 105 "--temp: Value inf is not a number" -- generate --temp inf -p hi -n 1
+    expect 105 "--temp: Value nan is not a number" -- generate --temp nan -p hi -n 1
+    expect 105 "--temp: Value 1e39 is too large" -- generate --temp 1e39 -p hi -n 1
+    expect 105 "--top-p: Value inf is not a number" -- generate --top-p inf -p hi -n 1
+    expect 105 "--top-p: Value 0 not in range (0, 1]" -- generate --top-p 0 -p hi -n 1
+    expect 105 "--top-p: Value 1.5 not in range (0, 1]" -- generate --top-p 1.5 -p hi -n 1
     ;;
   paths)  # output paths checked before the work and every write checked; a folder is not a prompt
     expect 1 "cannot write eval --json output '/nonexistent_dir/x.json': folder '/nonexistent_dir' does not exist" \
