@@ -325,17 +325,21 @@ struct Q4_K {
   AKV_QHD static uint32_t raw4(const S& b, int u, int g) {
     return (src_u32<4>(b, 16 + 32 * (u >> 1) + 4 * g) >> (4 * (u & 1))) & 0x0f0f0f0fu;
   }
+  /// Unit scale and min from d, dmin and the unit's 6-bit sc and m (also
+  /// qkregs::dot_unit_x's, which finds sc and m its own way).
+  AKV_QHD static float scale_of(float d, int sc) { return mul_rn(d, float(sc)); }
+  AKV_QHD static float min_of(float dmin, int m) { return -mul_rn(dmin, float(m)); }
   template <class S>
   AKV_QHD static float scale(const S& b, int u, int) {
     int sc, m;
     scale_min_k4(b, 4, u, sc, m);
-    return mul_rn(src_half(b, 0), float(sc));
+    return scale_of(src_half(b, 0), sc);
   }
   template <class S>
   AKV_QHD static float min(const S& b, int u) {
     int sc, m;
     scale_min_k4(b, 4, u, sc, m);
-    return -mul_rn(src_half(b, 2), float(m));
+    return min_of(src_half(b, 2), m);
   }
 };
 

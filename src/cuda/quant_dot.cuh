@@ -63,19 +63,12 @@ AKV_QHD void load_unit_x(int64_t xb, XQuant xq, int64_t cols, UnitX<NV>& x) {
   load_unit_x_at<NV>(xq.qx + xb * 32, xq.ds + xb, cols, x);
 }
 
-/// Dot of unit u of block b (a byte source: quant_blocks.cuh) with x, added to acc[v] for every vector:
-/// acc += d_x * (A * sum(code * q) + B * sum(q)). sum(code * q) is taken as
-/// sum(raw * q) - kOffset * sum(q) (d.y holds sum(q), an exact integer):
-/// the same int32, without subtracting kOffset from every code byte -- the
-/// H200 profile showed this kernel instruction-bound.
-template <class T, int NV, class S>
-AKV_QHD void dot_unit_x(const S& b, int u, const UnitX<NV>& x, float* acc) {
-  uint32_t c[8];
-  AKV_UNROLL
-  for (int g = 0; g < 8; ++g) c[g] = T::raw4(b, u, g);
-  const float a = T::scale(b, u, 0);
-  float mn = 0.f;
-  if constexpr (T::kHasMin) mn = T::min(b, u);
+/// dot_unit_x's arithmetic once the unit's raw codes c (word g: elements 4g
+/// .. 4g + 3), scale a and (T::kHasMin) min mn are known: the one sequence
+/// of integer and float operations every reader of a unit shares
+/// (qkregs::dot_unit_x too), so their bits cannot drift apart.
+template <class T, int NV>
+AKV_QHD void dot_unit_codes(const uint32_t (&c)[8], float a, float mn, const UnitX<NV>& x, float* acc) {
   AKV_UNROLL
   for (int v = 0; v < NV; ++v) {
     int s = 0;
@@ -86,6 +79,21 @@ AKV_QHD void dot_unit_x(const S& b, int u, const UnitX<NV>& x, float* acc) {
     if constexpr (T::kHasMin) t = fmaf(mn, x.d[v].y, t);
     acc[v] = fmaf(x.d[v].x, t, acc[v]);
   }
+}
+
+/// Dot of unit u of block b (a byte source: quant_blocks.cuh) with x, added to acc[v] for every vector:
+/// acc += d_x * (A * sum(code * q) + B * sum(q)). sum(code * q) is taken as
+/// sum(raw * q) - kOffset * sum(q) (d.y holds sum(q), an exact integer):
+/// the same int32, without subtracting kOffset from every code byte -- the
+/// H200 profile showed this kernel instruction-bound.
+template <class T, int NV, class S>
+AKV_QHD void dot_unit_x(const S& b, int u, const UnitX<NV>& x, float* acc) {
+  uint32_t c[8];
+  AKV_UNROLL
+  for (int g = 0; g < 8; ++g) c[g] = T::raw4(b, u, g);
+  float mn = 0.f;
+  if constexpr (T::kHasMin) mn = T::min(b, u);
+  dot_unit_codes<T, NV>(c, T::scale(b, u, 0), mn, x, acc);
 }
 
 /// x of a Q6_K item (h, j): bytes 8j..8j+7 of the four units 4h + k, and their d.

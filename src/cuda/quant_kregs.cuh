@@ -78,8 +78,9 @@ AKV_QHD void scale_min(const UnitRegs& r, int u, int& sc, int& m) {
   }
 }
 
-/// qdot::dot_unit_x<Q4_K, NV> for unit u held in r: acc[v] += d_x * (a *
-/// sum(code * q) + mn * sum(q)), a = d * sc, mn = -(dmin * m).
+/// qdot::dot_unit_x<Q4_K, NV> for unit u held in r: its codes masked out of
+/// the payload words, its scale and min from scale_min by Q4_K's own
+/// formulas, then the shared arithmetic (qdot::dot_unit_codes).
 template <int NV>
 AKV_QHD void dot_unit_x(const UnitRegs& r, int u, const qdot::UnitX<NV>& x, float* acc) {
   uint32_t c[8];
@@ -90,17 +91,9 @@ AKV_QHD void dot_unit_x(const UnitRegs& r, int u, const qdot::UnitX<NV>& x, floa
   }
   int sc, m;
   scale_min(r, u, sc, m);
-  const float a = qblk::mul_rn(qblk::reg_half_to_float(uint16_t(r.head[0])), float(sc));
-  const float mn = -qblk::mul_rn(qblk::reg_half_to_float(uint16_t(r.head[0] >> 16)), float(m));
-  AKV_UNROLL
-  for (int v = 0; v < NV; ++v) {
-    int s = 0;
-    AKV_UNROLL
-    for (int g = 0; g < 8; ++g) s = qblk::dp4a(int(c[g]), x.xs[v][g], s);
-    float t = qblk::mul_rn(a, float(s));
-    t = fmaf(mn, x.d[v].y, t);
-    acc[v] = fmaf(x.d[v].x, t, acc[v]);
-  }
+  const float a = Q4_K::scale_of(qblk::reg_half_to_float(uint16_t(r.head[0])), sc);
+  const float mn = Q4_K::min_of(qblk::reg_half_to_float(uint16_t(r.head[0] >> 16)), m);
+  qdot::dot_unit_codes<Q4_K, NV>(c, a, mn, x, acc);
 }
 
 }  // namespace activekv::cuda::qkregs

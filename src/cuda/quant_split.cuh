@@ -56,7 +56,7 @@ using qblk::Q6_K;
 /// bytes kPayloadAt .. kPayloadAt + kPayload - 1: for the 32-element types
 /// the head comes first (kHeadAt 0, kPayloadAt kHead), for Q6_K last.
 /// kNibblesByUnit: the payload regroups the GGUF nibbles by unit (Q4_K,
-/// above; split_payload_byte and gguf_payload_byte map them); otherwise the
+/// above; split_payload_byte and gguf_nibble_word map them); otherwise the
 /// payload is the GGUF bytes as they are.
 template <class T>
 struct SplitOf {
@@ -113,28 +113,26 @@ AKV_QHD uint8_t split_payload_byte(const uint8_t* g, int i) {
   }
 }
 
-/// GGUF byte kPayloadAt + i of a block from its split payload p: the
-/// inverse of split_payload_byte.
-template <class T>
-AKV_QHD uint8_t gguf_payload_byte(const uint8_t* p, int i) {
-  if constexpr (SplitOf<T>::kNibblesByUnit) {
-    const int j = i >> 5, e = i & 31;  // group j, element e of its units 2j and 2j + 1
-    auto code = [&](int u) { return (p[16 * u + (e & 15)] >> (4 * (e >> 4))) & 15; };
-    return uint8_t(code(2 * j) | (code(2 * j + 1) << 4));
-  } else {
-    return p[i];
-  }
-}
-
-/// GGUF word kPayloadAt + i (i = 32j + 4g, g < 8) of a Q4_K-like block from
-/// its split payload p: gguf_payload_byte four at a time, by words. Group
-/// byte 4g + k is element 4g + k of units 2j and 2j + 1, which sit in byte
-/// 4(g % 4) + k of their 16 payload bytes, low nibble for g < 4.
+/// GGUF word kPayloadAt + i (i = 32j + 4g, g < 8) of a block with
+/// kNibblesByUnit from its split payload p, the inverse of
+/// split_payload_byte: group byte 4g + k is element 4g + k of units 2j and
+/// 2j + 1, which sit in byte 4(g % 4) + k of their 16 payload bytes, low
+/// nibble for g < 4.
 AKV_QHD uint32_t gguf_nibble_word(const uint8_t* p, int i) {
   const int j = i >> 5, g = (i & 31) >> 2, shift = 4 * (g >> 2);
   const uint32_t lo = (qblk::ld32<4>(p + 32 * j + 4 * (g & 3)) >> shift) & 0x0f0f0f0fu;
   const uint32_t hi = (qblk::ld32<4>(p + 32 * j + 16 + 4 * (g & 3)) >> shift) & 0x0f0f0f0fu;
   return lo | (hi << 4);
+}
+
+/// GGUF byte kPayloadAt + i of a block from its split payload p.
+template <class T>
+AKV_QHD uint8_t gguf_payload_byte(const uint8_t* p, int i) {
+  if constexpr (SplitOf<T>::kNibblesByUnit) {
+    return uint8_t(gguf_nibble_word(p, i & ~3) >> (8 * (i & 3)));
+  } else {
+    return p[i];
+  }
 }
 
 /// A split block in memory. GGUF offsets in the head read it (2-byte

@@ -50,7 +50,7 @@ struct SplitDepthScope {
 
 /// The register kernel's depths a matrix is tested at: both where that
 /// kernel reads it (the split layout), else one.
-inline std::vector<int> depths_for(TensorType, WeightLayout l) {
+inline std::vector<int> depths_for(WeightLayout l) {
   if (l == WeightLayout::Split) return {1, 2};
   return {1};
 }

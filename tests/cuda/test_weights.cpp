@@ -37,7 +37,7 @@ TEST_P(WeightKernels, MatvecMatchesCpu) {
   const TensorType t = GetParam();
   const double emul_bound = is_float_type(t) ? kEmulBoundFloat : kEmulBoundQuant;
   for (const WeightLayout layout : layouts_for(t))
-  for (const int depth : depths_for(t, layout))
+  for (const int depth : depths_for(layout))
   for (const BlockMatvecKernel kernel : kernels_for(t)) {
     const KernelScope scope(kernel);
     const SplitDepthScope depth_scope(depth);
@@ -85,7 +85,7 @@ TEST_P(WeightKernels, EveryBatchSizeAccumulateAndPrequantized) {
   const Shape s{1101, 512};
   const HostMatrix h = random_matrix(t, s.rows, s.cols, 77 + uint64_t(t));
   for (const WeightLayout layout : layouts_for(t))
-  for (const int depth : depths_for(t, layout))
+  for (const int depth : depths_for(layout))
   for (const BlockMatvecKernel kernel : kernels_for(t)) {
     const KernelScope scope(kernel);
     const SplitDepthScope depth_scope(depth);
