@@ -189,15 +189,12 @@ int main(int argc, char** argv) {
   app.add_option("--batches", batches, "timed batches per row (median)")->check(CLI::Range(1, 10000));
   app.add_option("--json", json_path, "write the results as JSON here");
   CLI11_PARSE(app, argc, argv);
-  if (layout.empty()) {
-    const char* e = std::getenv("ACTIVEKV_WEIGHT_LAYOUT");
-    layout = e != nullptr && std::string(e) == "gguf" ? "gguf" : "split";
-  }
   std::string command;
   for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
 
   try {
     activekv::cuda::require_gpu(0, "bench_matvec");
+    if (layout.empty()) layout = activekv::cuda::split_layout_wanted() ? "split" : "gguf";
     using activekv::cuda::BlockMatvecKernel;
     if (!kernel.empty())
       activekv::cuda::set_block_matvec_kernel(kernel == "chunked" ? BlockMatvecKernel::Chunked

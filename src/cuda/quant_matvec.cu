@@ -447,6 +447,13 @@ bool has_split_layout(gguf::TensorType t) {
   return ok;
 }
 
+bool split_layout_wanted() {
+  const char* e = std::getenv("ACTIVEKV_WEIGHT_LAYOUT");
+  if (e == nullptr || std::strcmp(e, "split") == 0) return true;
+  if (std::strcmp(e, "gguf") == 0) return false;
+  throw InvalidArgument(std::string("ACTIVEKV_WEIGHT_LAYOUT is '") + e + "': use split (the default) or gguf");
+}
+
 void validate_matrix(const DeviceMatrix& w) {
   if (!has_gpu_kernel(w.type)) {
     throw InvalidArgument("no GPU kernel for weight type " + gguf::type_name(w.type) + " (" +

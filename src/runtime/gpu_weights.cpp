@@ -4,8 +4,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <memory>
 
 #include "activekv/cuda/device_pages.h"
@@ -39,15 +37,6 @@ void for_each_tensor(const model::ModelTensors& m, F&& f) {
       if (t) f(t);
 }
 
-/// Whether matrices of split-capable types are stored split (quant_matvec.h's
-/// WeightLayout): yes, unless ACTIVEKV_WEIGHT_LAYOUT=gguf (A/B measurements).
-bool split_wanted() {
-  const char* e = std::getenv("ACTIVEKV_WEIGHT_LAYOUT");
-  if (e == nullptr || std::strcmp(e, "split") == 0) return true;
-  if (std::strcmp(e, "gguf") == 0) return false;
-  throw InvalidArgument(fmt::format("ACTIVEKV_WEIGHT_LAYOUT is '{}': use split (the default) or gguf", e));
-}
-
 bool stored_split(const gguf::TensorInfo* t, bool split) {
   return split && !is_vector(t) && cuda::has_split_layout(t->type);
 }
@@ -70,7 +59,7 @@ GpuWeights::GpuWeights(const gguf::File& f, const model::ModelConfig& c) {
   });
   // Split matrices are uploaded into a scratch buffer and repacked from
   // there: the largest of them is needed beside the weights while loading.
-  const bool split = split_wanted();
+  const bool split = cuda::split_layout_wanted();
   size_t scratch_bytes = 0;
   for_each_tensor(m, [&](const gguf::TensorInfo* t) {
     if (stored_split(t, split)) scratch_bytes = std::max(scratch_bytes, size_t(t->n_bytes));

@@ -75,6 +75,11 @@ struct DeviceMatrix {
 /// True for the types with a split layout: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K.
 bool has_split_layout(gguf::TensorType t);
 
+/// Whether matrices of those types are stored split: yes, unless
+/// ACTIVEKV_WEIGHT_LAYOUT=gguf (A/B measurements; the runtime's GpuWeights
+/// and bench_matvec both ask). Throws InvalidArgument for another value.
+bool split_layout_wanted();
+
 /// Writes dst (dst.layout == Split, a type with has_split_layout, valid as
 /// validate_matrix checks) from the same matrix in the GGUF layout at
 /// `src_gguf` (device, dst.rows * dst.row_bytes bytes, not overlapping
