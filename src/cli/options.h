@@ -15,6 +15,7 @@
 #include <string>
 #include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace activekv::cli {
@@ -70,18 +71,26 @@ CLI::Validator in_range(T lo, T hi) {
       CLI::Range(lo, hi).get_description());
 }
 
+/// in_range(lo, hi) for a floating option, but a value past a bound says
+/// which side (`below` or `above`, e.g. " is negative") instead of naming
+/// bounds nobody types (DBL_MAX in full); `description` is the help text's.
+inline CLI::Validator worded_range(double lo, double hi, std::string below, std::string above,
+                                   std::string description) {
+  return CLI::Validator(
+      [=](std::string& v) -> std::string {
+        std::string checked = v;
+        const std::string e = in_range(lo, hi)(checked);
+        if (e.empty() || e.find("not in range") == std::string::npos) return e;
+        return "Value " + v + (std::strtod(v.c_str(), nullptr) < lo ? below : above);
+      },
+      std::move(description));
+}
+
 /// A value for a floating option that is a finite number >= 0 ("Value -1 is
 /// negative", "Value 1e999 is too large"); the help text says NONNEGATIVE, as
 /// CLI::NonNegativeNumber's.
 inline CLI::Validator non_negative() {
-  return CLI::Validator(
-      [](std::string& v) -> std::string {
-        std::string checked = v;
-        const std::string e = in_range(0.0, std::numeric_limits<double>::max())(checked);
-        if (e.empty() || e.find("not in range") == std::string::npos) return e;
-        return "Value " + v + (std::strtod(v.c_str(), nullptr) < 0 ? " is negative" : " is too large");
-      },
-      "NONNEGATIVE");
+  return worded_range(0.0, std::numeric_limits<double>::max(), " is negative", " is too large", "NONNEGATIVE");
 }
 
 /// A value for a floating option of type T that is a finite T ("Value inf
@@ -90,25 +99,20 @@ inline CLI::Validator non_negative() {
 template <class T>
 CLI::Validator finite_number() {
   static_assert(std::is_floating_point_v<T>);
-  return CLI::Validator(
-      [](std::string& v) -> std::string {
-        std::string checked = v;
-        const std::string e = in_range(-std::numeric_limits<T>::max(), std::numeric_limits<T>::max())(checked);
-        if (e.empty() || e.find("not in range") == std::string::npos) return e;
-        return "Value " + v + (std::strtod(v.c_str(), nullptr) < 0 ? " is too small" : " is too large");
-      },
-      "FINITE");
+  const double max = std::numeric_limits<T>::max();
+  return worded_range(-max, max, " is too small", " is too large", "FINITE");
 }
 
 /// A probability above zero: a number in (0, 1] ("Value 0 not in range
 /// (0, 1]"), e.g. top-p.
 inline CLI::Validator above_zero_to_one() {
+  const std::string out = " not in range (0, 1]";
+  const CLI::Validator closed = worded_range(0.0, 1.0, out, out, "(0, 1]");
   return CLI::Validator(
-      [](std::string& v) -> std::string {
+      [closed, out](std::string& v) -> std::string {
         std::string checked = v;
-        std::string e = in_range(0.0, 1.0)(checked);
-        if (e.empty() && std::strtod(v.c_str(), nullptr) == 0.0) e = "not in range";
-        return e.find("not in range") == std::string::npos ? e : "Value " + v + " not in range (0, 1]";
+        const std::string e = closed(checked);
+        return e.empty() && std::strtod(v.c_str(), nullptr) == 0.0 ? "Value " + v + out : e;
       },
       "(0, 1]");
 }
