@@ -107,15 +107,15 @@ namespace {
 int initial_ring_stages() {
   const char* e = std::getenv("ACTIVEKV_MATVEC_RING");
   const int v = e != nullptr ? std::atoi(e) : 0;
-  return v == 4 || v == 8 || v == 16 ? v : 0;
+  return v == 2 || v == 4 || v == 8 ? v : 0;
 }
 std::atomic<int> g_ring_stages{initial_ring_stages()};
 std::atomic<int> g_ring_ctas{0};
 }  // namespace
 
 void set_ring_stages(int stages) {
-  if (stages != 0 && stages != 4 && stages != 8 && stages != 16)
-    throw InvalidArgument("ring matvec: " + std::to_string(stages) + " stages (0 for off, 4, 8 or 16)");
+  if (stages != 0 && stages != 2 && stages != 4 && stages != 8)
+    throw InvalidArgument("ring matvec: " + std::to_string(stages) + " stages (0 for off, 2, 4 or 8)");
   g_ring_stages.store(stages, std::memory_order_relaxed);
 }
 int ring_stages() { return g_ring_stages.load(std::memory_order_relaxed); }

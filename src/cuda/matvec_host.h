@@ -140,11 +140,12 @@ int register_rows_per_warp(int64_t rows, int64_t cols, int n_vec, int block_byte
 
 /// Stages of the ring matvec (ring_matvec.cu) for one vector over a split
 /// matrix of a type it reads (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K): 0 (off: the
-/// register kernel), 4, 8 or 16 items in flight per lane. Each warp takes
-/// a run of rows and keeps its next items travelling by cp.async into
-/// shared memory while it sums the ones that have arrived; the same items
+/// register kernel), 2, 4 or 8 chunks of 4 items a lane, S - 1 of them in
+/// flight. Each warp takes a run of rows and keeps its next items
+/// travelling by cp.async into shared memory while it sums the ones that
+/// have arrived; the same items
 /// in the same order per lane and the same dots as the register kernel, so
-/// the same bits. ACTIVEKV_MATVEC_RING=4|8|16 at start sets it (A/B
+/// the same bits. ACTIVEKV_MATVEC_RING=2|4|8 at start sets it (A/B
 /// measurements), as does this (tests). Process-wide, as set_split_depth.
 /// InvalidArgument for another count.
 void set_ring_stages(int stages);

@@ -7,9 +7,11 @@
 // h200_ncu_matvec_*). Holding the next rows in registers instead (a ring of
 // register slots, e395370) lowered occupancy and lost. Here the bytes in
 // flight sit in shared memory: each lane copies its own items into its own
-// slots with cp.async, S - 1 items ahead of the one it sums, across row
-// ends, and waits for its own copies only (cp.async.wait_group), so the
-// warps never synchronise.
+// slots with cp.async, S - 1 chunks of kChunk items ahead of the one it
+// sums, across row ends, and waits for its own copies only
+// (cp.async.wait_group), so the warps never synchronise. A chunk, not an
+// item, per step: one item a step (4bae7bd) spent ~130 instructions an item
+// on the stream's bookkeeping and ran 1.3-2.2x slower than the register kernel.
 //
 // Same bits as the register kernel: lane l sums items l, l + 32, l + 64, ...
 // of each row in that order with RegItems<T>'s dot on the same registers
@@ -35,13 +37,8 @@ using qdot::XQuant;
 
 constexpr int kWarps = mvhost::kWarpsPerCta;
 
-/// Where a lane is in its stream of items: row `row` of the warp's run, slot
-/// k (item lane + 32k of the row), and that item's address.
-template <class T>
-struct Cursor {
-  int row = 0, k = 0;
-  typename RegItems<T>::Lane at;
-};
+/// Items a lane copies and sums per step of its stream: a chunk of a row.
+constexpr int kChunk = 4;
 
 template <class T, int S>
 __global__ void __launch_bounds__(kWarps * 32)
@@ -49,6 +46,8 @@ __global__ void __launch_bounds__(kWarps * 32)
                        float* __restrict__ y, bool accumulate, int rows_per_warp) {
   using Items = RegItems<T>;
   using Ring = RingItem<T>;
+  using Lane = typename Items::Lane;
+  constexpr int kStageBytes = kChunk * Ring::kSlotBytes;
   static_assert((S & (S - 1)) == 0, "S is a power of two");
   extern __shared__ __align__(16) uint8_t ring_smem[];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -56,58 +55,71 @@ __global__ void __launch_bounds__(kWarps * 32)
   if (row0 >= rows) return;  // pdl.cuh: CTAs with no work may leave before pdl::begin
   const int n_rows = int(min(int64_t(rows_per_warp), rows - row0));
   const int n_items = n_blocks * qdot::Tiling<T>::kItemsPerBlock;
-  const int per_row = (n_items + 31) / 32;  // slots a row: the most items a lane has in it
-  const int total = n_rows * per_row;
+  // Chunks a row: its slots (items lane + 32k, k < the most items a lane has)
+  // kChunk at a time: position p of the stream is chunk p % chunks of row p / chunks.
+  const int chunks = ((n_items + 31) / 32 + kChunk - 1) / kChunk;
+  const int total = n_rows * chunks;
   const int part = lane % qdot::Tiling<T>::kItemsPerBlock;
-  const uint32_t slots = detail::smem_u32(ring_smem) + uint32_t(warp) * S * Ring::kSlotBytes;
-  auto row_start = [&](int r) { return Items::lane_at(w, rows, 0, row0 + r, n_blocks, lane); };
-  auto step = [&](Cursor<T>& c) {
-    if (++c.k < per_row) {
-      c.at = Items::advanced(c.at, 1);
+  const uint32_t stages = detail::smem_u32(ring_smem) + uint32_t(warp) * S * kStageBytes;
+  // A place in the stream: chunk c of row r, `at` its first item's address.
+  // Walked a chunk at a time: no division, a row's address once a row.
+  struct Pos {
+    int r, c;
+    Lane at;
+  };
+  auto row_start = [&](int r) { return Items::lane_at(w, rows, 0, row0 + min(r, n_rows - 1), n_blocks, lane); };
+  auto next = [&](Pos& q) {
+    if (++q.c < chunks) {
+      q.at = Items::advanced(q.at, kChunk);
     } else {
-      c.k = 0;
-      if (++c.row < n_rows) c.at = row_start(c.row);
+      q.c = 0;
+      q.at = row_start(++q.r);
     }
   };
-
-  // Every position commits a group, empty past the end or where the lane
-  // has no item, so that position p's copies are group p for every lane.
-  Cursor<T> in{0, 0, row_start(0)};
+  Pos in{0, 0, row_start(0)};
   auto produce = [&](int p) {
-    if (p < total && lane + 32 * in.k < n_items) Ring::copy(in.at, slots + (p & (S - 1)) * Ring::kSlotBytes, lane);
-    detail::cp_async_commit();
-    step(in);
+    if (p < total) {
+      const uint32_t stage = stages + (p & (S - 1)) * kStageBytes;
+#pragma unroll
+      for (int u = 0; u < kChunk; ++u)
+        if (lane + 32 * (in.c * kChunk + u) < n_items) Ring::copy(Items::advanced(in.at, u), stage + u * Ring::kSlotBytes, lane);
+      next(in);
+    }
+    detail::cp_async_commit();  // empty past the end: position p's copies are group p
   };
   // The weights do not depend on the kernels before (pdl.cuh): the first
-  // S - 1 items travel while they drain.
+  // S - 1 chunks travel while they drain.
 #pragma unroll 1
   for (int p = 0; p < S - 1; ++p) produce(p);
   pdl::begin();
 
-  Cursor<T> out{0, 0, row_start(0)};
   const XAt x0 = Items::x_at(xq, lane);
-  XAt xk = x0;
+  Pos out{0, 0, row_start(0)};
   float acc = 0.f;
 #pragma unroll 1
   for (int p = 0; p < total; ++p) {
     produce(p + S - 1);
-    const bool has = lane + 32 * out.k < n_items;
-    typename Items::template X<1> x;
-    if (has) Items::template load_x<1>(xk, cols, x);
+    const int k0 = out.c * kChunk;
+    // The chunk's x first: its loads travel during the wait.
+    const XAt xc = x0.at(k0);
+    typename Items::template X<1> x[kChunk];
+#pragma unroll
+    for (int u = 0; u < kChunk; ++u)
+      if (lane + 32 * (k0 + u) < n_items) Items::template load_x<1>(xc.at(u), cols, x[u]);
     detail::cp_async_wait<S - 1>();  // group p: this lane's copies of position p
-    if (has) {
+    const uint32_t stage = stages + (p & (S - 1)) * kStageBytes;
+#pragma unroll
+    for (int u = 0; u < kChunk; ++u) {
+      if (lane + 32 * (k0 + u) >= n_items) break;
       typename Items::Regs regs;
-      Ring::read(slots + (p & (S - 1)) * Ring::kSlotBytes, lane, out.at, regs);
-      Items::template dot<1>(regs, part, x, &acc);
+      Ring::read(stage + u * Ring::kSlotBytes, lane, Items::advanced(out.at, u), regs);
+      Items::template dot<1>(regs, part, x[u], &acc);
     }
-    const int row = out.row;
-    step(out);
-    if (out.k == 0) {  // row done
-      mvkern::write_row<1>(&acc, y, rows, row0 + row, accumulate);
+    const int r = out.r;
+    next(out);
+    if (out.c == 0) {  // row r done
+      mvkern::write_row<1>(&acc, y, rows, row0 + r, accumulate);
       acc = 0.f;
-      xk = x0;
-    } else {
-      xk = xk.at(1);
     }
   }
   detail::cp_async_wait<0>();  // the empty groups past the end
@@ -115,7 +127,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 
 template <class T, int S>
 constexpr int smem_bytes() {
-  return kWarps * S * RingItem<T>::kSlotBytes;
+  return kWarps * S * kChunk * RingItem<T>::kSlotBytes;
 }
 
 /// CTAs of ring_matvec_kernel<T, S> that fit the device at once (its SMs x
@@ -157,9 +169,9 @@ bool run(const DeviceMatrix& w, const XQuant& xq, float* y, bool accumulate, cud
   qblk::dispatch_block_type(w.type, [&](auto traits) {
     using T = decltype(traits);
     if constexpr (RingItem<T>::kOk) {
-      if (stages == 4) launch<T, 4>(w, xq, y, accumulate, stream);
-      else if (stages == 8) launch<T, 8>(w, xq, y, accumulate, stream);
-      else launch<T, 16>(w, xq, y, accumulate, stream);
+      if (stages == 2) launch<T, 2>(w, xq, y, accumulate, stream);
+      else if (stages == 4) launch<T, 4>(w, xq, y, accumulate, stream);
+      else launch<T, 8>(w, xq, y, accumulate, stream);
       done = true;
     }
   });

@@ -208,7 +208,7 @@ TEST(SplitLayoutChecks, TypesAndBadRepacksThrowOneLine) {
   EXPECT_NE(thrown([&] { launch_repack_split(nullptr, q4, nullptr); }).find("is null or overlaps"), std::string::npos);
   EXPECT_EQ(thrown([] { mvhost::set_split_depth(3); }), "register matvec: split depth 3 is not 0 (the rule), 1 or 2");
   if (std::getenv("ACTIVEKV_SPLIT_DEPTH") == nullptr) EXPECT_EQ(mvhost::split_depth(), 0);  // the default: the rule
-  EXPECT_EQ(thrown([] { mvhost::set_ring_stages(6); }), "ring matvec: 6 stages (0 for off, 4, 8 or 16)");
+  EXPECT_EQ(thrown([] { mvhost::set_ring_stages(6); }), "ring matvec: 6 stages (0 for off, 2, 4 or 8)");
   EXPECT_EQ(thrown([] { mvhost::set_ring_ctas(-1); }), "ring matvec: -1 CTAs for a launch");
   if (std::getenv("ACTIVEKV_MATVEC_RING") == nullptr) EXPECT_EQ(mvhost::ring_stages(), 0);  // the default: off
 }
