@@ -74,7 +74,7 @@
 #           Q6_K,Q4_0,Q8_0; models AKV_AB_MODELS, default Q6_K,Q4_0; AKV_AB
 #           an optional setting for arm B) -> $OUT/matvec_ab.json
 #   ncu-matvec  Nsight Compute of the one-vector matvec on 17408x5120, Q6_K,
-#           Q4_0 and Q4_K (split; the register kernel, or the ring with ACTIVEKV_MATVEC_RING set; AKV_NCU_TYPES="Q4_K:gguf ..."
+#           Q4_0 and Q4_K (split, register kernel; AKV_NCU_TYPES="Q4_K:gguf ..."
 #           picks types and layouts): report and SASS source page per type ->
 #           $OUT/ncu_matvec_<type>.txt, .csv.gz
 #   ab      A/B of ACTIVEKV_* switches against the defaults in one call
@@ -358,7 +358,7 @@ run_ncu_matvec() {
   for t in ${AKV_NCU_TYPES:-Q6_K:split Q4_0:split Q4_K:split}; do
     layout=${t#*:} t=${t%%:*}
     echo "== ncu: matvec $t 17408x5120 ($layout layout) $(( $(date +%s) - t0 )) s"
-    timeout 150 "$ncu" --clock-control none --set full -k 'regex:register_matvec_kernel|ring_matvec_kernel|matvec_blocks_kernel' \
+    timeout 150 "$ncu" --clock-control none --set full -k 'regex:register_matvec_kernel|matvec_blocks_kernel' \
       --launch-skip 40 --launch-count 1 -f -o /tmp/ncu_mv_$t build-device/bin/bench_matvec --types $t \
       --shapes 17408x5120 --nvec 1 --groups "" --layout $layout --batches 3 > /tmp/ncu_mv_$t.log 2>&1 \
       || { tail -5 /tmp/ncu_mv_$t.log; continue; }

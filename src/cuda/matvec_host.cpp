@@ -103,38 +103,6 @@ bool wide_rows_before() {
 }
 }  // namespace
 
-namespace {
-int initial_ring_stages() {
-  const char* e = std::getenv("ACTIVEKV_MATVEC_RING");
-  const int v = e != nullptr ? std::atoi(e) : 0;
-  return v == 2 || v == 4 || v == 8 ? v : 0;
-}
-std::atomic<int> g_ring_stages{initial_ring_stages()};
-std::atomic<int> g_ring_ctas{0};
-}  // namespace
-
-void set_ring_stages(int stages) {
-  if (stages != 0 && stages != 2 && stages != 4 && stages != 8)
-    throw InvalidArgument("ring matvec: " + std::to_string(stages) + " stages (0 for off, 2, 4 or 8)");
-  g_ring_stages.store(stages, std::memory_order_relaxed);
-}
-int ring_stages() { return g_ring_stages.load(std::memory_order_relaxed); }
-
-void set_ring_ctas(int n) {
-  if (n < 0) throw InvalidArgument("ring matvec: " + std::to_string(n) + " CTAs for a launch");
-  g_ring_ctas.store(n, std::memory_order_relaxed);
-}
-int ring_ctas() { return g_ring_ctas.load(std::memory_order_relaxed); }
-
-RingGrid ring_grid(int64_t rows, int64_t max_ctas) {
-  if (rows <= 0 || max_ctas <= 0) return {};
-  const int64_t max_warps = max_ctas * kWarpsPerCta;
-  const int64_t per_warp = (rows + max_warps - 1) / max_warps;
-  const int64_t warps = (rows + per_warp - 1) / per_warp;
-  if (per_warp > INT32_MAX) throw InvalidArgument("ring matvec: too many rows for one launch");
-  return {int(per_warp), int((warps + kWarpsPerCta - 1) / kWarpsPerCta)};
-}
-
 SplitShape split_shape(int64_t rows, int64_t cols, int n_vec, int block_bytes, int block_elems) {
   const int forced = split_depth();
   const bool four_bit = 8 * block_bytes <= 5 * block_elems;

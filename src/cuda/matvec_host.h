@@ -138,32 +138,4 @@ SplitShape split_shape(int64_t rows, int64_t cols, int n_vec, int block_bytes, i
 /// for the chunked rule.
 int register_rows_per_warp(int64_t rows, int64_t cols, int n_vec, int block_bytes, int block_elems);
 
-/// Stages of the ring matvec (ring_matvec.cu) for one vector over a split
-/// matrix of a type it reads (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K): 0 (off: the
-/// register kernel), 2, 4 or 8 chunks of 4 items a lane, S - 1 of them in
-/// flight. Each warp takes a run of rows and keeps its next items
-/// travelling by cp.async into shared memory while it sums the ones that
-/// have arrived; the same items
-/// in the same order per lane and the same dots as the register kernel, so
-/// the same bits. ACTIVEKV_MATVEC_RING=2|4|8 at start sets it (A/B
-/// measurements), as does this (tests). Process-wide, as set_split_depth.
-/// InvalidArgument for another count.
-void set_ring_stages(int stages);
-int ring_stages();
-
-/// CTAs of a ring launch: 0 (the default) as many as fit the GPU at once;
-/// n > 0 at most n (tests: many rows per warp). InvalidArgument for n < 0.
-void set_ring_ctas(int n);
-int ring_ctas();
-
-/// Rows per warp and CTAs of a ring launch over `rows` rows with at most
-/// `max_ctas` CTAs of kWarpsPerCta warps: the fewest rows per warp that
-/// cover the rows, then as few warps as cover them at that count (so every
-/// warp but the last has the same rows). {0, 0} for no rows.
-struct RingGrid {
-  int rows_per_warp = 0;
-  int ctas = 0;
-};
-RingGrid ring_grid(int64_t rows, int64_t max_ctas);
-
 }  // namespace activekv::cuda::mvhost

@@ -1,6 +1,6 @@
 // Device building blocks shared by the tensor-core attention kernels
-// (decode_attention.cu, prefill_attention.cu, int8s_attention.cu) and the
-// ring matvec (ring_matvec.cu): async copies, ldmatrix, mma.sync m16n8k16 bf16 with fp32 accumulation, and
+// (decode_attention.cu, prefill_attention.cu, int8s_attention.cu): 16-byte
+// async copies, ldmatrix, mma.sync m16n8k16 bf16 with fp32 accumulation, and
 // the split of fp32 values into bf16 terms. Internal header (src/cuda only).
 //
 // Fragment layouts of mma.m16n8k16 (PTX ISA, "Matrix Fragments for
@@ -39,12 +39,6 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int sr
 template <int DST, int SRC>
 __device__ __forceinline__ void cp_async16_at(uint32_t dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0+%2], [%1+%3], 16;\n" ::"r"(dst), "l"(src), "n"(DST), "n"(SRC) : "memory");
-}
-// 4- or 8-byte async copy (cached in L1: .cg takes 16 bytes only).
-template <int N>
-__device__ __forceinline__ void cp_async_ca(uint32_t dst, const void* src) {
-  static_assert(N == 4 || N == 8, "cp.async.ca copies 4, 8 or 16 bytes");
-  asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(dst), "l"(src), "n"(N) : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N> __device__ __forceinline__ void cp_async_wait() {

@@ -208,26 +208,6 @@ TEST(SplitLayoutChecks, TypesAndBadRepacksThrowOneLine) {
   EXPECT_NE(thrown([&] { launch_repack_split(nullptr, q4, nullptr); }).find("is null or overlaps"), std::string::npos);
   EXPECT_EQ(thrown([] { mvhost::set_split_depth(3); }), "register matvec: split depth 3 is not 0 (the rule), 1 or 2");
   if (std::getenv("ACTIVEKV_SPLIT_DEPTH") == nullptr) EXPECT_EQ(mvhost::split_depth(), 0);  // the default: the rule
-  EXPECT_EQ(thrown([] { mvhost::set_ring_stages(6); }), "ring matvec: 6 stages (0 for off, 2, 4 or 8)");
-  EXPECT_EQ(thrown([] { mvhost::set_ring_ctas(-1); }), "ring matvec: -1 CTAs for a launch");
-  if (std::getenv("ACTIVEKV_MATVEC_RING") == nullptr) EXPECT_EQ(mvhost::ring_stages(), 0);  // the default: off
-}
-
-// The ring kernel's grid: the fewest rows per warp that cover the rows with
-// the CTAs that fit, then only the warps those rows need.
-TEST(RingGrid, EveryWarpButTheLastHasTheSameRows) {
-  using G = std::pair<int, int>;
-  auto grid = [](int64_t rows, int64_t ctas) {
-    const mvhost::RingGrid g = mvhost::ring_grid(rows, ctas);
-    return G{g.rows_per_warp, g.ctas};
-  };
-  EXPECT_EQ(grid(17408, 132 * 8), G(5, 871));  // 4224 warps fit: 5 rows each, 3482 warps
-  EXPECT_EQ(grid(4, 1), G(1, 1));
-  EXPECT_EQ(grid(5, 1), G(2, 1));  // 4 warps of one CTA: 2 rows each, 3 warps used
-  EXPECT_EQ(grid(1101, 3), G(92, 3));
-  EXPECT_EQ(grid(1, 100), G(1, 1));
-  EXPECT_EQ(grid(0, 100), G(0, 0));
-  EXPECT_EQ(grid(100, 0), G(0, 0));
 }
 
 // The register kernel's rows per warp and depth (matvec_host.h says what

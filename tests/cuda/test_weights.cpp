@@ -219,55 +219,6 @@ TEST_P(WeightKernels, GatherAndDequantizeBf16Bitwise) {
   }
 }
 
-// One vector through the ring kernel (ring_matvec.cu): each warp a run of
-// rows whose items travel through shared-memory slots S - 1 chunks ahead of
-// the one summed, across row ends. With the grid capped at 1 and 3 CTAs (each
-// warp then sums up to hundreds of rows, the ring wrapping mid-row) and at
-// the default (as many as fit), at 2, 4 and 8 stages, on shapes whose
-// rows are 1..17 items a lane, some lanes with no item in a row's last
-// slot: every y bitwise the CPU emulation of the chunked kernel (which the
-// register kernel equals), written and accumulated. Q5_0 has no ring item:
-// it stays on the register kernel, and must give the same bits too.
-TEST_P(WeightKernels, RingRowsAreTheChunkedKernelsBits) {
-  NEED_GPU();
-  const TensorType t = GetParam();
-  if (!has_split_layout(t)) GTEST_SKIP() << "no split layout: the ring kernel does not read it";
-  struct RingScope {
-    int stages = mvhost::ring_stages(), ctas = mvhost::ring_ctas();
-    RingScope(int s, int c) { mvhost::set_ring_stages(s), mvhost::set_ring_ctas(c); }
-    ~RingScope() { mvhost::set_ring_stages(stages), mvhost::set_ring_ctas(ctas); }
-  };
-  const bool k32 = gguf::block_elements(t) <= 32;
-  uint64_t seed = 7000 + uint64_t(t);
-  for (const Shape& s : std::vector<Shape>{{1101, 256}, {301, 1536}, {67, 5120}, {19, 17408}, {2050, k32 ? 576 : 768}}) {
-    const HostMatrix h = random_matrix(t, s.rows, s.cols, seed++);
-    DeviceCopy dw(h, WeightLayout::Split);
-    const std::vector<float> x = random_x(1, s.cols, seed++);
-    const std::vector<float> want = emulate_matvec(h, x, 1, BlockMatvecKernel::Chunked);
-    std::vector<float> y0(size_t(s.rows));
-    Rng rng(seed++);
-    for (auto& v : y0) v = float(rng.uniform(-4, 4));
-    DevMem dx(x.size() * 4), dy(y0.size() * 4), ws(matvec_workspace_bytes(s.cols, 1));
-    upload(dx, x);
-    for (const int stages : {2, 4, 8})
-      for (const int ctas : {1, 3, 0}) {
-        const RingScope scope(stages, ctas);
-        SCOPED_TRACE(gguf::type_name(t) + " " + std::to_string(s.rows) + "x" + std::to_string(s.cols) + " stages " +
-                     std::to_string(stages) + " ctas " + std::to_string(ctas));
-        dy.poison();
-        launch_matvec(dw.m, dx.as<float>(), 1, dy.as<float>(), false, ws.p, nullptr);
-        ck(cudaDeviceSynchronize(), "ring matvec");
-        const auto y = download<float>(dy, y0.size());
-        ASSERT_TRUE(same_bits(y.data(), want.data(), y.size())) << "ring matvec vs its CPU emulation";
-        upload(dy, y0);
-        launch_matvec(dw.m, dx.as<float>(), 1, dy.as<float>(), true, ws.p, nullptr);
-        ck(cudaDeviceSynchronize(), "ring matvec, accumulate");
-        const auto yacc = download<float>(dy, y0.size());
-        for (size_t i = 0; i < y0.size(); ++i) ASSERT_EQ(yacc[i], y0[i] + y[i]) << "accumulate, element " << i;
-      }
-  }
-}
-
 INSTANTIATE_TEST_SUITE_P(AllTypes, WeightKernels, ::testing::ValuesIn(all_types()), name_of);
 
 // ---- types.gguf: gguf-py's own expected dequantisation -------------------------
