@@ -103,6 +103,16 @@ bool wide_rows_before() {
 }
 }  // namespace
 
+namespace {
+std::atomic<bool> g_mma_matvec{[] {
+  const char* e = std::getenv("ACTIVEKV_MATVEC_MMA");
+  return e != nullptr && std::strcmp(e, "1") == 0;
+}()};
+}  // namespace
+
+void set_mma_matvec(bool on) { g_mma_matvec.store(on, std::memory_order_relaxed); }
+bool mma_matvec() { return g_mma_matvec.load(std::memory_order_relaxed); }
+
 SplitShape split_shape(int64_t rows, int64_t cols, int n_vec, int block_bytes, int block_elems) {
   const int forced = split_depth();
   const bool four_bit = 8 * block_bytes <= 5 * block_elems;

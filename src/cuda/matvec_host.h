@@ -138,4 +138,11 @@ SplitShape split_shape(int64_t rows, int64_t cols, int n_vec, int block_bytes, i
 /// for the chunked rule.
 int register_rows_per_warp(int64_t rows, int64_t cols, int n_vec, int block_bytes, int block_elems);
 
+/// Whether 2..8 vectors over a split Q4_0, Q4_1 or Q8_0 matrix take the
+/// tensor-core kernel (mma_matvec.cu): off (the register kernel) unless
+/// ACTIVEKV_MATVEC_MMA=1 at start (A/B measurements) or this says so
+/// (tests). The same bits either way. Process-wide, as set_split_depth.
+void set_mma_matvec(bool on);
+bool mma_matvec();
+
 }  // namespace activekv::cuda::mvhost

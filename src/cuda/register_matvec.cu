@@ -22,6 +22,7 @@
 
 
 #include "register_matvec.h"
+#include "mma_matvec.h"
 #include "pdl.cuh"
 #include "quant_kregs.cuh"
 #include "quant_q6kregs.cuh"
@@ -288,6 +289,7 @@ void dispatch_registers(const DeviceMatrix& w, F&& f) {
 }  // namespace
 
 void run(const DeviceMatrix& w, const XQuant& xq, int n_vec, float* y, bool accumulate, cudaStream_t stream) {
+  if (mmamv::run(w, xq, n_vec, y, accumulate, stream)) return;  // several vectors, where the mma kernel is on
   dispatch_registers(w, [&](auto t) {
     using T = decltype(t);
     const int n_blocks = int(w.cols / T::kElems);
@@ -311,6 +313,7 @@ void run(const DeviceMatrix& w, const XQuant& xq, int n_vec, float* y, bool accu
 
 void run_group(const mvkern::GroupArgs& g, const mvhost::GroupPlan& plan, const DeviceMatrix& w0,
                const XQuant& xq, int n_vec, cudaStream_t stream) {
+  if (mmamv::run_group(g, w0, xq, n_vec, stream)) return;
   dispatch_registers(w0, [&](auto t) {
     using T = decltype(t);
     mvkern::with_nv(n_vec, [&](auto nv) {

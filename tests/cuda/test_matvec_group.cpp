@@ -1,5 +1,6 @@
 // The grouped matvec (launch_matvec_prequantized_group, quant_matvec.h) on the
-// GPU: every type, both block-type kernels, n_vec 1..8, the 27B-shape QKV and
+// GPU: every type, both block-type kernels (and for split matrices the
+// tensor-core kernel for several vectors), n_vec 1..8, the 27B-shape QKV and
 // gate/up groups and small odd ones (an empty matrix, odd row counts, a
 // group whose total rows change the chunked kernel's rows per warp): each
 // output bitwise the separate launch's, small groups also bitwise the CPU
@@ -44,6 +45,14 @@ const std::vector<GroupCase>& cases() {
   return c;
 }
 
+/// The tensor-core kernel for several vectors on or off (mma_matvec.cu):
+/// split matrices run the group both ways.
+struct MmaScope {
+  bool before = mvhost::mma_matvec();
+  explicit MmaScope(bool on) { mvhost::set_mma_matvec(on); }
+  ~MmaScope() { mvhost::set_mma_matvec(before); }
+};
+
 /// Floats of guard between outputs: the kernel must not write them.
 constexpr size_t kGuard = 64;
 
@@ -62,11 +71,13 @@ TEST_P(MatvecGroup, BitwiseTheSeparateLaunches) {
       h.push_back(random_matrix(t, r, gc.cols, seed++));
       dw.push_back(std::make_unique<DeviceCopy>(h.back(), layout));
     }
-    for (const BlockMatvecKernel kernel : kernels_for(t)) {
+    for (const BlockMatvecKernel kernel : kernels_for(t))
+    for (const bool mma : layout == WeightLayout::Split ? std::vector<bool>{false, true} : std::vector<bool>{false}) {
       const KernelScope scope(kernel);
+      const MmaScope mma_scope(mma);
       for (int n_vec = 1; n_vec <= kMaxMatvecVectors; ++n_vec) {
         SCOPED_TRACE(std::string(gc.what) + " " + gguf::type_name(t) + " " + kernel_name(kernel) + " " +
-                     layout_name(layout) + " n_vec " + std::to_string(n_vec));
+                     layout_name(layout) + (mma ? " mma" : "") + " n_vec " + std::to_string(n_vec));
         const std::vector<float> x = random_x(n_vec, gc.cols, seed++);
         DevMem dx(x.size() * 4), ws(matvec_workspace_bytes(gc.cols, n_vec));
         upload(dx, x);

@@ -208,6 +208,7 @@ TEST(SplitLayoutChecks, TypesAndBadRepacksThrowOneLine) {
   EXPECT_NE(thrown([&] { launch_repack_split(nullptr, q4, nullptr); }).find("is null or overlaps"), std::string::npos);
   EXPECT_EQ(thrown([] { mvhost::set_split_depth(3); }), "register matvec: split depth 3 is not 0 (the rule), 1 or 2");
   if (std::getenv("ACTIVEKV_SPLIT_DEPTH") == nullptr) EXPECT_EQ(mvhost::split_depth(), 0);  // the default: the rule
+  if (std::getenv("ACTIVEKV_MATVEC_MMA") == nullptr) EXPECT_FALSE(mvhost::mma_matvec());  // the default: off
 }
 
 // The register kernel's rows per warp and depth (matvec_host.h says what

@@ -219,6 +219,56 @@ TEST_P(WeightKernels, GatherAndDequantizeBf16Bitwise) {
   }
 }
 
+// 2..8 vectors through the tensor-core kernel (mma_matvec.cu, on for the
+// test): it reads the block dots off mma.m16n8k32 and sums them per lane
+// slot and by the butterfly's tree, so every y must be bitwise the CPU
+// emulation of the chunked kernel (which the register kernel equals), for
+// every vector count, written and accumulated -- on shapes whose rows are 1
+// to 5 blocks a slot (most slots empty at 256 columns) and row counts not a
+// multiple of the 16-row tile (grouped launches: test_matvec_group.cpp);
+// 17408 columns (past the tile's 8192) and 576 (heads not whole 16-byte
+// pieces) stay on the register kernel.
+// Types the kernel does not read (Q5_0, the K-quants) stay on the register
+// kernel and must give the same bits too.
+TEST_P(WeightKernels, MmaVectorsAreTheChunkedKernelsBits) {
+  NEED_GPU();
+  const TensorType t = GetParam();
+  if (!has_split_layout(t)) GTEST_SKIP() << "no split layout: the mma kernel does not read it";
+  struct MmaScope {
+    bool before = mvhost::mma_matvec();
+    MmaScope() { mvhost::set_mma_matvec(true); }
+    ~MmaScope() { mvhost::set_mma_matvec(before); }
+  } scope;
+  const bool k32 = gguf::block_elements(t) <= 32;
+  uint64_t seed = 9000 + uint64_t(t);
+  for (const Shape& s : std::vector<Shape>{{1101, 256}, {301, 1536}, {67, 5120}, {19, 17408}, {2050, k32 ? 576 : 768}}) {
+    const HostMatrix h = random_matrix(t, s.rows, s.cols, seed++);
+    DeviceCopy dw(h, WeightLayout::Split);
+    for (int n_vec = 2; n_vec <= kMaxMatvecVectors; ++n_vec) {
+      SCOPED_TRACE(gguf::type_name(t) + " " + std::to_string(s.rows) + "x" + std::to_string(s.cols) + " n_vec " +
+                   std::to_string(n_vec));
+      const std::vector<float> x = random_x(n_vec, s.cols, seed++);
+      const std::vector<float> want = emulate_matvec(h, x, n_vec, BlockMatvecKernel::Chunked);
+      const size_t n_out = size_t(n_vec) * size_t(s.rows);
+      std::vector<float> y0(n_out);
+      Rng rng(seed++);
+      for (auto& v : y0) v = float(rng.uniform(-4, 4));
+      DevMem dx(x.size() * 4), dy(n_out * 4), ws(matvec_workspace_bytes(s.cols, n_vec));
+      upload(dx, x);
+      dy.poison();
+      launch_matvec(dw.m, dx.as<float>(), n_vec, dy.as<float>(), false, ws.p, nullptr);
+      ck(cudaDeviceSynchronize(), "mma matvec");
+      const auto y = download<float>(dy, n_out);
+      ASSERT_TRUE(same_bits(y.data(), want.data(), n_out)) << "mma matvec vs its CPU emulation";
+      upload(dy, y0);
+      launch_matvec(dw.m, dx.as<float>(), n_vec, dy.as<float>(), true, ws.p, nullptr);
+      ck(cudaDeviceSynchronize(), "mma matvec, accumulate");
+      const auto yacc = download<float>(dy, n_out);
+      for (size_t i = 0; i < n_out; ++i) ASSERT_EQ(yacc[i], y0[i] + y[i]) << "accumulate, element " << i;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllTypes, WeightKernels, ::testing::ValuesIn(all_types()), name_of);
 
 // ---- types.gguf: gguf-py's own expected dequantisation -------------------------

@@ -1,0 +1,27 @@
+// Internal to the CUDA backend: the tensor-core matvec for 2..8 vectors
+// (mma_matvec.cu) over split matrices of Q4_0, Q4_1 and Q8_0, bitwise the
+// register kernel's y (the same per-lane sums and the same butterfly, read
+// off the mma's exact int32 block dots). mvhost::mma_matvec() turns it on;
+// register_matvec.cu routes there. Nothing here checks arguments again.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "activekv/cuda/quant_matvec.h"
+#include "matvec_kernel_util.cuh"
+#include "quant_dot.cuh"
+
+namespace activekv::cuda::mmamv {
+
+/// y = W x for n_vec >= 2 vectors (x prequantised in xq) and true where the
+/// kernel reads w (on, split, Q4_0/Q4_1/Q8_0, at most 8192 columns whose
+/// payload and heads are whole 16-byte pieces a row); false and nothing
+/// launched otherwise.
+bool run(const DeviceMatrix& w, const qdot::XQuant& xq, int n_vec, float* y, bool accumulate, cudaStream_t stream);
+
+/// The grouped launch over matrices like w0 (g's cta_end is recomputed for
+/// this kernel's tiles of 16 rows); false where run would be.
+bool run_group(const mvkern::GroupArgs& g, const DeviceMatrix& w0, const qdot::XQuant& xq, int n_vec,
+               cudaStream_t stream);
+
+}  // namespace activekv::cuda::mmamv
