@@ -240,13 +240,17 @@ bool tile_fits(int64_t cols) {
   return n_blocks <= 256 && (n_blocks * SplitOf<T>::kPayload) % 16 == 0 && (n_blocks * SplitOf<T>::kHead) % 16 == 0;
 }
 
-/// Raises the kernel's dynamic shared memory limit to the largest tile
-/// (256 blocks), once per device.
-template <class K>
-void allow_tiles(K kernel, int max_bytes) {
+/// Raises kernel's dynamic shared memory limit to the largest tile (256
+/// blocks), once per device and instantiation: the OncePerDevice is a
+/// static of this function's instantiation for <T, NV, U, kGroup>, one per
+/// kernel (at 59fad80 it was one per kernel *type*, shared by every
+/// instantiation of a signature, so only the first launched kernel got the
+/// limit and tiles over 48 KiB failed: "invalid argument").
+template <class T, int NV, int U, bool kGroup, class K>
+void allow_tiles(K kernel) {
   static OncePerDevice done;
   done([&] {
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_bytes),
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, tile_layout<T>(256).bytes()),
                "matvec (mma): shared memory limit");
   });
 }
@@ -275,8 +279,9 @@ int64_t tiles(int64_t rows) { return (rows + kTileRows - 1) / kTileRows; }
 bool run(const DeviceMatrix& w, const XQuant& xq, int n_vec, float* y, bool accumulate, cudaStream_t stream) {
   return dispatch(w, n_vec, [&](auto t, auto nv, auto u) {
     using T = decltype(t);
-    const auto kernel = mma_matvec_kernel<T, decltype(nv)::value, decltype(u)::value>;
-    allow_tiles(kernel, tile_layout<T>(256).bytes());
+    constexpr int NV = decltype(nv)::value, U = decltype(u)::value;
+    const auto kernel = mma_matvec_kernel<T, NV, U>;
+    allow_tiles<T, NV, U, false>(kernel);
     const int n_blocks = int(w.cols / T::kElems);
     pdl::launch("matvec (mma) kernel launch", kernel, unsigned(tiles(w.rows)), kWarps * 32,
                 size_t(tile_layout<T>(n_blocks).bytes()), stream, static_cast<const uint8_t*>(w.data), w.rows,
@@ -295,8 +300,9 @@ bool run_group(const mvkern::GroupArgs& g, const DeviceMatrix& w0, const XQuant&
   }
   return dispatch(w0, n_vec, [&](auto t, auto nv, auto u) {
     using T = decltype(t);
-    const auto kernel = mma_matvec_group_kernel<T, decltype(nv)::value, decltype(u)::value>;
-    allow_tiles(kernel, tile_layout<T>(256).bytes());
+    constexpr int NV = decltype(nv)::value, U = decltype(u)::value;
+    const auto kernel = mma_matvec_group_kernel<T, NV, U>;
+    allow_tiles<T, NV, U, true>(kernel);
     const int n_blocks = int(w0.cols / T::kElems);
     pdl::launch("matvec group (mma) kernel launch", kernel, unsigned(end), kWarps * 32,
                 size_t(tile_layout<T>(n_blocks).bytes()), stream, tiled, n_blocks, xq, w0.cols);
