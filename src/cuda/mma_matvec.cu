@@ -33,6 +33,8 @@
 // and heads are whole 16-byte pieces; other matrices keep the register kernel.
 #include <cuda_runtime.h>
 
+#include <utility>
+
 #include "mma_matvec.h"
 #include "int8s_tc_fragments.cuh"  // mma_s8_16832
 #include "matvec_host.h"
@@ -274,18 +276,24 @@ bool dispatch(const DeviceMatrix& w, int n_vec, F&& f) {
 
 int64_t tiles(int64_t rows) { return (rows + kTileRows - 1) / kTileRows; }
 
+/// kernel over `grid` CTAs with the shared memory of a tile of n_blocks a row.
+template <class T, int NV, int U, bool kGroup, class K, class... Args>
+void launch_tiles(const char* what, K kernel, int64_t grid, int n_blocks, cudaStream_t stream, Args&&... args) {
+  allow_tiles<T, NV, U, kGroup>(kernel);
+  pdl::launch(what, kernel, unsigned(grid), kWarps * 32, size_t(tile_layout<T>(n_blocks).bytes()), stream,
+              std::forward<Args>(args)...);
+}
+
 }  // namespace
 
 bool run(const DeviceMatrix& w, const XQuant& xq, int n_vec, float* y, bool accumulate, cudaStream_t stream) {
   return dispatch(w, n_vec, [&](auto t, auto nv, auto u) {
     using T = decltype(t);
     constexpr int NV = decltype(nv)::value, U = decltype(u)::value;
-    const auto kernel = mma_matvec_kernel<T, NV, U>;
-    allow_tiles<T, NV, U, false>(kernel);
     const int n_blocks = int(w.cols / T::kElems);
-    pdl::launch("matvec (mma) kernel launch", kernel, unsigned(tiles(w.rows)), kWarps * 32,
-                size_t(tile_layout<T>(n_blocks).bytes()), stream, static_cast<const uint8_t*>(w.data), w.rows,
-                n_blocks, xq, w.cols, y, accumulate);
+    launch_tiles<T, NV, U, false>("matvec (mma) kernel launch", mma_matvec_kernel<T, NV, U>, tiles(w.rows), n_blocks,
+                                  stream, static_cast<const uint8_t*>(w.data), w.rows, n_blocks, xq, w.cols, y,
+                                  accumulate);
   });
 }
 
@@ -301,11 +309,9 @@ bool run_group(const mvkern::GroupArgs& g, const DeviceMatrix& w0, const XQuant&
   return dispatch(w0, n_vec, [&](auto t, auto nv, auto u) {
     using T = decltype(t);
     constexpr int NV = decltype(nv)::value, U = decltype(u)::value;
-    const auto kernel = mma_matvec_group_kernel<T, NV, U>;
-    allow_tiles<T, NV, U, true>(kernel);
     const int n_blocks = int(w0.cols / T::kElems);
-    pdl::launch("matvec group (mma) kernel launch", kernel, unsigned(end), kWarps * 32,
-                size_t(tile_layout<T>(n_blocks).bytes()), stream, tiled, n_blocks, xq, w0.cols);
+    launch_tiles<T, NV, U, true>("matvec group (mma) kernel launch", mma_matvec_group_kernel<T, NV, U>, end,
+                                 n_blocks, stream, tiled, n_blocks, xq, w0.cols);
   });
 }
 
