@@ -225,8 +225,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   mma_cta<T, NV, U>(m.w, m.rows, n_blocks, xq, cols, m.y, false, m.cta);
 }
 
-/// Blocks of a slot loaded together: all of them up to 8 (a 5120-column row
-/// has 5 a slot), else 4 at a time.
+/// Blocks of a slot loaded together: 4 where a slot has at most 4, else 8
+/// (tile_fits caps a slot at 8; a 5120-column row has 5 a slot).
 template <class F>
 void with_blocks_per_slot(int n_blocks, F&& f) {
   const int per_slot = (n_blocks + 31) / 32;
@@ -257,21 +257,20 @@ void allow_tiles(K kernel) {
   });
 }
 
+/// Calls f(T{}, NV, U) for w's type, n_vec and blocks a slot, where reads(w, n_vec).
 template <class F>
 bool dispatch(const DeviceMatrix& w, int n_vec, F&& f) {
-  if (n_vec < 2 || !mvhost::mma_matvec() || w.layout != WeightLayout::Split) return false;
-  bool done = false;
+  if (!reads(w, n_vec)) return false;
   qblk::dispatch_block_type(w.type, [&](auto traits) {
     using T = decltype(traits);
     if constexpr (kReads<T>) {
-      if (!tile_fits<T>(w.cols)) return;
       mvkern::with_nv(n_vec, [&](auto nv) {
-        with_blocks_per_slot(int(w.cols / T::kElems), [&](auto u) { f(traits, nv, u); });
+        if constexpr (decltype(nv)::value >= 2)  // one vector never comes here: no kernel for it
+          with_blocks_per_slot(int(w.cols / T::kElems), [&](auto u) { f(traits, nv, u); });
       });
-      done = true;
     }
   });
-  return done;
+  return true;
 }
 
 int64_t tiles(int64_t rows) { return (rows + kTileRows - 1) / kTileRows; }
@@ -285,6 +284,16 @@ void launch_tiles(const char* what, K kernel, int64_t grid, int n_blocks, cudaSt
 }
 
 }  // namespace
+
+bool reads(const DeviceMatrix& w, int n_vec) {
+  if (n_vec < 2 || n_vec > kMaxMatvecVectors || !mvhost::mma_matvec() || w.layout != WeightLayout::Split) return false;
+  bool fits = false;
+  qblk::dispatch_block_type(w.type, [&](auto traits) {
+    using T = decltype(traits);
+    if constexpr (kReads<T>) fits = tile_fits<T>(w.cols);
+  });
+  return fits;
+}
 
 bool run(const DeviceMatrix& w, const XQuant& xq, int n_vec, float* y, bool accumulate, cudaStream_t stream) {
   return dispatch(w, n_vec, [&](auto t, auto nv, auto u) {

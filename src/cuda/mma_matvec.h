@@ -8,10 +8,20 @@
 #include <cuda_runtime.h>
 
 #include "activekv/cuda/quant_matvec.h"
-#include "matvec_kernel_util.cuh"
 #include "quant_dot.cuh"
 
+namespace activekv::cuda::mvkern {
+struct GroupArgs;  // matvec_kernel_util.cuh (device code: not for host-compiled tests)
+}  // namespace activekv::cuda::mvkern
+
 namespace activekv::cuda::mmamv {
+
+/// Whether run would take w at n_vec vectors: the kernel is on
+/// (mvhost::mma_matvec), 2 <= n_vec <= kMaxMatvecVectors, w is split, of
+/// Q4_0/Q4_1/Q8_0, at most 8192 columns, payload and head rows whole 16-byte
+/// pieces. Host only (tests ask it, so a silent fallback cannot pass for the
+/// kernel).
+bool reads(const DeviceMatrix& w, int n_vec);
 
 /// y = W x for n_vec >= 2 vectors (x prequantised in xq) and true where the
 /// kernel reads w (on, split, Q4_0/Q4_1/Q8_0, at most 8192 columns whose

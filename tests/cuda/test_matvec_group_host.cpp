@@ -13,6 +13,7 @@
 
 #include "activekv/core/error.h"
 #include "matvec_host.h"
+#include "mma_matvec.h"
 
 namespace activekv::cuda {
 namespace {
@@ -209,6 +210,36 @@ TEST(SplitLayoutChecks, TypesAndBadRepacksThrowOneLine) {
   EXPECT_EQ(thrown([] { mvhost::set_split_depth(3); }), "register matvec: split depth 3 is not 0 (the rule), 1 or 2");
   if (std::getenv("ACTIVEKV_SPLIT_DEPTH") == nullptr) EXPECT_EQ(mvhost::split_depth(), 0);  // the default: the rule
   if (std::getenv("ACTIVEKV_MATVEC_MMA") == nullptr) EXPECT_FALSE(mvhost::mma_matvec());  // the default: off
+}
+
+// Which launches the tensor-core kernel for several vectors takes
+// (mma_matvec.h), decided on the host: only when it is on, for 2..8
+// vectors over a split Q4_0/Q4_1/Q8_0 matrix of at most 8192 columns whose
+// payload and head rows are whole 16-byte pieces.
+TEST(MmaMatvec, TakesSplitThirtyTwoElementTypesUpTo8192Columns) {
+  struct Scope {
+    bool before = mvhost::mma_matvec();
+    ~Scope() { mvhost::set_mma_matvec(before); }
+  } scope;
+  auto split = [](TensorType t, int64_t rows, int64_t cols) {
+    DeviceMatrix m = mat(t, rows, cols);
+    m.layout = WeightLayout::Split;
+    return m;
+  };
+  mvhost::set_mma_matvec(false);
+  EXPECT_FALSE(mmamv::reads(split(TensorType::Q4_0, 17408, 5120), 8)) << "off";
+  mvhost::set_mma_matvec(true);
+  for (TensorType t : {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q8_0}) {
+    SCOPED_TRACE(gguf::type_name(t));
+    EXPECT_TRUE(mmamv::reads(split(t, 17408, 5120), 2));
+    EXPECT_TRUE(mmamv::reads(split(t, 6144, 8192), 8));
+    EXPECT_FALSE(mmamv::reads(split(t, 17408, 5120), 1));      // one vector: the register kernel
+    EXPECT_FALSE(mmamv::reads(split(t, 5120, 17408), 8));      // wide: past the tile
+    EXPECT_FALSE(mmamv::reads(split(t, 64, 576), 8));          // heads not whole 16-byte pieces
+    EXPECT_FALSE(mmamv::reads(mat(t, 17408, 5120), 8));        // GGUF layout
+  }
+  for (TensorType t : {TensorType::Q5_0, TensorType::Q4_K, TensorType::Q6_K})
+    EXPECT_FALSE(mmamv::reads(split(t, 17408, 5120), 8)) << gguf::type_name(t);
 }
 
 // The register kernel's rows per warp and depth (matvec_host.h says what

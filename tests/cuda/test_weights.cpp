@@ -13,6 +13,7 @@
 #include "activekv/core/bf16.h"
 #include "activekv/gguf/gguf.h"
 #include "matvec_test_util.h"
+#include "mma_matvec.h"
 #include "quant_split.cuh"
 
 namespace activekv::cuda {
@@ -244,6 +245,13 @@ TEST_P(WeightKernels, MmaVectorsAreTheChunkedKernelsBits) {
   for (const Shape& s : std::vector<Shape>{{1101, 256}, {301, 1536}, {67, 5120}, {19, 17408}, {2050, k32 ? 576 : 768}}) {
     const HostMatrix h = random_matrix(t, s.rows, s.cols, seed++);
     DeviceCopy dw(h, WeightLayout::Split);
+    // Which launches the mma kernel takes, so that a fallback to the
+    // register kernel cannot pass for it: its types at 256, 1536 and 5120
+    // columns; not 17408 (past 8192) nor 576 (heads not 16-byte pieces).
+    const bool mma_type = t == TensorType::Q4_0 || t == TensorType::Q4_1 || t == TensorType::Q8_0;
+    const bool mma_expected = mma_type && (s.cols == 256 || s.cols == 1536 || s.cols == 5120);
+    EXPECT_EQ(mmamv::reads(dw.m, 2), mma_expected) << s.rows << "x" << s.cols;
+    EXPECT_FALSE(mmamv::reads(dw.m, 1)) << "one vector stays on the register kernel";
     for (int n_vec = 2; n_vec <= kMaxMatvecVectors; ++n_vec) {
       SCOPED_TRACE(gguf::type_name(t) + " " + std::to_string(s.rows) + "x" + std::to_string(s.cols) + " n_vec " +
                    std::to_string(n_vec));
