@@ -22,17 +22,28 @@
 // only the tree's shape matters. Rows and vectors are independent in the
 // mma, so a row's bits do not depend on how many vectors ride along.
 //
-// How the weights arrive: the CTA's 16 rows (payloads and heads) are copied
-// into shared memory whole, coalesced (consecutive threads, consecutive 16
-// bytes: cp.async), and the fragments are read from there. Reading them
-// from global memory in fragment shape (56dcf9f: lane (g, q) takes word q of
-// a block of rows g and g + 8) touched 8 lines for 128 useful bytes a warp
-// load and ran 2.7-9.7x slower than the register kernel. Rows are padded by
-// 16 bytes so that the 32 lanes' fragment reads fall in distinct banks. So
-// a tile must fit: a row of at most 256 blocks (8192 columns) whose payload
-// and heads are whole 16-byte pieces; other matrices keep the register kernel.
+// How the weights arrive (third version): a persistent CTA of 8 warps per
+// SM walks its tiles of 16 rows in pieces of 64 blocks (each lane slot's
+// next two blocks), copied into a ring of S pieces in shared memory by
+// coalesced cp.async (consecutive threads, consecutive 16 bytes), S - 1
+// pieces ahead, one CTA barrier a piece; x (codes and {d, sum q} of every
+// vector) is copied into shared memory once per CTA. Rows of a piece are
+// padded by 16 bytes so that the 32 lanes' fragment reads fall in distinct
+// banks (x's rows too). A warp owns 4 slots (m = 4 warp + k) and keeps their
+// sums across the tile's pieces; at the tile's end it folds them ((s0 + s1)
+// + (s2 + s3)) and the CTA adds the 8 subtrees as the balanced tree.
+// Measured before it (bench/results/h200_matvec_mma_*.json): loading
+// fragments straight from global memory (56dcf9f) touched 8 lines for 128
+// useful bytes a warp load, 1.9-9.7x slower than the register kernel; a CTA
+// per tile with the whole tile staged and then computed (24c8263) left each
+// SM with nothing in flight while it computed and re-read x from L1/L2 per
+// tile: 1.3-4.9x slower. So a tile's row must be at most 256 blocks (8192
+// columns: x and S >= 4 pieces fit the shared memory), payload and heads
+// whole 16-byte pieces; other matrices keep the register kernel.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <atomic>
 #include <utility>
 
 #include "mma_matvec.h"
@@ -51,9 +62,13 @@ using qdot::XQuant;
 using qsplit::SplitOf;
 using qsplit::SplitPtr;
 
-constexpr int kWarps = 4;          // a CTA: one tile of 16 rows, 8 of the 32 lane slots a warp
+constexpr int kWarps = 8;  // a CTA: 8 warps, 4 of the 32 lane slots each
+constexpr int kThreads = 32 * kWarps;
 constexpr int kTileRows = 16;
 constexpr int kSlotsPerWarp = 32 / kWarps;
+constexpr int kBlocksPerSlot = 2;                 // a slot's blocks in one piece
+constexpr int kPieceBlocks = 32 * kBlocksPerSlot;  // a piece: 64 blocks of the tile's 16 rows
+constexpr int kMaxBlocks = 256;                    // a row: at most 8192 columns
 
 /// The 32-element split types whose codes are bytes < 0x80 or signed bytes
 /// (T::raw4): Q4_0, Q4_1, Q8_0 (Q5_0's fifth bits later).
@@ -62,9 +77,39 @@ constexpr bool kReads = SplitOf<T>::kOk && T::kUnits == 1 && T::kType != gguf::T
 
 __device__ __forceinline__ int bitrev5(int m) { return int(__brev(uint32_t(m)) >> 27); }
 
-/// One block of the warp's slot: the A fragment of rows g and g + 8, their
-/// scales (and mins), the B fragment of vector g, and {d, sum q} of vectors
-/// 2q, 2q + 1.
+/// A piece in shared memory: 16 payload rows of kPayRow bytes (64 blocks'
+/// payloads + 16 of padding), then 16 head rows of kHeadRow bytes.
+template <class T>
+struct Piece {
+  static constexpr int kPayRow = kPieceBlocks * SplitOf<T>::kPayload + 16;
+  static constexpr int kHeadRow = kPieceBlocks * SplitOf<T>::kHead + 16;
+  static constexpr int kBytes = kTileRows * (kPayRow + kHeadRow);
+};
+
+/// The CTA's dynamic shared memory: the warps' subtree sums, x's {d, sum q}
+/// (NV rows of n_blocks + 2 float2), x's codes (NV rows of 32 n_blocks + 16
+/// bytes), then the ring of S pieces. Every part starts 16-byte aligned
+/// (n_blocks is a multiple of 8: tile_fits).
+struct Layout {
+  int ds_row, codes_row;  // float2, bytes
+  int ds, codes, ring, bytes;
+};
+constexpr int kSubtreeBytes = kWarps * 32 * 4 * 4;
+template <class T>
+__host__ __device__ Layout layout_of(int nv, int n_blocks, int stages) {
+  Layout l{};
+  l.ds_row = n_blocks + 2;
+  l.codes_row = 32 * n_blocks + 16;
+  l.ds = kSubtreeBytes;
+  l.codes = l.ds + nv * l.ds_row * 8;
+  l.ring = l.codes + nv * l.codes_row;
+  l.bytes = l.ring + stages * Piece<T>::kBytes;
+  return l;
+}
+
+/// One block of a slot: the A fragment of rows g and g + 8, their scales
+/// (and mins), the B fragment of vector g, and {d, sum q} of vectors 2q,
+/// 2q + 1.
 template <class T>
 struct BlockRegs {
   uint4 a;
@@ -73,13 +118,14 @@ struct BlockRegs {
   float2 ds[2];
 };
 
+/// Loads block bl of the piece (block b of the row) from shared memory.
 template <class T, int NV>
-__device__ __forceinline__ void load_block(const SplitPtr<T> (&row)[2], int b, const XQuant& xq, int64_t cols,
-                                           int n_blocks, int g, int q, BlockRegs<T>& r) {
+__device__ __forceinline__ void load_block(const SplitPtr<T> (&row)[2], int bl, int b, const int8_t* codes,
+                                           const float2* ds, const Layout& lay, int g, int q, BlockRegs<T>& r) {
   SplitPtr<T> blk[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    blk[h] = {row[h].head + b * SplitOf<T>::kHead, row[h].payload + b * SplitOf<T>::kPayload};
+    blk[h] = {row[h].head + bl * SplitOf<T>::kHead, row[h].payload + bl * SplitOf<T>::kPayload};
     r.scale[h] = T::scale(blk[h], 0, 0);
     r.mn[h] = 0.f;
     if constexpr (T::kHasMin) r.mn[h] = T::min(blk[h], 0);
@@ -88,14 +134,14 @@ __device__ __forceinline__ void load_block(const SplitPtr<T> (&row)[2], int b, c
   r.a = make_uint4(T::raw4(blk[0], 0, q), T::raw4(blk[1], 0, q), T::raw4(blk[0], 0, q + 4), T::raw4(blk[1], 0, q + 4));
   r.b0 = r.b1 = 0u;
   if (g < NV) {
-    const int8_t* xp = xq.qx + int64_t(g) * cols + 32 * int64_t(b) + 4 * q;
-    r.b0 = __ldg(reinterpret_cast<const uint32_t*>(xp));
-    r.b1 = __ldg(reinterpret_cast<const uint32_t*>(xp + 16));
+    const int8_t* xp = codes + g * lay.codes_row + 32 * b + 4 * q;
+    r.b0 = *reinterpret_cast<const uint32_t*>(xp);
+    r.b1 = *reinterpret_cast<const uint32_t*>(xp + 16);
   }
 #pragma unroll
   for (int k = 0; k < 2; ++k) {
     const int v = 2 * q + k;
-    r.ds[k] = v < NV ? __ldg(xq.ds + int64_t(v) * n_blocks + b) : make_float2(0.f, 0.f);
+    r.ds[k] = v < NV ? ds[v * lay.ds_row + b] : make_float2(0.f, 0.f);
   }
 }
 
@@ -118,155 +164,237 @@ __device__ __forceinline__ void add_block(const BlockRegs<T>& r, int q, float (&
   }
 }
 
-/// The tile's shared-memory layout: 16 payload rows of `payload` bytes
-/// (the row's n_blocks x kPayload, + 16 of padding), then 16 head rows of
-/// `head` bytes (n_blocks x kHead + 16).
-struct TileLayout {
-  int payload, head;
-  __host__ __device__ int bytes() const { return kTileRows * (payload + head); }
-};
+/// Tile t of the launch: its matrix's weights, output and rows, and the
+/// tile's index within the matrix (g.cta_end holds tile ends here). Every
+/// index into g is a constant of the unrolled loop (matvec_kernel_util.cuh's
+/// group_part says why).
+__device__ __forceinline__ mvkern::GroupPart tile_at(const mvkern::GroupArgs& g, int64_t t) {
+  mvkern::GroupPart p{g.w[0], g.y[0], g.rows[0], t};
+#pragma unroll
+  for (int k = 1; k < kMaxMatvecGroup; ++k)
+    if (k < g.n && t >= int64_t(g.cta_end[k - 1])) p = {g.w[k], g.y[k], g.rows[k], t - int64_t(g.cta_end[k - 1])};
+  return p;
+}
+
+/// Starts the copy of piece c (blocks 64 c ..) of tile m into buf: the
+/// CTA's threads take consecutive 16-byte pieces of each row. Rows past the
+/// matrix's end copy its last row; their sums are not written.
 template <class T>
-__host__ __device__ TileLayout tile_layout(int n_blocks) {
-  return {n_blocks * SplitOf<T>::kPayload + 16, n_blocks * SplitOf<T>::kHead + 16};
+__device__ __forceinline__ void copy_piece(uint8_t* buf, const mvkern::GroupPart& m, int c, int n_blocks) {
+  using P = Piece<T>;
+  const int c0 = c * kPieceBlocks, nc = min(kPieceBlocks, n_blocks - c0);
+  const int pay16 = nc * SplitOf<T>::kPayload / 16, head16 = nc * SplitOf<T>::kHead / 16;
+  const int64_t r0 = m.cta * kTileRows;
+  for (int i = int(threadIdx.x); i < kTileRows * pay16; i += kThreads) {
+    const int rr = i / pay16, k = i - rr * pay16;
+    const SplitPtr<T> src = qsplit::split_block<T>(m.w, m.rows, min(r0 + rr, m.rows - 1), c0, n_blocks);
+    detail::cp_async16(detail::smem_u32(buf + rr * P::kPayRow + 16 * k), src.payload + 16 * k, 16);
+  }
+  uint8_t* const heads = buf + kTileRows * P::kPayRow;
+  for (int i = int(threadIdx.x); i < kTileRows * head16; i += kThreads) {
+    const int rr = i / head16, k = i - rr * head16;
+    const SplitPtr<T> src = qsplit::split_block<T>(m.w, m.rows, min(r0 + rr, m.rows - 1), c0, n_blocks);
+    detail::cp_async16(detail::smem_u32(heads + rr * P::kHeadRow + 16 * k), src.head + 16 * k, 16);
+  }
 }
 
-/// Copies n 16-byte pieces from src to dst, thread t taking pieces t,
-/// t + 128, ...: consecutive threads, consecutive bytes.
-__device__ __forceinline__ void copy_row(uint32_t dst, const uint8_t* src, int n) {
-  for (int c = int(threadIdx.x); c < n; c += kWarps * 32) detail::cp_async16(dst + 16 * c, src + 16 * c, 16);
+/// Starts the copy of x's codes and {d, sum q} for NV vectors into shared memory.
+template <int NV>
+__device__ __forceinline__ void copy_x(uint8_t* smem, const Layout& lay, const XQuant& xq, int n_blocks) {
+  const int codes16 = 2 * n_blocks, ds16 = n_blocks / 2;  // 16-byte pieces a vector
+  for (int i = int(threadIdx.x); i < NV * codes16; i += kThreads) {
+    const int v = i / codes16, k = i - v * codes16;
+    detail::cp_async16(detail::smem_u32(smem + lay.codes + v * lay.codes_row + 16 * k),
+                       xq.qx + int64_t(v) * 32 * n_blocks + 16 * k, 16);
+  }
+  for (int i = int(threadIdx.x); i < NV * ds16; i += kThreads) {
+    const int v = i / ds16, k = i - v * ds16;
+    detail::cp_async16(detail::smem_u32(smem + lay.ds + 8 * (v * lay.ds_row) + 16 * k),
+                       xq.ds + int64_t(v) * n_blocks + 2 * k, 16);
+  }
 }
 
-template <class T, int NV, int U>
-__device__ __forceinline__ void mma_cta(const uint8_t* __restrict__ w, int64_t rows, int n_blocks, XQuant xq,
-                                        int64_t cols, float* __restrict__ y, bool accumulate, int64_t cta) {
-  extern __shared__ __align__(16) uint8_t tile[];
-  __shared__ float subtree[kWarps][32][4];
-  const int64_t r0 = cta * kTileRows;
-  if (r0 >= rows) return;  // the whole CTA: pdl.cuh lets CTAs with no work leave first
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-  const TileLayout lay = tile_layout<T>(n_blocks);
-  uint8_t* const heads = tile + kTileRows * lay.payload;
-  // The weights do not depend on the kernels before (pdl.cuh): they travel
-  // while those drain. Rows past the end copy the last row; their sums are
-  // not written.
-  for (int rr = 0; rr < kTileRows; ++rr) {
-    const int64_t r = min(r0 + rr, rows - 1);
-    const SplitPtr<T> src = qsplit::split_block<T>(w, rows, r, 0, n_blocks);
-    copy_row(detail::smem_u32(tile + rr * lay.payload), src.payload, n_blocks * SplitOf<T>::kPayload / 16);
-    copy_row(detail::smem_u32(heads + rr * lay.head), src.head, n_blocks * SplitOf<T>::kHead / 16);
-  }
-  detail::cp_async_commit();
-  pdl::begin();
-  detail::cp_async_wait<0>();
-  __syncthreads();
-  SplitPtr<T> row[2];  // rows g and g + 8 of the tile, block 0, in shared memory
+/// The warp's share of one piece: for each of its 4 slots the piece's (at
+/// most 2) blocks of the slot, in block order, into p[slot].
+template <class T, int NV>
+__device__ __forceinline__ void compute_piece(const uint8_t* buf, int c0, int nc, const int8_t* codes,
+                                              const float2* ds, const Layout& lay, int warp, int g, int q,
+                                              float (&p)[kSlotsPerWarp][4]) {
+  using P = Piece<T>;
+  SplitPtr<T> row[2];  // rows g and g + 8 of the piece, its block 0
 #pragma unroll
-  for (int h = 0; h < 2; ++h) row[h] = {heads + (g + 8 * h) * lay.head, tile + (g + 8 * h) * lay.payload};
+  for (int h = 0; h < 2; ++h) row[h] = {buf + kTileRows * P::kPayRow + (g + 8 * h) * P::kHeadRow, buf + (g + 8 * h) * P::kPayRow};
+  BlockRegs<T> r[kSlotsPerWarp][kBlocksPerSlot];
+#pragma unroll
+  for (int k = 0; k < kSlotsPerWarp; ++k)
+#pragma unroll
+    for (int j = 0; j < kBlocksPerSlot; ++j) {
+      const int bl = bitrev5(kSlotsPerWarp * warp + k) + 32 * j;
+      if (bl < nc) load_block<T, NV>(row, bl, c0 + bl, codes, ds, lay, g, q, r[k][j]);
+    }
+#pragma unroll
+  for (int k = 0; k < kSlotsPerWarp; ++k)
+#pragma unroll
+    for (int j = 0; j < kBlocksPerSlot; ++j)
+      if (bitrev5(kSlotsPerWarp * warp + k) + 32 * j < nc) add_block<T, NV>(r[k][j], q, p[k]);
+}
 
-  // The warp's 8 slots in the order m = 8 warp + k, folded as the butterfly's
-  // tree: lvl0 holds the pending slot, lvl1 a pair, lvl2 a quad.
-  float lvl0[4] = {}, lvl1[4] = {}, lvl2[4] = {}, sub[4] = {};
-#pragma unroll 1
-  for (int k = 0; k < kSlotsPerWarp; ++k) {
-    const int l = bitrev5(kSlotsPerWarp * warp + k);
-    float p[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 1
-    for (int b0 = l; b0 < n_blocks; b0 += 32 * U) {
-      BlockRegs<T> r[U];
-#pragma unroll
-      for (int u = 0; u < U; ++u)
-        if (b0 + 32 * u < n_blocks) load_block<T, NV>(row, b0 + 32 * u, xq, cols, n_blocks, g, q, r[u]);
-#pragma unroll
-      for (int u = 0; u < U; ++u)
-        if (b0 + 32 * u < n_blocks) add_block<T, NV>(r[u], q, p);
-    }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      if ((k & 1) == 0) {
-        lvl0[i] = p[i];
-      } else {
-        const float pair = lvl0[i] + p[i];
-        if ((k & 2) == 0) {
-          lvl1[i] = pair;
-        } else {
-          const float quad = lvl1[i] + pair;
-          if ((k & 4) == 0) lvl2[i] = quad;
-          else sub[i] = lvl2[i] + quad;
-        }
-      }
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < 4; ++i) subtree[warp][lane][i] = sub[i];
-  __syncthreads();
-  if (warp != 0) return;
+/// The tile's end: the warp folds its 4 slots as the butterfly's tree,
+/// the CTA adds the 8 subtrees ((w0 + w1) + (w2 + w3)) + ((w4 + w5) + (w6 +
+/// w7)), and warp 0 writes (or adds to) y for the tile's rows and vectors.
+template <int NV>
+__device__ __forceinline__ void finish_tile(float (*subtree)[32][4], float (&p)[kSlotsPerWarp][4],
+                                            const mvkern::GroupPart& m, bool accumulate, int warp, int lane) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const int64_t r = r0 + g + 8 * (i >> 1);
+    subtree[warp][lane][i] = (p[0][i] + p[1][i]) + (p[2][i] + p[3][i]);
+#pragma unroll
+    for (int k = 0; k < kSlotsPerWarp; ++k) p[k][i] = 0.f;
+  }
+  __syncthreads();
+  if (warp != 0) return;
+  const int g = lane >> 2, q = lane & 3;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t r = m.cta * kTileRows + g + 8 * (i >> 1);
     const int v = 2 * q + (i & 1);
-    if (r >= rows || v >= NV) continue;
-    const float total = (subtree[0][lane][i] + subtree[1][lane][i]) + (subtree[2][lane][i] + subtree[3][lane][i]);
-    float* out = y + int64_t(v) * rows + r;
+    if (r >= m.rows || v >= NV) continue;
+    const float total = ((subtree[0][lane][i] + subtree[1][lane][i]) + (subtree[2][lane][i] + subtree[3][lane][i])) +
+                        ((subtree[4][lane][i] + subtree[5][lane][i]) + (subtree[6][lane][i] + subtree[7][lane][i]));
+    float* out = m.y + int64_t(v) * m.rows + r;
     *out = accumulate ? *out + total : total;
   }
 }
 
-template <class T, int NV, int U>
-__global__ void __launch_bounds__(kWarps * 32)
-    mma_matvec_kernel(const uint8_t* __restrict__ w, int64_t rows, int n_blocks, XQuant xq, int64_t cols,
-                      float* __restrict__ y, bool accumulate) {
-  mma_cta<T, NV, U>(w, rows, n_blocks, xq, cols, y, accumulate, blockIdx.x);
+/// The persistent kernel: CTA b takes tiles b, b + grid, ... of the launch
+/// (n_tiles over g's matrices), their pieces in order through a ring of S.
+/// The next piece's barrier keeps the subtree sums until warp 0 has read
+/// them (a tile is at least one piece).
+template <class T, int NV, int S>
+__global__ void __launch_bounds__(kThreads, 1)
+    mma_matvec_kernel(mvkern::GroupArgs g, int64_t n_tiles, int n_blocks, XQuant xq, bool accumulate) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  const Layout lay = layout_of<T>(NV, n_blocks, S);
+  auto* const subtree = reinterpret_cast<float (*)[32][4]>(smem);
+  const auto* const ds = reinterpret_cast<const float2*>(smem + lay.ds);
+  const auto* const codes = reinterpret_cast<const int8_t*>(smem + lay.codes);
+  uint8_t* const ring = smem + lay.ring;
+  const int chunks = (n_blocks + kPieceBlocks - 1) / kPieceBlocks;
+  // The host launches at most n_tiles CTAs: every CTA has a tile, and calls pdl::begin.
+  const int64_t n_pieces = ((n_tiles - 1 - int64_t(blockIdx.x)) / gridDim.x + 1) * chunks;
+  auto tile_of = [&](int64_t piece) { return tile_at(g, int64_t(blockIdx.x) + piece / chunks * gridDim.x); };
+  auto issue = [&](int64_t piece) {
+    if (piece < n_pieces) copy_piece<T>(ring + (piece % S) * Piece<T>::kBytes, tile_of(piece), int(piece % chunks), n_blocks);
+    detail::cp_async_commit();  // empty past the end: the group count stays S - 1 ahead
+  };
+  // The weights do not depend on the kernels before (pdl.cuh): they travel
+  // while those drain; x does, so it is copied after pdl::begin.
+  for (int s = 0; s < S - 1; ++s) issue(s);
+  pdl::begin();
+  copy_x<NV>(smem, lay, xq, n_blocks);
+  detail::cp_async_commit();
+  detail::cp_async_wait<0>();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, q = lane & 3;
+  float p[kSlotsPerWarp][4] = {};
+#pragma unroll 1
+  for (int64_t piece = 0; piece < n_pieces; ++piece) {
+    detail::cp_async_wait<S - 2>();  // this thread's copies of `piece` have landed ...
+    __syncthreads();                 // ... and everyone's; the buffer of piece - 1 is free
+    issue(piece + S - 1);
+    const int c = int(piece % chunks), c0 = c * kPieceBlocks;
+    compute_piece<T, NV>(ring + (piece % S) * Piece<T>::kBytes, c0, min(kPieceBlocks, n_blocks - c0), codes, ds, lay,
+                         warp, gq, q, p);
+    if (c == chunks - 1) finish_tile<NV>(subtree, p, tile_of(piece), accumulate, warp, lane);
+  }
 }
 
-template <class T, int NV, int U>
-__global__ void __launch_bounds__(kWarps * 32)
-    mma_matvec_group_kernel(mvkern::GroupArgs g, int n_blocks, XQuant xq, int64_t cols) {
-  const mvkern::GroupPart m = mvkern::group_part(g);
-  mma_cta<T, NV, U>(m.w, m.rows, n_blocks, xq, cols, m.y, false, m.cta);
-}
-
-/// Blocks of a slot loaded together: 4 where a slot has at most 4, else 8
-/// (tile_fits caps a slot at 8; a 5120-column row has 5 a slot).
-template <class F>
-void with_blocks_per_slot(int n_blocks, F&& f) {
-  const int per_slot = (n_blocks + 31) / 32;
-  if (per_slot > 4 && per_slot <= 8) return f(std::integral_constant<int, 8>{});
-  f(std::integral_constant<int, 4>{});
-}
-
-/// Whether a tile of w fits the kernel: at most 256 blocks a row, payload
-/// and heads whole 16-byte pieces (so that cp.async copies them).
+/// Pieces in flight: 8 where x and 8 pieces fit `smem` bytes, else 4 where
+/// those fit, else 0 (the kernel does not take the matrix).
 template <class T>
-bool tile_fits(int64_t cols) {
-  const int64_t n_blocks = cols / T::kElems;
-  return n_blocks <= 256 && (n_blocks * SplitOf<T>::kPayload) % 16 == 0 && (n_blocks * SplitOf<T>::kHead) % 16 == 0;
+int stages_for(int nv, int n_blocks, int smem) {
+  for (const int s : {8, 4})
+    if (layout_of<T>(nv, n_blocks, s).bytes <= smem) return s;
+  return 0;
 }
 
-/// Raises kernel's dynamic shared memory limit to the largest tile (256
-/// blocks), once per device and instantiation: the OncePerDevice is a
-/// static of this function's instantiation for <T, NV, U, kGroup>, one per
-/// kernel (at 59fad80 it was one per kernel *type*, shared by every
-/// instantiation of a signature, so only the first launched kernel got the
-/// limit and tiles over 48 KiB failed: "invalid argument").
-template <class T, int NV, int U, bool kGroup, class K>
-void allow_tiles(K kernel) {
+constexpr int kStaticSmem = 1024;
+
+/// The current device's SM count and the dynamic shared memory a CTA of
+/// this kernel may have.
+struct DeviceLimits {
+  int sms = 0, smem = 0;
+};
+const DeviceLimits& device_limits() {
+  constexpr int kDevices = 64;
+  static DeviceLimits per_device[kDevices];
+  static OncePerDevice once;
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), "matvec (mma): cudaGetDevice");
+  if (dev < 0 || dev >= kDevices) throw InvalidArgument("matvec (mma): device index past 64");
+  once([&] {
+    DeviceLimits l;
+    check_cuda(cudaDeviceGetAttribute(&l.sms, cudaDevAttrMultiProcessorCount, dev), "matvec (mma): SM count");
+    check_cuda(cudaDeviceGetAttribute(&l.smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+               "matvec (mma): shared memory per CTA");
+    // Less the 1 KiB of static shared memory the compiler gives these
+    // kernels (cuobjdump -res-usage: SHARED:1024): static + dynamic must fit.
+    l.smem -= kStaticSmem;
+    per_device[dev] = l;
+  });
+  return per_device[dev];
+}
+
+std::atomic<int> g_grid_cap{0};
+
+/// Whether w's tiles fit the kernel at nv vectors: at most 256 blocks a
+/// row, payload and heads whole 16-byte pieces (so that cp.async copies
+/// them; then n_blocks is a multiple of 8), and x with 4 pieces in the
+/// device's shared memory.
+template <class T>
+bool tile_fits(int64_t cols, int nv) {
+  const int64_t n_blocks = cols / T::kElems;
+  return n_blocks <= kMaxBlocks && (n_blocks * SplitOf<T>::kPayload) % 16 == 0 &&
+         (n_blocks * SplitOf<T>::kHead) % 16 == 0 && stages_for<T>(nv, int(n_blocks), device_limits().smem) > 0;
+}
+
+/// Raises the kernel's dynamic shared memory limit to the device's opt-in
+/// maximum, once per device and instantiation (the OncePerDevice is a
+/// static of this function's instantiation for <T, NV, S>: at 59fad80 it
+/// was one per kernel *type*, so only the first launched kernel got the
+/// limit and tiles over 48 KiB failed with "invalid argument").
+template <class T, int NV, int S, class K>
+void allow_smem(K kernel) {
   static OncePerDevice done;
   done([&] {
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, tile_layout<T>(256).bytes()),
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, device_limits().smem),
                "matvec (mma): shared memory limit");
   });
 }
 
-/// Calls f(T{}, NV, U) for w's type, n_vec and blocks a slot, where reads(w, n_vec).
-template <class F>
-bool dispatch(const DeviceMatrix& w, int n_vec, F&& f) {
-  if (!reads(w, n_vec)) return false;
-  qblk::dispatch_block_type(w.type, [&](auto traits) {
+/// Launches the kernel for w0's type over the tiles of g (cta_end: tile
+/// ends); false where reads(w0, n_vec) is.
+bool launch(const mvkern::GroupArgs& g, int64_t n_tiles, const DeviceMatrix& w0, const XQuant& xq, int n_vec,
+            bool accumulate, cudaStream_t stream) {
+  if (!reads(w0, n_vec)) return false;
+  const DeviceLimits& dev = device_limits();
+  const int cap = g_grid_cap.load(std::memory_order_relaxed);
+  const int64_t grid = std::min<int64_t>(n_tiles, cap > 0 ? cap : dev.sms);
+  qblk::dispatch_block_type(w0.type, [&](auto traits) {
     using T = decltype(traits);
     if constexpr (kReads<T>) {
+      const int n_blocks = int(w0.cols / T::kElems);
       mvkern::with_nv(n_vec, [&](auto nv) {
-        if constexpr (decltype(nv)::value >= 2)  // one vector never comes here: no kernel for it
-          with_blocks_per_slot(int(w.cols / T::kElems), [&](auto u) { f(traits, nv, u); });
+        constexpr int NV = decltype(nv)::value;
+        if constexpr (NV >= 2) {  // one vector never comes here: no kernel for it
+          auto go = [&](auto s) {
+            constexpr int S = decltype(s)::value;
+            allow_smem<T, NV, S>(mma_matvec_kernel<T, NV, S>);
+            pdl::launch("matvec (mma) kernel launch", mma_matvec_kernel<T, NV, S>, unsigned(grid), kThreads,
+                        size_t(layout_of<T>(NV, n_blocks, S).bytes), stream, g, n_tiles, n_blocks, xq, accumulate);
+          };
+          if (stages_for<T>(NV, n_blocks, dev.smem) == 8) go(std::integral_constant<int, 8>{});
+          else go(std::integral_constant<int, 4>{});
+        }
       });
     }
   });
@@ -275,53 +403,42 @@ bool dispatch(const DeviceMatrix& w, int n_vec, F&& f) {
 
 int64_t tiles(int64_t rows) { return (rows + kTileRows - 1) / kTileRows; }
 
-/// kernel over `grid` CTAs with the shared memory of a tile of n_blocks a row.
-template <class T, int NV, int U, bool kGroup, class K, class... Args>
-void launch_tiles(const char* what, K kernel, int64_t grid, int n_blocks, cudaStream_t stream, Args&&... args) {
-  allow_tiles<T, NV, U, kGroup>(kernel);
-  pdl::launch(what, kernel, unsigned(grid), kWarps * 32, size_t(tile_layout<T>(n_blocks).bytes()), stream,
-              std::forward<Args>(args)...);
-}
-
 }  // namespace
+
+void set_grid_cap(int ctas) { g_grid_cap.store(std::max(0, ctas), std::memory_order_relaxed); }
 
 bool reads(const DeviceMatrix& w, int n_vec) {
   if (n_vec < 2 || n_vec > kMaxMatvecVectors || !mvhost::mma_matvec() || w.layout != WeightLayout::Split) return false;
   bool fits = false;
   qblk::dispatch_block_type(w.type, [&](auto traits) {
     using T = decltype(traits);
-    if constexpr (kReads<T>) fits = tile_fits<T>(w.cols);
+    if constexpr (kReads<T>) fits = tile_fits<T>(w.cols, n_vec);
   });
   return fits;
 }
 
 bool run(const DeviceMatrix& w, const XQuant& xq, int n_vec, float* y, bool accumulate, cudaStream_t stream) {
-  return dispatch(w, n_vec, [&](auto t, auto nv, auto u) {
-    using T = decltype(t);
-    constexpr int NV = decltype(nv)::value, U = decltype(u)::value;
-    const int n_blocks = int(w.cols / T::kElems);
-    launch_tiles<T, NV, U, false>("matvec (mma) kernel launch", mma_matvec_kernel<T, NV, U>, tiles(w.rows), n_blocks,
-                                  stream, static_cast<const uint8_t*>(w.data), w.rows, n_blocks, xq, w.cols, y,
-                                  accumulate);
-  });
+  mvkern::GroupArgs one{};
+  one.w[0] = static_cast<const uint8_t*>(w.data);
+  one.y[0] = y;
+  one.rows[0] = w.rows;
+  const int64_t n_tiles = tiles(w.rows);
+  if (n_tiles > int64_t(INT32_MAX)) throw InvalidArgument("matvec (mma): too many rows for one launch");
+  one.cta_end[0] = uint32_t(n_tiles);
+  one.n = 1;
+  return launch(one, n_tiles, w, xq, n_vec, accumulate, stream);
 }
 
 bool run_group(const mvkern::GroupArgs& g, const DeviceMatrix& w0, const XQuant& xq, int n_vec,
                cudaStream_t stream) {
-  mvkern::GroupArgs tiled = g;  // the same matrices, a CTA per tile of 16 rows
+  mvkern::GroupArgs tiled = g;  // the same matrices, cta_end counting tiles of 16 rows
   int64_t end = 0;
   for (int i = 0; i < g.n; ++i) {
     end += tiles(g.rows[i]);
     if (end > int64_t(INT32_MAX)) throw InvalidArgument("matvec group: too many rows for one launch");
     tiled.cta_end[i] = uint32_t(end);
   }
-  return dispatch(w0, n_vec, [&](auto t, auto nv, auto u) {
-    using T = decltype(t);
-    constexpr int NV = decltype(nv)::value, U = decltype(u)::value;
-    const int n_blocks = int(w0.cols / T::kElems);
-    launch_tiles<T, NV, U, true>("matvec group (mma) kernel launch", mma_matvec_group_kernel<T, NV, U>, end,
-                                 n_blocks, stream, tiled, n_blocks, xq, w0.cols);
-  });
+  return launch(tiled, end, w0, xq, n_vec, false, stream);
 }
 
 }  // namespace activekv::cuda::mmamv

@@ -19,8 +19,9 @@ namespace activekv::cuda::mmamv {
 /// Whether run would take w at n_vec vectors: the kernel is on
 /// (mvhost::mma_matvec), 2 <= n_vec <= kMaxMatvecVectors, w is split, of
 /// Q4_0/Q4_1/Q8_0, at most 8192 columns, payload and head rows whole 16-byte
-/// pieces. Host only (tests ask it, so a silent fallback cannot pass for the
-/// kernel).
+/// pieces, and x with 4 pieces of the ring fits the current device's shared
+/// memory a CTA (H200: always). Host only (tests ask it, so a silent
+/// fallback cannot pass for the kernel).
 bool reads(const DeviceMatrix& w, int n_vec);
 
 /// y = W x for n_vec >= 2 vectors (x prequantised in xq) and true where the
@@ -33,5 +34,10 @@ bool run(const DeviceMatrix& w, const qdot::XQuant& xq, int n_vec, float* y, boo
 /// this kernel's tiles of 16 rows); false where run would be.
 bool run_group(const mvkern::GroupArgs& g, const DeviceMatrix& w0, const qdot::XQuant& xq, int n_vec,
                cudaStream_t stream);
+
+/// For tests: at most `ctas` CTAs a launch (0: one per SM, the default),
+/// so that small matrices still give each CTA several tiles and the ring
+/// wraps across tiles.
+void set_grid_cap(int ctas);
 
 }  // namespace activekv::cuda::mmamv

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "matvec_test_util.h"
+#include "mma_matvec.h"
 
 namespace activekv::cuda {
 namespace {
@@ -46,11 +47,18 @@ const std::vector<GroupCase>& cases() {
 }
 
 /// The tensor-core kernel for several vectors on or off (mma_matvec.cu):
-/// split matrices run the group both ways.
+/// split matrices run the group both ways. On, its grid is capped at 3
+/// CTAs, so that a CTA walks tiles of several matrices of the group.
 struct MmaScope {
   bool before = mvhost::mma_matvec();
-  explicit MmaScope(bool on) { mvhost::set_mma_matvec(on); }
-  ~MmaScope() { mvhost::set_mma_matvec(before); }
+  explicit MmaScope(bool on) {
+    mvhost::set_mma_matvec(on);
+    mmamv::set_grid_cap(on ? 3 : 0);
+  }
+  ~MmaScope() {
+    mvhost::set_mma_matvec(before);
+    mmamv::set_grid_cap(0);
+  }
 };
 
 /// Floats of guard between outputs: the kernel must not write them.

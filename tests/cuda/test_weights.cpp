@@ -238,7 +238,10 @@ TEST_P(WeightKernels, MmaVectorsAreTheChunkedKernelsBits) {
   struct MmaScope {
     bool before = mvhost::mma_matvec();
     MmaScope() { mvhost::set_mma_matvec(true); }
-    ~MmaScope() { mvhost::set_mma_matvec(before); }
+    ~MmaScope() {
+      mvhost::set_mma_matvec(before);
+      mmamv::set_grid_cap(0);
+    }
   } scope;
   const bool k32 = gguf::block_elements(t) <= 32;
   uint64_t seed = 9000 + uint64_t(t);
@@ -252,9 +255,13 @@ TEST_P(WeightKernels, MmaVectorsAreTheChunkedKernelsBits) {
     const bool mma_expected = mma_type && (s.cols == 256 || s.cols == 1536 || s.cols == 5120);
     EXPECT_EQ(mmamv::reads(dw.m, 2), mma_expected) << s.rows << "x" << s.cols;
     EXPECT_FALSE(mmamv::reads(dw.m, 1)) << "one vector stays on the register kernel";
+    // Grid caps: one CTA a SM (every CTA here has one tile or none), and 1
+    // and 3 CTAs, so that a CTA walks many tiles and its ring wraps.
+    for (const int cap : {0, 1, 3})
     for (int n_vec = 2; n_vec <= kMaxMatvecVectors; ++n_vec) {
+      mmamv::set_grid_cap(cap);
       SCOPED_TRACE(gguf::type_name(t) + " " + std::to_string(s.rows) + "x" + std::to_string(s.cols) + " n_vec " +
-                   std::to_string(n_vec));
+                   std::to_string(n_vec) + " grid cap " + std::to_string(cap));
       const std::vector<float> x = random_x(n_vec, s.cols, seed++);
       const std::vector<float> want = emulate_matvec(h, x, n_vec, BlockMatvecKernel::Chunked);
       const size_t n_out = size_t(n_vec) * size_t(s.rows);
