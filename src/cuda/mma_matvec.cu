@@ -118,6 +118,16 @@ struct BlockRegs {
   float2 ds[2];
 };
 
+/// The head of a block in shared memory into r.head (r.payload is not read:
+/// only scale and min come from r).
+template <class T>
+__device__ __forceinline__ void load_head(const uint8_t* head, qsplit::SplitRegs<T>& r) {
+  constexpr int kHead = SplitOf<T>::kHead;
+  static_assert(kHead == 2 || kHead == 4, "Q4_0, Q8_0: f16 d; Q4_1: f16 d, f16 m");
+  if constexpr (kHead == 4) r.head[0] = *reinterpret_cast<const uint32_t*>(head);
+  else r.head[0] = *reinterpret_cast<const uint16_t*>(head);
+}
+
 /// Loads block bl of the piece (block b of the row) from shared memory.
 template <class T, int NV>
 __device__ __forceinline__ void load_block(const SplitPtr<T> (&row)[2], int bl, int b, const int8_t* codes,
@@ -126,9 +136,14 @@ __device__ __forceinline__ void load_block(const SplitPtr<T> (&row)[2], int bl, 
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     blk[h] = {row[h].head + bl * SplitOf<T>::kHead, row[h].payload + bl * SplitOf<T>::kPayload};
-    r.scale[h] = T::scale(blk[h], 0, 0);
+    // The scale (and min) from the head in registers: the hardware's f16
+    // conversion, as the register kernel's (the byte-pointer source checks
+    // for NaN payloads in a dozen instructions and two branches).
+    qsplit::SplitRegs<T> head;
+    load_head(blk[h].head, head);
+    r.scale[h] = T::scale(head, 0, 0);
     r.mn[h] = 0.f;
-    if constexpr (T::kHasMin) r.mn[h] = T::min(blk[h], 0);
+    if constexpr (T::kHasMin) r.mn[h] = T::min(head, 0);
   }
   // a0, a1: elements 4q .. 4q + 3 of rows g, g + 8; a2, a3: elements 16 + 4q ..
   r.a = make_uint4(T::raw4(blk[0], 0, q), T::raw4(blk[1], 0, q), T::raw4(blk[0], 0, q + 4), T::raw4(blk[1], 0, q + 4));
@@ -176,26 +191,36 @@ __device__ __forceinline__ mvkern::GroupPart tile_at(const mvkern::GroupArgs& g,
   return p;
 }
 
-/// Starts the copy of piece c (blocks 64 c ..) of tile m into buf: the
-/// CTA's threads take consecutive 16-byte pieces of each row. Rows past the
-/// matrix's end copy its last row; their sums are not written.
+/// Starts the copy of piece c (blocks 64 c ..) of tile m into buf. Thread t
+/// takes the 16-byte column t % kPayCols of rows t / kPayCols, + kRowStep,
+/// ... (and at most one column of the heads): consecutive threads,
+/// consecutive bytes, and no division -- the copies' address arithmetic
+/// was the kernel's largest cost at 513a368 (~158 instructions a copy).
+/// Rows past the matrix's end copy its last row; their sums are not written.
 template <class T>
 __device__ __forceinline__ void copy_piece(uint8_t* buf, const mvkern::GroupPart& m, int c, int n_blocks) {
   using P = Piece<T>;
+  constexpr int kPay = SplitOf<T>::kPayload, kHead = SplitOf<T>::kHead;
+  constexpr int kPayCols = kPieceBlocks * kPay / 16, kRowStep = kThreads / kPayCols;
+  constexpr int kHeadCols = kPieceBlocks * kHead / 16;
+  static_assert(kThreads % kPayCols == 0 && kTileRows * kHeadCols <= kThreads, "a piece's copy plan");
   const int c0 = c * kPieceBlocks, nc = min(kPieceBlocks, n_blocks - c0);
-  const int pay16 = nc * SplitOf<T>::kPayload / 16, head16 = nc * SplitOf<T>::kHead / 16;
   const int64_t r0 = m.cta * kTileRows;
-  for (int i = int(threadIdx.x); i < kTileRows * pay16; i += kThreads) {
-    const int rr = i / pay16, k = i - rr * pay16;
-    const SplitPtr<T> src = qsplit::split_block<T>(m.w, m.rows, min(r0 + rr, m.rows - 1), c0, n_blocks);
-    detail::cp_async16(detail::smem_u32(buf + rr * P::kPayRow + 16 * k), src.payload + 16 * k, 16);
+  const int last = int(min(int64_t(kTileRows - 1), m.rows - 1 - r0));  // the tile's last row inside the matrix
+  const SplitPtr<T> base = qsplit::split_block<T>(m.w, m.rows, r0, c0, n_blocks);
+  const int t = int(threadIdx.x);
+  const int k = t % kPayCols;
+  if (16 * k < nc * kPay) {
+    const int64_t row_bytes = int64_t(n_blocks) * kPay;
+#pragma unroll
+    for (int rr = t / kPayCols; rr < kTileRows; rr += kRowStep)
+      detail::cp_async16(detail::smem_u32(buf + rr * P::kPayRow + 16 * k), base.payload + min(rr, last) * row_bytes + 16 * k,
+                         16);
   }
-  uint8_t* const heads = buf + kTileRows * P::kPayRow;
-  for (int i = int(threadIdx.x); i < kTileRows * head16; i += kThreads) {
-    const int rr = i / head16, k = i - rr * head16;
-    const SplitPtr<T> src = qsplit::split_block<T>(m.w, m.rows, min(r0 + rr, m.rows - 1), c0, n_blocks);
-    detail::cp_async16(detail::smem_u32(heads + rr * P::kHeadRow + 16 * k), src.head + 16 * k, 16);
-  }
+  const int hk = t % kHeadCols, hr = t / kHeadCols;
+  if (hr < kTileRows && 16 * hk < nc * kHead)
+    detail::cp_async16(detail::smem_u32(buf + kTileRows * P::kPayRow + hr * P::kHeadRow + 16 * hk),
+                       base.head + min(hr, last) * (int64_t(n_blocks) * kHead) + 16 * hk, 16);
 }
 
 /// Starts the copy of x's codes and {d, sum q} for NV vectors into shared memory.
@@ -215,8 +240,9 @@ __device__ __forceinline__ void copy_x(uint8_t* smem, const Layout& lay, const X
 }
 
 /// The warp's share of one piece: for each of its 4 slots the piece's (at
-/// most 2) blocks of the slot, in block order, into p[slot].
-template <class T, int NV>
+/// most 2) blocks of the slot, in block order, into p[slot]. kFull: the
+/// piece has all 64 blocks (no checks).
+template <class T, int NV, bool kFull>
 __device__ __forceinline__ void compute_piece(const uint8_t* buf, int c0, int nc, const int8_t* codes,
                                               const float2* ds, const Layout& lay, int warp, int g, int q,
                                               float (&p)[kSlotsPerWarp][4]) {
@@ -230,13 +256,13 @@ __device__ __forceinline__ void compute_piece(const uint8_t* buf, int c0, int nc
 #pragma unroll
     for (int j = 0; j < kBlocksPerSlot; ++j) {
       const int bl = bitrev5(kSlotsPerWarp * warp + k) + 32 * j;
-      if (bl < nc) load_block<T, NV>(row, bl, c0 + bl, codes, ds, lay, g, q, r[k][j]);
+      if (kFull || bl < nc) load_block<T, NV>(row, bl, c0 + bl, codes, ds, lay, g, q, r[k][j]);
     }
 #pragma unroll
   for (int k = 0; k < kSlotsPerWarp; ++k)
 #pragma unroll
     for (int j = 0; j < kBlocksPerSlot; ++j)
-      if (bitrev5(kSlotsPerWarp * warp + k) + 32 * j < nc) add_block<T, NV>(r[k][j], q, p[k]);
+      if (kFull || bitrev5(kSlotsPerWarp * warp + k) + 32 * j < nc) add_block<T, NV>(r[k][j], q, p[k]);
 }
 
 /// The tile's end: the warp folds its 4 slots as the butterfly's tree,
@@ -282,14 +308,28 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int chunks = (n_blocks + kPieceBlocks - 1) / kPieceBlocks;
   // The host launches at most n_tiles CTAs: every CTA has a tile, and calls pdl::begin.
   const int64_t n_pieces = ((n_tiles - 1 - int64_t(blockIdx.x)) / gridDim.x + 1) * chunks;
-  auto tile_of = [&](int64_t piece) { return tile_at(g, int64_t(blockIdx.x) + piece / chunks * gridDim.x); };
-  auto issue = [&](int64_t piece) {
-    if (piece < n_pieces) copy_piece<T>(ring + (piece % S) * Piece<T>::kBytes, tile_of(piece), int(piece % chunks), n_blocks);
+  // Pieces are (tile, chunk) in order; two cursors walk them without division.
+  struct Cursor {
+    int64_t tile;  // in the launch
+    int chunk, buf;
+    __device__ void next(int chunks, int64_t stride) {
+      buf = (buf + 1) % S;
+      if (++chunk == chunks) chunk = 0, tile += stride;
+    }
+  };
+  const int64_t stride = gridDim.x;
+  Cursor load{int64_t(blockIdx.x), 0, 0}, use = load;
+  int64_t issued = 0;
+  auto issue = [&] {
+    if (issued++ < n_pieces) {
+      copy_piece<T>(ring + load.buf * Piece<T>::kBytes, tile_at(g, load.tile), load.chunk, n_blocks);
+      load.next(chunks, stride);
+    }
     detail::cp_async_commit();  // empty past the end: the group count stays S - 1 ahead
   };
   // The weights do not depend on the kernels before (pdl.cuh): they travel
   // while those drain; x does, so it is copied after pdl::begin.
-  for (int s = 0; s < S - 1; ++s) issue(s);
+  for (int s = 0; s < S - 1; ++s) issue();
   pdl::begin();
   copy_x<NV>(smem, lay, xq, n_blocks);
   detail::cp_async_commit();
@@ -300,11 +340,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int64_t piece = 0; piece < n_pieces; ++piece) {
     detail::cp_async_wait<S - 2>();  // this thread's copies of `piece` have landed ...
     __syncthreads();                 // ... and everyone's; the buffer of piece - 1 is free
-    issue(piece + S - 1);
-    const int c = int(piece % chunks), c0 = c * kPieceBlocks;
-    compute_piece<T, NV>(ring + (piece % S) * Piece<T>::kBytes, c0, min(kPieceBlocks, n_blocks - c0), codes, ds, lay,
-                         warp, gq, q, p);
-    if (c == chunks - 1) finish_tile<NV>(subtree, p, tile_of(piece), accumulate, warp, lane);
+    issue();
+    const uint8_t* buf = ring + use.buf * Piece<T>::kBytes;
+    const int c0 = use.chunk * kPieceBlocks, nc = min(kPieceBlocks, n_blocks - c0);
+    if (nc == kPieceBlocks) compute_piece<T, NV, true>(buf, c0, nc, codes, ds, lay, warp, gq, q, p);
+    else compute_piece<T, NV, false>(buf, c0, nc, codes, ds, lay, warp, gq, q, p);
+    if (use.chunk == chunks - 1) finish_tile<NV>(subtree, p, tile_at(g, use.tile), accumulate, warp, lane);
+    use.next(chunks, stride);
   }
 }
 
