@@ -212,10 +212,14 @@ __device__ __forceinline__ void copy_piece(uint8_t* buf, const mvkern::GroupPart
   const int k = t % kPayCols;
   if (16 * k < nc * kPay) {
     const int64_t row_bytes = int64_t(n_blocks) * kPay;
+    const int rr0 = t / kPayCols;  // < kRowStep: the CTA has kThreads threads
+    const uint32_t dst = detail::smem_u32(buf + rr0 * P::kPayRow + 16 * k);
+    const uint8_t* const src = base.payload + 16 * k;
 #pragma unroll
-    for (int rr = t / kPayCols; rr < kTileRows; rr += kRowStep)
-      detail::cp_async16(detail::smem_u32(buf + rr * P::kPayRow + 16 * k), base.payload + min(rr, last) * row_bytes + 16 * k,
-                         16);
+    for (int j = 0; j < kTileRows / kRowStep; ++j) {
+      const int rr = rr0 + j * kRowStep;
+      detail::cp_async16(dst + j * kRowStep * P::kPayRow, src + min(rr, last) * row_bytes, 16);
+    }
   }
   const int hk = t % kHeadCols, hr = t / kHeadCols;
   if (hr < kTileRows && 16 * hk < nc * kHead)
