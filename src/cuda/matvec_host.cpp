@@ -104,14 +104,24 @@ bool wide_rows_before() {
 }  // namespace
 
 namespace {
-std::atomic<bool> g_mma_matvec{[] {
+std::atomic<MmaMatvec> g_mma_matvec{[] {
   const char* e = std::getenv("ACTIVEKV_MATVEC_MMA");
-  return e != nullptr && std::strcmp(e, "1") == 0;
+  if (e != nullptr && std::strcmp(e, "0") == 0) return MmaMatvec::Off;
+  if (e != nullptr && std::strcmp(e, "1") == 0) return MmaMatvec::On;
+  return MmaMatvec::Rule;
 }()};
 }  // namespace
 
-void set_mma_matvec(bool on) { g_mma_matvec.store(on, std::memory_order_relaxed); }
-bool mma_matvec() { return g_mma_matvec.load(std::memory_order_relaxed); }
+void set_mma_matvec(MmaMatvec mode) { g_mma_matvec.store(mode, std::memory_order_relaxed); }
+MmaMatvec mma_matvec() { return g_mma_matvec.load(std::memory_order_relaxed); }
+bool mma_for(int n_vec) {
+  switch (mma_matvec()) {
+    case MmaMatvec::Off: return false;
+    case MmaMatvec::On: return n_vec >= 2;
+    case MmaMatvec::Rule: return n_vec >= 8;
+  }
+  return false;
+}
 
 SplitShape split_shape(int64_t rows, int64_t cols, int n_vec, int block_bytes, int block_elems) {
   const int forced = split_depth();

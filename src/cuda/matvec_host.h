@@ -138,11 +138,22 @@ SplitShape split_shape(int64_t rows, int64_t cols, int n_vec, int block_bytes, i
 /// for the chunked rule.
 int register_rows_per_warp(int64_t rows, int64_t cols, int n_vec, int block_bytes, int block_elems);
 
-/// Whether 2..8 vectors over a split Q4_0, Q4_1 or Q8_0 matrix take the
-/// tensor-core kernel (mma_matvec.cu): off (the register kernel) unless
-/// ACTIVEKV_MATVEC_MMA=1 at start (A/B measurements) or this says so
-/// (tests). The same bits either way. Process-wide, as set_split_depth.
-void set_mma_matvec(bool on);
-bool mma_matvec();
+/// Which vector counts over a split Q4_0, Q4_1 or Q8_0 matrix take the
+/// tensor-core kernel (mma_matvec.cu) instead of the register kernel; the
+/// same bits either way.
+///   Rule (the default): 8 vectors. Measured on the H200 at 4247b23
+///     (bench/results/h200_matvec_mma_4247b23.json, us, mma / register):
+///     at 8 vectors 0.75-0.90x on every matrix it takes (Q4_0 17408x5120
+///     36.1 / 44.3, Q8_0 39.5 / 49.1), the 27B-shape model's 8-sequence
+///     step 3.21 / 3.70 ms; at 2 and 4 vectors 1.4-3.2x slower (its time
+///     hardly depends on the count). 5..7: unmeasured, left to the register kernel.
+///   Off: never (ACTIVEKV_MATVEC_MMA=0).  On: 2..8 vectors (ACTIVEKV_MATVEC_MMA=1; A/B, tests).
+/// Read from the environment at start; process-wide, as set_split_depth.
+enum class MmaMatvec { Off, Rule, On };
+void set_mma_matvec(MmaMatvec mode);
+MmaMatvec mma_matvec();
+/// Whether n_vec vectors take the tensor-core kernel under the mode (where
+/// it reads the matrix: mmamv::reads).
+bool mma_for(int n_vec);
 
 }  // namespace activekv::cuda::mvhost

@@ -392,15 +392,14 @@ const DeviceLimits& device_limits() {
 
 std::atomic<int> g_grid_cap{0};
 
-/// Whether w's tiles fit the kernel at nv vectors: at most 256 blocks a
-/// row, payload and heads whole 16-byte pieces (so that cp.async copies
-/// them; then n_blocks is a multiple of 8), and x with 4 pieces in the
-/// device's shared memory.
+/// Whether w's tiles fit the kernel: at most 256 blocks a row, payload and
+/// heads whole 16-byte pieces (so that cp.async copies them; then n_blocks
+/// is a multiple of 8). Host only, no device asked (the CPU tests ask it).
 template <class T>
-bool tile_fits(int64_t cols, int nv) {
+bool tile_fits(int64_t cols) {
   const int64_t n_blocks = cols / T::kElems;
   return n_blocks <= kMaxBlocks && (n_blocks * SplitOf<T>::kPayload) % 16 == 0 &&
-         (n_blocks * SplitOf<T>::kHead) % 16 == 0 && stages_for<T>(nv, int(n_blocks), device_limits().smem) > 0;
+         (n_blocks * SplitOf<T>::kHead) % 16 == 0;
 }
 
 /// Raises the kernel's dynamic shared memory limit to the device's opt-in
@@ -423,6 +422,14 @@ bool launch(const mvkern::GroupArgs& g, int64_t n_tiles, const DeviceMatrix& w0,
             bool accumulate, cudaStream_t stream) {
   if (!reads(w0, n_vec)) return false;
   const DeviceLimits& dev = device_limits();
+  // x and 4 pieces must fit the device's shared memory a CTA: on sm_90 (227
+  // KiB) every matrix reads() takes fits; a smaller one keeps the register kernel.
+  bool fits = false;
+  qblk::dispatch_block_type(w0.type, [&](auto traits) {
+    using T = decltype(traits);
+    if constexpr (kReads<T>) fits = stages_for<T>(n_vec, int(w0.cols / T::kElems), dev.smem) > 0;
+  });
+  if (!fits) return false;
   const int cap = g_grid_cap.load(std::memory_order_relaxed);
   const int64_t grid = std::min<int64_t>(n_tiles, cap > 0 ? cap : dev.sms);
   qblk::dispatch_block_type(w0.type, [&](auto traits) {
@@ -454,11 +461,11 @@ int64_t tiles(int64_t rows) { return (rows + kTileRows - 1) / kTileRows; }
 void set_grid_cap(int ctas) { g_grid_cap.store(std::max(0, ctas), std::memory_order_relaxed); }
 
 bool reads(const DeviceMatrix& w, int n_vec) {
-  if (n_vec < 2 || n_vec > kMaxMatvecVectors || !mvhost::mma_matvec() || w.layout != WeightLayout::Split) return false;
+  if (n_vec < 2 || n_vec > kMaxMatvecVectors || !mvhost::mma_for(n_vec) || w.layout != WeightLayout::Split) return false;
   bool fits = false;
   qblk::dispatch_block_type(w.type, [&](auto traits) {
     using T = decltype(traits);
-    if constexpr (kReads<T>) fits = tile_fits<T>(w.cols, n_vec);
+    if constexpr (kReads<T>) fits = tile_fits<T>(w.cols);
   });
   return fits;
 }

@@ -1,7 +1,7 @@
 // Internal to the CUDA backend: the tensor-core matvec for 2..8 vectors
 // (mma_matvec.cu) over split matrices of Q4_0, Q4_1 and Q8_0, bitwise the
 // register kernel's y (the same per-lane sums and the same butterfly, read
-// off the mma's exact int32 block dots). mvhost::mma_matvec() turns it on;
+// off the mma's exact int32 block dots). mvhost::mma_for(n_vec) says when;
 // register_matvec.cu routes there. Nothing here checks arguments again.
 #pragma once
 
@@ -16,12 +16,13 @@ struct GroupArgs;  // matvec_kernel_util.cuh (device code: not for host-compiled
 
 namespace activekv::cuda::mmamv {
 
-/// Whether run would take w at n_vec vectors: the kernel is on
-/// (mvhost::mma_matvec), 2 <= n_vec <= kMaxMatvecVectors, w is split, of
-/// Q4_0/Q4_1/Q8_0, at most 8192 columns, payload and head rows whole 16-byte
-/// pieces, and x with 4 pieces of the ring fits the current device's shared
-/// memory a CTA (H200: always). Host only (tests ask it, so a silent
-/// fallback cannot pass for the kernel).
+/// Whether run would take w at n_vec vectors: the mode takes n_vec
+/// (mvhost::mma_for: by default 8 vectors), 2 <= n_vec <=
+/// kMaxMatvecVectors, w is split, of Q4_0/Q4_1/Q8_0, at most 8192 columns,
+/// payload and head rows whole 16-byte pieces. Host only, no device asked
+/// (tests ask it, so a silent fallback cannot pass for the kernel). On a
+/// device with less shared memory a CTA than sm_90's 227 KiB, run may still
+/// decline a matrix whose x and 4 pieces do not fit.
 bool reads(const DeviceMatrix& w, int n_vec);
 
 /// y = W x for n_vec >= 2 vectors (x prequantised in xq) and true where the

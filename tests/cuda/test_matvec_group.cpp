@@ -46,13 +46,13 @@ const std::vector<GroupCase>& cases() {
   return c;
 }
 
-/// The tensor-core kernel for several vectors on or off (mma_matvec.cu):
+/// The tensor-core kernel for 2..8 vectors on or off (mma_matvec.cu):
 /// split matrices run the group both ways. On, its grid is capped at 3
 /// CTAs, so that a CTA walks tiles of several matrices of the group.
 struct MmaScope {
-  bool before = mvhost::mma_matvec();
+  mvhost::MmaMatvec before = mvhost::mma_matvec();
   explicit MmaScope(bool on) {
-    mvhost::set_mma_matvec(on);
+    mvhost::set_mma_matvec(on ? mvhost::MmaMatvec::On : mvhost::MmaMatvec::Off);
     mmamv::set_grid_cap(on ? 3 : 0);
   }
   ~MmaScope() {

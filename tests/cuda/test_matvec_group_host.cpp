@@ -209,16 +209,17 @@ TEST(SplitLayoutChecks, TypesAndBadRepacksThrowOneLine) {
   EXPECT_NE(thrown([&] { launch_repack_split(nullptr, q4, nullptr); }).find("is null or overlaps"), std::string::npos);
   EXPECT_EQ(thrown([] { mvhost::set_split_depth(3); }), "register matvec: split depth 3 is not 0 (the rule), 1 or 2");
   if (std::getenv("ACTIVEKV_SPLIT_DEPTH") == nullptr) EXPECT_EQ(mvhost::split_depth(), 0);  // the default: the rule
-  if (std::getenv("ACTIVEKV_MATVEC_MMA") == nullptr) EXPECT_FALSE(mvhost::mma_matvec());  // the default: off
+  if (std::getenv("ACTIVEKV_MATVEC_MMA") == nullptr) EXPECT_EQ(mvhost::mma_matvec(), mvhost::MmaMatvec::Rule);
 }
 
 // Which launches the tensor-core kernel for several vectors takes
-// (mma_matvec.h), decided on the host: only when it is on, for 2..8
-// vectors over a split Q4_0/Q4_1/Q8_0 matrix of at most 8192 columns whose
+// (mma_matvec.h), decided on the host without a device: under the mode
+// (off; the rule: 8 vectors; on: 2..8), for vectors over a split
+// Q4_0/Q4_1/Q8_0 matrix of at most 8192 columns whose
 // payload and head rows are whole 16-byte pieces.
 TEST(MmaMatvec, TakesSplitThirtyTwoElementTypesUpTo8192Columns) {
   struct Scope {
-    bool before = mvhost::mma_matvec();
+    mvhost::MmaMatvec before = mvhost::mma_matvec();
     ~Scope() { mvhost::set_mma_matvec(before); }
   } scope;
   auto split = [](TensorType t, int64_t rows, int64_t cols) {
@@ -226,9 +227,15 @@ TEST(MmaMatvec, TakesSplitThirtyTwoElementTypesUpTo8192Columns) {
     m.layout = WeightLayout::Split;
     return m;
   };
-  mvhost::set_mma_matvec(false);
+  mvhost::set_mma_matvec(mvhost::MmaMatvec::Off);
   EXPECT_FALSE(mmamv::reads(split(TensorType::Q4_0, 17408, 5120), 8)) << "off";
-  mvhost::set_mma_matvec(true);
+  // The rule (the default): 8 vectors only, where it measured faster.
+  mvhost::set_mma_matvec(mvhost::MmaMatvec::Rule);
+  for (int n = 1; n <= kMaxMatvecVectors; ++n) {
+    EXPECT_EQ(mvhost::mma_for(n), n == 8) << n << " vectors";
+    EXPECT_EQ(mmamv::reads(split(TensorType::Q4_0, 17408, 5120), n), n == 8) << n << " vectors";
+  }
+  mvhost::set_mma_matvec(mvhost::MmaMatvec::On);
   for (TensorType t : {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q8_0}) {
     SCOPED_TRACE(gguf::type_name(t));
     EXPECT_TRUE(mmamv::reads(split(t, 17408, 5120), 2));

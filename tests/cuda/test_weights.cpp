@@ -236,8 +236,8 @@ TEST_P(WeightKernels, MmaVectorsAreTheChunkedKernelsBits) {
   const TensorType t = GetParam();
   if (!has_split_layout(t)) GTEST_SKIP() << "no split layout: the mma kernel does not read it";
   struct MmaScope {
-    bool before = mvhost::mma_matvec();
-    MmaScope() { mvhost::set_mma_matvec(true); }
+    mvhost::MmaMatvec before = mvhost::mma_matvec();
+    MmaScope() { mvhost::set_mma_matvec(mvhost::MmaMatvec::On); }
     ~MmaScope() {
       mvhost::set_mma_matvec(before);
       mmamv::set_grid_cap(0);
