@@ -458,6 +458,15 @@ int64_t tiles(int64_t rows) { return (rows + kTileRows - 1) / kTileRows; }
 
 }  // namespace
 
+int ring_stages(const DeviceMatrix& w, int n_vec, int smem_bytes) {
+  int stages = 0;
+  qblk::dispatch_block_type(w.type, [&](auto traits) {
+    using T = decltype(traits);
+    if constexpr (kReads<T>) stages = stages_for<T>(n_vec, int(w.cols / T::kElems), smem_bytes - kStaticSmem);
+  });
+  return stages;
+}
+
 void set_grid_cap(int ctas) { g_grid_cap.store(std::max(0, ctas), std::memory_order_relaxed); }
 
 bool reads(const DeviceMatrix& w, int n_vec) {

@@ -36,6 +36,12 @@ bool run(const DeviceMatrix& w, const qdot::XQuant& xq, int n_vec, float* y, boo
 bool run_group(const mvkern::GroupArgs& g, const DeviceMatrix& w0, const qdot::XQuant& xq, int n_vec,
                cudaStream_t stream);
 
+/// Pieces the kernel keeps in flight for w at n_vec vectors on a device
+/// whose CTAs may have `smem_bytes` of shared memory (the opt-in maximum;
+/// sm_90: 232448): 8, 4, or 0 where x and 4 pieces do not fit (then run
+/// declines w). Host arithmetic, for tests.
+int ring_stages(const DeviceMatrix& w, int n_vec, int smem_bytes);
+
 /// For tests: at most `ctas` CTAs a launch (0: one per SM, the default),
 /// so that small matrices still give each CTA several tiles and the ring
 /// wraps across tiles.

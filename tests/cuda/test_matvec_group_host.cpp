@@ -249,6 +249,28 @@ TEST(MmaMatvec, TakesSplitThirtyTwoElementTypesUpTo8192Columns) {
     EXPECT_FALSE(mmamv::reads(split(t, 17408, 5120), 8)) << gguf::type_name(t);
 }
 
+// The shared memory a CTA needs: x for every vector plus a ring of 64-block
+// pieces. On sm_90 (232448 bytes a CTA, opt-in) every matrix reads() takes
+// gets at least 4 pieces in flight -- the widest (8192 columns) of the
+// largest type (Q8_0) at 8 vectors 4, Q4_0 at the model's 5120 columns 8;
+// on a device with 100 KiB (sm_89) Q8_0 at 8192 columns does not fit and
+// run keeps the register kernel.
+TEST(MmaMatvec, RingFitsSm90SharedMemory) {
+  constexpr int kSm90 = 232448, kSm89 = 101376;
+  auto split = [](TensorType t, int64_t cols) {
+    DeviceMatrix m = mat(t, 64, cols);
+    m.layout = WeightLayout::Split;
+    return m;
+  };
+  for (TensorType t : {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q8_0})
+    for (int64_t cols : {256, 1536, 5120, 6144, 8192})
+      for (int n = 2; n <= kMaxMatvecVectors; ++n)
+        EXPECT_GE(mmamv::ring_stages(split(t, cols), n, kSm90), 4) << gguf::type_name(t) << " " << cols << " " << n;
+  EXPECT_EQ(mmamv::ring_stages(split(TensorType::Q8_0, 8192), 8, kSm90), 4);
+  EXPECT_EQ(mmamv::ring_stages(split(TensorType::Q4_0, 5120), 8, kSm90), 8);
+  EXPECT_EQ(mmamv::ring_stages(split(TensorType::Q8_0, 8192), 8, kSm89), 0);
+}
+
 // The register kernel's rows per warp and depth (matvec_host.h says what
 // was measured): one row at depth 2 for one vector over a tall 4-bit
 // matrix, one row at depth 1 over a wide one.
