@@ -59,6 +59,9 @@ struct Record {
   double cpu_share = 0;
   bool auto_share = false;  // the planner chose the share (--cpu-share auto)
   double planned_ms = 0;    // its predicted step
+  // The co-attention model's parts of predicted_ms (a CPU share with the
+  // rates measured): the link's and the CPU's time per step.
+  std::optional<double> predicted_link_ms, predicted_cpu_ms;
   uint64_t cpu_bytes_per_step = 0;
   DecodeEngine::CpuTiming cpu_timing;  // host-clock timing of the CPU share, measured steps
   std::optional<double> max_rel_diff_vs_resident;
@@ -200,6 +203,8 @@ nlohmann::json record_json(const Record& r, int steps) {
     j["predicted_ms_note"] = "with --cpu-share auto in the run: route::predict_co_attention over the rates "
                              "measured at start; else the GPU side's transfer model only";
     if (r.max_rel_diff_vs_resident) j["max_rel_diff_vs_resident"] = *r.max_rel_diff_vs_resident;
+    if (r.predicted_link_ms) j["predicted_link_ms"] = *r.predicted_link_ms;
+    if (r.predicted_cpu_ms) j["predicted_cpu_ms"] = *r.predicted_cpu_ms;
     if (r.auto_share) {
       j["cpu_share_auto"] = true;
       j["planned_ms"] = r.planned_ms;
@@ -209,8 +214,28 @@ nlohmann::json record_json(const Record& r, int steps) {
   return j;
 }
 
+// The rates the co-attention planner priced every CPU share with (measured
+// at start: cuda::measure_co_attention_rates), so that a plan's error can be
+// traced to a rate from the JSON alone.
+nlohmann::json rates_json(const cuda::CoAttentionCalibration& c) {
+  const route::CoAttentionRates& t = c.together;
+  return {{"link_alone_gbps", c.link_alone_gbps},
+          {"link_with_cpu_gbps", t.link_gbps},
+          {"cpu_bf16_alone_gbps", c.cpu_bf16_alone_gbps},
+          {"cpu_bf16_with_link_gbps", t.cpu_bf16_gbps},
+          {"cpu_int8s_alone_gbps", c.cpu_int8s_alone_gbps},
+          {"cpu_int8s_with_link_gbps", t.cpu_int8s_gbps},
+          {"cpu_threads", t.cpu_threads},
+          {"cpu_layer_latency_ms", t.cpu_layer_latency_ms},
+          {"resident_bf16_gbps", t.resident_bf16_gbps},
+          {"resident_int8s_gbps", t.resident_int8s_gbps},
+          {"calibration_history_bytes", c.history_bytes},
+          {"describe", c.describe()}};
+}
+
 void write_json(std::ofstream& f, const BenchDecodeOptions& opt, const std::map<int, Profile>& profiles,
-                double tile_chunk, const HistorySet& hist, const std::vector<Record>& records, double hbm_gbps) {
+                double tile_chunk, const HistorySet& hist, const std::vector<Record>& records, double hbm_gbps,
+                const std::optional<cuda::CoAttentionCalibration>& calibration) {
   const AttnShape& sh = opt.attn;
   const std::vector<int> devices = run_devices(opt);
   const Profile& pr = profiles.at(devices[0]);
@@ -240,6 +265,7 @@ void write_json(std::ofstream& f, const BenchDecodeOptions& opt, const std::map<
       {"profile", pr.to_json()},
       {"records", nlohmann::json::array()},
   };
+  if (calibration) j["co_attention_rates"] = rates_json(*calibration);
   if (hbm_gbps > 0) {
     j["hbm_read_gbps"] = hbm_gbps;
     j["hbm_read_note"] = "measure_hbm_read_gbps (bench/gpu/bandwidth.h) on the home GPU before the history; a "
@@ -707,10 +733,14 @@ int run_bench_decode(const BenchDecodeOptions& opt) {
               }
               r.bus_limit_ratio = r.step_ms / r.bus_limit_ms;
               r.predicted_ms = predict_ms(profiles, eng, opt.n_layers, splits);
-              if (calibration && share != 0)  // the co-attention model: link and CPU side by side
-                r.predicted_ms = route::predict_co_attention(cuda::plan_pages(placed[0].tables[0]), opt.n_layers,
-                                                             calibration->together, calibration->link_alone_gbps,
-                                                             n_cpu).predicted_ms;
+              if (calibration && share != 0) {  // the co-attention model: link and CPU side by side
+                const route::CoAttentionPlan p = route::predict_co_attention(
+                    cuda::plan_pages(placed[0].tables[0]), opt.n_layers, calibration->together,
+                    calibration->link_alone_gbps, n_cpu);
+                r.predicted_ms = p.predicted_ms;
+                r.predicted_link_ms = p.link_ms;
+                r.predicted_cpu_ms = p.cpu_ms;
+              }
               if (share > 0 && !ref.empty()) {
                 r.max_rel_diff_vs_resident = max_row_rel_diff(t.first, ref, sh.head_dim);
               } else if (streamed && !ref.empty()) {
@@ -757,7 +787,7 @@ int run_bench_decode(const BenchDecodeOptions& opt) {
   }
   print_table(records);
   if (hbm_gbps > 0) print_resident_vs_hbm(records, hbm_gbps);
-  if (json_file.is_open()) write_json(json_file, opt, profiles, tile_chunk, hist, records, hbm_gbps);
+  if (json_file.is_open()) write_json(json_file, opt, profiles, tile_chunk, hist, records, hbm_gbps, calibration);
   return all_ok ? 0 : 1;
 }
 
