@@ -16,10 +16,10 @@
 // sequence, summed per "lane slot" l over the same blocks in the same
 // order; and the 32 slot sums are added by the butterfly's own tree: at
 // level k it adds the sums whose slots differ in bit 4 - k, which in the
-// order m = bitrev5(l) is the plain balanced tree over m. So each warp of a
-// CTA takes 8 consecutive m (a subtree of 8 slots) and the CTA adds the
-// four subtrees ((w0 + w1) + (w2 + w3)). Float addition is commutative, so
-// only the tree's shape matters. Rows and vectors are independent in the
+// order m = bitrev5(l) is the plain balanced tree over m. So each of a
+// CTA's 8 warps takes 4 consecutive m (a subtree of 4 slots) and the CTA
+// adds the 8 subtrees as the tree's top three levels. Float addition is
+// commutative, so only the tree's shape matters. Rows and vectors are independent in the
 // mma, so a row's bits do not depend on how many vectors ride along.
 //
 // How the weights arrive (third version): a persistent CTA of 8 warps per
@@ -37,9 +37,12 @@
 // useful bytes a warp load, 1.9-9.7x slower than the register kernel; a CTA
 // per tile with the whole tile staged and then computed (24c8263) left each
 // SM with nothing in flight while it computed and re-read x from L1/L2 per
-// tile: 1.3-4.9x slower. So a tile's row must be at most 256 blocks (8192
-// columns: x and S >= 4 pieces fit the shared memory), payload and heads
-// whole 16-byte pieces; other matrices keep the register kernel.
+// tile: 1.3-4.9x slower. This one, once its copies and scales were made
+// cheap (4247b23), runs at 0.75-0.90x the register kernel's time at 8
+// vectors and still loses at 2 and 4 (mvhost::mma_for says when it runs).
+// A tile's row must be at most 256 blocks (8192 columns: x and S >= 4
+// pieces fit the shared memory), payload and heads whole 16-byte pieces;
+// other matrices keep the register kernel.
 #include <cuda_runtime.h>
 
 #include <algorithm>
