@@ -45,9 +45,10 @@ struct GroupArgs {
   int n;
 };
 
-/// This CTA's matrix in a grouped launch: its weights, output, rows and the
-/// CTA's index within it (the first matrix whose cta_end exceeds blockIdx.x,
-/// or the last).
+/// Work item i's matrix in a grouped launch: its weights, output, rows and
+/// the item's index within it (the first matrix whose cta_end exceeds i, or
+/// the last). The items are CTAs (group_part) or, for the persistent
+/// tensor-core kernel, 16-row tiles (mma_matvec.cu).
 struct GroupPart {
   const uint8_t* w;
   float* y;
@@ -59,16 +60,19 @@ struct GroupPart {
 /// at run time (g.w[i]) made the compiler copy the whole argument block to
 /// local memory in every thread (120 bytes a thread in the PTX: 120 x 128
 /// threads x the QKV group's 1024 CTAs = ~15.7 MB of local stores, by count).
-__device__ __forceinline__ GroupPart group_part(const GroupArgs& g) {
-  GroupPart p{g.w[0], g.y[0], g.rows[0], int64_t(blockIdx.x)};
+__device__ __forceinline__ GroupPart group_part_at(const GroupArgs& g, uint32_t i) {
+  GroupPart p{g.w[0], g.y[0], g.rows[0], int64_t(i)};
 #pragma unroll
   for (int k = 1; k < kMaxMatvecGroup; ++k) {
-    if (k < g.n && blockIdx.x >= g.cta_end[k - 1]) {  // past matrix k - 1's CTAs: matrix k or a later one
-      p = GroupPart{g.w[k], g.y[k], g.rows[k], int64_t(blockIdx.x) - int64_t(g.cta_end[k - 1])};
+    if (k < g.n && i >= g.cta_end[k - 1]) {  // past matrix k - 1's items: matrix k or a later one
+      p = GroupPart{g.w[k], g.y[k], g.rows[k], int64_t(i) - int64_t(g.cta_end[k - 1])};
     }
   }
   return p;
 }
+
+/// This CTA's matrix in a grouped launch (item blockIdx.x).
+__device__ __forceinline__ GroupPart group_part(const GroupArgs& g) { return group_part_at(g, blockIdx.x); }
 
 /// Calls f(std::integral_constant<int, n>) for n in 1..kMaxMatvecVectors.
 template <class F>

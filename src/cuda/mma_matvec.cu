@@ -182,16 +182,10 @@ __device__ __forceinline__ void add_block(const BlockRegs<T>& r, int q, float (&
   }
 }
 
-/// Tile t of the launch: its matrix's weights, output and rows, and the
-/// tile's index within the matrix (g.cta_end holds tile ends here). Every
-/// index into g is a constant of the unrolled loop (matvec_kernel_util.cuh's
-/// group_part says why).
+/// Tile t of the launch (g.cta_end holds tile ends here; the host checks
+/// that they fit 32 bits).
 __device__ __forceinline__ mvkern::GroupPart tile_at(const mvkern::GroupArgs& g, int64_t t) {
-  mvkern::GroupPart p{g.w[0], g.y[0], g.rows[0], t};
-#pragma unroll
-  for (int k = 1; k < kMaxMatvecGroup; ++k)
-    if (k < g.n && t >= int64_t(g.cta_end[k - 1])) p = {g.w[k], g.y[k], g.rows[k], t - int64_t(g.cta_end[k - 1])};
-  return p;
+  return mvkern::group_part_at(g, uint32_t(t));
 }
 
 /// Starts the copy of piece c (blocks 64 c ..) of tile m into buf. Thread t
