@@ -25,10 +25,10 @@ namespace activekv::cuda::mmamv {
 /// decline a matrix whose x and 4 pieces do not fit.
 bool reads(const DeviceMatrix& w, int n_vec);
 
-/// y = W x for n_vec >= 2 vectors (x prequantised in xq) and true where the
-/// kernel reads w (on, split, Q4_0/Q4_1/Q8_0, at most 8192 columns whose
-/// payload and heads are whole 16-byte pieces a row); false and nothing
-/// launched otherwise.
+/// y = W x for n_vec >= 2 vectors (x prequantised in xq) and true where
+/// reads(w, n_vec) and x with 4 pieces fits the current device's shared
+/// memory a CTA; false and nothing launched otherwise (the caller runs the
+/// register kernel).
 bool run(const DeviceMatrix& w, const qdot::XQuant& xq, int n_vec, float* y, bool accumulate, cudaStream_t stream);
 
 /// The grouped launch over matrices like w0 (g's cta_end is recomputed for

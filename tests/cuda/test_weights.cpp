@@ -255,7 +255,13 @@ TEST_P(WeightKernels, MmaVectorsAreTheChunkedKernelsBits) {
     const bool mma_expected = mma_type && (s.cols == 256 || s.cols == 1536 || s.cols == 5120);
     EXPECT_EQ(mmamv::reads(dw.m, 2), mma_expected) << s.rows << "x" << s.cols;
     EXPECT_FALSE(mmamv::reads(dw.m, 1)) << "one vector stays on the register kernel";
-    // Grid caps: one CTA a SM (every CTA here has one tile or none), and 1
+    if (mma_expected) {  // and this device's shared memory holds x and the ring (else run declines)
+      int dev = 0, smem = 0;
+      ck(cudaGetDevice(&dev), "cudaGetDevice");
+      ck(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "shared memory a CTA");
+      EXPECT_GE(mmamv::ring_stages(dw.m, kMaxMatvecVectors, smem), 4) << "this GPU cannot run the mma kernel";
+    }
+    // Grid caps: one CTA a SM (here at most 69 tiles: a tile a CTA), and 1
     // and 3 CTAs, so that a CTA walks many tiles and its ring wraps.
     for (const int cap : {0, 1, 3})
     for (int n_vec = 2; n_vec <= kMaxMatvecVectors; ++n_vec) {
