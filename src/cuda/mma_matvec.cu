@@ -360,12 +360,13 @@ int stages_for(int nv, int n_blocks, int smem) {
   return 0;
 }
 
+// The 1 KiB of static shared memory the compiler gives these kernels
+// (cuobjdump -res-usage: SHARED:1024): static + dynamic must fit the opt-in.
 constexpr int kStaticSmem = 1024;
 
-/// The current device's SM count and the dynamic shared memory a CTA of
-/// this kernel may have.
+/// The current device's SM count and the opt-in shared memory a CTA may have.
 struct DeviceLimits {
-  int sms = 0, smem = 0;
+  int sms = 0, smem_optin = 0;
 };
 const DeviceLimits& device_limits() {
   constexpr int kDevices = 64;
@@ -377,11 +378,8 @@ const DeviceLimits& device_limits() {
   once([&] {
     DeviceLimits l;
     check_cuda(cudaDeviceGetAttribute(&l.sms, cudaDevAttrMultiProcessorCount, dev), "matvec (mma): SM count");
-    check_cuda(cudaDeviceGetAttribute(&l.smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+    check_cuda(cudaDeviceGetAttribute(&l.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
                "matvec (mma): shared memory per CTA");
-    // Less the 1 KiB of static shared memory the compiler gives these
-    // kernels (cuobjdump -res-usage: SHARED:1024): static + dynamic must fit.
-    l.smem -= kStaticSmem;
     per_device[dev] = l;
   });
   return per_device[dev];
@@ -408,7 +406,8 @@ template <class T, int NV, int S, class K>
 void allow_smem(K kernel) {
   static OncePerDevice done;
   done([&] {
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, device_limits().smem),
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    device_limits().smem_optin - kStaticSmem),
                "matvec (mma): shared memory limit");
   });
 }
@@ -421,12 +420,8 @@ bool launch(const mvkern::GroupArgs& g, int64_t n_tiles, const DeviceMatrix& w0,
   const DeviceLimits& dev = device_limits();
   // x and 4 pieces must fit the device's shared memory a CTA: on sm_90 (227
   // KiB) every matrix reads() takes fits; a smaller one keeps the register kernel.
-  bool fits = false;
-  qblk::dispatch_block_type(w0.type, [&](auto traits) {
-    using T = decltype(traits);
-    if constexpr (kReads<T>) fits = stages_for<T>(n_vec, int(w0.cols / T::kElems), dev.smem) > 0;
-  });
-  if (!fits) return false;
+  const int stages = ring_stages(w0, n_vec, dev.smem_optin);
+  if (stages == 0) return false;
   const int cap = g_grid_cap.load(std::memory_order_relaxed);
   const int64_t grid = std::min<int64_t>(n_tiles, cap > 0 ? cap : dev.sms);
   qblk::dispatch_block_type(w0.type, [&](auto traits) {
@@ -442,7 +437,7 @@ bool launch(const mvkern::GroupArgs& g, int64_t n_tiles, const DeviceMatrix& w0,
             pdl::launch("matvec (mma) kernel launch", mma_matvec_kernel<T, NV, S>, unsigned(grid), kThreads,
                         size_t(layout_of<T>(NV, n_blocks, S).bytes), stream, g, n_tiles, n_blocks, xq, accumulate);
           };
-          if (stages_for<T>(NV, n_blocks, dev.smem) == 8) go(std::integral_constant<int, 8>{});
+          if (stages == 8) go(std::integral_constant<int, 8>{});
           else go(std::integral_constant<int, 4>{});
         }
       });
