@@ -99,6 +99,28 @@ TensorSlice TensorSplitPlan::slice(int d, const gguf::TensorInfo* t) const {
   return {TensorSlice::Cut::whole, 0, rows_of(*t), t->n_bytes};
 }
 
+TensorSlice TensorSplitPlan::head(int d) const {
+  if (d < 0 || d >= n_shards)
+    throw InvalidArgument(fmt::format("tensor split: shard {} of {}", d, n_shards));
+  const ShardSplit& s = shards[size_t(d)];
+  return cut(*tensors->output, TensorSlice::Cut::rows, s.vocab0, s.vocab_rows);
+}
+
+int64_t TensorSlice::held_rows(const gguf::TensorInfo& t) const { return cut == Cut::rows ? count : rows_of(t); }
+
+int64_t TensorSlice::held_cols(const gguf::TensorInfo& t) const {
+  return cut == Cut::cols ? count : int64_t(t.dims[0]);
+}
+
+ModelConfig shard_config(const ModelConfig& c, const ShardSplit& s) {
+  ModelConfig local = c;
+  local.n_heads = s.q_heads;
+  local.n_kv_heads = s.kv_heads.heads;
+  local.ffn_dim = int(s.ffn_rows);
+  local.vocab_size = int(s.vocab_rows);
+  return local;
+}
+
 TensorSplitPlan plan_tensor_split(const ModelConfig& c, const ModelTensors& t, int n_shards) {
   if (n_shards < 1) throw InvalidArgument(fmt::format("tensor parallel: {} GPUs", n_shards));
   if (n_shards > c.n_kv_heads)
@@ -138,8 +160,10 @@ TensorSplitPlan plan_tensor_split(const ModelConfig& c, const ModelTensors& t, i
     for (const gguf::TensorInfo* w : {L.attn_norm, L.wq, L.wk, L.wv, L.bq, L.bk, L.bv, L.wo, L.ffn_norm, L.w_gate,
                                       L.w_up, L.w_down, L.q_norm, L.k_norm, L.post_attn_norm, L.post_ffn_norm})
       if (w) all.push_back(w);
-  for (int d = 0; d < n_shards; ++d)
+  for (int d = 0; d < n_shards; ++d) {
     for (const gguf::TensorInfo* w : all) p.shards[size_t(d)].weight_bytes += p.slice(d, w).bytes;
+    if (t.output == t.token_embd) p.shards[size_t(d)].weight_bytes += p.head(d).bytes;  // the embedding stays whole
+  }
   return p;
 }
 

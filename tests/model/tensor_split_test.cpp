@@ -241,5 +241,57 @@ TEST(TensorSplit, TheSlicesOfARealModelRebuildItsProducts) {
   }
 }
 
+// What a shard's forward pass is built on: its heads, FFN rows and
+// vocabulary rows; and the head of a tied model (SmolLM2 ties it to the
+// embedding), which each shard holds as its rows beside the whole embedding.
+TEST(TensorSplit, ShardConfigsAndATiedHead) {
+  const gguf::File& f = testing::model_file();
+  const ModelConfig c = ModelConfig::from_gguf(f);
+  const ModelTensors t = ModelTensors::find(f, c);
+  ASSERT_TRUE(c.tied_output);
+  ASSERT_EQ(c.n_kv_heads, 3);
+  const TensorSplitPlan p = plan_tensor_split(c, t, 3);
+  int heads = 0, kv = 0;
+  int64_t ffn = 0, vocab = 0;
+  for (int d = 0; d < 3; ++d) {
+    const ModelConfig s = shard_config(c, p.shards[size_t(d)]);
+    EXPECT_EQ(s.n_heads, c.n_heads / 3);
+    EXPECT_EQ(s.n_kv_heads, 1);
+    EXPECT_EQ(s.ffn_dim, p.shards[size_t(d)].ffn_rows);
+    EXPECT_EQ(s.vocab_size, p.shards[size_t(d)].vocab_rows);
+    EXPECT_EQ(s.d_model, c.d_model);
+    EXPECT_EQ(s.head_dim, c.head_dim);
+    EXPECT_EQ(s.query_scale, c.query_scale);  // 1/sqrt(head_dim), not of the shard's width
+    EXPECT_EQ(s.n_layers, c.n_layers);
+    heads += s.n_heads;
+    kv += s.n_kv_heads;
+    ffn += s.ffn_dim;
+    vocab += s.vocab_size;
+    const TensorSlice head = p.head(d);
+    EXPECT_EQ(head.cut, TensorSlice::Cut::rows);
+    EXPECT_EQ(head.begin, p.shards[size_t(d)].vocab0);
+    EXPECT_EQ(head.held_rows(*t.token_embd), p.shards[size_t(d)].vocab_rows);
+    EXPECT_EQ(head.held_cols(*t.token_embd), c.d_model);
+    EXPECT_EQ(p.slice(d, t.token_embd).cut, TensorSlice::Cut::whole);  // the lookup needs every row
+    const TensorSlice o = p.slice(d, t.layers[0].wo);
+    EXPECT_EQ(o.held_rows(*t.layers[0].wo), c.d_model);
+    EXPECT_EQ(o.held_cols(*t.layers[0].wo), int64_t(s.n_heads) * c.head_dim);
+  }
+  EXPECT_EQ(heads, c.n_heads);
+  EXPECT_EQ(kv, c.n_kv_heads);
+  EXPECT_EQ(ffn, c.ffn_dim);
+  EXPECT_EQ(vocab, c.vocab_size);
+  EXPECT_THROW(p.head(3), InvalidArgument);
+  // Three shards hold the whole tensors (the embedding, the norms) three
+  // times, the cut ones -- the tied head's rows among them -- once.
+  const TensorSplitPlan one = plan_tensor_split(c, t, 1);
+  uint64_t all = 0, replicated = t.token_embd->n_bytes + t.output_norm->n_bytes;
+  for (int d = 0; d < 3; ++d) all += p.shards[size_t(d)].weight_bytes;
+  for (const LayerTensors& L : t.layers)
+    for (const gguf::TensorInfo* w : {L.attn_norm, L.ffn_norm})
+      if (w) replicated += w->n_bytes;
+  EXPECT_EQ(all, one.shards[0].weight_bytes + 2 * replicated);
+}
+
 }  // namespace
 }  // namespace activekv::model

@@ -47,6 +47,10 @@ struct TensorSlice {
     int64_t count = 0;
   };
   Runs runs(const gguf::TensorInfo& t) const;
+  /// Rows and columns of the held part as a matrix of t's type (a vector:
+  /// 1 row of `count` elements, or all of it when whole).
+  int64_t held_rows(const gguf::TensorInfo& t) const;
+  int64_t held_cols(const gguf::TensorInfo& t) const;
 };
 
 /// One shard's share of the model.
@@ -58,8 +62,18 @@ struct ShardSplit {
   int64_t ffn_rows = 0;     ///< FFN rows held (a multiple of ffn_down's block elements)
   int64_t vocab0 = 0;       ///< first row of the output head
   int64_t vocab_rows = 0;   ///< rows of the output head held
-  uint64_t weight_bytes = 0;  ///< every tensor's bytes this shard holds (replicated ones whole)
+  uint64_t weight_bytes = 0;  ///< every tensor's bytes this shard holds (replicated ones whole; a tied head's slice too)
 };
+
+/// The model as one shard runs it: its query and KV heads (n_heads = q_heads,
+/// n_kv_heads = kv_heads.heads), its FFN rows (ffn_dim = ffn_rows) and its
+/// rows of the output head (vocab_size = vocab_rows); everything else --
+/// d_model, head_dim, the softmax scale, RoPE, norms, layers -- as `c`. A
+/// GPU forward pass built on it computes the shard's heads and FFN rows, and
+/// its attn_output and ffn_down products are partial sums of d_model values
+/// (the all-reduces'). The token embedding stays whole: a shard looks up any
+/// token, so check token ids against c.vocab_size, not this.
+ModelConfig shard_config(const ModelConfig& c, const ShardSplit& s);
 
 /// The split of one model over n_shards GPUs.
 struct TensorSplitPlan {
@@ -73,6 +87,10 @@ struct TensorSplitPlan {
   /// Throws InvalidArgument for a shard out of range or a tensor not in
   /// the plan's model.
   TensorSlice slice(int d, const gguf::TensorInfo* t) const;
+  /// Shard d's rows of the output head: rows [vocab0, + vocab_rows) of
+  /// tensors->output, which for a tied head is the token embedding (whose
+  /// slice() is whole, for the lookup: such a shard holds both).
+  TensorSlice head(int d) const;
 
   // The model's tensors the plan was made for (pointers into its gguf::File).
   const ModelTensors* tensors = nullptr;
