@@ -13,6 +13,13 @@
 // constructor checks that every matrix has a GPU kernel and that the bytes
 // (and the repack's scratch) fit the free device memory, and says which
 // tensor or how many bytes when not.
+//
+// Tensor parallel (issue 15, docs/tensor-parallel.md): given a split plan and
+// a shard, only that shard's part of each tensor is uploaded -- the rows of
+// its heads and FFN rows, the input columns of attn_output and ffn_down
+// (whole quant blocks, copied row by row from the file's bytes), the rows of
+// its vocabulary slice of the head -- and the matrices' rows and cols are
+// those of the part; norms and the token embedding whole.
 #pragma once
 
 #include <string>
@@ -21,6 +28,10 @@
 #include "activekv/cuda/quant_matvec.h"
 #include "activekv/gguf/gguf.h"
 #include "activekv/model/config.h"
+
+namespace activekv::model {
+struct TensorSplitPlan;
+}
 
 namespace activekv::runtime {
 
@@ -42,16 +53,20 @@ struct GpuLayerWeights {
 class GpuWeights {
  public:
   /// Uploads the tensors of model::ModelTensors::find(f, c) to the current
-  /// device. Throws Error naming a tensor whose type has no GPU kernel, or
+  /// device: all of them, or with `split` (made for f and c) shard `shard`'s
+  /// part. Throws Error naming a tensor whose type has no GPU kernel, or
   /// the bytes needed against the bytes free ("weights need 3.25 GiB, 1.10
-  /// GiB free on NVIDIA H200"), and CudaError for other CUDA failures.
-  GpuWeights(const gguf::File& f, const model::ModelConfig& c);
+  /// GiB free on NVIDIA H200"), InvalidArgument for a shard outside the
+  /// split, and CudaError for other CUDA failures.
+  GpuWeights(const gguf::File& f, const model::ModelConfig& c, const model::TensorSplitPlan* split = nullptr,
+             int shard = 0);
   ~GpuWeights();
   GpuWeights(const GpuWeights&) = delete;
   GpuWeights& operator=(const GpuWeights&) = delete;
 
-  /// Device bytes the upload takes (matrices as stored + fp32 vectors).
-  static size_t bytes_needed(const gguf::File& f, const model::ModelConfig& c);
+  /// Device bytes the upload takes (matrices as stored + fp32 vectors; a shard's part with `split`).
+  static size_t bytes_needed(const gguf::File& f, const model::ModelConfig& c,
+                             const model::TensorSplitPlan* split = nullptr, int shard = 0);
 
   cuda::DeviceMatrix token_embd;  ///< [vocab] rows of d_model
   cuda::DeviceMatrix output;      ///< the head: token_embd when tied
