@@ -129,16 +129,23 @@ void GpuForward::norm_project(const float* in, const float* norm_w, int T,
 // x += W in; with a post-norm (gemma3) x += RMSNorm(W in) * post_norm, the
 // product going through xn_ (free at both places this is called).
 // in_quantized: in's int8 blocks are in the matvec workspace already.
+// to_x false (tensor parallel): xn_ = W in only, the shard's partial sum,
+// which add_partial adds once the coordinator has all-reduced it.
 void GpuForward::residual_add(const cuda::DeviceMatrix& w, const float* in, const float* post_norm, int T,
-                              cudaStream_t s, bool in_quantized) {
-  float* out = post_norm ? xn_ : x_;
+                              cudaStream_t s, bool in_quantized, bool to_x) {
+  float* out = post_norm || !to_x ? xn_ : x_;
+  const bool accumulate = to_x && !post_norm;
   if (in_quantized) {
-    cuda::launch_matvec_prequantized(w, in, T, out, !post_norm, matvec_ws_, s);
+    cuda::launch_matvec_prequantized(w, in, T, out, accumulate, matvec_ws_, s);
   } else {
-    project(w, in, T, out, !post_norm, s);
+    project(w, in, T, out, accumulate, s);
   }
-  if (!post_norm) return;
-  cuda::rms_norm(xn_, post_norm, T, c_.d_model, c_.rms_eps, xn_, s);
+  if (to_x && post_norm) add_xn(post_norm, T, s);
+}
+
+// x += xn_, through the post-norm when there is one.
+void GpuForward::add_xn(const float* post_norm, int T, cudaStream_t s) {
+  if (post_norm) cuda::rms_norm(xn_, post_norm, T, c_.d_model, c_.rms_eps, xn_, s);
   cuda::add(x_, xn_, int64_t(T) * c_.d_model, s);
 }
 
@@ -151,7 +158,10 @@ void GpuForward::observe(int layer, model::Stage stage, const float* rows, int T
   observer_(layer, stage, T, width, observed_.data());
 }
 
-void GpuForward::layer(int l, int T, const int64_t* pos, const LayerAttention& attend, cudaStream_t s) {
+// Layer l's attention half: norm, Q/K/V, RoPE, attention, output projection
+// (into x, or with to_x false into xn_: residual_add).
+void GpuForward::attention_half(int l, int T, const int64_t* pos, const LayerAttention& attend, cudaStream_t s,
+                                bool to_x) {
   const GpuLayerWeights& L = w_.layers[size_t(l)];
   const int qd = c_.n_heads * c_.head_dim, kvd = c_.n_kv_heads * c_.head_dim;
   norm_project(x_, L.attn_norm, T, {{&L.wq, q_}, {&L.wk, k_}, {&L.wv, v_}}, s);
@@ -171,38 +181,69 @@ void GpuForward::layer(int l, int T, const int64_t* pos, const LayerAttention& a
   const bool quantized =
       attend(l, T, q_, k_, v_, att_, int8_in ? cuda::matvec_int8_blocks(matvec_ws_, qd, T) : cuda::Int8Blocks{});
   observe(l, model::Stage::attention, att_, T, qd, s);
-  residual_add(L.wo, att_, L.post_attn_norm, T, s, quantized);
+  residual_add(L.wo, att_, L.post_attn_norm, T, s, quantized, to_x);
+}
+
+// Layer l's FFN half: norm, gate and up, the activation, down (into x, or into xn_).
+void GpuForward::ffn_half(int l, int T, cudaStream_t s, bool to_x) {
+  const GpuLayerWeights& L = w_.layers[size_t(l)];
   norm_project(x_, L.ffn_norm, T, {{&L.w_gate, gate_}, {&L.w_up, up_}}, s);
   if (c_.ffn_act == model::FfnActivation::GeluTanh) {
     cuda::geglu_tanh(gate_, up_, int64_t(T) * c_.ffn_dim, s);
-    residual_add(L.w_down, gate_, L.post_ffn_norm, T, s);
+    residual_add(L.w_down, gate_, L.post_ffn_norm, T, s, false, to_x);
   } else if (T <= kMatvecRows && !f32_activations_ && c_.ffn_dim % 32 == 0 && !L.post_ffn_norm) {
     // the down matvec's int8 input written by the SwiGLU kernel itself
     cuda::launch_swiglu_quantize(gate_, up_, T, c_.ffn_dim, matvec_ws_, s);
-    cuda::launch_matvec_prequantized(L.w_down, gate_, T, x_, true, matvec_ws_, s);
+    cuda::launch_matvec_prequantized(L.w_down, gate_, T, to_x ? x_ : xn_, to_x, matvec_ws_, s);
   } else {
     cuda::swiglu(gate_, up_, int64_t(T) * c_.ffn_dim, s);
-    residual_add(L.w_down, gate_, L.post_ffn_norm, T, s);
+    residual_add(L.w_down, gate_, L.post_ffn_norm, T, s, false, to_x);
   }
+}
+
+void GpuForward::layer(int l, int T, const int64_t* pos, const LayerAttention& attend, cudaStream_t s) {
+  attention_half(l, T, pos, attend, s, true);
+  ffn_half(l, T, s, true);
   observe(l, model::Stage::layer_output, x_, T, c_.d_model, s);
 }
 
-void GpuForward::run(const int32_t* ids, const int64_t* pos, int T, const LayerAttention& attend, bool all_logits,
-                     cudaStream_t s, int logits_row) {
+void GpuForward::check_run(int T, bool all_logits, int logits_row) const {
   if (T <= 0 || T > max_rows_)
     throw InvalidArgument(fmt::format("GpuForward::run: {} rows, the buffers hold 1..{}", T, max_rows_));
   if (logits_row < 0 || logits_row + (all_logits ? T : 1) > max_rows_)
     throw InvalidArgument(fmt::format("GpuForward::run: logits row {} for {} rows, the buffer holds {}", logits_row,
                                       all_logits ? T : 1, max_rows_));
-  const int d = c_.d_model;
+}
+
+void GpuForward::embed(const int32_t* ids, int T, cudaStream_t s) {
   cuda::launch_gather_rows_f32(w_.token_embd, ids, T, x_, s);
-  if (c_.embed_scale != 1.0f) cuda::scale(x_, c_.embed_scale, int64_t(T) * d, s);
-  observe(-1, model::Stage::embedding, x_, T, d, s);
-  for (int l = 0; l < c_.n_layers; ++l) layer(l, T, pos, attend, s);
+  if (c_.embed_scale != 1.0f) cuda::scale(x_, c_.embed_scale, int64_t(T) * c_.d_model, s);
+  observe(-1, model::Stage::embedding, x_, T, c_.d_model, s);
+}
+
+void GpuForward::head(int T, bool all_logits, cudaStream_t s, int logits_row) {
   const int first = all_logits ? 0 : T - 1;
-  const int rows = T - first;
-  norm_project(x_ + size_t(first) * d, w_.output_norm, rows,
+  norm_project(x_ + size_t(first) * size_t(c_.d_model), w_.output_norm, T - first,
                {{&w_.output, logits_ + size_t(logits_row) * size_t(c_.vocab_size)}}, s);
+}
+
+void GpuForward::attention_partial(int l, int T, const int64_t* pos, const LayerAttention& attend, cudaStream_t s) {
+  attention_half(l, T, pos, attend, s, false);
+}
+
+void GpuForward::ffn_partial(int l, int T, cudaStream_t s) { ffn_half(l, T, s, false); }
+
+void GpuForward::add_partial(int l, bool after_ffn, int T, cudaStream_t s) {
+  const GpuLayerWeights& L = w_.layers[size_t(l)];
+  add_xn(after_ffn ? L.post_ffn_norm : L.post_attn_norm, T, s);
+}
+
+void GpuForward::run(const int32_t* ids, const int64_t* pos, int T, const LayerAttention& attend, bool all_logits,
+                     cudaStream_t s, int logits_row) {
+  check_run(T, all_logits, logits_row);
+  embed(ids, T, s);
+  for (int l = 0; l < c_.n_layers; ++l) layer(l, T, pos, attend, s);
+  head(T, all_logits, s, logits_row);
 }
 
 }  // namespace activekv::runtime

@@ -85,6 +85,33 @@ class GpuForward {
   void run(const int32_t* ids, const int64_t* pos, int T, const LayerAttention& attend, bool all_logits,
            cudaStream_t stream, int logits_row = 0);
 
+  /// The phases of run(), for a tensor-parallel coordinator
+  /// (tensor_parallel.h) that all-reduces between them over every shard.
+  /// On a shard's config (model::shard_config) and weights, a phase computes
+  /// the shard's heads and FFN rows; the two row-parallel products of a
+  /// layer go to partial() instead of the residual stream:
+  ///   check_run(T, all_logits, logits_row)   the checks of run(), throws as it
+  ///   embed(ids, T)                          x = the rows' embeddings (whole table)
+  ///   per layer l:
+  ///     attention_partial(l, ...)  partial() = Wo a (this shard's heads)
+  ///     [all-reduce partial() over the shards]
+  ///     add_partial(l, false, T)   x += partial() (gemma3: RMSNorm(partial) * post-norm)
+  ///     ffn_partial(l, T)          partial() = W_down act(...) (this shard's FFN rows)
+  ///     [all-reduce]
+  ///     add_partial(l, true, T)
+  ///   head(T, all_logits, logits_row)        logits of this shard's vocabulary rows
+  /// With the whole model (no split) this sequence is run() but for the
+  /// fused residual adds, so run() stays the single-GPU path.
+  void check_run(int T, bool all_logits, int logits_row) const;
+  void embed(const int32_t* ids, int T, cudaStream_t stream);
+  void attention_partial(int layer, int T, const int64_t* pos, const LayerAttention& attend, cudaStream_t stream);
+  void ffn_partial(int layer, int T, cudaStream_t stream);
+  void add_partial(int layer, bool after_ffn, int T, cudaStream_t stream);
+  void head(int T, bool all_logits, cudaStream_t stream, int logits_row = 0);
+  /// Device fp32 [max_rows][d_model]: a layer's partial sums between a
+  /// *_partial phase and add_partial (the all-reduce's buffer).
+  float* partial() const { return xn_; }
+
   /// Device fp32 logits of the runs: [max_rows][vocab]; a run's are rows
   /// [logits_row, + 1) (the last row) or [logits_row, + T) (all_logits).
   const float* logits() const { return logits_; }
@@ -96,8 +123,11 @@ class GpuForward {
   void norm_project(const float* in, const float* norm_w, int T,
                     std::initializer_list<std::pair<const cuda::DeviceMatrix*, float*>> outs, cudaStream_t s);
   void layer(int l, int T, const int64_t* pos, const LayerAttention& attend, cudaStream_t s);
+  void attention_half(int l, int T, const int64_t* pos, const LayerAttention& attend, cudaStream_t s, bool to_x);
+  void ffn_half(int l, int T, cudaStream_t s, bool to_x);
   void residual_add(const cuda::DeviceMatrix& w, const float* in, const float* post_norm, int T, cudaStream_t s,
-                    bool in_quantized = false);
+                    bool in_quantized, bool to_x);
+  void add_xn(const float* post_norm, int T, cudaStream_t s);
   void observe(int layer, model::Stage stage, const float* rows, int T, int width, cudaStream_t s);
   void allocate();
   void release();
