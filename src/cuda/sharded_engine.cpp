@@ -11,43 +11,12 @@
 #include "activekv/kv/head_shard.h"
 #include "cuda_check.h"
 #include "device_buffer.h"
+#include "device_scope.h"
 
 namespace activekv::cuda {
 namespace {
 
 cudaEvent_t ev(void* p) { return static_cast<cudaEvent_t>(p); }
-
-// Makes `device` current for a scope, restoring the caller's on exit.
-class DeviceScope {
- public:
-  explicit DeviceScope(int device) {
-    AKV_CUDA(cudaGetDevice(&prev_));
-    if (device != prev_) AKV_CUDA(cudaSetDevice(device));
-  }
-  ~DeviceScope() { cudaSetDevice(prev_); }
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
-
- private:
-  int prev_ = 0;
-};
-
-// `rows` rows of `width` bytes from src (device src_dev, rows spitch apart)
-// to dst (device dst_dev, dpitch apart), on `stream`.
-void copy_rows(void* dst, int dst_dev, size_t dpitch, const void* src, int src_dev, size_t spitch, size_t width,
-               size_t rows, cudaStream_t stream) {
-  if (dst_dev == src_dev) {
-    AKV_CUDA(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDeviceToDevice, stream));
-    return;
-  }
-  cudaMemcpy3DPeerParms p{};
-  p.srcPtr = make_cudaPitchedPtr(const_cast<void*>(src), spitch, width, rows);
-  p.srcDevice = src_dev;
-  p.dstPtr = make_cudaPitchedPtr(dst, dpitch, width, rows);
-  p.dstDevice = dst_dev;
-  p.extent = make_cudaExtent(width, rows, 1);
-  AKV_CUDA(cudaMemcpy3DPeerAsync(&p, stream));
-}
 
 }  // namespace
 
