@@ -1,0 +1,227 @@
+// GPU tests of tensor parallel (issue 15 part 3; activekv/cuda/shard_all_reduce.h,
+// activekv/runtime/tensor_parallel.h) on the real default model
+// (SmolLM2-135M-Instruct Q4_1, 3 KV heads, tied head):
+//   * the all-reduce's local way sums in shard order, bitwise; NCCL's over
+//     two GPUs (when there are two) gives the same bits for two shards;
+//   * the model split over 2 and 3 shards on one GPU (the local sums), and
+//     over GPUs 0 and 1 when there are two (NCCL), gives the single-GPU
+//     forward's logits within fp32 summation order: rows at position 0,
+//     whose attention is exactly their own value row (one key), so the test
+//     needs no history and checks the split itself.
+// Labelled `gpu`; needs the model (scripts/setup.sh).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "../model/model_fixture.h"
+#include "activekv/core/error.h"
+#include "activekv/cuda/shard_all_reduce.h"
+#include "activekv/runtime/gpu_forward.h"
+#include "activekv/runtime/gpu_weights.h"
+#include "activekv/runtime/tensor_parallel.h"
+#include "device_array.h"
+
+namespace activekv {
+namespace {
+
+using cuda::testing::ck;
+using cuda::testing::DeviceArray;
+
+int gpus() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+#define NEED_GPU() \
+  if (gpus() == 0) GTEST_SKIP() << "no CUDA device"
+
+std::vector<float> random_floats(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.f, 100.f);  // large and mixed signs: the order of a sum shows in its bits
+  std::vector<float> v(n);
+  for (float& x : v) x = nd(rng);
+  return v;
+}
+
+TEST(ShardAllReduce, LocalSumAddsInShardOrderIntoEveryBuffer) {
+  NEED_GPU();
+  const size_t n = 70001;  // not a multiple of the launch's threads
+  const int shards = 3;
+  std::vector<std::vector<float>> in;
+  std::vector<std::unique_ptr<DeviceArray<float>>> dev;
+  for (int i = 0; i < shards; ++i) {
+    in.push_back(random_floats(n, 11u + uint32_t(i)));
+    dev.push_back(std::make_unique<DeviceArray<float>>(in.back()));
+  }
+  cudaStream_t s[shards];
+  for (cudaStream_t& x : s) ck(cudaStreamCreateWithFlags(&x, cudaStreamNonBlocking), "stream");
+  cuda::ShardAllReduce reduce({0, 0, 0}, n);
+  EXPECT_FALSE(reduce.uses_nccl());  // one GPU three times: NCCL takes one rank per device
+  std::vector<float*> bufs;
+  for (auto& d : dev) bufs.push_back(d->get());
+  reduce.sum(bufs, n, s);
+  for (cudaStream_t x : s) ck(cudaStreamSynchronize(x), "sync");
+  size_t order_matters = 0;
+  for (int i = 0; i < shards; ++i) {
+    const std::vector<float> got = dev[size_t(i)]->download();
+    for (size_t j = 0; j < n; ++j) {
+      const float want = (in[0][j] + in[1][j]) + in[2][j];
+      ASSERT_EQ(got[j], want) << "shard " << i << " element " << j;
+      order_matters += i == 0 && want != in[0][j] + (in[1][j] + in[2][j]);
+    }
+  }
+  std::printf("[measured] elements whose bits depend on the order of the sum: %zu of %zu\n", order_matters, n);
+  EXPECT_GT(order_matters, 0u);  // else the test could not tell one order from another
+  for (cudaStream_t x : s) cudaStreamDestroy(x);
+  EXPECT_THROW(reduce.sum(bufs, n + 1, s), InvalidArgument);
+  EXPECT_THROW(reduce.sum(std::span<float* const>(bufs).first(2), n, s), InvalidArgument);
+}
+
+TEST(ShardAllReduce, NcclOverTwoGpusGivesTheBitsOfOneAddition) {
+  NEED_GPU();
+  if (gpus() < 2) GTEST_SKIP() << "one GPU: NCCL needs two";
+  if (!cuda::nccl_built()) GTEST_SKIP() << "built without NCCL";
+  const size_t n = 1 << 16;
+  const std::vector<float> a = random_floats(n, 1), b = random_floats(n, 2);
+  cudaStream_t s[2];
+  std::unique_ptr<DeviceArray<float>> dev[2];
+  for (int i = 0; i < 2; ++i) {
+    ck(cudaSetDevice(i), "cudaSetDevice");
+    dev[i] = std::make_unique<DeviceArray<float>>(i == 0 ? a : b);
+    ck(cudaStreamCreateWithFlags(&s[i], cudaStreamNonBlocking), "stream");
+  }
+  ck(cudaSetDevice(0), "cudaSetDevice");
+  cuda::ShardAllReduce reduce({0, 1}, n);
+  ASSERT_TRUE(reduce.uses_nccl());
+  float* bufs[2] = {dev[0]->get(), dev[1]->get()};
+  reduce.sum(bufs, n, s);
+  for (int i = 0; i < 2; ++i) {
+    ck(cudaSetDevice(i), "cudaSetDevice");
+    ck(cudaStreamSynchronize(s[i]), "sync");
+    const std::vector<float> got = dev[i]->download();
+    for (size_t j = 0; j < n; ++j) ASSERT_EQ(got[j], a[j] + b[j]) << "GPU " << i << " element " << j;
+    cudaStreamDestroy(s[i]);
+  }
+  ck(cudaSetDevice(0), "cudaSetDevice");
+}
+
+// Attention of rows at position 0: one key, its own, so the output of query
+// head h is the value row of its KV head h / group -- exact, no history.
+void own_value_attention(const model::ModelConfig& c, int T, const float* v, float* out, cudaStream_t s) {
+  const int group = c.n_heads / c.n_kv_heads, hd = c.head_dim;
+  const size_t qd = size_t(c.n_heads) * size_t(hd), kvd = size_t(c.n_kv_heads) * size_t(hd);
+  for (int h = 0; h < c.n_heads; ++h)
+    ck(cudaMemcpy2DAsync(out + size_t(h) * size_t(hd), qd * sizeof(float), v + size_t(h / group) * size_t(hd),
+                         kvd * sizeof(float), size_t(hd) * sizeof(float), size_t(T), cudaMemcpyDeviceToDevice, s),
+       "attention copy");
+}
+
+constexpr int kRows = 4;
+const std::vector<int32_t> kTokens = {1, 504, 7100, 28000};  // four rows, each a sequence at depth 0
+
+// The single-GPU forward's logits of kTokens at position 0, [kRows][vocab].
+std::vector<float> one_gpu_logits(const gguf::File& f, const model::ModelConfig& c, bool f32) {
+  runtime::GpuWeights w(f, c);
+  runtime::GpuForward fw(c, w, kRows, f32);
+  DeviceArray<int32_t> ids(kTokens);
+  DeviceArray<int64_t> pos(std::vector<int64_t>(kRows, 0));
+  cudaStream_t s = nullptr;
+  ck(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
+  const runtime::LayerAttention attend = [&](int, int T, const float*, const float*, const float* v, float* out,
+                                             cuda::Int8Blocks) {
+    own_value_attention(c, T, v, out, s);
+    return false;
+  };
+  fw.run(ids.get(), pos.get(), kRows, attend, true, s);
+  ck(cudaStreamSynchronize(s), "sync");
+  cudaStreamDestroy(s);
+  std::vector<float> out(size_t(kRows) * size_t(c.vocab_size));
+  ck(cudaMemcpy(out.data(), fw.logits(), out.size() * sizeof(float), cudaMemcpyDeviceToHost), "logits");
+  return out;
+}
+
+std::vector<float> split_logits(const gguf::File& f, const model::ModelConfig& c, const std::vector<int>& devices,
+                                bool f32, bool* nccl) {
+  runtime::TensorParallelForward tp(f, c, devices, kRows, f32);
+  *nccl = tp.uses_nccl();
+  DeviceArray<int32_t> ids(kTokens);
+  DeviceArray<int64_t> pos(std::vector<int64_t>(kRows, 0));
+  const runtime::ShardAttention attend = [&](int shard, int, int T, const float*, const float*, const float* v,
+                                             float* out, cuda::Int8Blocks) {
+    own_value_attention(tp.shard_config(shard), T, v, out, tp.stream(shard));
+    return false;
+  };
+  tp.run(ids.get(), pos.get(), kRows, attend, true);
+  ck(cudaStreamSynchronize(tp.home_stream()), "sync");
+  std::vector<float> out(size_t(kRows) * size_t(c.vocab_size));
+  ck(cudaMemcpy(out.data(), tp.logits(), out.size() * sizeof(float), cudaMemcpyDeviceToHost), "logits");
+  return out;
+}
+
+size_t argmax(const float* p, size_t n) { return size_t(std::max_element(p, p + n) - p); }
+
+TEST(TensorParallel, LogitsEqualOneGpuWithinSummationOrder) {
+  NEED_GPU();
+  const gguf::File& f = testing::model_file();
+  const model::ModelConfig c = model::ModelConfig::from_gguf(f);
+  std::vector<std::vector<int>> splits = {{0, 0}, {0, 0, 0}};
+  if (gpus() >= 2) splits.push_back({0, 1});
+  for (const bool f32 : {true, false}) {
+    const std::vector<float> want = one_gpu_logits(f, c, f32);
+    float scale = 0;
+    for (float x : want) scale = std::max(scale, std::fabs(x));
+    for (const std::vector<int>& devices : splits) {
+      std::string name = f32 ? "fp32 activations, GPUs" : "int8 activations, GPUs";
+      for (int d : devices) name += " " + std::to_string(d);
+      SCOPED_TRACE(name);
+      bool nccl = false;
+      const std::vector<float> got = split_logits(f, c, devices, f32, &nccl);
+      double worst = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        ASSERT_TRUE(std::isfinite(got[i])) << "logit " << i;
+        worst = std::max(worst, std::fabs(double(got[i]) - double(want[i])));
+      }
+      std::printf("[measured] %s (%s): max |logit - one GPU's| %.3g of max |logit| %.3g\n", name.c_str(),
+                  nccl ? "NCCL" : "local sums", worst, double(scale));
+      // Not yet measured on a GPU (written 2026-12-04 without one): the
+      // bounds are estimates to replace with ~3x the printed figure. fp32
+      // activations: only the order of the row-parallel sums differs.
+      // int8 activations: a sum that moves by an ulp can move a block's
+      // int8 code downstream, so the logits may differ by more.
+      EXPECT_LE(worst, (f32 ? 1e-4 : 5e-2) * double(scale));
+      if (f32) {
+        const size_t vocab = size_t(c.vocab_size);
+        for (int r = 0; r < kRows; ++r)
+          EXPECT_EQ(argmax(got.data() + size_t(r) * vocab, vocab), argmax(want.data() + size_t(r) * vocab, vocab))
+              << "row " << r;
+      }
+    }
+  }
+}
+
+TEST(TensorParallel, RefusesSplitsTheModelDoesNotAllow) {
+  NEED_GPU();
+  const gguf::File& f = testing::model_file();
+  const model::ModelConfig c = model::ModelConfig::from_gguf(f);
+  try {
+    runtime::TensorParallelForward tp(f, c, {0, 0, 0, 0}, 1);
+    FAIL() << "4 shards of 3 KV heads were accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_STREQ(e.what(), "tensor parallel: 4 GPUs for 3 KV heads (at most one GPU per KV head)");
+  }
+  EXPECT_THROW(runtime::TensorParallelForward(f, c, {0, -1}, 1), InvalidArgument);
+  EXPECT_THROW(runtime::TensorParallelForward(f, c, {0, 0}, 0), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace activekv
