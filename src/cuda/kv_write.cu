@@ -10,17 +10,23 @@
 namespace activekv::cuda {
 namespace {
 
+// Where a row's heads go in a page: its heads are the page's [head0, head0 +
+// n_kv) of page_heads (a head shard, AttnShape::kv_head0; else 0 and n_kv).
+struct PageHeads {
+  int head0, page_heads;
+};
+
 // Pair r (of n_kv * hd / 2) of one token's K and V, into slot `slot` of a
 // page's planes: two bf16 of K and two of V.
 __device__ __forceinline__ void write_pair(const float* __restrict__ kr, const float* __restrict__ vr, int r,
-                                           int slot, int n_kv, int hd, int page_size, __nv_bfloat162* dev,
+                                           int slot, PageHeads ph, int hd, int page_size, __nv_bfloat162* dev,
                                            __nv_bfloat162* host) {
   const int h = (2 * r) / hd, c = (2 * r) % hd;
   const __nv_bfloat162 kb = __floats2bfloat162_rn(kr[2 * r], kr[2 * r + 1]);
   const __nv_bfloat162 vb = __floats2bfloat162_rn(vr[2 * r], vr[2 * r + 1]);
   const int64_t plane = int64_t(page_size) * hd / 2;  // bf16 pairs per plane
-  const int64_t ko = int64_t(h) * plane + (int64_t(slot) * hd + c) / 2;
-  const int64_t vo = ko + int64_t(n_kv) * plane;
+  const int64_t ko = int64_t(ph.head0 + h) * plane + (int64_t(slot) * hd + c) / 2;
+  const int64_t vo = ko + int64_t(ph.page_heads) * plane;
   if (dev) {
     dev[ko] = kb;
     dev[vo] = vb;
@@ -33,14 +39,14 @@ __device__ __forceinline__ void write_pair(const float* __restrict__ kr, const f
 
 // One thread per (token, head, channel pair), tokens into consecutive slots of one page.
 __global__ void write_kv_kernel(const float* __restrict__ k, const float* __restrict__ v, int64_t row_stride, int n,
-                                int slot0, int n_kv, int hd, int page_size, __nv_bfloat162* dev,
+                                int slot0, int n_kv, PageHeads ph, int hd, int page_size, __nv_bfloat162* dev,
                                 __nv_bfloat162* host) {
   pdl::begin();
   const int pairs = n_kv * hd / 2;
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= int64_t(n) * pairs) return;
   const int t = int(i / pairs), r = int(i % pairs);
-  write_pair(k + int64_t(t) * row_stride, v + int64_t(t) * row_stride, r, slot0 + t, n_kv, hd, page_size, dev, host);
+  write_pair(k + int64_t(t) * row_stride, v + int64_t(t) * row_stride, r, slot0 + t, ph, hd, page_size, dev, host);
 }
 
 struct KvSlots {
@@ -49,13 +55,13 @@ struct KvSlots {
 
 // One thread per (row, head, channel pair), row t into its own slot.
 __global__ void write_kv_slots_kernel(const float* __restrict__ k, const float* __restrict__ v, int64_t row_stride,
-                                      int n, KvSlots slots, int n_kv, int hd, int page_size) {
+                                      int n, KvSlots slots, int n_kv, PageHeads ph, int hd, int page_size) {
   const int pairs = n_kv * hd / 2;
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= int64_t(n) * pairs) return;
   const int t = int(i / pairs), r = int(i % pairs);
   const KvSlot& to = slots.s[t];
-  write_pair(k + int64_t(t) * row_stride, v + int64_t(t) * row_stride, r, to.slot, n_kv, hd, page_size,
+  write_pair(k + int64_t(t) * row_stride, v + int64_t(t) * row_stride, r, to.slot, ph, hd, page_size,
              static_cast<__nv_bfloat162*>(to.device_page), static_cast<__nv_bfloat162*>(to.host_page));
 }
 
@@ -73,7 +79,8 @@ void launch_write_kv(const AttnShape& sh, const float* k, const float* v, int64_
   if (sh.head_dim % 2 != 0) throw InvalidArgument("launch_write_kv: odd head_dim");
   const int64_t threads = int64_t(n) * sh.n_kv_heads * sh.head_dim / 2;
   pdl::launch("write_kv_kernel launch", write_kv_kernel, unsigned((threads + kBlock - 1) / kBlock), kBlock, 0, stream,
-              k, v, row_stride, n, slot0, sh.n_kv_heads, sh.head_dim, sh.page_size,
+              k, v, row_stride, n, slot0, sh.n_kv_heads, PageHeads{sh.kv_head0, sh.page_heads()}, sh.head_dim,
+              sh.page_size,
               static_cast<__nv_bfloat162*>(device_page), static_cast<__nv_bfloat162*>(host_page));
 }
 
@@ -94,7 +101,7 @@ void launch_write_kv_slots(const AttnShape& sh, const float* k, const float* v, 
   }
   const int64_t threads = int64_t(n) * sh.n_kv_heads * sh.head_dim / 2;
   write_kv_slots_kernel<<<unsigned((threads + kBlock - 1) / kBlock), kBlock, 0, stream>>>(
-      k, v, row_stride, n, all, sh.n_kv_heads, sh.head_dim, sh.page_size);
+      k, v, row_stride, n, all, sh.n_kv_heads, PageHeads{sh.kv_head0, sh.page_heads()}, sh.head_dim, sh.page_size);
   check_cuda(cudaGetLastError(), "write_kv_slots_kernel launch");
 }
 

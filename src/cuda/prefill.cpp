@@ -173,6 +173,8 @@ void PrefillAttention::launch(const PrefillLaunch& L, const void* const* pages, 
   a.pages = pages;
   a.page_size = sh_.page_size;
   a.n_kv = sh_.n_kv_heads;
+  a.head0 = sh_.kv_head0;
+  a.page_heads = sh_.page_heads();
   a.group = sh_.group;
   a.pos0 = int(pos0);
   a.n_rows = n_rows;

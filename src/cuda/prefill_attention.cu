@@ -112,8 +112,8 @@ __global__ void __launch_bounds__(warps(HD, NT) * 32, 1) prefill_attention_kerne
 
   // K/V block `it` -> ring stage it % S. Token rows past k_end are zero-filled.
   const uint16_t* const* pages = reinterpret_cast<const uint16_t* const*>(a.pages);
-  const size_t k_head = size_t(h) * a.page_size * HD;
-  const size_t v_plane = size_t(a.n_kv) * a.page_size * HD;
+  const size_t k_head = size_t(a.head0 + h) * a.page_size * HD;
+  const size_t v_plane = size_t(a.page_heads) * a.page_size * HD;
   const uint32_t sbase = smem_u32(smem);
   const int cc = threadIdx.x % CH, rr0 = threadIdx.x / CH;
   auto issue = [&](int it) {

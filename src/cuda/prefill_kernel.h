@@ -47,6 +47,9 @@ AKV_HOST_DEVICE constexpr int block_rows(int hd, int terms, int group) { return 
 struct KernelArgs {
   const void* const* pages = nullptr;  ///< device array of device page pointers, token order
   int page_size = 0, n_kv = 0, group = 0;
+  /// The pages' heads: the CTAs of KV head h read page head head0 + h of
+  /// page_heads (a head shard, AttnShape::kv_head0; else 0 and n_kv).
+  int head0 = 0, page_heads = 0;
   int pos0 = 0, n_rows = 0;
   /// Keys at or past key_end are never read nor attended (a segment of the
   /// history: PrefillAttention::run_keys); the default leaves only the causal limit.

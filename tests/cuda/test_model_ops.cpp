@@ -564,5 +564,43 @@ TEST(KvWriteSlots, BitwiseRowByRowWrites) {
   for (auto* h : host) cudaFreeHost(h);
 }
 
+// Head shards (tensor parallel, kv_write.h): shard shapes writing their
+// heads' columns of the rows into one page give the whole shape's bytes, and
+// a shard alone writes only its heads' planes.
+TEST(KvWrite, HeadShardsWriteTheirPlanesOfTheWholePage) {
+  AKV_NEED_GPU();
+  AttnShape whole;
+  whole.n_kv_heads = 3, whole.group = 2, whole.head_dim = 64, whole.page_size = 16, whole.split_tokens = 16;
+  const size_t page_elems = whole.page_bytes() / 2, row = size_t(whole.n_kv_heads) * whole.head_dim;
+  constexpr int kRows = 5;
+  std::mt19937_64 rng(91);
+  const std::vector<float> kh = random_rows(kRows, int(row), rng), vh = random_rows(kRows, int(row), rng);
+  DeviceArray<float> k(kh), v(vh);
+  DeviceArray<uint16_t> want(page_elems), got(page_elems);
+  want.poison();
+  got.poison();
+  Stream s;
+  launch_write_kv(whole, k.get(), v.get(), int64_t(row), kRows, 7, want.get(), nullptr, s.get());
+  // Shards [0, 1) and [1, 3): each reads its heads' columns of the rows (row stride: the whole row).
+  const int head0[2] = {0, 1}, heads[2] = {1, 2};
+  for (int i = 1; i >= 0; --i) {
+    AttnShape sh = whole;
+    sh.kv_head0 = head0[i];
+    sh.n_kv_heads = heads[i];
+    sh.page_kv_heads = whole.n_kv_heads;
+    ASSERT_TRUE(sh.sharded() || i == 0);
+    const size_t off = size_t(head0[i]) * whole.head_dim;
+    launch_write_kv(sh, k.get() + off, v.get() + off, int64_t(row), kRows, 7, got.get(), nullptr, s.get());
+    s.sync();
+    if (i == 1) {  // shard 1 alone: head 0's K and V planes untouched
+      const std::vector<uint16_t> after = got.download();
+      const size_t plane = size_t(whole.page_size) * whole.head_dim;
+      for (const size_t p : {size_t(0), size_t(whole.n_kv_heads)})
+        for (size_t j = 0; j < plane; ++j) ASSERT_EQ(after[p * plane + j], 0xFFFF) << "plane " << p << " elem " << j;
+    }
+  }
+  EXPECT_EQ(got.download(), want.download());
+}
+
 }  // namespace
 }  // namespace activekv::cuda

@@ -441,6 +441,51 @@ TEST(CudaPrefill, BitwiseRepeatable) {
   }
 }
 
+// Head shards (tensor parallel): a shape attending KV heads [kv_head0, +
+// n_kv_heads) of 3-head pages gives, for its query heads, the whole shape's
+// outputs and LSE bit for bit -- each KV head's CTAs do the same arithmetic
+// -- with forced splits (64 keys: partials and merge) and without (4096).
+TEST(CudaPrefill, HeadShardsGiveTheWholeShapesHeadsBitwise) {
+  NEED_GPU();
+  const AttnShape whole{3, 2, 128, 64, 64, 0.f};
+  const int64_t pos0 = 150;
+  const int rows = 70;
+  DevHistory hist(whole, pos0 + rows, 1.0, 500);
+  const size_t hd = size_t(whole.head_dim), nq = size_t(whole.n_q_heads());
+  const std::vector<float> q = random_q(size_t(rows) * nq * hd, 501);
+  DevRun all(q, rows, whole);
+  for (const int split : {64, 4096}) {
+    SCOPED_TRACE("split_keys " + std::to_string(split));
+    PrefillConfig cfg;
+    cfg.split_keys = split;
+    cfg.max_row_splits = size_t(rows) * 8;
+    PrefillAttention pw(whole, cfg);
+    const attention::Partial want = run_prefill(pw, hist, all, pos0, rows);
+    const int head0[2] = {0, 1}, heads[2] = {1, 2};
+    for (int s = 0; s < 2; ++s) {
+      AttnShape sh = whole;
+      sh.kv_head0 = head0[s];
+      sh.n_kv_heads = heads[s];
+      sh.page_kv_heads = whole.n_kv_heads;
+      const size_t q0 = size_t(head0[s]) * size_t(whole.group), nqs = size_t(sh.n_q_heads());
+      std::vector<float> qs;  // the shard's query heads of every row
+      for (int r = 0; r < rows; ++r)
+        qs.insert(qs.end(), q.begin() + std::ptrdiff_t((size_t(r) * nq + q0) * hd),
+                  q.begin() + std::ptrdiff_t((size_t(r) * nq + q0 + nqs) * hd));
+      DevRun part(qs, rows, sh);
+      PrefillAttention ps(sh, cfg);
+      const attention::Partial got = run_prefill(ps, hist, part, pos0, rows);
+      for (int r = 0; r < rows; ++r) {
+        ASSERT_EQ(0, std::memcmp(got.o.data() + size_t(r) * nqs * hd, want.o.data() + (size_t(r) * nq + q0) * hd,
+                                 nqs * hd * 4))
+            << "shard " << s << " row " << r;
+        ASSERT_EQ(0, std::memcmp(got.lse.data() + size_t(r) * nqs, want.lse.data() + size_t(r) * nq + q0, nqs * 4))
+            << "shard " << s << " row " << r;
+      }
+    }
+  }
+}
+
 // The automatic policy: no split when the row tiles fill the GPU, splits of
 // whole blocks covering the history when they do not.
 TEST(CudaPrefill, LaunchPlan) {

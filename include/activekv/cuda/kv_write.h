@@ -7,6 +7,11 @@
 // kernel writes the device copy the step reads and, when given, the host page
 // of the one page store through its mapped pinned address -- so the history
 // in host memory is complete when the step's work is, with no copy call.
+//
+// A head shard's shape (AttnShape::sharded(): tensor parallel, one GPU per
+// range of KV heads) writes its rows' n_kv_heads heads as heads [kv_head0,
+// kv_head0 + n_kv_heads) of pages of page_heads() heads, and nothing else of
+// the page: the shards together write every head, each its own bytes.
 #pragma once
 
 #include "activekv/cuda/decode_attention.h"

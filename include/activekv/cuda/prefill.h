@@ -25,6 +25,9 @@
 //
 // Page layout: that of decode_attention.h (K planes [n_kv_heads][page_size]
 // [head_dim], then V planes, bf16). Head dims 64, 128, 256; group 1..8.
+// A head shard's shape (AttnShape::sharded(), tensor parallel) attends KV
+// heads [kv_head0, kv_head0 + n_kv_heads) of pages of page_heads() heads;
+// its q, out and LSE hold those heads only, as the decode kernels' do.
 #pragma once
 
 #include <cstddef>
