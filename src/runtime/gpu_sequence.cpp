@@ -17,9 +17,8 @@
 #include "sequence_state.h"
 
 namespace activekv::runtime {
-namespace {
 
-cuda::AttnShape attn_shape(const model::ModelConfig& c, const RuntimeOptions& o) {
+cuda::AttnShape sequence_attn_shape(const model::ModelConfig& c, const RuntimeOptions& o) {
   cuda::AttnShape a;
   a.n_kv_heads = c.n_kv_heads;
   a.group = c.n_heads / c.n_kv_heads;
@@ -35,15 +34,12 @@ cuda::AttnShape attn_shape(const model::ModelConfig& c, const RuntimeOptions& o)
   return a;
 }
 
-// [layer] each layer's sliding window (0: it attends the whole history).
 std::vector<int> layer_windows(const model::ModelConfig& c) {
   std::vector<int> w;
   for (const model::LayerAttention& a : c.layer_attention) w.push_back(a.window);
   w.resize(size_t(c.n_layers), 0);
   return w;
 }
-
-}  // namespace
 
 cuda::EngineConfig sequence_engine_config(const model::ModelConfig& c, const RuntimeOptions& opt,
                                           const cuda::AttnShape& attn, cudaStream_t stream) {
@@ -85,7 +81,7 @@ void GpuSequence::Impl::build() {
   check_sequence_options(opt, bool(m.opt.observer));
   stats.device = m.device;
   stats.weight_bytes = m.weights->bytes();
-  attn = attn_shape(c, opt);
+  attn = sequence_attn_shape(c, opt);
   // The store holds the global layers only; the sliding ones live in GPU rings.
   kv_shape = kv::KvShape{c.n_global_layers(), c.n_kv_heads, c.head_dim, opt.page_size, kv::PageFormat::bf16};
   pages_per_layer = (opt.n_ctx + opt.page_size - 1) / opt.page_size;

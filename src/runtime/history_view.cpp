@@ -259,7 +259,8 @@ cuda::KvSlot HistoryView::kv_slot(int layer, int64_t pos) const {
 
 void HistoryView::write_kv(int layer, int64_t pos0, int T, const float* k, const float* v, cudaStream_t s) {
   const int ps = seq_.shape().page_size;
-  const int64_t row = int64_t(seq_.shape().n_kv_heads) * seq_.shape().head_dim;
+  // k, v rows hold the attention shape's heads: all of them, or a head shard's (tensor parallel).
+  const int64_t row = int64_t(attn_.n_kv_heads) * attn_.head_dim;
   if (ring_->sliding(layer) && T > ring_->max_rows())
     throw InvalidArgument(fmt::format("HistoryView: {} rows at once, the sliding layers' rings hold chunks of {}", T,
                                       ring_->max_rows()));

@@ -26,6 +26,14 @@ namespace activekv::runtime {
 /// GPU work, so GpuRuntime calls it before loading the weights.
 void check_sequence_options(const RuntimeOptions& opt, bool observer);
 
+/// The attention shape of a sequence of `opt` on model `c` (every KV head).
+/// Throws Error ("this model cannot run on the GPU yet: ...") for a shape
+/// the kernels do not take.
+cuda::AttnShape sequence_attn_shape(const model::ModelConfig& c, const RuntimeOptions& opt);
+
+/// [model layer] each layer's sliding window (0: it attends the whole history).
+std::vector<int> layer_windows(const model::ModelConfig& c);
+
 /// The decode engine a sequence of `opt` on model `c` runs (attention shape
 /// `attn`, enqueued on the model's `stream`).
 cuda::EngineConfig sequence_engine_config(const model::ModelConfig& c, const RuntimeOptions& opt,

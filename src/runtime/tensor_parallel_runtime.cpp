@@ -1,0 +1,281 @@
+// One history decoded tensor parallel over several GPUs. See
+// include/activekv/runtime/tensor_parallel_runtime.h.
+#include "activekv/runtime/tensor_parallel_runtime.h"
+
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "activekv/cuda/decode_engine.h"
+#include "activekv/cuda/pinned_memory.h"
+#include "activekv/cuda/prefill.h"
+#include "activekv/cuda/sampling.h"
+#include "activekv/kv/page_store.h"
+#include "activekv/runtime/tensor_parallel.h"
+#include "device_buffer.h"
+#include "device_scope.h"
+#include "history_view.h"
+#include "sequence_state.h"
+
+namespace activekv::runtime {
+namespace {
+
+using cuda::DeviceScope;
+
+// Refuses, in one line each, what this first version does not take.
+void check_tensor_parallel_options(const RuntimeOptions& opt) {
+  if (opt.route.kind != route::RouteKind::exact)
+    throw InvalidArgument(fmt::format("tensor parallel (--gpus) takes the bf16 route only for now, not '{}'",
+                                      route::kind_name(opt.route.kind)));
+  if (opt.cpu_share != 0)
+    throw InvalidArgument("tensor parallel (--gpus) cannot give pages to the CPU (--cpu-share) yet");
+  if (opt.observer) throw InvalidArgument("tensor parallel (--gpus) takes no stage observer");
+}
+
+}  // namespace
+
+// What one shard holds of the history: its heads' view of the one store.
+struct TpShard {
+  int device = 0;
+  cuda::AttnShape attn;  // the shard's heads of whole pages
+  RuntimeStats stats;
+  std::unique_ptr<HistoryView> history;
+  std::unique_ptr<cuda::DecodeEngine> engine;
+  std::unique_ptr<cuda::PrefillAttention> prefill;
+  RouteCounts route;  // the step's, counted when it commits
+};
+
+struct TensorParallelRuntime::Impl {
+  model::ModelConfig c;
+  RuntimeOptions opt;
+  std::unique_ptr<TensorParallelForward> fw;
+  std::unique_ptr<kv::PageStore> store;
+  std::unique_ptr<kv::SequenceKv> seq;
+  std::vector<std::unique_ptr<TpShard>> shards;
+  std::unique_ptr<cuda::GpuSampler> sampler;  // home device
+  int rows_cap = 0;
+  int32_t* ids = nullptr;       // home device [rows_cap]
+  int64_t* pos = nullptr;       // home device [n_ctx]: 0, 1, 2, ...
+  int32_t* sampled = nullptr;   // home device: the last sampled token
+  int32_t* host_ids = nullptr;  // pinned [rows_cap + 1]: uploads, then the sampled token
+  cudaEvent_t done = nullptr;   // home device: after a step's sampled token is home
+  bool has_logits = false;
+  int last_row = 0;
+
+  Impl(const gguf::File& f, const model::ModelConfig& cfg, const RuntimeOptions& o, const std::vector<int>& devices);
+  ~Impl();
+  void release();
+  int home() const { return fw->device(0); }
+  void check_tokens(std::span<const int32_t> tokens) const;
+  int32_t run_chunk(std::span<const int32_t> tokens, bool decode);
+};
+
+TensorParallelRuntime::Impl::Impl(const gguf::File& f, const model::ModelConfig& cfg, const RuntimeOptions& o,
+                                  const std::vector<int>& devices)
+    : c(cfg), opt(o) {
+  check_sequence_options(opt, false);
+  check_tensor_parallel_options(opt);
+  rows_cap = opt.prefill_chunk;
+  fw = std::make_unique<TensorParallelForward>(f, c, devices, rows_cap, opt.f32_activations);
+  try {
+    const cuda::AttnShape whole = sequence_attn_shape(c, opt);
+    const kv::KvShape kv_shape{c.n_global_layers(), c.n_kv_heads, c.head_dim, opt.page_size, kv::PageFormat::bf16};
+    const int64_t pages_per_layer = (opt.n_ctx + opt.page_size - 1) / opt.page_size;
+    store = std::make_unique<kv::PageStore>(kv_shape, size_t(pages_per_layer) * size_t(kv_shape.n_layers),
+                                            &cuda::pinned_host_memory());
+    seq = std::make_unique<kv::SequenceKv>(*store);
+    for (int i = 0; i < fw->n_shards(); ++i) {
+      auto s = std::make_unique<TpShard>();
+      s->device = fw->device(i);
+      s->attn = whole;
+      s->attn.kv_head0 = fw->plan().shards[size_t(i)].kv_heads.head0;
+      s->attn.n_kv_heads = fw->plan().shards[size_t(i)].kv_heads.heads;
+      s->attn.page_kv_heads = whole.n_kv_heads;
+      DeviceScope on(s->device);
+      s->stats.weight_bytes = fw->weight_bytes(i);
+      s->history = std::make_unique<HistoryView>(*seq, layer_windows(c), rows_cap, s->attn, opt, s->stats);
+      s->engine = std::make_unique<cuda::DecodeEngine>(sequence_engine_config(c, opt, s->attn, fw->stream(i)));
+      s->prefill = std::make_unique<cuda::PrefillAttention>(s->attn);
+      shards.push_back(std::move(s));
+    }
+    DeviceScope on(home());
+    sampler = std::make_unique<cuda::GpuSampler>(c.vocab_size, opt.sampling);
+    ids = cuda::device_alloc<int32_t>(size_t(rows_cap), "tensor parallel: token ids");
+    pos = cuda::device_alloc<int64_t>(size_t(opt.n_ctx), "tensor parallel: positions");
+    sampled = cuda::device_alloc<int32_t>(1, "tensor parallel: the sampled token");
+    std::vector<int64_t> p(size_t(opt.n_ctx));
+    for (size_t i = 0; i < p.size(); ++i) p[i] = int64_t(i);
+    cuda::check_cuda(cudaMemcpy(pos, p.data(), p.size() * sizeof(int64_t), cudaMemcpyHostToDevice), "positions");
+    void* h = nullptr;
+    cuda::check_cuda(cudaHostAlloc(&h, size_t(rows_cap + 1) * sizeof(int32_t), cudaHostAllocPortable),
+                     "cudaHostAlloc (token ids)");
+    host_ids = static_cast<int32_t*>(h);
+    cuda::check_cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
+  } catch (...) {
+    release();
+    throw;
+  }
+}
+
+TensorParallelRuntime::Impl::~Impl() { release(); }
+
+void TensorParallelRuntime::Impl::release() {
+  for (auto& s : shards) {
+    DeviceScope on(s->device);
+    if (s->engine) s->engine->synchronize();
+    s->history.reset();  // its device pages before the store
+    s->engine.reset();
+    s->prefill.reset();
+  }
+  shards.clear();
+  seq.reset();
+  if (fw) {
+    DeviceScope on(home());
+    cudaStreamSynchronize(fw->home_stream());
+    sampler.reset();
+    cudaFree(ids);
+    cudaFree(pos);
+    cudaFree(sampled);
+    if (host_ids) cudaFreeHost(host_ids);
+    if (done) cudaEventDestroy(done);
+  }
+  ids = nullptr;
+  pos = nullptr;
+  sampled = nullptr;
+  host_ids = nullptr;
+  done = nullptr;
+}
+
+void TensorParallelRuntime::Impl::check_tokens(std::span<const int32_t> tokens) const {
+  for (int32_t id : tokens)
+    if (id < 0 || id >= c.vocab_size)
+      throw InvalidArgument(fmt::format("token id {} outside the vocabulary of {}", id, c.vocab_size));
+  if (seq->n_tokens() + int64_t(tokens.size()) > opt.n_ctx)
+    throw InvalidArgument(fmt::format("the history would hold {} tokens, the context is {} (-c)",
+                                      seq->n_tokens() + int64_t(tokens.size()), opt.n_ctx));
+}
+
+// One chunk (a decode step: one row through each shard's engine; prefill:
+// rows attending each shard's device copies), committed, its token sampled.
+int32_t TensorParallelRuntime::Impl::run_chunk(std::span<const int32_t> tokens, bool decode) {
+  const int64_t pos0 = seq->n_tokens();
+  const int T = int(tokens.size());
+  seq->reserve(T);  // may throw (store full): nothing written yet
+  for (auto& s : shards) {
+    DeviceScope on(s->device);
+    const cudaStream_t st = fw->stream(int(&s - shards.data()));
+    s->history->prepare(pos0, T, !decode, st);
+    if (decode) {
+      s->route = RouteCounts{};
+      s->engine->update(s->history->engine_tables(pos0 + 1, st, s->route));
+      s->engine->begin_step();
+    }
+  }
+  DeviceScope home_scope(home());
+  const cudaStream_t hs = fw->home_stream();
+  std::copy(tokens.begin(), tokens.end(), host_ids);
+  cuda::check_cuda(cudaMemcpyAsync(ids, host_ids, size_t(T) * sizeof(int32_t), cudaMemcpyHostToDevice, hs),
+                   "upload token ids");
+  const ShardAttention attend = [&](int i, int l, int rows, const float* q, const float* k, const float* v,
+                                    float* out, cuda::Int8Blocks out_int8) {
+    TpShard& s = *shards[size_t(i)];
+    s.history->write_kv(l, pos0, rows, k, v, fw->stream(i));
+    if (decode) {
+      s.engine->enqueue_layer(l, q, out, nullptr, out_int8);
+      return out_int8.codes != nullptr;
+    }
+    s.history->prefill_attention(l, pos0, rows, q, out, *s.prefill, fw->stream(i));
+    return false;
+  };
+  fw->run(ids, pos + pos0, T, attend, false);
+  sampler->sample(fw->logits(), sampled, hs);
+  cuda::check_cuda(cudaMemcpyAsync(host_ids + rows_cap, sampled, sizeof(int32_t), cudaMemcpyDeviceToHost, hs),
+                   "download the sampled token");
+  cuda::check_cuda(cudaEventRecord(done, hs), "cudaEventRecord");
+  // The home stream waited for every shard (the logits' gather), so their K/V
+  // are in the host pages once this returns.
+  cuda::check_cuda(cudaEventSynchronize(done), "waiting for the step");
+  has_logits = true;
+  seq->commit(T);
+  for (auto& s : shards) {
+    if (decode) {
+      const cuda::DecodeEngine::SeqFigures f = s->engine->sequence_figures(0);
+      s->stats.streamed_bytes += f.streamed;
+      s->stats.resident_bytes += f.resident;
+      s->stats.sliding_bytes += f.windowed_resident;
+      s->stats.copies += f.copies;
+      ++s->stats.decode_steps;
+      s->route.add_to(s->stats);
+    }
+    s->history->committed();
+  }
+  return host_ids[rows_cap];
+}
+
+TensorParallelRuntime::TensorParallelRuntime(const gguf::File& f, const model::ModelConfig& c,
+                                             const RuntimeOptions& opt, const std::vector<int>& devices)
+    : impl_(std::make_unique<Impl>(f, c, opt, devices)) {}
+
+TensorParallelRuntime::~TensorParallelRuntime() = default;
+
+int32_t TensorParallelRuntime::prefill(std::span<const int32_t> prompt, const ProgressFn& progress) {
+  Impl& I = *impl_;
+  if (prompt.empty()) throw InvalidArgument("prefill: the prompt is empty");
+  I.check_tokens(prompt);
+  const int chunk = I.opt.prefill_chunk;
+  for (auto& s : I.shards) {  // each shard's plan under its own budget; the chunks are the same
+    DeviceScope on(s->device);
+    const route::PrefillPlan plan = s->history->plan_prefill(int64_t(prompt.size()), chunk, chunk);
+    s->history->begin_prefill(plan, I.fw->stream(int(&s - I.shards.data())));
+    s->stats.prefill_streamed = plan.streamed;
+    s->stats.prefill_chunk = plan.chunk;
+  }
+  int32_t next = -1;
+  const auto end_prefill = [&] {
+    for (auto& s : I.shards) {
+      DeviceScope on(s->device);
+      s->stats.prefill_moved_bytes = s->history->prefill_done(I.fw->stream(int(&s - I.shards.data())));
+    }
+  };
+  try {
+    for (size_t done = 0; done < prompt.size();) {
+      const size_t n = std::min(prompt.size() - done, size_t(chunk));
+      next = I.run_chunk(prompt.subspan(done, n), false);
+      done += n;
+      if (progress) progress(int64_t(done), int64_t(prompt.size()));
+    }
+  } catch (...) {
+    try {
+      end_prefill();
+    } catch (const Error&) {
+    }
+    throw;
+  }
+  end_prefill();
+  return next;
+}
+
+int32_t TensorParallelRuntime::decode(int32_t token) {
+  const int32_t one[1] = {token};
+  impl_->check_tokens(one);
+  return impl_->run_chunk(one, true);
+}
+
+std::vector<float> TensorParallelRuntime::last_logits() const {
+  const Impl& I = *impl_;
+  if (!I.has_logits) throw InvalidArgument("last_logits: nothing was run yet");
+  std::vector<float> out(size_t(I.c.vocab_size));
+  DeviceScope on(I.home());
+  cuda::check_cuda(cudaMemcpy(out.data(), I.fw->logits(), out.size() * sizeof(float), cudaMemcpyDeviceToHost),
+                   "download logits");
+  return out;
+}
+
+int64_t TensorParallelRuntime::n_tokens() const { return impl_->seq->n_tokens(); }
+int TensorParallelRuntime::n_shards() const { return impl_->fw->n_shards(); }
+const model::ModelConfig& TensorParallelRuntime::config() const { return impl_->c; }
+const RuntimeStats& TensorParallelRuntime::stats(int shard) const { return impl_->shards.at(size_t(shard))->stats; }
+bool TensorParallelRuntime::uses_nccl() const { return impl_->fw->uses_nccl(); }
+
+}  // namespace activekv::runtime
