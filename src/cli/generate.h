@@ -42,6 +42,7 @@ struct GenerateArgs {
   double cpu_share = kCpuShareUnset;  // GPU, host/partial placement: share of each layer's pages the CPU attends
                                       // (issue 12); -1 auto; unset: resolve_cpu_share
   std::string json_out;               // --json: the report as JSON
+  std::vector<int> gpus;              // --gpus: tensor parallel over these GPUs (one shard each; empty: one GPU)
 };
 
 /// What a run reports (the summary, and --json).

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "activekv/runtime/gpu_runtime.h"
+#include "activekv/runtime/tensor_parallel_runtime.h"
 #include "commands.h"
 #include "generate.h"
 #include "stats.h"
@@ -52,6 +53,22 @@ std::string prefill_history(const runtime::RuntimeStats& st) {
                      st.prefill_chunk, st.prefill_staging_pages, double(st.prefill_moved_bytes) / double(1 << 20));
 }
 
+// Prefill done, `next` its token: streams the tokens and decodes until -n
+// or end of text, timing each step (GpuRuntime or TensorParallelRuntime).
+template <class Runtime>
+void decode_tokens(const GenerateArgs& a, const Tokenizer& tok, Runtime& rt, int32_t next, GenerationReport& r) {
+  if (!a.chat && !a.prompt && a.prompt_file.empty()) print_generated("[...] ");
+  for (int i = 0; i < a.n_predict; ++i) {
+    if (!emit_token(tok, next, r)) break;
+    if (i + 1 == a.n_predict) break;  // the last token needs no forward pass
+    const auto ts = std::chrono::steady_clock::now();
+    next = rt.decode(next);
+    r.step_ms.push_back(ms_since(ts));
+  }
+}
+
+int run_generate_tp(const GenerateArgs& a);
+
 }  // namespace
 
 std::string placement_line(const runtime::RuntimeStats& st, double cpu_share) {
@@ -64,6 +81,7 @@ std::string placement_line(const runtime::RuntimeStats& st, double cpu_share) {
 }
 
 int run_generate_gpu(const GenerateArgs& a) {
+  if (!a.gpus.empty()) return run_generate_tp(a);
   GenerationReport r;
   auto t0 = std::chrono::steady_clock::now();
   r.model_path = a.model.empty() ? default_model_path() : a.model;
@@ -100,14 +118,7 @@ int run_generate_gpu(const GenerateArgs& a) {
   r.prefill_ms = ms_since(t0);
   r.prefill_history = prefill_history(st);
   r.prefill_moved_bytes = double(st.prefill_moved_bytes);
-  if (!a.chat && !a.prompt && a.prompt_file.empty()) print_generated("[...] ");
-  for (int i = 0; i < a.n_predict; ++i) {
-    if (!emit_token(tok, next, r)) break;
-    if (i + 1 == a.n_predict) break;  // the last token needs no forward pass
-    const auto ts = std::chrono::steady_clock::now();
-    next = rt.decode(next);
-    r.step_ms.push_back(ms_since(ts));
-  }
+  decode_tokens(a, tok, rt, next, r);
   if (a.cuda_graphs != "off")  // what ran as graphs: none with host placement (not captured), the first step eager
     fmt::print(stderr, "activekv: CUDA graphs: {} of {} decode steps ({} instantiations; {} enqueued ahead){}\n",
                st.graph_steps, st.decode_steps, st.graph_instantiations, st.lookahead_steps,
@@ -126,5 +137,65 @@ int run_generate_gpu(const GenerateArgs& a) {
   report(a, r);
   return 0;
 }
+
+namespace {
+
+// `generate --gpus LIST`: the model tensor parallel over the GPUs
+// (activekv/runtime/tensor_parallel_runtime.h), one history.
+int run_generate_tp(const GenerateArgs& a) {
+  GenerationReport r;
+  auto t0 = std::chrono::steady_clock::now();
+  r.model_path = a.model.empty() ? default_model_path() : a.model;
+  const gguf::File file = gguf::File::open(r.model_path);
+  const model::ModelConfig c = model::ModelConfig::from_gguf(file);
+  const Tokenizer tok = Tokenizer::from_gguf(file);
+  const std::vector<int32_t> prompt = prompt_ids(a, tok);
+  const int64_t n_ctx = context_size(a, prompt.size());
+  if (n_ctx > c.context_length)
+    fmt::print(stderr, "warning: context {} exceeds the model's trained context {}\n", n_ctx, c.context_length);
+  runtime::RuntimeOptions o = runtime_options(a, n_ctx);
+  o.cpu_share = 0;
+  o.cuda_graphs = false;  // the tensor-parallel runtime runs kernel by kernel
+  runtime::TensorParallelRuntime rt(file, c, o, a.gpus);
+  r.load_ms = ms_since(t0);
+  const int n = rt.n_shards();
+  std::string gpus;
+  double weights = 0;
+  for (int i = 0; i < n; ++i) {
+    gpus += fmt::format("{}{}", i ? "," : "", a.gpus[size_t(i)]);
+    weights += double(rt.stats(i).weight_bytes);
+  }
+  r.model_name = c.name.empty() ? c.arch : c.name;
+  r.layers = c.layer_split();
+  r.device = fmt::format("{} x {} (GPUs {}), tensor parallel, all-reduce by {}", n, rt.stats(0).device, gpus,
+                         rt.uses_nccl() ? "NCCL" : "local sums");
+  r.kv_format = a.kv_format;
+  r.placement = rt.stats(0).placement.reason + " (per GPU; its heads' bytes only)";
+  r.weight_bytes = weights;
+  r.prompt_tokens = int64_t(prompt.size());
+  fmt::print(stderr, "activekv: {} | {} | weights {:.1f} MiB over {} GPUs | {} layers, {} KV heads x {} | bf16 history, "
+             "page {} tokens | kv placement {} | {} prompt tokens\n",
+             r.model_path, r.device, weights / (1 << 20), n, c.n_layers, c.n_kv_heads, c.head_dim, a.page_size,
+             route::placement_name(rt.stats(0).placement.placement), prompt.size());
+  t0 = std::chrono::steady_clock::now();
+  const int32_t next = rt.prefill(prompt, prefill_progress(t0));
+  r.prefill_ms = ms_since(t0);
+  r.prefill_history = prefill_history(rt.stats(0)) + " (per GPU)";
+  decode_tokens(a, tok, rt, next, r);
+  r.streamed_bytes = r.resident_bytes = 0;
+  for (int i = 0; i < n; ++i) {  // bytes: the shards' sums (each moves its heads' part of a page)
+    r.streamed_bytes += double(rt.stats(i).streamed_bytes);
+    r.resident_bytes += double(rt.stats(i).resident_bytes);
+  }
+  r.pages_resident = double(rt.stats(0).resident_pages);  // pages: every shard reads every page (its heads)
+  r.pages_streamed = double(rt.stats(0).streamed_pages);
+  r.decode_route = rt.stats(0).pages;
+  r.cpu_bytes = 0;
+  r.pages_cpu = 0;
+  report(a, r);
+  return 0;
+}
+
+}  // namespace
 
 }  // namespace activekv::cli

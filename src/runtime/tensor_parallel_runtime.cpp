@@ -93,6 +93,9 @@ TensorParallelRuntime::Impl::Impl(const gguf::File& f, const model::ModelConfig&
       s->attn.n_kv_heads = fw->plan().shards[size_t(i)].kv_heads.heads;
       s->attn.page_kv_heads = whole.n_kv_heads;
       DeviceScope on(s->device);
+      cudaDeviceProp prop{};
+      cuda::check_cuda(cudaGetDeviceProperties(&prop, s->device), "cudaGetDeviceProperties");
+      s->stats.device = prop.name;
       s->stats.weight_bytes = fw->weight_bytes(i);
       s->history = std::make_unique<HistoryView>(*seq, layer_windows(c), rows_cap, s->attn, opt, s->stats);
       s->engine = std::make_unique<cuda::DecodeEngine>(sequence_engine_config(c, opt, s->attn, fw->stream(i)));
