@@ -13,9 +13,16 @@
 namespace activekv::cuda {
 
 /// Makes `device` current for a scope, restoring the caller's on exit.
+/// Throws CudaError when it cannot -- unless `throws` is false, for
+/// destructors (freeing on a device that is gone fails quietly instead).
 class DeviceScope {
  public:
-  explicit DeviceScope(int device) {
+  explicit DeviceScope(int device, bool throws = true) {
+    if (!throws) {
+      if (cudaGetDevice(&prev_) != cudaSuccess || (device != prev_ && cudaSetDevice(device) != cudaSuccess))
+        cudaGetLastError();
+      return;
+    }
     AKV_CUDA(cudaGetDevice(&prev_));
     if (device != prev_) AKV_CUDA(cudaSetDevice(device));
   }

@@ -109,9 +109,12 @@ void ShardAllReduce::sum(std::span<float* const> bufs, size_t n, std::span<const
 #if ACTIVEKV_HAVE_NCCL
   if (nccl_) {
     check_nccl(ncclGroupStart(), "ncclGroupStart");
-    for (size_t i = 0; i < bufs.size(); ++i)
-      check_nccl(ncclAllReduce(bufs[i], bufs[i], n, ncclFloat, ncclSum, nccl_->comms[i], streams[i]), "ncclAllReduce");
-    check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+    ncclResult_t first = ncclSuccess;  // the group is ended whatever happens inside it
+    for (size_t i = 0; i < bufs.size() && first == ncclSuccess; ++i)
+      first = ncclAllReduce(bufs[i], bufs[i], n, ncclFloat, ncclSum, nccl_->comms[i], streams[i]);
+    const ncclResult_t end = ncclGroupEnd();
+    check_nccl(first, "ncclAllReduce");
+    check_nccl(end, "ncclGroupEnd");
     return;
   }
 #endif

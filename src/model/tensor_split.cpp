@@ -13,6 +13,11 @@ namespace {
 
 enum class Role { whole, q, kv, o, ffn_in, ffn_out, head };
 
+// The smallest unit a column cut may take, whatever the type: the GPU
+// matvec quantises its input in 32-value blocks (a float matrix's "block" is
+// one value, which would allow cuts the kernels cannot take).
+constexpr int64_t kMinCutColumns = 32;
+
 /// Rows of a GGUF tensor (1 for a vector).
 int64_t rows_of(const gguf::TensorInfo& t) { return t.dims.size() > 1 ? int64_t(t.dims[1]) : 1; }
 
@@ -53,7 +58,7 @@ std::pair<int64_t, int64_t> even_share(int64_t units, int n, int d) {
 /// Refuses a cut of attn_output's input columns that is not on its blocks.
 void check_output_columns(const ModelConfig& c, const ModelTensors& m, const ShardSplit& s, int n) {
   for (const LayerTensors& L : m.layers) {
-    const int64_t block = int64_t(gguf::block_elements(L.wo->type));
+    const int64_t block = std::max<int64_t>(kMinCutColumns, int64_t(gguf::block_elements(L.wo->type)));
     for (const int head : {s.q_head0, s.q_head0 + s.q_heads}) {
       const int64_t col = int64_t(head) * c.head_dim;
       if (col % block != 0)
@@ -106,6 +111,19 @@ TensorSlice TensorSplitPlan::head(int d) const {
   return cut(*tensors->output, TensorSlice::Cut::rows, s.vocab0, s.vocab_rows);
 }
 
+uint64_t TensorSplitPlan::decode_bytes(int d) const {
+  const ModelTensors& t = *tensors;
+  const gguf::TensorInfo& embd = *t.token_embd;
+  uint64_t bytes = head(d).bytes + embd.n_bytes / uint64_t(rows_of(embd));  // the head's rows; one embedding row
+  std::vector<const gguf::TensorInfo*> rest{t.output_norm};
+  for (const LayerTensors& L : t.layers)
+    for (const gguf::TensorInfo* w : {L.attn_norm, L.wq, L.wk, L.wv, L.bq, L.bk, L.bv, L.wo, L.ffn_norm, L.w_gate,
+                                      L.w_up, L.w_down, L.q_norm, L.k_norm, L.post_attn_norm, L.post_ffn_norm})
+      if (w) rest.push_back(w);
+  for (const gguf::TensorInfo* w : rest) bytes += slice(d, w).bytes;
+  return bytes;
+}
+
 int64_t TensorSlice::held_rows(const gguf::TensorInfo& t) const { return cut == Cut::rows ? count : rows_of(t); }
 
 int64_t TensorSlice::held_cols(const gguf::TensorInfo& t) const {
@@ -134,6 +152,9 @@ TensorSplitPlan plan_tensor_split(const ModelConfig& c, const ModelTensors& t, i
   p.group = c.n_heads / c.n_kv_heads;
   p.tensors = &t;
   p.config = &c;
+  // At least 32: the GPU matvec's unit (its int8 activation blocks, its
+  // workspace), which a float ffn_down (blocks of one value) would not give.
+  p.ffn_block = kMinCutColumns;
   for (const LayerTensors& L : t.layers)
     p.ffn_block = std::max<int64_t>(p.ffn_block, int64_t(gguf::block_elements(L.w_down->type)));
   if (c.ffn_dim % p.ffn_block != 0 || c.ffn_dim / p.ffn_block < n_shards)

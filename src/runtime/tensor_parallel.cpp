@@ -27,7 +27,7 @@ struct TensorParallelForward::Shard {
   int64_t* pos = nullptr;
 
   ~Shard() {
-    DeviceScope on(device);
+    DeviceScope on(device, false);
     forward.reset();
     weights.reset();
     cudaFree(ids);
@@ -42,8 +42,15 @@ TensorParallelForward::TensorParallelForward(const gguf::File& f, const model::M
     : c_(c), tensors_(model::ModelTensors::find(f, c_)), plan_(model::plan_tensor_split(c_, tensors_, int(devices.size()))),
       max_rows_(max_rows) {
   if (max_rows <= 0) throw InvalidArgument("TensorParallelForward: max_rows must be positive");
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    count = 0;
+  }
   for (int d : devices)
-    if (d < 0) throw InvalidArgument(fmt::format("tensor parallel: device {} is negative", d));
+    if (d < 0 || d >= count)
+      throw InvalidArgument(fmt::format("tensor parallel: GPU {} does not exist ({} GPU{} here)", d, count,
+                                        count == 1 ? "" : "s"));
   for (size_t i = 0; i < devices.size(); ++i) {
     auto s = std::make_unique<Shard>();
     s->device = devices[i];
@@ -57,7 +64,9 @@ TensorParallelForward::TensorParallelForward(const gguf::File& f, const model::M
       sh.weights = std::make_unique<GpuWeights>(f, c_, &plan_, int(i));
     } catch (const cuda::CudaError&) {
       throw;
-    } catch (const Error& e) {
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument(fmt::format("tensor parallel shard {} (GPU {}): {}", i, sh.device, e.what()));
+    } catch (const Error& e) {  // the sizes that do not fit, named with the shard's GPU
       throw Error(fmt::format("tensor parallel shard {} (GPU {}): {}", i, sh.device, e.what()));
     }
     sh.forward = std::make_unique<GpuForward>(sh.config, *sh.weights, max_rows, f32_activations);
@@ -73,15 +82,29 @@ TensorParallelForward::TensorParallelForward(const gguf::File& f, const model::M
 
 TensorParallelForward::~TensorParallelForward() {
   for (auto& s : shards_) {
-    DeviceScope on(s->device);
+    DeviceScope on(s->device, false);
     cudaStreamSynchronize(s->stream);
   }
   reduce_.reset();
   if (!shards_.empty()) {
-    DeviceScope home(shards_[0]->device);
+    DeviceScope home(shards_[0]->device, false);
     cudaFree(logits_);
   }
   shards_.clear();
+}
+
+// After a failure part way through run(): the home stream waits for every
+// shard's work enqueued so far, so that the caller's next writes on it (ids,
+// positions) cannot race a shard still reading them.
+void TensorParallelForward::join_after_error() noexcept {
+  const int home = shards_[0]->device;
+  for (size_t i = 1; i < shards_.size(); ++i) {
+    DeviceScope on(shards_[i]->device, false);
+    if (cudaEventRecord(shards_[i]->ready, shards_[i]->stream) != cudaSuccess) continue;
+    DeviceScope back(home, false);
+    cudaStreamWaitEvent(shards_[0]->stream, shards_[i]->ready, 0);
+  }
+  cudaGetLastError();
 }
 
 cudaStream_t TensorParallelForward::stream(int shard) const { return shards_.at(size_t(shard))->stream; }
@@ -131,6 +154,16 @@ void TensorParallelForward::gather_logits(int T, bool all_logits, int logits_row
 void TensorParallelForward::run(const int32_t* ids, const int64_t* pos, int T, const ShardAttention& attend,
                                 bool all_logits, int logits_row) {
   shards_[0]->forward->check_run(T, all_logits, logits_row);
+  try {
+    run_shards(ids, pos, T, attend, all_logits, logits_row);
+  } catch (...) {
+    join_after_error();
+    throw;
+  }
+}
+
+void TensorParallelForward::run_shards(const int32_t* ids, const int64_t* pos, int T, const ShardAttention& attend,
+                                       bool all_logits, int logits_row) {
   Shard& home = *shards_[0];
   {  // every shard's stream after the home stream's work so far (the ids and positions)
     DeviceScope on(home.device);

@@ -125,7 +125,7 @@ TensorParallelRuntime::Impl::~Impl() { release(); }
 
 void TensorParallelRuntime::Impl::release() {
   for (auto& s : shards) {
-    DeviceScope on(s->device);
+    DeviceScope on(s->device, false);
     if (s->engine) s->engine->synchronize();
     s->history.reset();  // its device pages before the store
     s->engine.reset();
@@ -134,7 +134,7 @@ void TensorParallelRuntime::Impl::release() {
   shards.clear();
   seq.reset();
   if (fw) {
-    DeviceScope on(home());
+    DeviceScope on(home(), false);
     cudaStreamSynchronize(fw->home_stream());
     sampler.reset();
     cudaFree(ids);

@@ -150,6 +150,21 @@ TEST(TensorSplit, TheFfnSplitsInTheLargestDownBlock) {
   EXPECT_EQ(p.shards[1].ffn_rows, 1280);
 }
 
+// A float ffn_down (blocks of one value) still splits in 32-value units,
+// the GPU matvec's: 8192 rows over 3 shards, not 2731/2731/2730.
+TEST(TensorSplit, FloatMatricesSplitIn32ValueUnits) {
+  FakeModel m(1, 512, 6, 3, 64, 8192, 1000, TensorType::F16, TensorType::F16, TensorType::BF16);
+  const TensorSplitPlan p = plan_tensor_split(m.c, m.t, 3);
+  EXPECT_EQ(p.ffn_block, 32);
+  for (const ShardSplit& s : p.shards) EXPECT_EQ(s.ffn_rows % 32, 0) << s.ffn_rows;
+  EXPECT_EQ(p.shards[0].ffn_rows + p.shards[1].ffn_rows + p.shards[2].ffn_rows, 8192);
+  // Heads of 16 channels over 4 shards (2, 2, 1, 1 heads): the third shard's one head ends at column 80.
+  FakeModel narrow(1, 512, 6, 6, 16, 1024, 1000, TensorType::F16, TensorType::F16, TensorType::F16);
+  EXPECT_EQ(refusal(narrow, 4), "tensor parallel over 4 GPUs: blk.0.attn_output.weight (F16, blocks of 32 values) "
+                                "would be cut at column 80 (query head 5 of 16 channels)");
+  EXPECT_NO_THROW(plan_tensor_split(narrow.c, narrow.t, 3));  // 2 heads each: cuts at 32 and 64
+}
+
 TEST(TensorSplit, RefusesWhatCannotSplit) {
   EXPECT_EQ(refusal(shape_27b(), 5), "tensor parallel: 5 GPUs for 4 KV heads (at most one GPU per KV head)");
   EXPECT_EQ(refusal(shape_27b(), 0), "tensor parallel: 0 GPUs");
@@ -291,6 +306,16 @@ TEST(TensorSplit, ShardConfigsAndATiedHead) {
     for (const gguf::TensorInfo* w : {L.attn_norm, L.ffn_norm})
       if (w) replicated += w->n_bytes;
   EXPECT_EQ(all, one.shards[0].weight_bytes + 2 * replicated);
+  // A decode step reads every tensor but the embedding (one row of it) and
+  // the tied head once: with one shard, the whole model's bytes; over three,
+  // the replicated vectors three times and the rest once.
+  uint64_t whole = 0;
+  for (const gguf::TensorInfo& i : f.tensors())
+    whole += i.name == "token_embd.weight" ? i.n_bytes + i.n_bytes / i.dims[1] : i.n_bytes;
+  EXPECT_EQ(one.decode_bytes(0), whole);
+  const uint64_t vectors = replicated - t.token_embd->n_bytes;
+  const uint64_t embd_row = t.token_embd->n_bytes / t.token_embd->dims[1];
+  EXPECT_EQ(p.decode_bytes(0) + p.decode_bytes(1) + p.decode_bytes(2), whole + 2 * (vectors + embd_row));
 }
 
 }  // namespace

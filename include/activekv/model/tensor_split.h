@@ -14,10 +14,12 @@
 // The two row-parallel products per layer are what the all-reduces sum.
 //
 // A column cut of a quantised matrix must fall on its blocks (32 values for
-// Q4_0/Q8_0, 256 for K-quants): the FFN is split in whole blocks of
-// ffn_down's type, and a head range whose columns do not fall on
-// attn_output's blocks is refused with the tensor's name. Host code, no GPU:
-// the plan the tensor-parallel runtime will load by (not built yet).
+// Q4_0/Q8_0, 256 for K-quants), and of any matrix on 32 values (the GPU
+// matvec's activation blocks; a float type's block is one value): the FFN
+// is split in whole blocks of ffn_down's type (at least 32 values), and a
+// head range whose columns do not fall on attn_output's blocks is refused
+// with the tensor's name. Host code, no GPU: the plan GpuWeights and
+// TensorParallelForward (activekv/runtime/tensor_parallel.h) load by.
 #pragma once
 
 #include <cstdint>
@@ -91,6 +93,11 @@ struct TensorSplitPlan {
   /// tensors->output, which for a tied head is the token embedding (whose
   /// slice() is whole, for the lookup: such a shard holds both).
   TensorSlice head(int d) const;
+  /// Bytes one decode step reads on shard d: every tensor's held part (norms
+  /// and biases as stored), of the token embedding one row, and the shard's
+  /// rows of the head (tied or not). With one shard: the whole model's
+  /// decode read (the figure `activekv bench` prices its floor with).
+  uint64_t decode_bytes(int d) const;
 
   // The model's tensors the plan was made for (pointers into its gguf::File).
   const ModelTensors* tensors = nullptr;

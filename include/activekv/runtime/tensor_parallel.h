@@ -49,8 +49,9 @@ class TensorParallelForward {
  public:
   /// Plans the split of (f, c) over devices.size() shards and loads each
   /// shard's weights on its device, buffers for max_rows rows.
-  /// `f32_activations` as GpuForward. Throws InvalidArgument for a split the
-  /// model does not allow (model::plan_tensor_split's line), Error naming
+  /// `f32_activations` as GpuForward. Throws InvalidArgument for a GPU that
+  /// does not exist or a split the model does not allow
+  /// (model::plan_tensor_split's line), Error naming
   /// the shard and device whose weights do not fit, CudaError otherwise.
   TensorParallelForward(const gguf::File& f, const model::ModelConfig& c, const std::vector<int>& devices,
                         int max_rows, bool f32_activations = false);
@@ -85,6 +86,9 @@ class TensorParallelForward {
   struct Shard;
   template <class Phase>
   void each(Phase phase);
+  void run_shards(const int32_t* ids, const int64_t* pos, int T, const ShardAttention& attend, bool all_logits,
+                  int logits_row);
+  void join_after_error() noexcept;
   void all_reduce(int T);
   void gather_logits(int T, bool all_logits, int logits_row);
 
