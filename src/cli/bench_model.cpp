@@ -83,6 +83,16 @@ void check_args(const ModelBenchArgs& a, const std::string& device) {
     if (v < 1) throw Error(fmt::format("bench: {} {}: must be positive", flag, v));
   if (a.recent_pages < 0) throw Error(fmt::format("bench: --recent-pages {}: must be >= 0", a.recent_pages));
   if (a.convert_threads < 0) throw Error(fmt::format("bench: --convert-threads {}: must be >= 0", a.convert_threads));
+  if (!a.gpus.empty()) {
+    if (device != "cuda") throw Error("bench: --gpus needs --device cuda (or auto with a GPU)");
+    if (!a.parallel.empty()) throw Error("bench: --gpus does not run --parallel rows yet");
+    for (const std::string& f : a.formats)
+      if (f != "bf16") throw Error(fmt::format("bench: --gpus takes -ctk bf16 only for now, not {}", f));
+    if (a.cpu_share != kCpuShareUnset && a.cpu_share != 0)
+      throw Error("bench: --gpus cannot give pages to the CPU (--cpu-share) yet");
+    for (int g : a.gpus)
+      if (g < 0) throw Error(fmt::format("bench: --gpus: device {} is negative", g));
+  }
   if (!a.json_out.empty()) check_writable(a.json_out, "bench --json output");
 }
 
@@ -306,6 +316,10 @@ void add_bench(CLI::App& app, std::function<int()>& run) {
   app.add_option("--seq-gpu-kv-mem", a->seq_gpu_kv_mem_gib,
                  "--parallel: GiB of GPU budget each sequence gets (0: --gpu-kv-mem, or the free memory, / max N)")
       ->capture_default_str();
+  app.add_option("--gpus", a->gpus,
+                 "CUDA: the model tensor parallel over these GPUs (e.g. 0,1; 0,0: two shards on GPU 0), each "
+                 "streaming its heads' history over its own link; -ctk bf16, no --cpu-share or --parallel")
+      ->delimiter(',');
   add_cuda_graphs_option(app, a->cuda_graphs);
   add_cpu_share_option(app, a->cpu_share);
   app.add_flag("--profile-timed", a->profile_timed,

@@ -49,6 +49,8 @@ struct ModelBenchArgs {
                                             ///< empty: single-history rows; bench_parallel.h)
   double seq_gpu_kv_mem_gib = 0;            ///< --seq-gpu-kv-mem: each sequence's GPU budget (0: --gpu-kv-mem / N)
   bool prompts_given = false;               ///< -p was on the command line (--parallel refuses it)
+  std::vector<int> gpus;                    ///< --gpus: the model tensor parallel over these GPUs (CUDA, bf16;
+                                            ///< empty: one GPU; runtime::TensorParallelRuntime)
 };
 
 /// Random token ids in [0, vocab), the same sequence for the same seed (the
@@ -116,7 +118,14 @@ struct BenchDevice {
   double weight_gbps = 0;      ///< what they are read at: GPU HBM read; CPU host-memory read (GB/s = 1e9 B/s)
   std::string weight_link;     ///< "HBM read" | "host read"
   std::string weight_form;     ///< how the step reads them: "as stored in the GGUF" | "fp32, dequantised at load"
-  double h2d_gbps = 0;         ///< GPU: pinned host -> device copies (0 on the CPU)
+  double h2d_gbps = 0;         ///< GPU: pinned host -> device copies (0 on the CPU); --gpus: the distinct
+                               ///< GPUs' links together (link_gbps summed)
+  /// --gpus: the tensor-parallel GPUs, each distinct GPU's measured link
+  /// (GB/s, in order of first appearance) and how many distinct GPUs read
+  /// their share of a resident history from their own HBM.
+  std::vector<int> gpus;
+  std::vector<double> link_gbps;
+  int hbm_devices = 1;
   std::string depth_fill = "prefill";
   bool cuda_graphs = false;    ///< GPU decode steps with gpu placement ran as CUDA graphs (--cuda-graphs on)
   /// GB/s of the history path for a placement (host and partial -- its
@@ -125,7 +134,7 @@ struct BenchDevice {
   /// As above, with the weights' link (and the CPU's history path) at
   /// `weights_gbps`: a tg row's probed bandwidth (probe_gbps).
   double history_gbps(const std::string& placement, double weights_gbps) const {
-    return placement != "gpu" && h2d_gbps > 0 ? h2d_gbps : weights_gbps;
+    return placement != "gpu" && h2d_gbps > 0 ? h2d_gbps : weights_gbps * hbm_devices;
   }
   /// The CPU: a short host-read probe (GB/s, the working set weight_gbps was
   /// measured on) that run_tg calls right before and right after each

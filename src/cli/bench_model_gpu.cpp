@@ -9,7 +9,11 @@
 #include <algorithm>
 
 #include "activekv/core/error.h"
+#include "activekv/cuda/decode_attention.h"
+#include "activekv/model/tensor_split.h"
+#include "activekv/model/tensors.h"
 #include "activekv/runtime/gpu_runtime.h"
+#include "activekv/runtime/tensor_parallel_runtime.h"
 #include "bandwidth.h"
 #include "bench_model.h"
 #include "generate.h"
@@ -44,6 +48,76 @@ class GpuSession final : public BenchSession {
   std::string plan_;
   double cpu_share_;
 };
+
+// --gpus: the model tensor parallel (runtime::TensorParallelRuntime); the
+// shards' bytes summed (each moves its heads' part of every page).
+class TpSession final : public BenchSession {
+ public:
+  TpSession(const gguf::File& f, const model::ModelConfig& c, const runtime::RuntimeOptions& o,
+            const std::vector<int>& gpus)
+      : rt_(f, c, o, gpus) {}
+  int64_t n_tokens() const override { return rt_.n_tokens(); }
+  int32_t prefill(std::span<const int32_t> tokens) override { return rt_.prefill(tokens); }
+  int32_t decode(int32_t token) override { return rt_.decode(token); }
+  void wait_conversions() override {}  // bf16 only: nothing converts
+  double history_bytes() const override {
+    return sum([&](const runtime::RuntimeStats& st) { return gpu() ? st.resident_bytes : st.streamed_bytes; });
+  }
+  double resident_history_bytes() const override {
+    return placement() == "partial" ? sum([](const runtime::RuntimeStats& st) { return st.resident_bytes; }) : 0.0;
+  }
+  std::string placement() const override { return route::placement_name(rt_.stats(0).placement.placement); }
+  std::string plan() const override {
+    return fmt::format("{} shards, all-reduce by {}; shard 0: {}", rt_.n_shards(), rt_.uses_nccl() ? "NCCL" : "local sums",
+                       rt_.stats(0).placement.reason);
+  }
+  std::vector<float> last_logits() const override { return rt_.last_logits(); }
+
+ private:
+  bool gpu() const { return rt_.stats(0).placement.placement == route::KvPlacement::gpu; }
+  template <class F>
+  double sum(F bytes) const {
+    double b = 0;
+    for (int i = 0; i < rt_.n_shards(); ++i) b += double(bytes(rt_.stats(i)));
+    return b;
+  }
+  runtime::TensorParallelRuntime rt_;
+};
+
+// --gpus: the floor's figures per GPU. A step reads each GPU's shards'
+// weights from its own HBM (the largest of them bounds the step) and
+// streams the history over every distinct GPU's link at once.
+void tensor_parallel_device(BenchDevice& d, const ModelBenchArgs& a, const gguf::File& f,
+                            const model::ModelConfig& c) {
+  const model::ModelTensors t = model::ModelTensors::find(f, c);
+  const model::TensorSplitPlan plan = model::plan_tensor_split(c, t, int(a.gpus.size()));
+  std::vector<int> distinct;
+  std::vector<double> bytes;  // [distinct GPU] decode bytes its shards read
+  for (size_t i = 0; i < a.gpus.size(); ++i) {
+    const size_t k = size_t(std::find(distinct.begin(), distinct.end(), a.gpus[i]) - distinct.begin());
+    if (k == distinct.size()) {
+      distinct.push_back(a.gpus[i]);
+      bytes.push_back(0);
+    }
+    bytes[k] += double(plan.decode_bytes(int(i)));
+  }
+  d.gpus = a.gpus;
+  d.hbm_devices = int(distinct.size());
+  d.weight_bytes = *std::max_element(bytes.begin(), bytes.end());
+  d.weight_form = fmt::format("as stored in the GGUF, the largest GPU's share of {} shards", a.gpus.size());
+  d.h2d_gbps = 0;
+  int prev = 0;
+  cuda::check_cuda(cudaGetDevice(&prev), "cudaGetDevice");
+  for (int g : distinct) {
+    cuda::check_cuda(cudaSetDevice(g), fmt::format("bench --gpus: GPU {}", g).c_str());
+    d.link_gbps.push_back(gpu_bench::measure_h2d_gbps(size_t(64) << 20, 16, 5));
+    d.h2d_gbps += d.link_gbps.back();
+  }
+  cuda::check_cuda(cudaSetDevice(prev), "cudaSetDevice");
+  std::string list;
+  for (int g : a.gpus) list += fmt::format("{}{}", list.empty() ? "" : ",", g);
+  d.name = fmt::format("{} x {} (GPUs {}), tensor parallel", a.gpus.size(), d.name, list);
+}
 
 }  // namespace
 
@@ -83,6 +157,20 @@ BenchDevice gpu_bench_device(const ModelBenchArgs& a, const gguf::File& f, const
       (void)(on ? cudaProfilerStart() : cudaProfilerStop());
     };
   const GenerateArgs g = bench_generate_args(a);
+  if (!a.gpus.empty()) {
+    tensor_parallel_device(d, a, f, c);
+    d.cuda_graphs = false;  // the tensor-parallel runtime runs kernel by kernel
+    d.open = [&f, c, g, gpus = a.gpus](const std::string& format, const std::string& placement, int64_t n_ctx) {
+      GenerateArgs o = g;
+      o.kv_format = format;
+      o.kv_placement = placement;
+      runtime::RuntimeOptions ro = runtime_options(o, n_ctx);
+      ro.cpu_share = 0;
+      ro.cuda_graphs = false;
+      return std::unique_ptr<BenchSession>(std::make_unique<TpSession>(f, c, ro, gpus));
+    };
+    return d;
+  }
   d.open = [&f, c, g](const std::string& format, const std::string& placement, int64_t n_ctx) {
     GenerateArgs o = g;
     o.kv_format = format;

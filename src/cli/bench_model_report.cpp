@@ -213,6 +213,12 @@ std::string json_report(const BenchRun& run) {
                 "before and after each repetition's timed steps, in that order; bandwidth.probes says how) where the "
                 "device probes (the CPU), else bandwidth.weights_gbps (measured once, before the rows)"},
       {"llama_cpp", "SPEC §1 figures (H200, random-Q4_0 GGUF of the 27B attention shape), only for that shape"}};
+  if (!d.gpus.empty())
+    j["tensor_parallel"] = {{"gpus", d.gpus}, {"link_gbps_per_distinct_gpu", d.link_gbps},
+                            {"distinct_gpus", d.hbm_devices},
+                            {"floor", "weight_bytes_per_token is the largest GPU's share (its shards' decode reads); "
+                                      "h2d_gbps the distinct GPUs' links summed; gpu placement's history over "
+                                      "weights_gbps x distinct_gpus; the all-reduces' latency is not in the floor"}};
   if (run.parallel) add_parallel_json(run, j);  // its own rows, floor and fills
   else j["rows"] = single_rows(run);
   return j.dump(2) + "\n";

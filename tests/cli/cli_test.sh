@@ -212,6 +212,7 @@ case $CASE in
     expect 1 "cannot write bench --json output" -- bench -m "$m" --device cpu --json /nonexistent_dir/x.json
     expect 1 "bench: --parallel needs a GPU (--device cuda" -- bench -m "$m" --device cpu --parallel 1,2 -n 4
     expect 1 "bench: --seq-gpu-kv-mem applies to --parallel only" -- bench -m "$m" --device cpu --seq-gpu-kv-mem 1
+    expect 1 "bench: --gpus needs --device cuda" -- bench -m "$m" --device cpu --gpus 0,1
     # Weights of inf (float16 scales overflowed): the first row's logits are NaN, and the bench stops.
     python3 "$(dirname "$0")/../../tools/make_synthetic_gguf.py" "$TMP/inf.gguf" --layers 2 --hidden 256 --heads 4 \
       --kv-heads 2 --head-dim 64 --ffn 512 --vocab 512 --weight-std 1e9 > /dev/null 2>&1
@@ -230,6 +231,16 @@ case $CASE in
     # partial residency, the rest streamed and split with the host CPU by the planner (--cpu-share auto, the
     # default there). The streamed prefill at d64 needs 96 KiB of it (0.00005 GiB, ~6.5 pages, was refused).
     check_bench "--device cuda --gpu-kv-mem 0.0001" partial
+    # Tensor parallel over two shards on GPU 0 (local sums; --gpus 0,1 needs two GPUs): bench rows and a generation.
+    m=$(tiny_model)
+    out=$("$AKV" bench -m "$m" --device cuda --gpus 0,0 --kv-placement host,gpu -d 64 -p 16 -n 4 -r 1 2>&1) \
+      || fail "bench --gpus 0,0: $(tail -n 3 <<<"$out")"
+    grep -qF "tensor parallel" <<<"$out" || fail "bench --gpus 0,0 does not name the split: $(tail -n 3 <<<"$out")"
+    grep -qF "tg4 @ d64" <<<"$out" || fail "bench --gpus 0,0 has no decode row: $(tail -n 5 <<<"$out")"
+    out=$("$AKV" generate -m "$m" --device cuda --gpus 0,0 -p "hello" -n 8 2>&1) \
+      || fail "generate --gpus 0,0: $(tail -n 3 <<<"$out")"
+    grep -qF "tensor parallel, all-reduce by local sums" <<<"$out" || fail "generate --gpus 0,0: $(tail -n 3 <<<"$out")"
+    echo "ok: bench and generate --gpus 0,0"
     ;;
   bench_parallel_gpu)  # bench --parallel: N sequences on one GpuModel, decode_batch in rounds (bench_parallel.h)
     check_bench_parallel
@@ -247,8 +258,15 @@ case $CASE in
     expect 1 "head shards: 5 shards for 4 KV heads" -- bench decode --gpus 0,0,0,0,0
     expect 1 "head shards: device -1 is negative" -- bench decode --gpus 0,-1
     expect 1 "--cpu-share with --gpus of several shards" -- bench decode --gpus 0,0 --cpu-share 0.25
+    # Tensor parallel (bench and generate --gpus): what the first version does not take, before the model loads.
+    expect 1 "bench: --gpus takes -ctk bf16 only for now, not hybrid" -- bench -m "$m" --device cuda --gpus 0,0 -ctk hybrid
+    expect 1 "bench: --gpus cannot give pages to the CPU" -- bench -m "$m" --device cuda --gpus 0,0 --cpu-share 0.5
+    expect 1 "bench: --gpus does not run --parallel rows yet" -- bench -m "$m" --device cuda --gpus 0,0 --parallel 2
+    expect 1 "--gpus takes --kv-format bf16 only for now, not int8s" -- generate -m "$m" --device cuda --gpus 0,0 --kv-format int8s
+    expect 1 "--gpus cannot give pages to the CPU" -- generate -m "$m" --device cuda --gpus 0,0 --cpu-share 0.5
     ;;
   bad_args)  # rejected by the same validators in generate and eval, before any work
+    expect 1 "--gpus needs the GPU path" -- generate --device cpu --gpus 0,1 -n 1
     expect 105 "--threads: Value 0 not in range" -- generate -t 0
     expect 105 "activekv: error: -n/--n-predict: Value abc is not a whole number" -- generate -n abc  # both names
     expect 105 "activekv: error: -d/--n-depth: 'abc' is not a token count" -- bench -d abc
