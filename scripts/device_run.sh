@@ -188,7 +188,7 @@ run_tests() {
   echo "== GPU tests: every gpu binary; one JSON of all results with the commit and command"
   local rc=0 T
   # AKV_TESTS picks binaries (e.g. "weights model_ops" when the default model is not carried).
-  for T in ${AKV_TESTS:-decode formats int8s_tc sharded model_ops weights runtime runtime_batch runtime_qwen2 runtime_gemma3 eval}; do
+  for T in ${AKV_TESTS:-decode formats int8s_tc sharded tensor_parallel model_ops weights runtime runtime_batch runtime_qwen2 runtime_gemma3 eval}; do
     [ -x build-device/bin/test_cuda_$T ] || { echo "-- test_cuda_$T not built"; continue; }
     echo "-- test_cuda_$T"
     # [measured] lines and failures reach the log; the rest is in the JSON.
