@@ -26,6 +26,10 @@
 #           $OUT (3 JSONs + int8s_sweep_table.txt)
 #   shards  head shards (issue 15): test_cuda_sharded, then bench decode on one
 #           GPU, on every GPU (2+), and as two shards on GPU 0, 32K and 128K
+#   tp      tensor parallel (issue 15 part 3): its GPU tests (AKV_TP_FILTER),
+#           the bench/generate --gpus cli test, then `activekv bench --gpus`
+#           on the 27B-shape GGUF (host placement, bf16, AKV_TP_DEPTHS) on one
+#           GPU, every GPU and two shards on GPU 0 -> model_bench_gpus_*.json
 #   cpu     (build) + CPU decode attention on this host: its tests, then
 #           bench_cpu_attention (27B shape, 8K/32K x 16 layers, threads 1..all)
 #           against the host's read bandwidth, the automatic kernels (AMX q.k
@@ -264,6 +268,32 @@ run_shards() {
         --steps 10 --warmup 2 --json "$OUT/$name.json" --profile "" | grep -E "^  (bf16|hybrid)|copies|shard|links|head shards"
     done
   done
+}
+
+# Tensor parallel (issue 15 part 3): its GPU tests, the --gpus cli test, then
+# `activekv bench` on the 27B-shape GGUF at 32K and 128K, host placement: one
+# GPU (the baseline), every GPU (2+: the target rows) and two shards on GPU 0.
+run_tp() {
+  echo "== tensor parallel: tests"
+  local rc=0 n G
+  for T in tensor_parallel model_ops decode; do
+    build-device/bin/test_cuda_$T --gtest_filter="${AKV_TP_FILTER:-*TensorParallel*:*ShardAllReduce*:*HeadShard*}" \
+      > /tmp/test_tp_$T.log 2>&1 || rc=1
+    grep -E "^\[measured\]|Failure|FAILED|PASSED|SKIPPED|Expected|Which is" /tmp/test_tp_$T.log | head -60
+  done
+  ctest --test-dir build-device -R "cli_bench_gpu" --output-on-failure | tail -8
+  local M=/tmp/akv-27b-q4_0.gguf
+  [ -f "$M" ] || python3 tools/make_synthetic_gguf.py "$M" || return 1
+  n=$(nvidia-smi -L | wc -l)
+  local all=0
+  for ((i = 1; i < n; i++)); do all="$all,$i"; done
+  for G in 0 $([ "$n" -ge 2 ] && echo "$all") 0,0; do
+    echo "== bench --gpus $G (27B shape, host placement, bf16)"
+    $AKV bench -m "$M" --gpus "$G" -p 0 -n ${AKV_TP_N:-16} -d ${AKV_TP_DEPTHS:-32768,131072} --kv-placement host \
+      -r 2 --json "$OUT/model_bench_gpus_${G//,/_}.json" > /tmp/tp_bench.log 2>&1 || rc=1
+    grep -E "^\||tensor parallel|error" /tmp/tp_bench.log | tail -12
+  done
+  return $rc
 }
 
 run_int8s_tests() {
@@ -532,6 +562,7 @@ case "$PHASE" in
   cpu) run_cpu || RC=1 ;;
   tests) run_tests || RC=1 ;;
   shards) run_shards ;;
+  tp) run_tp || RC=1 ;;
   int8s) run_int8s || RC=1 ;;
   bench) run_bench ;;
   all) run_tests || RC=1; run_bench ;;
