@@ -90,6 +90,7 @@ void check_args(const ModelBenchArgs& a, const std::string& device) {
       if (f != "bf16") throw Error(fmt::format("bench: --gpus takes -ctk bf16 only for now, not {}", f));
     if (a.cpu_share != kCpuShareUnset && a.cpu_share != 0)
       throw Error("bench: --gpus cannot give pages to the CPU (--cpu-share) yet");
+    if (a.cuda_graphs == "on") throw Error("bench: --gpus runs kernel by kernel: leave out --cuda-graphs on");
     for (int g : a.gpus)
       if (g < 0) throw Error(fmt::format("bench: --gpus: device {} is negative", g));
   }
@@ -152,9 +153,12 @@ BenchRow run_tg(BenchSession& s, const ModelBenchArgs& a, const BenchDevice& dev
                                           : std::accumulate(row.probe_gbps.begin(), row.probe_gbps.end(), 0.0) /
                                                 double(row.probe_gbps.size());
   // partial: the streamed bytes over the link (history_gbps of a placement other than gpu) plus the resident ones in HBM.
-  row.floor_ms = dev.weight_bytes / (row.floor_gbps * 1e6) +
-                 row.history_bytes_per_token / (dev.history_gbps(row.placement, row.floor_gbps) * 1e6) +
-                 row.resident_bytes_per_token / (row.floor_gbps * 1e6);
+  row.floor_ms = dev.floor_ms
+                     ? dev.floor_ms(row.placement, row.history_bytes_per_token, row.resident_bytes_per_token,
+                                    row.floor_gbps)
+                     : dev.weight_bytes / (row.floor_gbps * 1e6) +
+                           row.history_bytes_per_token / (dev.history_gbps(row.placement, row.floor_gbps) * 1e6) +
+                           row.resident_bytes_per_token / (row.floor_gbps * 1e6);
   return row;
 }
 

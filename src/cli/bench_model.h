@@ -119,13 +119,19 @@ struct BenchDevice {
   std::string weight_link;     ///< "HBM read" | "host read"
   std::string weight_form;     ///< how the step reads them: "as stored in the GGUF" | "fp32, dequantised at load"
   double h2d_gbps = 0;         ///< GPU: pinned host -> device copies (0 on the CPU); --gpus: the distinct
-                               ///< GPUs' links together (link_gbps summed)
+                               ///< GPUs' links together (link_gbps summed; the floor is floor_ms's)
   /// --gpus: the tensor-parallel GPUs, each distinct GPU's measured link
-  /// (GB/s, in order of first appearance) and how many distinct GPUs read
-  /// their share of a resident history from their own HBM.
+  /// (GB/s, in order of first appearance) and how many distinct GPUs there are.
   std::vector<int> gpus;
   std::vector<double> link_gbps;
   int hbm_devices = 1;
+  /// --gpus: a tg row's floor (ms per token) from its history and resident
+  /// bytes per token, the slowest GPU's: its shards' weights from its HBM
+  /// plus its heads' share of the history over its own link (resident: its
+  /// HBM). Empty: the one-device formula (weight_bytes, history_gbps).
+  std::function<double(const std::string& placement, double history_bytes, double resident_bytes,
+                       double weights_gbps)>
+      floor_ms;
   std::string depth_fill = "prefill";
   bool cuda_graphs = false;    ///< GPU decode steps with gpu placement ran as CUDA graphs (--cuda-graphs on)
   /// GB/s of the history path for a placement (host and partial -- its
@@ -134,7 +140,7 @@ struct BenchDevice {
   /// As above, with the weights' link (and the CPU's history path) at
   /// `weights_gbps`: a tg row's probed bandwidth (probe_gbps).
   double history_gbps(const std::string& placement, double weights_gbps) const {
-    return placement != "gpu" && h2d_gbps > 0 ? h2d_gbps : weights_gbps * hbm_devices;
+    return placement != "gpu" && h2d_gbps > 0 ? h2d_gbps : weights_gbps;
   }
   /// The CPU: a short host-read probe (GB/s, the working set weight_gbps was
   /// measured on) that run_tg calls right before and right after each

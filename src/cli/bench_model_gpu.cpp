@@ -92,14 +92,16 @@ void tensor_parallel_device(BenchDevice& d, const ModelBenchArgs& a, const gguf:
   const model::ModelTensors t = model::ModelTensors::find(f, c);
   const model::TensorSplitPlan plan = model::plan_tensor_split(c, t, int(a.gpus.size()));
   std::vector<int> distinct;
-  std::vector<double> bytes;  // [distinct GPU] decode bytes its shards read
+  std::vector<double> bytes, share;  // [distinct GPU] decode bytes its shards read; their part of the history
   for (size_t i = 0; i < a.gpus.size(); ++i) {
     const size_t k = size_t(std::find(distinct.begin(), distinct.end(), a.gpus[i]) - distinct.begin());
     if (k == distinct.size()) {
       distinct.push_back(a.gpus[i]);
       bytes.push_back(0);
+      share.push_back(0);
     }
     bytes[k] += double(plan.decode_bytes(int(i)));
+    share[k] += double(plan.shards[i].kv_heads.heads) / double(c.n_kv_heads);
   }
   d.gpus = a.gpus;
   d.hbm_devices = int(distinct.size());
@@ -114,6 +116,18 @@ void tensor_parallel_device(BenchDevice& d, const ModelBenchArgs& a, const gguf:
     d.h2d_gbps += d.link_gbps.back();
   }
   cuda::check_cuda(cudaSetDevice(prev), "cudaSetDevice");
+  // The slowest GPU bounds the step (the all-reduces join them every layer).
+  // HBM: GPU 0's measured rate for every GPU (the same model of GPU).
+  d.floor_ms = [bytes, share, links = d.link_gbps](const std::string& placement, double history, double resident,
+                                                   double hbm) {
+    double worst = 0;
+    for (size_t g = 0; g < bytes.size(); ++g) {
+      const double path = placement == "gpu" ? hbm : links[g];
+      worst = std::max(worst, bytes[g] / (hbm * 1e6) + share[g] * history / (path * 1e6) +
+                                  share[g] * resident / (hbm * 1e6));
+    }
+    return worst;
+  };
   std::string list;
   for (int g : a.gpus) list += fmt::format("{}{}", list.empty() ? "" : ",", g);
   d.name = fmt::format("{} x {} (GPUs {}), tensor parallel", a.gpus.size(), d.name, list);

@@ -216,9 +216,12 @@ std::string json_report(const BenchRun& run) {
   if (!d.gpus.empty())
     j["tensor_parallel"] = {{"gpus", d.gpus}, {"link_gbps_per_distinct_gpu", d.link_gbps},
                             {"distinct_gpus", d.hbm_devices},
-                            {"floor", "weight_bytes_per_token is the largest GPU's share (its shards' decode reads); "
-                                      "h2d_gbps the distinct GPUs' links summed; gpu placement's history over "
-                                      "weights_gbps x distinct_gpus; the all-reduces' latency is not in the floor"}};
+                            {"floor", "tg rows: the slowest GPU's: its shards' decode reads / weights_gbps + its "
+                                      "heads' share of history_bytes_per_token / its link (gpu placement: / "
+                                      "weights_gbps) + that share of resident_bytes_per_token / weights_gbps. "
+                                      "weight_bytes_per_token is the largest GPU's read; weights_gbps GPU 0's HBM "
+                                      "for every GPU; the links were measured one at a time (not together); the "
+                                      "all-reduces' latency is not in the floor"}};
   if (run.parallel) add_parallel_json(run, j);  // its own rows, floor and fills
   else j["rows"] = single_rows(run);
   return j.dump(2) + "\n";

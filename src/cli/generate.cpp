@@ -215,6 +215,7 @@ void check_args(const GenerateArgs& a, const std::string& device) {
       throw Error(fmt::format("--gpus takes --kv-format bf16 only for now, not {}", a.kv_format));
     if (a.cpu_share != kCpuShareUnset && a.cpu_share != 0)
       throw Error("--gpus cannot give pages to the CPU (--cpu-share) yet");
+    if (a.cuda_graphs == "on") throw Error("--gpus runs kernel by kernel: leave out --cuda-graphs on");
     for (int g : a.gpus)
       if (g < 0) throw Error(fmt::format("--gpus: device {} is negative", g));
   }

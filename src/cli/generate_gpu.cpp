@@ -170,7 +170,7 @@ int run_generate_tp(const GenerateArgs& a) {
   r.device = fmt::format("{} x {} (GPUs {}), tensor parallel, all-reduce by {}", n, rt.stats(0).device, gpus,
                          rt.uses_nccl() ? "NCCL" : "local sums");
   r.kv_format = a.kv_format;
-  r.placement = rt.stats(0).placement.reason + " (per GPU; its heads' bytes only)";
+  r.placement = rt.stats(0).placement.reason + " (each GPU, whole pages; it reads its heads' bytes of them)";
   r.weight_bytes = weights;
   r.prompt_tokens = int64_t(prompt.size());
   fmt::print(stderr, "activekv: {} | {} | weights {:.1f} MiB over {} GPUs | {} layers, {} KV heads x {} | bf16 history, "
@@ -180,7 +180,11 @@ int run_generate_tp(const GenerateArgs& a) {
   t0 = std::chrono::steady_clock::now();
   const int32_t next = rt.prefill(prompt, prefill_progress(t0));
   r.prefill_ms = ms_since(t0);
-  r.prefill_history = prefill_history(rt.stats(0)) + " (per GPU)";
+  runtime::RuntimeStats prefill = rt.stats(0);  // shard 0's plan; the bytes every shard moved
+  prefill.prefill_moved_bytes = 0;
+  for (int i = 0; i < n; ++i) prefill.prefill_moved_bytes += rt.stats(i).prefill_moved_bytes;
+  r.prefill_history = prefill_history(prefill) + " (each GPU)";
+  r.prefill_moved_bytes = double(prefill.prefill_moved_bytes);
   decode_tokens(a, tok, rt, next, r);
   r.streamed_bytes = r.resident_bytes = 0;
   for (int i = 0; i < n; ++i) {  // bytes: the shards' sums (each moves its heads' part of a page)
@@ -189,7 +193,7 @@ int run_generate_tp(const GenerateArgs& a) {
   }
   r.pages_resident = double(rt.stats(0).resident_pages);  // pages: every shard reads every page (its heads)
   r.pages_streamed = double(rt.stats(0).streamed_pages);
-  r.decode_route = rt.stats(0).pages;
+  r.decode_route = rt.stats(0).pages;  // pages and their whole bytes, as one GPU would read them
   r.cpu_bytes = 0;
   r.pages_cpu = 0;
   report(a, r);

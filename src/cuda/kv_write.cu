@@ -69,9 +69,20 @@ constexpr int kBlock = 256;
 
 }  // namespace
 
+namespace {
+// The shape's heads must lie in its pages (a head shard's range): else the writes would leave the page.
+void check_heads(const AttnShape& sh, const char* who) {
+  if (sh.kv_head0 < 0 || sh.n_kv_heads < 1 || sh.kv_head0 + sh.n_kv_heads > sh.page_heads())
+    throw InvalidArgument(std::string(who) + ": KV heads [" + std::to_string(sh.kv_head0) + ", " +
+                          std::to_string(sh.kv_head0 + sh.n_kv_heads) + ") do not lie in a page of " +
+                          std::to_string(sh.page_heads()) + " heads");
+}
+}  // namespace
+
 void launch_write_kv(const AttnShape& sh, const float* k, const float* v, int64_t row_stride, int n, int slot0,
                      void* device_page, void* host_page, cudaStream_t stream) {
   if (n <= 0) return;
+  check_heads(sh, "launch_write_kv");
   if (slot0 < 0 || slot0 + n > sh.page_size)
     throw InvalidArgument("launch_write_kv: slots [" + std::to_string(slot0) + ", " + std::to_string(slot0 + n) +
                           ") outside a page of " + std::to_string(sh.page_size));
@@ -90,6 +101,7 @@ void launch_write_kv_slots(const AttnShape& sh, const float* k, const float* v, 
     throw InvalidArgument("launch_write_kv_slots: " + std::to_string(n) + " rows, 1.." + std::to_string(kMaxKvSlots) +
                           " allowed");
   if (sh.head_dim % 2 != 0) throw InvalidArgument("launch_write_kv_slots: odd head_dim");
+  check_heads(sh, "launch_write_kv_slots");
   KvSlots all{};
   for (int i = 0; i < n; ++i) {
     if (slots[i].slot < 0 || slots[i].slot >= sh.page_size)

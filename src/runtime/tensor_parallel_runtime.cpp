@@ -7,6 +7,9 @@
 
 #include <algorithm>
 
+#include "activekv/cuda/device_pages.h"
+#include "activekv/route/placement.h"
+
 #include "activekv/cuda/decode_engine.h"
 #include "activekv/cuda/pinned_memory.h"
 #include "activekv/cuda/prefill.h"
@@ -66,6 +69,7 @@ struct TensorParallelRuntime::Impl {
   Impl(const gguf::File& f, const model::ModelConfig& cfg, const RuntimeOptions& o, const std::vector<int>& devices);
   ~Impl();
   void release();
+  void place_histories();
   int home() const { return fw->device(0); }
   void check_tokens(std::span<const int32_t> tokens) const;
   int32_t run_chunk(std::span<const int32_t> tokens, bool decode);
@@ -85,6 +89,8 @@ TensorParallelRuntime::Impl::Impl(const gguf::File& f, const model::ModelConfig&
     store = std::make_unique<kv::PageStore>(kv_shape, size_t(pages_per_layer) * size_t(kv_shape.n_layers),
                                             &cuda::pinned_host_memory());
     seq = std::make_unique<kv::SequenceKv>(*store);
+    // What every shard needs beside its history first, so that the budgets
+    // below see the memory left (as GpuSequence allocates before its HistoryView).
     for (int i = 0; i < fw->n_shards(); ++i) {
       auto s = std::make_unique<TpShard>();
       s->device = fw->device(i);
@@ -97,28 +103,62 @@ TensorParallelRuntime::Impl::Impl(const gguf::File& f, const model::ModelConfig&
       cuda::check_cuda(cudaGetDeviceProperties(&prop, s->device), "cudaGetDeviceProperties");
       s->stats.device = prop.name;
       s->stats.weight_bytes = fw->weight_bytes(i);
-      s->history = std::make_unique<HistoryView>(*seq, layer_windows(c), rows_cap, s->attn, opt, s->stats);
       s->engine = std::make_unique<cuda::DecodeEngine>(sequence_engine_config(c, opt, s->attn, fw->stream(i)));
       s->prefill = std::make_unique<cuda::PrefillAttention>(s->attn);
       shards.push_back(std::move(s));
     }
-    DeviceScope on(home());
-    sampler = std::make_unique<cuda::GpuSampler>(c.vocab_size, opt.sampling);
-    ids = cuda::device_alloc<int32_t>(size_t(rows_cap), "tensor parallel: token ids");
-    pos = cuda::device_alloc<int64_t>(size_t(opt.n_ctx), "tensor parallel: positions");
-    sampled = cuda::device_alloc<int32_t>(1, "tensor parallel: the sampled token");
-    std::vector<int64_t> p(size_t(opt.n_ctx));
-    for (size_t i = 0; i < p.size(); ++i) p[i] = int64_t(i);
-    cuda::check_cuda(cudaMemcpy(pos, p.data(), p.size() * sizeof(int64_t), cudaMemcpyHostToDevice), "positions");
-    void* h = nullptr;
-    cuda::check_cuda(cudaHostAlloc(&h, size_t(rows_cap + 1) * sizeof(int32_t), cudaHostAllocPortable),
-                     "cudaHostAlloc (token ids)");
-    host_ids = static_cast<int32_t*>(h);
-    cuda::check_cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
+    {
+      DeviceScope on(home());
+      sampler = std::make_unique<cuda::GpuSampler>(c.vocab_size, opt.sampling);
+      ids = cuda::device_alloc<int32_t>(size_t(rows_cap), "tensor parallel: token ids");
+      pos = cuda::device_alloc<int64_t>(size_t(opt.n_ctx), "tensor parallel: positions");
+      sampled = cuda::device_alloc<int32_t>(1, "tensor parallel: the sampled token");
+      std::vector<int64_t> p(size_t(opt.n_ctx));
+      for (size_t i = 0; i < p.size(); ++i) p[i] = int64_t(i);
+      cuda::check_cuda(cudaMemcpy(pos, p.data(), p.size() * sizeof(int64_t), cudaMemcpyHostToDevice), "positions");
+      void* h = nullptr;
+      cuda::check_cuda(cudaHostAlloc(&h, size_t(rows_cap + 1) * sizeof(int32_t), cudaHostAllocPortable),
+                       "cudaHostAlloc (token ids)");
+      host_ids = static_cast<int32_t*>(h);
+      cuda::check_cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
+    }
+    place_histories();
   } catch (...) {
     release();
     throw;
   }
+}
+
+// Each shard's HistoryView with its share of its GPU's budget: shards on one
+// GPU split it (--gpu-kv-mem is per GPU; 0: the free memory less the margin,
+// measured once per GPU before its first shard takes any). Every shard must
+// land on the same placement: the steps and the reports assume one.
+void TensorParallelRuntime::Impl::place_histories() {
+  std::vector<int> seen;
+  std::vector<size_t> budget;  // [distinct GPU]
+  for (const auto& s : shards) {
+    if (std::find(seen.begin(), seen.end(), s->device) != seen.end()) continue;
+    DeviceScope on(s->device);
+    const cuda::GpuMemory mem = cuda::gpu_memory();
+    seen.push_back(s->device);
+    budget.push_back(opt.gpu_kv_mem > 0 ? opt.gpu_kv_mem : route::default_gpu_kv_budget(mem.free, mem.total));
+  }
+  for (size_t i = 0; i < shards.size(); ++i) {
+    TpShard& s = *shards[i];
+    const size_t g = size_t(std::find(seen.begin(), seen.end(), s.device) - seen.begin());
+    const size_t sharing = size_t(std::count_if(shards.begin(), shards.end(),
+                                                [&](const auto& o) { return o->device == s.device; }));
+    RuntimeOptions mine = opt;
+    mine.gpu_kv_mem = std::max<size_t>(budget[g] / sharing, 1);
+    DeviceScope on(s.device);
+    s.history = std::make_unique<HistoryView>(*seq, layer_windows(c), rows_cap, s.attn, mine, s.stats);
+  }
+  for (const auto& s : shards)
+    if (s->stats.placement.placement != shards[0]->stats.placement.placement)
+      throw Error(fmt::format("tensor parallel: GPU {} would hold its history {} and GPU {} {} (their budgets "
+                              "differ); give --kv-placement host, or a --gpu-kv-mem every GPU has",
+                              shards[0]->device, route::placement_name(shards[0]->stats.placement.placement),
+                              s->device, route::placement_name(s->stats.placement.placement)));
 }
 
 TensorParallelRuntime::Impl::~Impl() { release(); }
@@ -227,13 +267,6 @@ int32_t TensorParallelRuntime::prefill(std::span<const int32_t> prompt, const Pr
   if (prompt.empty()) throw InvalidArgument("prefill: the prompt is empty");
   I.check_tokens(prompt);
   const int chunk = I.opt.prefill_chunk;
-  for (auto& s : I.shards) {  // each shard's plan under its own budget; the chunks are the same
-    DeviceScope on(s->device);
-    const route::PrefillPlan plan = s->history->plan_prefill(int64_t(prompt.size()), chunk, chunk);
-    s->history->begin_prefill(plan, I.fw->stream(int(&s - I.shards.data())));
-    s->stats.prefill_streamed = plan.streamed;
-    s->stats.prefill_chunk = plan.chunk;
-  }
   int32_t next = -1;
   const auto end_prefill = [&] {
     for (auto& s : I.shards) {
@@ -242,6 +275,22 @@ int32_t TensorParallelRuntime::prefill(std::span<const int32_t> prompt, const Pr
     }
   };
   try {
+    for (auto& s : I.shards) {  // each shard's plan under its own budget; the chunks are the same
+      DeviceScope on(s->device);
+      const cudaStream_t st = I.fw->stream(int(&s - I.shards.data()));
+      route::PrefillPlan plan = s->history->plan_prefill(int64_t(prompt.size()), chunk, chunk);
+      try {
+        s->history->begin_prefill(plan, st);
+      } catch (const cuda::CudaError&) {
+        if (plan.streamed) throw;
+        // The budget said the prompt fits, the device memory is not there now: stream it (as GpuSequence does).
+        plan = s->history->plan_prefill(int64_t(prompt.size()), chunk, chunk, /*allow_resident=*/false);
+        s->history->begin_prefill(plan, st);
+      }
+      s->stats.prefill_streamed = plan.streamed;
+      s->stats.prefill_chunk = plan.chunk;
+      s->stats.prefill_staging_pages = plan.staging_pages;
+    }
     for (size_t done = 0; done < prompt.size();) {
       const size_t n = std::min(prompt.size() - done, size_t(chunk));
       next = I.run_chunk(prompt.subspan(done, n), false);

@@ -264,6 +264,8 @@ case $CASE in
     expect 1 "bench: --gpus does not run --parallel rows yet" -- bench -m "$m" --device cuda --gpus 0,0 --parallel 2
     expect 1 "--gpus takes --kv-format bf16 only for now, not int8s" -- generate -m "$m" --device cuda --gpus 0,0 --kv-format int8s
     expect 1 "--gpus cannot give pages to the CPU" -- generate -m "$m" --device cuda --gpus 0,0 --cpu-share 0.5
+    expect 1 "--gpus runs kernel by kernel: leave out --cuda-graphs on" -- generate -m "$m" --device cuda --gpus 0,0 --cuda-graphs on
+    expect 1 "bench: --gpus runs kernel by kernel" -- bench -m "$m" --device cuda --gpus 0,0 --cuda-graphs on
     ;;
   bad_args)  # rejected by the same validators in generate and eval, before any work
     expect 1 "--gpus needs the GPU path" -- generate --device cpu --gpus 0,1 -n 1

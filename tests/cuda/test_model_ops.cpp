@@ -600,6 +600,12 @@ TEST(KvWrite, HeadShardsWriteTheirPlanesOfTheWholePage) {
     }
   }
   EXPECT_EQ(got.download(), want.download());
+  AttnShape outside = whole;  // heads [2, 4) of a 3-head page: refused, nothing written past the page
+  outside.kv_head0 = 2;
+  outside.n_kv_heads = 2;
+  outside.page_kv_heads = 3;
+  EXPECT_THROW(launch_write_kv(outside, k.get(), v.get(), int64_t(row), 1, 0, got.get(), nullptr, s.get()),
+               InvalidArgument);
 }
 
 }  // namespace

@@ -14,15 +14,20 @@
 // What it takes, first version (refused in one line otherwise): the exact
 // route (bf16 pages; conversion would run once per shard over the same
 // pages), no CPU share (the engine's head shards refuse CPU pages), no
-// observer, no CUDA graphs (the option is ignored: every step runs kernel by
-// kernel). Placement and budget are per shard, as GpuSequence chooses them
-// on one GPU (auto: gpu when the history fits each device, else partial).
+// observer. opt.cuda_graphs is ignored: every step runs kernel by kernel
+// (the CLI refuses --cuda-graphs on with --gpus). Placement is chosen per
+// shard as GpuSequence chooses it on one GPU (auto: gpu when the history
+// fits, else partial) within the shard's budget: opt.gpu_kv_mem is per GPU
+// (0: its free memory less the margin), split evenly between the shards on
+// one GPU; shards that would land on different placements are refused.
 //
-// Exactness: each shard's attention is bitwise the single-GPU engine's for
-// its heads; the row-parallel products sum in another order
-// (TensorParallelForward), so logits equal the single-GPU runtime's within
-// fp32 summation order, and greedy tokens agree unless two logits are that
-// close.
+// Exactness: a shard's decode attention is bitwise the single-GPU engine's
+// for its heads (the same kernels, split boundaries and merge). Its prefill
+// attention chooses its own key splits (fewer heads, so possibly more
+// splits): equal within fp32 rounding of the merge. The row-parallel
+// products sum in another order (TensorParallelForward). So logits equal
+// the single-GPU runtime's within fp32 summation order, and greedy tokens
+// agree unless two logits are that close.
 //
 // Needs CUDA GPUs. Not thread-safe.
 #pragma once
