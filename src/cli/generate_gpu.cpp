@@ -53,6 +53,27 @@ std::string prefill_history(const runtime::RuntimeStats& st) {
                      st.prefill_chunk, st.prefill_staging_pages, double(st.prefill_moved_bytes) / double(1 << 20));
 }
 
+// The model file, its config and tokenizer, the prompt and the context of a GPU generation.
+struct GpuInputs {
+  gguf::File file;
+  model::ModelConfig config;
+  Tokenizer tok;
+  std::vector<int32_t> prompt;
+  int64_t n_ctx = 0;
+};
+
+GpuInputs open_inputs(const GenerateArgs& a, GenerationReport& r) {
+  r.model_path = a.model.empty() ? default_model_path() : a.model;
+  gguf::File file = gguf::File::open(r.model_path);
+  model::ModelConfig c = model::ModelConfig::from_gguf(file);
+  Tokenizer tok = Tokenizer::from_gguf(file);
+  std::vector<int32_t> prompt = prompt_ids(a, tok);
+  const int64_t n_ctx = context_size(a, prompt.size());
+  if (n_ctx > c.context_length)
+    fmt::print(stderr, "warning: context {} exceeds the model's trained context {}\n", n_ctx, c.context_length);
+  return {std::move(file), std::move(c), std::move(tok), std::move(prompt), n_ctx};
+}
+
 // Prefill done, `next` its token: streams the tokens and decodes until -n
 // or end of text, timing each step (GpuRuntime or TensorParallelRuntime).
 template <class Runtime>
@@ -84,14 +105,12 @@ int run_generate_gpu(const GenerateArgs& a) {
   if (!a.gpus.empty()) return run_generate_tp(a);
   GenerationReport r;
   auto t0 = std::chrono::steady_clock::now();
-  r.model_path = a.model.empty() ? default_model_path() : a.model;
-  const gguf::File file = gguf::File::open(r.model_path);
-  const model::ModelConfig c = model::ModelConfig::from_gguf(file);
-  const Tokenizer tok = Tokenizer::from_gguf(file);
-  const std::vector<int32_t> prompt = prompt_ids(a, tok);
-  const int64_t n_ctx = context_size(a, prompt.size());
-  if (n_ctx > c.context_length)
-    fmt::print(stderr, "warning: context {} exceeds the model's trained context {}\n", n_ctx, c.context_length);
+  const GpuInputs in = open_inputs(a, r);
+  const gguf::File& file = in.file;
+  const model::ModelConfig& c = in.config;
+  const Tokenizer& tok = in.tok;
+  const std::vector<int32_t>& prompt = in.prompt;
+  const int64_t n_ctx = in.n_ctx;
   runtime::GpuRuntime rt(file, c, runtime_options(a, n_ctx));
   const runtime::RuntimeStats& st = rt.stats();
   r.load_ms = ms_since(t0);
@@ -145,14 +164,12 @@ namespace {
 int run_generate_tp(const GenerateArgs& a) {
   GenerationReport r;
   auto t0 = std::chrono::steady_clock::now();
-  r.model_path = a.model.empty() ? default_model_path() : a.model;
-  const gguf::File file = gguf::File::open(r.model_path);
-  const model::ModelConfig c = model::ModelConfig::from_gguf(file);
-  const Tokenizer tok = Tokenizer::from_gguf(file);
-  const std::vector<int32_t> prompt = prompt_ids(a, tok);
-  const int64_t n_ctx = context_size(a, prompt.size());
-  if (n_ctx > c.context_length)
-    fmt::print(stderr, "warning: context {} exceeds the model's trained context {}\n", n_ctx, c.context_length);
+  const GpuInputs in = open_inputs(a, r);
+  const gguf::File& file = in.file;
+  const model::ModelConfig& c = in.config;
+  const Tokenizer& tok = in.tok;
+  const std::vector<int32_t>& prompt = in.prompt;
+  const int64_t n_ctx = in.n_ctx;
   runtime::RuntimeOptions o = runtime_options(a, n_ctx);
   o.cpu_share = 0;
   o.cuda_graphs = false;  // the tensor-parallel runtime runs kernel by kernel

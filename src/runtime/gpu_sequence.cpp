@@ -149,13 +149,18 @@ void GpuSequence::Impl::release() {
   token_ready = nullptr;
 }
 
-void GpuSequence::Impl::check_tokens(std::span<const int32_t> tokens) const {
+void check_sequence_tokens(const model::ModelConfig& c, std::span<const int32_t> tokens, int64_t n_tokens,
+                           int64_t n_ctx) {
   for (int32_t id : tokens)
     if (id < 0 || id >= c.vocab_size)
       throw InvalidArgument(fmt::format("token id {} outside the vocabulary of {}", id, c.vocab_size));
-  if (seq->n_tokens() + int64_t(tokens.size()) > opt.n_ctx)
+  if (n_tokens + int64_t(tokens.size()) > n_ctx)
     throw InvalidArgument(fmt::format("the history would hold {} tokens, the context is {} (-c)",
-                                      seq->n_tokens() + int64_t(tokens.size()), opt.n_ctx));
+                                      n_tokens + int64_t(tokens.size()), n_ctx));
+}
+
+void GpuSequence::Impl::check_tokens(std::span<const int32_t> tokens) const {
+  check_sequence_tokens(c, tokens, seq->n_tokens(), opt.n_ctx);
 }
 
 void GpuSequence::Impl::stage_decode_token(int32_t token, int32_t* dst, cudaStream_t s) {

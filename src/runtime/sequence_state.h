@@ -34,6 +34,11 @@ cuda::AttnShape sequence_attn_shape(const model::ModelConfig& c, const RuntimeOp
 /// [model layer] each layer's sliding window (0: it attends the whole history).
 std::vector<int> layer_windows(const model::ModelConfig& c);
 
+/// Throws InvalidArgument for a token id outside c's vocabulary, or when
+/// `n_tokens` held plus the new ones would pass n_ctx (one line each).
+void check_sequence_tokens(const model::ModelConfig& c, std::span<const int32_t> tokens, int64_t n_tokens,
+                           int64_t n_ctx);
+
 /// The decode engine a sequence of `opt` on model `c` runs (attention shape
 /// `attn`, enqueued on the model's `stream`).
 cuda::EngineConfig sequence_engine_config(const model::ModelConfig& c, const RuntimeOptions& opt,

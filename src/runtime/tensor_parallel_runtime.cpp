@@ -191,12 +191,7 @@ void TensorParallelRuntime::Impl::release() {
 }
 
 void TensorParallelRuntime::Impl::check_tokens(std::span<const int32_t> tokens) const {
-  for (int32_t id : tokens)
-    if (id < 0 || id >= c.vocab_size)
-      throw InvalidArgument(fmt::format("token id {} outside the vocabulary of {}", id, c.vocab_size));
-  if (seq->n_tokens() + int64_t(tokens.size()) > opt.n_ctx)
-    throw InvalidArgument(fmt::format("the history would hold {} tokens, the context is {} (-c)",
-                                      seq->n_tokens() + int64_t(tokens.size()), opt.n_ctx));
+  check_sequence_tokens(c, tokens, seq->n_tokens(), opt.n_ctx);
 }
 
 // One chunk (a decode step: one row through each shard's engine; prefill:
