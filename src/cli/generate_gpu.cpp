@@ -106,11 +106,7 @@ int run_generate_gpu(const GenerateArgs& a) {
   GenerationReport r;
   auto t0 = std::chrono::steady_clock::now();
   const GpuInputs in = open_inputs(a, r);
-  const gguf::File& file = in.file;
-  const model::ModelConfig& c = in.config;
-  const Tokenizer& tok = in.tok;
-  const std::vector<int32_t>& prompt = in.prompt;
-  const int64_t n_ctx = in.n_ctx;
+  const auto& [file, c, tok, prompt, n_ctx] = in;
   runtime::GpuRuntime rt(file, c, runtime_options(a, n_ctx));
   const runtime::RuntimeStats& st = rt.stats();
   r.load_ms = ms_since(t0);
@@ -165,11 +161,7 @@ int run_generate_tp(const GenerateArgs& a) {
   GenerationReport r;
   auto t0 = std::chrono::steady_clock::now();
   const GpuInputs in = open_inputs(a, r);
-  const gguf::File& file = in.file;
-  const model::ModelConfig& c = in.config;
-  const Tokenizer& tok = in.tok;
-  const std::vector<int32_t>& prompt = in.prompt;
-  const int64_t n_ctx = in.n_ctx;
+  const auto& [file, c, tok, prompt, n_ctx] = in;
   runtime::RuntimeOptions o = runtime_options(a, n_ctx);
   o.cpu_share = 0;
   o.cuda_graphs = false;  // the tensor-parallel runtime runs kernel by kernel
