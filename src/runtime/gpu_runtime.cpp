@@ -3,7 +3,7 @@
 
 #include "activekv/runtime/gpu_model.h"
 #include "activekv/runtime/gpu_sequence.h"
-#include "sequence_state.h"
+#include "sequence_setup.h"
 
 namespace activekv::runtime {
 namespace {

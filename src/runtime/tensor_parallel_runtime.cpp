@@ -19,7 +19,7 @@
 #include "device_buffer.h"
 #include "device_scope.h"
 #include "history_view.h"
-#include "sequence_state.h"
+#include "sequence_setup.h"
 
 namespace activekv::runtime {
 namespace {
