@@ -51,7 +51,7 @@ void put_config(Out& out, const gguf::File& f) {
 
 /// The tensor-parallel split over n GPUs, or why the model does not split so.
 void put_split(Out& out, const gguf::File& f, int n) {
-  put(out, "\ntensor parallel over {} GPU{} (docs/tensor-parallel.md: planned, not yet runnable)\n", n,
+  put(out, "\ntensor parallel over {} GPU{} (what generate/bench --gpus load; docs/tensor-parallel.md)\n", n,
       n == 1 ? "" : "s");
   try {
     const model::ModelConfig c = model::ModelConfig::from_gguf(f);
