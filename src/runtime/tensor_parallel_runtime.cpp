@@ -261,7 +261,7 @@ int32_t TensorParallelRuntime::prefill(std::span<const int32_t> prompt, const Pr
   Impl& I = *impl_;
   if (prompt.empty()) throw InvalidArgument("prefill: the prompt is empty");
   I.check_tokens(prompt);
-  const int chunk = I.opt.prefill_chunk;
+  int chunk = I.opt.prefill_chunk;  // the shards' plans' smallest chunk (a streamed plan's may be smaller)
   int32_t next = -1;
   const auto end_prefill = [&] {
     for (auto& s : I.shards) {
@@ -273,15 +273,17 @@ int32_t TensorParallelRuntime::prefill(std::span<const int32_t> prompt, const Pr
     for (auto& s : I.shards) {  // each shard's plan under its own budget; the chunks are the same
       DeviceScope on(s->device);
       const cudaStream_t st = I.fw->stream(int(&s - I.shards.data()));
-      route::PrefillPlan plan = s->history->plan_prefill(int64_t(prompt.size()), chunk, chunk);
+      const int asked = I.opt.prefill_chunk;
+      route::PrefillPlan plan = s->history->plan_prefill(int64_t(prompt.size()), asked, asked);
       try {
         s->history->begin_prefill(plan, st);
       } catch (const cuda::CudaError&) {
         if (plan.streamed) throw;
         // The budget said the prompt fits, the device memory is not there now: stream it (as GpuSequence does).
-        plan = s->history->plan_prefill(int64_t(prompt.size()), chunk, chunk, /*allow_resident=*/false);
+        plan = s->history->plan_prefill(int64_t(prompt.size()), asked, asked, /*allow_resident=*/false);
         s->history->begin_prefill(plan, st);
       }
+      chunk = std::min(chunk, plan.chunk);
       s->stats.prefill_streamed = plan.streamed;
       s->stats.prefill_chunk = plan.chunk;
       s->stats.prefill_staging_pages = plan.staging_pages;
