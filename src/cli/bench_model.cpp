@@ -86,8 +86,6 @@ void check_args(const ModelBenchArgs& a, const std::string& device) {
   if (!a.gpus.empty()) {
     if (device != "cuda") throw Error("bench: --gpus needs --device cuda (or auto with a GPU)");
     if (!a.parallel.empty()) throw Error("bench: --gpus does not run --parallel rows yet");
-    for (const std::string& f : a.formats)
-      if (f != "bf16") throw Error(fmt::format("bench: --gpus takes -ctk bf16 only for now, not {}", f));
     if (a.cpu_share != kCpuShareUnset && a.cpu_share != 0)
       throw Error("bench: --gpus cannot give pages to the CPU (--cpu-share) yet");
     if (a.cuda_graphs == "on") throw Error("bench: --gpus runs kernel by kernel: leave out --cuda-graphs on");
@@ -322,7 +320,7 @@ void add_bench(CLI::App& app, std::function<int()>& run) {
       ->capture_default_str();
   app.add_option("--gpus", a->gpus,
                  "CUDA: the model tensor parallel over these GPUs (e.g. 0,1; 0,0: two shards on GPU 0), each "
-                 "streaming its heads' history over its own link; -ctk bf16, no --cpu-share or --parallel")
+                 "streaming its heads' history over its own link; no --cpu-share, --parallel or --cuda-graphs on")
       ->delimiter(',');
   add_cuda_graphs_option(app, a->cuda_graphs);
   add_cpu_share_option(app, a->cpu_share);

@@ -59,7 +59,7 @@ class TpSession final : public BenchSession {
   int64_t n_tokens() const override { return rt_.n_tokens(); }
   int32_t prefill(std::span<const int32_t> tokens) override { return rt_.prefill(tokens); }
   int32_t decode(int32_t token) override { return rt_.decode(token); }
-  void wait_conversions() override {}  // bf16 only: nothing converts
+  void wait_conversions() override { rt_.wait_conversions(); }
   double history_bytes() const override {
     return sum([&](const runtime::RuntimeStats& st) { return gpu() ? st.resident_bytes : st.streamed_bytes; });
   }

@@ -211,8 +211,6 @@ void check_args(const GenerateArgs& a, const std::string& device) {
                 "cuda only");
   if (!a.gpus.empty()) {
     if (device != "cuda") throw Error("--gpus needs the GPU path (--device cuda or auto with a GPU)");
-    if (a.kv_format != "bf16")
-      throw Error(fmt::format("--gpus takes --kv-format bf16 only for now, not {}", a.kv_format));
     if (a.cpu_share != kCpuShareUnset && a.cpu_share != 0)
       throw Error("--gpus cannot give pages to the CPU (--cpu-share) yet");
     if (a.cuda_graphs == "on") throw Error("--gpus runs kernel by kernel: leave out --cuda-graphs on");
@@ -355,8 +353,8 @@ void add_generate(CLI::App& app, std::function<int()>& run_fn) {
   add_cpu_share_option(app, a->cpu_share);
   app.add_option("--gpus", a->gpus,
                  "GPU: tensor parallel over these GPUs, one shard of the heads and FFN rows each, e.g. 0,1 (each "
-                 "GPU streams its heads' history over its own link; 0,0 runs two shards on GPU 0); bf16 history, "
-                 "no --cpu-share")
+                 "GPU streams its heads' history over its own link; 0,0 runs two shards on GPU 0); no --cpu-share, "
+                 "kernel by kernel (no CUDA graphs)")
       ->delimiter(',');
   app.add_option("--prefill-chunk", a->prefill_chunk, "Tokens per prefill forward pass")->capture_default_str()->check(in_range(1, 1 << 16));
   app.add_option("--json", a->json_out, "Also write the summary as JSON to this file (with command and commit)");

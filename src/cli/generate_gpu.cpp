@@ -182,9 +182,10 @@ int run_generate_tp(const GenerateArgs& a) {
   r.placement = rt.stats(0).placement.reason + " (each GPU, whole pages; it reads its heads' bytes of them)";
   r.weight_bytes = weights;
   r.prompt_tokens = int64_t(prompt.size());
-  fmt::print(stderr, "activekv: {} | {} | weights {:.1f} MiB over {} GPUs | {} layers, {} KV heads x {} | bf16 history, "
+  fmt::print(stderr, "activekv: {} | {} | weights {:.1f} MiB over {} GPUs | {} layers, {} KV heads x {} | {} history, "
              "page {} tokens | kv placement {} | {} prompt tokens\n",
-             r.model_path, r.device, weights / (1 << 20), n, c.n_layers, c.n_kv_heads, c.head_dim, a.page_size,
+             r.model_path, r.device, weights / (1 << 20), n, c.n_layers, c.n_kv_heads, c.head_dim, a.kv_format,
+             a.page_size,
              route::placement_name(rt.stats(0).placement.placement), prompt.size());
   t0 = std::chrono::steady_clock::now();
   const int32_t next = rt.prefill(prompt, prefill_progress(t0));

@@ -87,12 +87,13 @@ HistoryView::HistoryView(kv::SequenceKv& seq, const std::vector<int>& windows, i
   }
   if (!codecs_.empty()) {
     if (opt.convert_threads > 0) pool_ = std::make_unique<convert::ConversionPool>(opt.convert_threads);
-    compressed_ = std::make_unique<convert::CompressedHistory>(seq, codecs_, size_t(pages_per_layer_), pool_.get());
+    own_compressed_ = std::make_unique<convert::CompressedHistory>(seq, codecs_, size_t(pages_per_layer_), pool_.get());
+    compressed_ = own_compressed_.get();
   }
 }
 
 HistoryView::~HistoryView() {
-  compressed_.reset();  // cancels queued conversions, waits for running ones
+  own_compressed_.reset();  // cancels queued conversions, waits for running ones
   pool_.reset();
   cudaFree(tables_dev_);
 }
@@ -490,7 +491,15 @@ uint64_t HistoryView::route_version() const {
 }
 
 void HistoryView::committed() {
-  if (compressed_) compressed_->schedule();
+  if (own_compressed_) own_compressed_->schedule();
+}
+
+void HistoryView::read_conversions_of(HistoryView& owner) {
+  if (&owner.seq_ != &seq_ || owner.codecs_ != codecs_)
+    throw InvalidArgument("HistoryView: another view's conversions are of another history or route");
+  own_compressed_.reset();
+  pool_.reset();
+  compressed_ = owner.compressed_;
 }
 
 void HistoryView::wait_conversions() {

@@ -105,13 +105,19 @@ class HistoryView {
   /// Enqueued on `s`.
   void prefill_attention(int layer, int64_t pos0, int rows, const float* q, float* out, cuda::PrefillAttention& pa,
                          cudaStream_t s);
-  /// After a commit: queues conversion of pages that became full.
+  /// Tensor parallel (several views of one SequenceKv, one per head shard):
+  /// read `owner`'s published pages -- the same store and route -- instead
+  /// of converting every page again; this view then schedules no
+  /// conversion. Call before any step; `owner` must outlive this view.
+  void read_conversions_of(HistoryView& owner);
+  /// After a commit: queues conversion of pages that became full (not on a
+  /// view that reads another's conversions).
   void committed();
   /// Waits until every queued conversion has published its page.
   void wait_conversions();
   /// The route's published pages (nullptr for the exact route) and the
   /// model layers' store layers (-1: sliding), for GpuRuntime::host_history.
-  convert::CompressedHistory* compressed() const { return compressed_.get(); }
+  convert::CompressedHistory* compressed() const { return compressed_; }
   /// Changes whenever a compressed page is published (0 for exact routes): a
   /// decode step's route is the one of the version its tables were built at,
   /// so a step built ahead is stale once this moved (gpu_sequence.cpp).
@@ -169,7 +175,8 @@ class HistoryView {
   std::vector<std::vector<DevPage>> dev_encoded_;  // [layer][page] device copy of the encoded page
   std::vector<kv::CodecFormat> codecs_;            // the route's compressed format, if any
   std::unique_ptr<convert::ConversionPool> pool_;
-  std::unique_ptr<convert::CompressedHistory> compressed_;
+  std::unique_ptr<convert::CompressedHistory> own_compressed_;  // this view's conversions, if it converts
+  convert::CompressedHistory* compressed_ = nullptr;            // what the route reads: its own or an owner's
   // Device page tables [layer][page] for prefill attention, mirrored on the
   // host; changes go to the device as patches on the step's stream.
   const void** tables_dev_ = nullptr;

@@ -28,9 +28,6 @@ using cuda::DeviceScope;
 
 // Refuses, in one line each, what this first version does not take.
 void check_tensor_parallel_options(const RuntimeOptions& opt) {
-  if (opt.route.kind != route::RouteKind::exact)
-    throw InvalidArgument(fmt::format("tensor parallel (--gpus) takes the bf16 route only for now, not '{}'",
-                                      route::kind_name(opt.route.kind)));
   if (opt.cpu_share != 0)
     throw InvalidArgument("tensor parallel (--gpus) cannot give pages to the CPU (--cpu-share) yet");
   if (opt.observer) throw InvalidArgument("tensor parallel (--gpus) takes no stage observer");
@@ -152,6 +149,9 @@ void TensorParallelRuntime::Impl::place_histories() {
     mine.gpu_kv_mem = std::max<size_t>(budget[g] / sharing, 1);
     DeviceScope on(s.device);
     s.history = std::make_unique<HistoryView>(*seq, layer_windows(c), rows_cap, s.attn, mine, s.stats);
+    // One conversion of each page (whole pages: every head), by shard 0's
+    // view; the others read what it publishes (their heads' sections).
+    if (i > 0) s.history->read_conversions_of(*shards[0]->history);
   }
   for (const auto& s : shards)
     if (s->stats.placement.placement != shards[0]->stats.placement.placement)
@@ -167,9 +167,14 @@ void TensorParallelRuntime::Impl::release() {
   for (auto& s : shards) {
     DeviceScope on(s->device, false);
     if (s->engine) s->engine->synchronize();
-    s->history.reset();  // its device pages before the store
-    s->engine.reset();
-    s->prefill.reset();
+  }
+  // The views that read shard 0's conversions go before it (it owns them),
+  // every view (its device pages, the conversions) before the store.
+  for (auto it = shards.rbegin(); it != shards.rend(); ++it) {
+    DeviceScope on((*it)->device, false);
+    (*it)->history.reset();
+    (*it)->engine.reset();
+    (*it)->prefill.reset();
   }
   shards.clear();
   seq.reset();
@@ -319,6 +324,10 @@ std::vector<float> TensorParallelRuntime::last_logits() const {
   cuda::check_cuda(cudaMemcpy(out.data(), I.fw->logits(), out.size() * sizeof(float), cudaMemcpyDeviceToHost),
                    "download logits");
   return out;
+}
+
+void TensorParallelRuntime::wait_conversions() {
+  if (!impl_->shards.empty()) impl_->shards[0]->history->wait_conversions();  // shard 0 converts for all
 }
 
 int64_t TensorParallelRuntime::n_tokens() const { return impl_->seq->n_tokens(); }

@@ -233,7 +233,7 @@ case $CASE in
     check_bench "--device cuda --gpu-kv-mem 0.0001" partial
     # Tensor parallel over two shards on GPU 0 (local sums; --gpus 0,1 needs two GPUs): bench rows and a generation.
     m=$(tiny_model)
-    out=$("$AKV" bench -m "$m" --device cuda --gpus 0,0 --kv-placement host,gpu -d 64 -p 16 -n 4 -r 1 2>&1) \
+    out=$("$AKV" bench -m "$m" --device cuda --gpus 0,0 --kv-placement host,gpu -ctk bf16,hybrid -d 64 -p 16 -n 4 -r 1 2>&1) \
       || fail "bench --gpus 0,0: $(tail -n 3 <<<"$out")"
     grep -qF "tensor parallel" <<<"$out" || fail "bench --gpus 0,0 does not name the split: $(tail -n 3 <<<"$out")"
     grep -qF "tg4 @ d64" <<<"$out" || fail "bench --gpus 0,0 has no decode row: $(tail -n 5 <<<"$out")"
@@ -259,10 +259,8 @@ case $CASE in
     expect 1 "head shards: device -1 is negative" -- bench decode --gpus 0,-1
     expect 1 "--cpu-share with --gpus of several shards" -- bench decode --gpus 0,0 --cpu-share 0.25
     # Tensor parallel (bench and generate --gpus): what the first version does not take, before the model loads.
-    expect 1 "bench: --gpus takes -ctk bf16 only for now, not hybrid" -- bench -m "$m" --device cuda --gpus 0,0 -ctk hybrid
     expect 1 "bench: --gpus cannot give pages to the CPU" -- bench -m "$m" --device cuda --gpus 0,0 --cpu-share 0.5
     expect 1 "bench: --gpus does not run --parallel rows yet" -- bench -m "$m" --device cuda --gpus 0,0 --parallel 2
-    expect 1 "--gpus takes --kv-format bf16 only for now, not int8s" -- generate -m "$m" --device cuda --gpus 0,0 --kv-format int8s
     expect 1 "--gpus cannot give pages to the CPU" -- generate -m "$m" --device cuda --gpus 0,0 --cpu-share 0.5
     expect 1 "--gpus runs kernel by kernel: leave out --cuda-graphs on" -- generate -m "$m" --device cuda --gpus 0,0 --cuda-graphs on
     expect 1 "bench: --gpus runs kernel by kernel" -- bench -m "$m" --device cuda --gpus 0,0 --cuda-graphs on

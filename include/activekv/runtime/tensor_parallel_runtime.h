@@ -11,10 +11,13 @@
 // page over its device's link; prefill attends its heads of device copies.
 // So each GPU moves 1/N of the history, over its own link.
 //
-// What it takes, first version (refused in one line otherwise): the exact
-// route (bf16 pages; conversion would run once per shard over the same
-// pages), no CPU share (the engine's head shards refuse CPU pages), no
-// observer. opt.cuda_graphs is ignored: every step runs kernel by kernel
+// Compressed routes (int8s, lossless13, hybrid): pages are converted once,
+// whole, by shard 0's view of the history (background threads as on one
+// GPU); every shard reads the published blobs, streaming only its heads'
+// parts (an int8s page's head sections; lossless13's planes).
+//
+// What it takes, first version (refused in one line otherwise): no CPU
+// share (the engine's head shards refuse CPU pages), no observer. opt.cuda_graphs is ignored: every step runs kernel by kernel
 // (the CLI refuses --cuda-graphs on with --gpus). Placement is chosen per
 // shard as GpuSequence chooses it on one GPU (auto: gpu when the history
 // fits, else partial) within the shard's budget: opt.gpu_kv_mem is per GPU
@@ -66,6 +69,9 @@ class TensorParallelRuntime {
   int32_t decode(int32_t token);
   /// Logits of the last position, [vocab] on the host.
   std::vector<float> last_logits() const;
+  /// Blocks until background conversion has published every page full now
+  /// (as GpuRuntime::wait_conversions; at once for bf16).
+  void wait_conversions();
 
   int64_t n_tokens() const;
   int n_shards() const;
