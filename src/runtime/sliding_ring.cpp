@@ -11,6 +11,19 @@ int64_t SlidingRing::ring_pages(int window, int max_rows, int page_size) {
   return (span + page_size - 1) / page_size + 1;                  // a span can straddle one more page
 }
 
+size_t SlidingRing::bytes_for(const cuda::AttnShape& attn, const std::vector<int>& windows, int max_rows,
+                              int64_t n_pages) {
+  int n = 0, window = 0;
+  for (int w : windows)
+    if (w > 0) {
+      ++n;
+      window = w;
+    }
+  if (n == 0) return 0;
+  return size_t(n) * size_t(ring_pages(window, max_rows, attn.page_size)) * attn.page_bytes() +
+         size_t(n) * size_t(n_pages) * sizeof(void*);
+}
+
 SlidingRing::SlidingRing(const cuda::AttnShape& attn, const std::vector<int>& windows, int max_rows, int64_t n_pages)
     : attn_(attn), index_(windows.size(), -1), max_rows_(max_rows), n_pages_(n_pages) {
   for (size_t l = 0; l < windows.size(); ++l) {

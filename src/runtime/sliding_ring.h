@@ -31,6 +31,10 @@ class SlidingRing {
   /// Pages in a ring for `window` tokens and chunks of up to `max_rows` rows:
   /// the most pages W + 32 + max_rows consecutive tokens can touch.
   static int64_t ring_pages(int window, int max_rows, int page_size);
+  /// Device bytes the rings and tables of the constructor's arguments take
+  /// (0 without a sliding layer): what a budget must leave for them.
+  static size_t bytes_for(const cuda::AttnShape& attn, const std::vector<int>& windows, int max_rows,
+                          int64_t n_pages);
 
   /// Rings for the layers with windows[l] > 0 (all of one window), tables of
   /// `n_pages` entries each; zeroed device memory. Throws CudaError naming

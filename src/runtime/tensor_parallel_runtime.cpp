@@ -67,6 +67,7 @@ struct TensorParallelRuntime::Impl {
   ~Impl();
   void release();
   void place_histories();
+  void build_tables(int64_t n_tokens);
   int home() const { return fw->device(0); }
   void check_tokens(std::span<const int32_t> tokens) const;
   int32_t run_chunk(std::span<const int32_t> tokens, bool decode);
@@ -126,27 +127,33 @@ TensorParallelRuntime::Impl::Impl(const gguf::File& f, const model::ModelConfig&
   }
 }
 
-// Each shard's HistoryView with its share of its GPU's budget: shards on one
-// GPU split it (--gpu-kv-mem is per GPU; 0: the free memory less the margin,
-// measured once per GPU before its first shard takes any). Every shard must
-// land on the same placement: the steps and the reports assume one.
+// Each shard's HistoryView with its share of a GPU's budget. --gpu-kv-mem
+// is per GPU, split evenly between the shards on it. Without it every shard
+// gets the smallest share any GPU offers (its free memory less the margin
+// and its shards' sliding rings, measured once per GPU before any view takes
+// memory), so that equal shards land on the same placement even when the
+// home GPU holds a little more (sampler, logits). Every shard must land on
+// the same placement: the steps and the reports assume one.
 void TensorParallelRuntime::Impl::place_histories() {
+  const int64_t pages = (opt.n_ctx + opt.page_size - 1) / opt.page_size;
+  const size_t ring = SlidingRing::bytes_for(shards[0]->attn, layer_windows(c), rows_cap, pages);
   std::vector<int> seen;
-  std::vector<size_t> budget;  // [distinct GPU]
+  size_t smallest = SIZE_MAX;
   for (const auto& s : shards) {
     if (std::find(seen.begin(), seen.end(), s->device) != seen.end()) continue;
+    seen.push_back(s->device);
+    const size_t sharing = size_t(std::count_if(shards.begin(), shards.end(),
+                                                [&](const auto& o) { return o->device == s->device; }));
     DeviceScope on(s->device);
     const cuda::GpuMemory mem = cuda::gpu_memory();
-    seen.push_back(s->device);
-    budget.push_back(opt.gpu_kv_mem > 0 ? opt.gpu_kv_mem : route::default_gpu_kv_budget(mem.free, mem.total));
+    const size_t gpu = opt.gpu_kv_mem > 0 ? opt.gpu_kv_mem : route::default_gpu_kv_budget(mem.free, mem.total);
+    const size_t rings = opt.gpu_kv_mem > 0 ? 0 : sharing * ring;  // an explicit budget is the history's alone
+    smallest = std::min(smallest, gpu > rings ? (gpu - rings) / sharing : 0);
   }
   for (size_t i = 0; i < shards.size(); ++i) {
     TpShard& s = *shards[i];
-    const size_t g = size_t(std::find(seen.begin(), seen.end(), s.device) - seen.begin());
-    const size_t sharing = size_t(std::count_if(shards.begin(), shards.end(),
-                                                [&](const auto& o) { return o->device == s.device; }));
     RuntimeOptions mine = opt;
-    mine.gpu_kv_mem = std::max<size_t>(budget[g] / sharing, 1);
+    mine.gpu_kv_mem = std::max<size_t>(smallest, 1);
     DeviceScope on(s.device);
     s.history = std::make_unique<HistoryView>(*seq, layer_windows(c), rows_cap, s.attn, mine, s.stats);
     // One conversion of each page (whole pages: every head), by shard 0's
@@ -199,6 +206,31 @@ void TensorParallelRuntime::Impl::check_tokens(std::span<const int32_t> tokens) 
   check_sequence_tokens(c, tokens, seq->n_tokens(), opt.n_ctx);
 }
 
+// Every shard's page tables for a step over n_tokens, all of one route: a
+// page that background conversion publishes while the shards' tables are
+// built would be read exact by some shards and compressed by others, so the
+// tables are built again until the published pages did not move meanwhile
+// (publication only adds pages: this ends).
+void TensorParallelRuntime::Impl::build_tables(int64_t n_tokens) {
+  std::vector<std::vector<cuda::SeqPages>> tables(shards.size());
+  for (uint64_t version = shards[0]->history->route_version();;) {
+    for (size_t i = 0; i < shards.size(); ++i) {
+      TpShard& s = *shards[i];
+      DeviceScope on(s.device);
+      s.route = RouteCounts{};
+      tables[i] = s.history->engine_tables(n_tokens, fw->stream(int(i)), s.route);
+    }
+    const uint64_t now = shards[0]->history->route_version();
+    if (now == version) break;
+    version = now;
+  }
+  for (size_t i = 0; i < shards.size(); ++i) {
+    DeviceScope on(shards[i]->device);
+    shards[i]->engine->update(tables[i]);
+    shards[i]->engine->begin_step();
+  }
+}
+
 // One chunk (a decode step: one row through each shard's engine; prefill:
 // rows attending each shard's device copies), committed, its token sampled.
 int32_t TensorParallelRuntime::Impl::run_chunk(std::span<const int32_t> tokens, bool decode) {
@@ -207,14 +239,9 @@ int32_t TensorParallelRuntime::Impl::run_chunk(std::span<const int32_t> tokens, 
   seq->reserve(T);  // may throw (store full): nothing written yet
   for (auto& s : shards) {
     DeviceScope on(s->device);
-    const cudaStream_t st = fw->stream(int(&s - shards.data()));
-    s->history->prepare(pos0, T, !decode, st);
-    if (decode) {
-      s->route = RouteCounts{};
-      s->engine->update(s->history->engine_tables(pos0 + 1, st, s->route));
-      s->engine->begin_step();
-    }
+    s->history->prepare(pos0, T, !decode, fw->stream(int(&s - shards.data())));
   }
+  if (decode) build_tables(pos0 + 1);
   DeviceScope home_scope(home());
   const cudaStream_t hs = fw->home_stream();
   std::copy(tokens.begin(), tokens.end(), host_ids);
@@ -241,18 +268,17 @@ int32_t TensorParallelRuntime::Impl::run_chunk(std::span<const int32_t> tokens, 
   cuda::check_cuda(cudaEventSynchronize(done), "waiting for the step");
   has_logits = true;
   seq->commit(T);
-  for (auto& s : shards) {
-    if (decode) {
-      const cuda::DecodeEngine::SeqFigures f = s->engine->sequence_figures(0);
-      s->stats.streamed_bytes += f.streamed;
-      s->stats.resident_bytes += f.resident;
-      s->stats.sliding_bytes += f.windowed_resident;
-      s->stats.copies += f.copies;
-      ++s->stats.decode_steps;
-      s->route.add_to(s->stats);
-    }
-    s->history->committed();
+  for (auto& s : shards) {  // every shard's figures first: shard 0's conversion (committed) may throw
+    if (!decode) continue;
+    const cuda::DecodeEngine::SeqFigures f = s->engine->sequence_figures(0);
+    s->stats.streamed_bytes += f.streamed;
+    s->stats.resident_bytes += f.resident;
+    s->stats.sliding_bytes += f.windowed_resident;
+    s->stats.copies += f.copies;
+    ++s->stats.decode_steps;
+    s->route.add_to(s->stats);
   }
+  for (auto& s : shards) s->history->committed();  // shard 0 converts for all
   return host_ids[rows_cap];
 }
 

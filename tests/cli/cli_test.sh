@@ -233,7 +233,7 @@ case $CASE in
     check_bench "--device cuda --gpu-kv-mem 0.0001" partial
     # Tensor parallel over two shards on GPU 0 (local sums; --gpus 0,1 needs two GPUs): bench rows and a generation.
     m=$(tiny_model)
-    out=$("$AKV" bench -m "$m" --device cuda --gpus 0,0 --kv-placement host,gpu -ctk bf16,hybrid -d 64 -p 16 -n 4 -r 1 2>&1) \
+    out=$("$AKV" bench -m "$m" --device cuda --gpus 0,0 --kv-placement host,gpu -ctk bf16,hybrid --page-size 16 -d 64 -p 16 -n 4 -r 1 2>&1) \
       || fail "bench --gpus 0,0: $(tail -n 3 <<<"$out")"
     grep -qF "tensor parallel" <<<"$out" || fail "bench --gpus 0,0 does not name the split: $(tail -n 3 <<<"$out")"
     grep -qF "tg4 @ d64" <<<"$out" || fail "bench --gpus 0,0 has no decode row: $(tail -n 5 <<<"$out")"
