@@ -84,7 +84,9 @@ void check_args(const ModelBenchArgs& a, const std::string& device) {
   if (a.recent_pages < 0) throw Error(fmt::format("bench: --recent-pages {}: must be >= 0", a.recent_pages));
   if (a.convert_threads < 0) throw Error(fmt::format("bench: --convert-threads {}: must be >= 0", a.convert_threads));
   if (!a.gpus.empty()) {
-    if (device != "cuda") throw Error("bench: --gpus needs --device cuda (or auto with a GPU)");
+    if (device != "cuda")
+      throw Error(a.device == "auto" ? "bench: --gpus needs a GPU, and none is usable here (--device auto chose the CPU)"
+                                     : "bench: --gpus needs --device cuda");
     if (!a.parallel.empty()) throw Error("bench: --gpus does not run --parallel rows yet");
     if (a.cpu_share != kCpuShareUnset && a.cpu_share != 0)
       throw Error("bench: --gpus cannot give pages to the CPU (--cpu-share) yet");

@@ -210,7 +210,9 @@ void check_args(const GenerateArgs& a, const std::string& device) {
     throw Error("--kv-placement, --gpu-kv-mem, --matvec-activations, --cuda-graphs and --cpu-share apply to --device "
                 "cuda only");
   if (!a.gpus.empty()) {
-    if (device != "cuda") throw Error("--gpus needs the GPU path (--device cuda or auto with a GPU)");
+    if (device != "cuda")
+      throw Error(a.device == "auto" ? "--gpus needs a GPU, and none is usable here (--device auto chose the CPU)"
+                                     : "--gpus needs the GPU path (--device cuda)");
     if (a.cpu_share != kCpuShareUnset && a.cpu_share != 0)
       throw Error("--gpus cannot give pages to the CPU (--cpu-share) yet");
     if (a.cuda_graphs == "on") throw Error("--gpus runs kernel by kernel: leave out --cuda-graphs on");

@@ -266,7 +266,7 @@ case $CASE in
     expect 1 "bench: --gpus runs kernel by kernel" -- bench -m "$m" --device cuda --gpus 0,0 --cuda-graphs on
     ;;
   bad_args)  # rejected by the same validators in generate and eval, before any work
-    expect 1 "--gpus needs the GPU path" -- generate --device cpu --gpus 0,1 -n 1
+    expect 1 "--gpus needs the GPU path (--device cuda)" -- generate --device cpu --gpus 0,1 -n 1
     expect 105 "--threads: Value 0 not in range" -- generate -t 0
     expect 105 "activekv: error: -n/--n-predict: Value abc is not a whole number" -- generate -n abc  # both names
     expect 105 "activekv: error: -d/--n-depth: 'abc' is not a token count" -- bench -d abc
