@@ -38,7 +38,7 @@ size_t max_encoded_bytes(kv::CodecFormat f, const kv::KvShape& s) {
 
 HistoryView::HistoryView(kv::SequenceKv& seq, const std::vector<int>& windows, int max_rows,
                          const cuda::AttnShape& attn, const RuntimeOptions& opt, RuntimeStats& stats,
-                         size_t budget_cap)
+                         size_t budget_cap, const HistoryView* conversions_of)
     : seq_(seq), windows_(windows), store_of_(windows.size(), -1), attn_(attn), opt_(opt), stats_(stats) {
   const kv::KvShape& shape = seq.shape();
   const int L = shape.n_layers;
@@ -85,7 +85,11 @@ HistoryView::HistoryView(kv::SequenceKv& seq, const std::vector<int>& windows, i
     calibration_ = cuda::measure_co_attention_rates(attn, threads, 0.1);
     stats.co_attention = calibration_->describe();
   }
-  if (!codecs_.empty()) {
+  if (conversions_of) {
+    if (&conversions_of->seq_ != &seq_ || conversions_of->codecs_ != codecs_)
+      throw InvalidArgument("HistoryView: another view's conversions are of another history or route");
+    compressed_ = conversions_of->compressed_;
+  } else if (!codecs_.empty()) {
     if (opt.convert_threads > 0) pool_ = std::make_unique<convert::ConversionPool>(opt.convert_threads);
     own_compressed_ = std::make_unique<convert::CompressedHistory>(seq, codecs_, size_t(pages_per_layer_), pool_.get());
     compressed_ = own_compressed_.get();
@@ -492,14 +496,6 @@ uint64_t HistoryView::route_version() const {
 
 void HistoryView::committed() {
   if (own_compressed_) own_compressed_->schedule();
-}
-
-void HistoryView::read_conversions_of(HistoryView& owner) {
-  if (&owner.seq_ != &seq_ || owner.codecs_ != codecs_)
-    throw InvalidArgument("HistoryView: another view's conversions are of another history or route");
-  own_compressed_.reset();
-  pool_.reset();
-  compressed_ = owner.compressed_;
 }
 
 void HistoryView::wait_conversions() {

@@ -58,9 +58,15 @@ class HistoryView {
   /// the GPU memory free now, and takes the device pages it needs. The
   /// budget is opt.gpu_kv_mem, or (0) the free memory less the margin but at
   /// most `budget_cap` (what the model's budget has left for this sequence).
-  /// Throws Error when --kv-placement gpu does not fit.
+  /// `conversions_of` (tensor parallel: several views of one SequenceKv, one
+  /// per head shard): read that view's published pages -- the same store and
+  /// route -- instead of converting every page again; this view then
+  /// schedules no conversion, and that view must outlive it.
+  /// Throws Error when --kv-placement gpu does not fit, InvalidArgument when
+  /// `conversions_of` is of another history or route.
   HistoryView(kv::SequenceKv& seq, const std::vector<int>& windows, int max_rows, const cuda::AttnShape& attn,
-              const RuntimeOptions& opt, RuntimeStats& stats, size_t budget_cap = SIZE_MAX);
+              const RuntimeOptions& opt, RuntimeStats& stats, size_t budget_cap = SIZE_MAX,
+              const HistoryView* conversions_of = nullptr);
   ~HistoryView();
   HistoryView(const HistoryView&) = delete;
   HistoryView& operator=(const HistoryView&) = delete;
@@ -105,11 +111,6 @@ class HistoryView {
   /// Enqueued on `s`.
   void prefill_attention(int layer, int64_t pos0, int rows, const float* q, float* out, cuda::PrefillAttention& pa,
                          cudaStream_t s);
-  /// Tensor parallel (several views of one SequenceKv, one per head shard):
-  /// read `owner`'s published pages -- the same store and route -- instead
-  /// of converting every page again; this view then schedules no
-  /// conversion. Call before any step; `owner` must outlive this view.
-  void read_conversions_of(HistoryView& owner);
   /// After a commit: queues conversion of pages that became full (not on a
   /// view that reads another's conversions).
   void committed();

@@ -109,11 +109,8 @@ TensorParallelRuntime::Impl::Impl(const gguf::File& f, const model::ModelConfig&
       DeviceScope on(home());
       sampler = std::make_unique<cuda::GpuSampler>(c.vocab_size, opt.sampling);
       ids = cuda::device_alloc<int32_t>(size_t(rows_cap), "tensor parallel: token ids");
-      pos = cuda::device_alloc<int64_t>(size_t(opt.n_ctx), "tensor parallel: positions");
+      pos = upload_positions(opt.n_ctx, "tensor parallel");
       sampled = cuda::device_alloc<int32_t>(1, "tensor parallel: the sampled token");
-      std::vector<int64_t> p(size_t(opt.n_ctx));
-      for (size_t i = 0; i < p.size(); ++i) p[i] = int64_t(i);
-      cuda::check_cuda(cudaMemcpy(pos, p.data(), p.size() * sizeof(int64_t), cudaMemcpyHostToDevice), "positions");
       void* h = nullptr;
       cuda::check_cuda(cudaHostAlloc(&h, size_t(rows_cap + 1) * sizeof(int32_t), cudaHostAllocPortable),
                        "cudaHostAlloc (token ids)");
@@ -155,10 +152,11 @@ void TensorParallelRuntime::Impl::place_histories() {
     RuntimeOptions mine = opt;
     mine.gpu_kv_mem = std::max<size_t>(smallest, 1);
     DeviceScope on(s.device);
-    s.history = std::make_unique<HistoryView>(*seq, layer_windows(c), rows_cap, s.attn, mine, s.stats);
     // One conversion of each page (whole pages: every head), by shard 0's
     // view; the others read what it publishes (their heads' sections).
-    if (i > 0) s.history->read_conversions_of(*shards[0]->history);
+    const HistoryView* converter = i > 0 ? shards[0]->history.get() : nullptr;
+    s.history = std::make_unique<HistoryView>(*seq, layer_windows(c), rows_cap, s.attn, mine, s.stats, SIZE_MAX,
+                                              converter);
   }
   for (const auto& s : shards)
     if (s->stats.placement.placement != shards[0]->stats.placement.placement)
