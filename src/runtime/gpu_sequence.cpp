@@ -47,13 +47,8 @@ void GpuSequence::Impl::build() {
   sampler = std::make_unique<cuda::GpuSampler>(c.vocab_size, opt.sampling);
   rows_cap = std::max(opt.prefill_chunk, opt.stream_chunk > 0 ? opt.stream_chunk : route::kMaxStreamChunk);
   ids = cuda::device_alloc<int32_t>(size_t(rows_cap), "GpuRuntime: token ids");
-  pos = cuda::device_alloc<int64_t>(size_t(opt.n_ctx), "GpuRuntime: positions");
+  pos = upload_positions(opt.n_ctx, "GpuRuntime");
   sampled = cuda::device_alloc<int32_t>(1, "GpuRuntime: the sampled token");
-  {
-    std::vector<int64_t> p(size_t(opt.n_ctx));
-    for (size_t i = 0; i < p.size(); ++i) p[i] = int64_t(i);
-    cuda::check_cuda(cudaMemcpy(pos, p.data(), p.size() * sizeof(int64_t), cudaMemcpyHostToDevice), "upload positions");
-  }
   void* h = nullptr;
   cuda::check_cuda(cudaHostAlloc(&h, size_t(rows_cap + 2) * sizeof(int32_t), cudaHostAllocPortable),
                    "cudaHostAlloc (token ids)");

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "activekv/core/error.h"
+#include "device_buffer.h"
 
 namespace activekv::runtime {
 
@@ -63,6 +64,18 @@ void check_sequence_tokens(const model::ModelConfig& c, std::span<const int32_t>
   if (n_tokens + int64_t(tokens.size()) > n_ctx)
     throw InvalidArgument(fmt::format("the history would hold {} tokens, the context is {} (-c)",
                                       n_tokens + int64_t(tokens.size()), n_ctx));
+}
+
+int64_t* upload_positions(int64_t n_ctx, const char* who) {
+  int64_t* pos = cuda::device_alloc<int64_t>(size_t(n_ctx), fmt::format("{}: positions", who));
+  std::vector<int64_t> p(static_cast<size_t>(n_ctx));
+  for (size_t i = 0; i < p.size(); ++i) p[i] = int64_t(i);
+  const cudaError_t e = cudaMemcpy(pos, p.data(), p.size() * sizeof(int64_t), cudaMemcpyHostToDevice);
+  if (e != cudaSuccess) {
+    cudaFree(pos);
+    cuda::check_cuda(e, fmt::format("{}: upload positions", who).c_str());
+  }
+  return pos;
 }
 
 }  // namespace activekv::runtime

@@ -39,4 +39,9 @@ void check_sequence_tokens(const model::ModelConfig& c, std::span<const int32_t>
 cuda::EngineConfig sequence_engine_config(const model::ModelConfig& c, const RuntimeOptions& opt,
                                           const cuda::AttnShape& attn, cudaStream_t stream);
 
+/// A device array of the positions 0 .. n_ctx - 1 on the current GPU (a row
+/// at position p reads pos + p), uploaded once. Throws CudaError naming
+/// `who` when it cannot be had. The caller frees it (cudaFree).
+int64_t* upload_positions(int64_t n_ctx, const char* who);
+
 }  // namespace activekv::runtime

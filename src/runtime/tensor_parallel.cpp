@@ -76,6 +76,10 @@ TensorParallelForward::TensorParallelForward(const gguf::File& f, const model::M
     }
   }
   reduce_ = std::make_unique<cuda::ShardAllReduce>(devices, size_t(max_rows) * size_t(c_.d_model));
+  for (const auto& s : shards_) {  // what every all-reduce sums, gathered once (two per layer and step)
+    partials_.push_back(s->forward->partial());
+    streams_.push_back(s->stream);
+  }
   DeviceScope home(devices[0]);
   logits_ = cuda::device_alloc<float>(size_t(max_rows) * size_t(c_.vocab_size), "tensor parallel: logits");
 }
@@ -123,13 +127,7 @@ void TensorParallelForward::each(Phase phase) {
 }
 
 void TensorParallelForward::all_reduce(int T) {
-  std::vector<float*> bufs;
-  std::vector<cudaStream_t> streams;
-  for (const auto& s : shards_) {
-    bufs.push_back(s->forward->partial());
-    streams.push_back(s->stream);
-  }
-  reduce_->sum(bufs, size_t(T) * size_t(c_.d_model), streams);
+  reduce_->sum(partials_, size_t(T) * size_t(c_.d_model), streams_);
 }
 
 // Each shard's vocabulary rows into the home buffer's columns [vocab0, +

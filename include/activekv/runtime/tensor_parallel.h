@@ -98,6 +98,8 @@ class TensorParallelForward {
   int max_rows_ = 0;
   std::vector<std::unique_ptr<Shard>> shards_;
   std::unique_ptr<cuda::ShardAllReduce> reduce_;
+  std::vector<float*> partials_;         // [shard] its forward's partial()
+  std::vector<cudaStream_t> streams_;    // [shard] its stream
   float* logits_ = nullptr;  // home device [max_rows][vocab]
 };
 
