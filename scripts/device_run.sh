@@ -58,6 +58,10 @@
 #           GGUF at 128K with --gpu-kv-mem 4 (about half the bf16 history):
 #           host (link only) against partial (+ --cpu-share auto) for bf16 and
 #           hybrid into $OUT/partial_bench.json (each row's plan line in it)
+#   coatt   issue 12's co-attention sweep: bench decode streamed at 32K and
+#           128K, bf16 and hybrid, CPU shares 0..0.7 and auto (AKV_COATT_SHARES),
+#           15 CPU threads; the JSON records the planner's rates and each
+#           record's predicted link and CPU ms -> $OUT/bench_decode_cpu_share_sweep.json
 #   decode-ab  A/B of two builds' decode attention step (issue 13): carry
 #           .mp/base.tgz (git archive --format=tar.gz -o .mp/base.tgz BASE) and
 #           set AKV_BASE_COMMIT=BASE; the base tree's `activekv` builds beside
@@ -469,6 +473,16 @@ run_parallel() {
   done
 }
 
+run_coatt() {
+  echo "== co-attention sweep (issue 12): CPU shares on the 27B shape, streamed, with the planner's rates recorded"
+  $AKV bench decode --contexts ${AKV_COATT_CONTEXTS:-32k,128k} --batches 1 --kv-format bf16,hybrid --modes streamed \
+    --cpu-share ${AKV_COATT_SHARES:-0,0.3,0.5,0.6,0.7,auto} --cpu-threads ${AKV_COATT_THREADS:-15} --steps 6 --warmup 2 \
+    --json "$OUT/bench_decode_cpu_share_sweep.json" > /tmp/coatt.log 2>&1
+  local rc=$?
+  grep -vE "^\[" /tmp/coatt.log | tail -40
+  return $rc
+}
+
 run_partial() {
   echo "== partial residency: GPU tests, then host vs partial on the 27B shape at 128K with a 4 GiB budget"
   local rc=0
@@ -568,6 +582,7 @@ case "$PHASE" in
   all) run_tests || RC=1; run_bench ;;
   modelbench) run_modelbench || RC=1 ;;
   partial) run_partial || RC=1 ;;
+  coatt) run_coatt || RC=1 ;;
   parallel) run_parallel || RC=1 ;;
   decode-ab) run_decode_ab || RC=1 ;;
   batch) run_batch || RC=1 ;;
