@@ -252,12 +252,13 @@ TEST(TensorParallel, LogitsEqualOneGpuWithinSummationOrder) {
         }
         std::printf("[measured] %s (%s): max |logit - one GPU's| %.3g of max |logit| %.3g\n", name.c_str(),
                     nccl ? "NCCL" : "local sums", worst, double(scale));
-        // Not yet measured on a GPU (written 2026-12-04 without one): the
-        // bounds are estimates to replace with ~3x the printed figure. fp32
-        // activations: only the order of the row-parallel sums differs.
-        // int8/bf16 activations: a sum that moves by an ulp can move a
-        // block's rounding downstream, so the logits may differ by more.
-        EXPECT_LE(worst, (f32 ? 1e-4 : 5e-2) * double(scale));
+        // fp32 activations: only the order of the row-parallel sums differs.
+        // int8 activations: a sum that moves by an ulp can move a block's
+        // rounding downstream, so the logits differ by more. Measured on the
+        // H200 at a5be516 (GPUs 0 0 and 0 0 0, local sums): fp32 at most
+        // 3.24e-05 of max |logit| 34.7 (9.3e-7 of it), int8 at most 0.574 of
+        // 29.9 (1.9e-2 of it). Asserted at ~3x those.
+        EXPECT_LE(worst, (f32 ? 3e-6 : 6e-2) * double(scale));
         if (f32) {
           const size_t vocab = size_t(c.vocab_size);
           for (int row = 0; row < r.rows(); ++row)
@@ -348,7 +349,14 @@ TEST_P(TensorParallelRoute, GreedyDecodeMatchesOneGpu) {
       std::printf("[measured] %s: max |logit - one GPU's| %.3g of max |logit| %.3g over %d steps\n", name.c_str(),
                   worst, scale, kSteps);
       EXPECT_EQ(got, want);
-      EXPECT_LE(worst, 1e-3 * scale);  // provisional (not yet run on a GPU): replace with ~3x the printed figure
+      // Measured on the H200 at a5be516 (GPUs 0 0, 40 teacher-forced steps,
+      // fp32 activations): 0.127 (exact) and 0.0919 (hybrid) of max |logit|
+      // 39.1, host and gpu alike, with every greedy choice equal. The sums'
+      // order moves an activation by ~1e-6, which flips the bf16 rounding of
+      // some K/V written to the pages; that flip, carried through 30 layers,
+      // is the figure (as between the GPU and CPU runtimes in
+      // test_runtime.cpp). Asserted at ~3x the worst: 1e-2 of max |logit|.
+      EXPECT_LE(worst, 1e-2 * scale);
       size_t streamed = 0;
       for (int s = 0; s < tp.n_shards(); ++s) streamed += tp.stats(s).streamed_bytes;
       // Each shard streams its heads' bytes: together the whole pages (bf16), or the blobs' head
