@@ -227,6 +227,11 @@ nlohmann::json rates_json(const cuda::CoAttentionCalibration& c) {
           {"cpu_int8s_with_link_gbps", t.cpu_int8s_gbps},
           {"cpu_threads", t.cpu_threads},
           {"cpu_layer_latency_ms", t.cpu_layer_latency_ms},
+          {"cpu_layer_idle_ms", c.cpu_layer_idle_ms},
+          {"cpu_bf16_fixed_ms", c.cpu_bf16_fixed_ms},
+          {"cpu_int8s_fixed_ms", c.cpu_int8s_fixed_ms},
+          {"rates_note", "cpu_*_with_link and link_with_cpu: the decode engine's co-attention steps (a line through "
+                         "two probe sizes); cpu_*_alone: one kernel call over the whole history, not priced"},
           {"resident_bf16_gbps", t.resident_bf16_gbps},
           {"resident_int8s_gbps", t.resident_int8s_gbps},
           {"calibration_history_bytes", c.history_bytes},

@@ -55,9 +55,9 @@ void fill_history(bf16* p, size_t n) {
   }
 }
 
-// The link: 64 MiB copies back to back, from 8 sources in turn, until `stop`
-// (or `seconds`). GB/s.
-double copy_loop(const void* host, void* dev, cudaStream_t s, double seconds, const std::atomic<bool>* stop) {
+// The link alone: 64 MiB copies back to back, from 8 sources in turn, for
+// `seconds`. GB/s.
+double copy_loop(const void* host, void* dev, cudaStream_t s, double seconds) {
   size_t bytes = 0;
   int next = 0;
   const auto t0 = Clock::now();
@@ -67,11 +67,14 @@ double copy_loop(const void* host, void* dev, cudaStream_t s, double seconds, co
                                cudaMemcpyHostToDevice, s));
     AKV_CUDA(cudaStreamSynchronize(s));
     bytes += 4 * kCopyBytes;
-  } while (stop ? !stop->load() : seconds_since(t0) < seconds);
+  } while (seconds_since(t0) < seconds);
   return double(bytes) / seconds_since(t0) / 1e9;
 }
 
-// The CPU kernel over `pages`, call after call, for `seconds`. GB/s of history.
+// The CPU kernel alone over `pages`, call after call, for `seconds`. GB/s of
+// history. (Reported beside the planner's rates, not priced: one call over
+// the whole history runs faster than a decode step's layer tasks -- 99 GB/s
+// against the engine's 66-79 on the H200 host at a5be516.)
 double cpu_loop(const cpu::DecodeShape& ds, const std::vector<cpu::PageRef>& pages, const cpu::CpuAttentionOptions& o,
                 double seconds) {
   std::vector<float> q(size_t(ds.n_q_heads()) * size_t(ds.head_dim), 0.5f), out(q.size()), lse(size_t(ds.n_q_heads()));
@@ -87,70 +90,82 @@ double cpu_loop(const cpu::DecodeShape& ds, const std::vector<cpu::PageRef>& pag
   return double(bytes) / seconds_since(t0) / 1e9;
 }
 
-// Runs the CPU loop while a second thread copies; returns {link, cpu} GB/s.
-std::pair<double, double> together(const cpu::DecodeShape& ds, const std::vector<cpu::PageRef>& pages,
-                                   const cpu::CpuAttentionOptions& o, double seconds, const void* host, void* dev,
-                                   cudaStream_t s) {
-  std::atomic<bool> stop{false};
-  double link = 0;
-  std::exception_ptr err;
-  std::thread copier([&] {
-    try {
-      link = copy_loop(host, dev, s, seconds, &stop);
-    } catch (...) {
-      err = std::current_exception();
-    }
-  });
-  double cpu_rate = 0;
-  try {
-    cpu_rate = cpu_loop(ds, pages, o, seconds);
-  } catch (...) {
-    stop = true;
-    copier.join();
-    throw;
-  }
-  stop = true;
-  copier.join();
-  if (err) std::rethrow_exception(err);
-  return {link, cpu_rate};
-}
+// The decode engine itself running co-attention steps: kProbeLayers layers,
+// each with CPU pages (the oldest) and streamed bf16 pages, steps apart as a
+// decode loop runs them. Per layer: the CPU's time inside its attention, the
+// idle time between one layer's CPU task and the next's, the step's wall
+// time, and the bytes of each path.
+constexpr int kProbeLayers = 4;
+struct EngineProbe {
+  double busy_ms = 0;         ///< CPU attention, per layer
+  double idle_ms = 0;         ///< between two layers' CPU tasks, per transition
+  double step_ms = 0;         ///< wall time of a step, per layer
+  double cpu_bytes = 0;       ///< per layer
+  double streamed_bytes = 0;  ///< per layer
+};
 
-// What a layer's CPU share costs beyond its bytes, as a decode step pays it:
-// between one layer's CPU attention and the next's, the partials go up, the
-// GPU waits for them and merges, the next layer's q comes down, and the host
-// function and its thread team start. Measured with the engine itself: 8
-// layers of two pages -- one the CPU's, one streamed -- for 20 steps after 3
-// warm-up ones; the idle time between a step's layers (DecodeEngine::
-// CpuTiming) per layer transition, in ms. (A probe of the host function and
-// the copies alone, in one stream, measured 0.08 ms on the H200 while 128K
-// steps idled ~0.5-0.7 ms per transition: the planner predicted 10-30 % low.)
-double layer_round_trip_ms(const AttnShape& sh, const std::byte* page0, const std::byte* page1,
-                           const cpu::CpuAttentionOptions& o) {
-  constexpr int kLayers = 8, kWarmup = 3, kSteps = 20;
+EngineProbe probe_engine(const AttnShape& sh, const std::vector<std::vector<PageRef>>& tables,
+                         const cpu::CpuAttentionOptions& o) {
+  constexpr int kWarmup = 3, kSteps = 20;
+  const int L = int(tables.size());
   EngineConfig ec;
-  ec.n_layers = kLayers;
+  ec.n_layers = L;
   ec.attn = sh;
   ec.cpu_kernels = o;
   DecodeEngine engine(ec);
   SeqPages seq;
-  seq.n_tokens = 2 * int64_t(sh.page_size);
-  PageRef cpu_page{page0, nullptr, sh.page_bytes(), PageKind::bf16};
-  cpu_page.cpu = true;
-  const PageRef streamed{page1, nullptr, sh.page_bytes(), PageKind::bf16};
-  seq.tables.assign(kLayers, std::vector<PageRef>{cpu_page, streamed});
+  seq.n_tokens = int64_t(tables[0].size()) * sh.page_size;
+  seq.tables = tables;
   engine.update({seq});
-  const size_t q_floats = size_t(kLayers) * size_t(sh.n_q_heads()) * size_t(sh.head_dim);  // [layer][head][dim]
-  DevBuf q(q_floats * sizeof(float), "co-attention calibration: round-trip q");
-  DevBuf out(q_floats * sizeof(float), "co-attention calibration: round-trip out");
+  const size_t q_floats = size_t(L) * size_t(sh.n_q_heads()) * size_t(sh.head_dim);  // [layer][head][dim]
+  DevBuf q(q_floats * sizeof(float), "co-attention calibration: probe q");
+  DevBuf out(q_floats * sizeof(float), "co-attention calibration: probe out");
   AKV_CUDA(cudaMemset(q.p, 0, q_floats * sizeof(float)));
+  double wall_ms = 0;
   for (int i = 0; i < kWarmup + kSteps; ++i) {
     if (i == kWarmup) engine.reset_cpu_timing();
+    const auto t0 = Clock::now();
     engine.enqueue_step(static_cast<const float*>(q.p), static_cast<float*>(out.p), nullptr);
     engine.synchronize();  // steps apart, as a decode loop runs them: only the idle inside a step counts
+    if (i >= kWarmup) wall_ms += 1e3 * seconds_since(t0);
   }
   const DecodeEngine::CpuTiming t = engine.cpu_timing();
-  const size_t transitions = t.layers - t.steps;
-  return transitions > 0 ? t.idle_ms / double(transitions) : 0.0;
+  EngineProbe p;
+  const double layers = double(std::max<size_t>(t.layers, 1));
+  p.busy_ms = t.busy_ms / layers;
+  p.idle_ms = t.layers > t.steps ? t.idle_ms / double(t.layers - t.steps) : 0.0;
+  p.step_ms = wall_ms / (double(kSteps) * double(L));
+  p.cpu_bytes = double(t.bytes) / layers;
+  for (const PageRef& r : tables[0]) p.streamed_bytes += r.cpu ? 0.0 : double(r.bytes);
+  return p;
+}
+
+// A layer's CPU time as bytes / rate + a fixed part, from a small and a large
+// probe (the same link load per CPU byte): the slope is the rate the CPU
+// reads history at with the link busy, the intercept what a layer task costs
+// beyond its bytes (its threads' start and the wait for the last item). If
+// noise hides the slope, the large probe's mean rate and no fixed part.
+struct CpuFit {
+  double gbps = 0, fixed_ms = 0;
+};
+CpuFit fit_cpu(const EngineProbe& small, const EngineProbe& large) {
+  const double db = large.cpu_bytes - small.cpu_bytes, dt = large.busy_ms - small.busy_ms;
+  if (!(db > 0 && dt > 0)) return {large.cpu_bytes / (large.busy_ms * 1e6), 0.0};
+  const double gbps = db / (dt * 1e6);
+  return {gbps, std::max(0.0, small.busy_ms - small.cpu_bytes / (gbps * 1e6))};
+}
+
+// The link's rate while the CPU reads, from a probe whose link outlasts its
+// CPU share in every layer: the link moves its bytes at that rate for the
+// CPU's busy time and at `link_alone` for the rest of the layer (the
+// planner's two-phase model, route/co_attention_plan.h). Bounded to
+// [0.5, 1] x the rate alone, so that a noisy probe cannot price the link at
+// nothing.
+double link_with_cpu(const EngineProbe& p, double link_alone) {
+  const double c = p.busy_ms, T = p.step_ms;
+  const double gbps = T > c && c > 0 ? (p.streamed_bytes / 1e6 - (T - c) * link_alone) / c
+                                     : p.streamed_bytes / (T * 1e6);
+  return std::clamp(gbps, 0.5 * link_alone, link_alone);
 }
 
 // The GPU over resident pages as the decode engine reads them: one layer
@@ -205,12 +220,13 @@ std::vector<route::PlanPage> plan_pages(const std::vector<PageRef>& table) {
 
 std::string CoAttentionCalibration::describe() const {
   return fmt::format("link {:.1f} GB/s alone, {:.1f} with the CPU busy; CPU bf16 {:.1f} / {:.1f}, int8s {:.1f} / {:.1f} "
-                     "GB/s alone / with the link busy ({} threads, {:.0f} MiB of history); CPU layer latency {:.3f} ms; "
+                     "GB/s (one call alone / the engine's layer tasks with the link busy; {} threads, {:.0f} MiB of "
+                     "history); CPU layer latency {:.3f} ms (idle {:.3f}, fixed bf16 {:.3f}, int8s {:.3f}); "
                      "GPU resident bf16 {:.0f}, int8s {:.0f} GB/s",
                      link_alone_gbps, together.link_gbps, cpu_bf16_alone_gbps, together.cpu_bf16_gbps,
                      cpu_int8s_alone_gbps, together.cpu_int8s_gbps, together.cpu_threads,
-                     double(history_bytes) / double(1 << 20), together.cpu_layer_latency_ms,
-                     together.resident_bf16_gbps, together.resident_int8s_gbps);
+                     double(history_bytes) / double(1 << 20), together.cpu_layer_latency_ms, cpu_layer_idle_ms,
+                     cpu_bf16_fixed_ms, cpu_int8s_fixed_ms, together.resident_bf16_gbps, together.resident_int8s_gbps);
 }
 
 CoAttentionCalibration measure_co_attention_rates(const AttnShape& sh, int cpu_threads, double seconds) {
@@ -264,18 +280,50 @@ CoAttentionCalibration measure_co_attention_rates(const AttnShape& sh, int cpu_t
   CoAttentionCalibration c;
   c.together.cpu_threads = cpu_threads;
   c.history_bytes = n_pages * sh.page_bytes();
-  c.together.cpu_layer_latency_ms =
-      layer_round_trip_ms(sh, reinterpret_cast<const std::byte*>(page_of(0).data()),
-                          reinterpret_cast<const std::byte*>(page_of(1).data()), o);
-  copy_loop(src.p, dst.p, s, 0.02, nullptr);  // warm-up
-  c.link_alone_gbps = copy_loop(src.p, dst.p, s, seconds, nullptr);
+  copy_loop(src.p, dst.p, s, 0.02);  // warm-up
+  c.link_alone_gbps = copy_loop(src.p, dst.p, s, seconds);
   c.cpu_bf16_alone_gbps = cpu_loop(ds, bf16_pages, o, seconds);
   c.cpu_int8s_alone_gbps = cpu_loop(ds, int8s_pages, o, seconds);
-  const auto [link_a, cpu_b] = together(ds, bf16_pages, o, seconds, src.p, dst.p, s);
-  const auto [link_b, cpu_i] = together(ds, int8s_pages, o, seconds, src.p, dst.p, s);
-  c.together.link_gbps = 0.5 * (link_a + link_b);
-  c.together.cpu_bf16_gbps = cpu_b;
-  c.together.cpu_int8s_gbps = cpu_i;
+
+  // The engine's co-attention steps: per layer n CPU pages (distinct pages
+  // in every layer: a working set past the caches) and 2n streamed bf16
+  // pages, so that the link outlasts the CPU and the CPU always reads with
+  // the link busy. Two sizes, a quarter and all of the history over the
+  // probe's layers (at most 512 CPU pages a layer: small test pages would
+  // pass the merge's split limit).
+  const size_t large_n = std::clamp<size_t>(n_pages / kProbeLayers, 4, 512), small_n = std::max<size_t>(1, large_n / 4);
+  auto tables = [&](bool int8s, size_t n) {
+    std::vector<std::vector<PageRef>> t(kProbeLayers);
+    for (size_t l = 0; l < t.size(); ++l) {
+      for (size_t i = 0; i < n; ++i) {
+        const size_t p = (l * n + i) % n_pages;
+        PageRef r = int8s ? PageRef{blobs[p].bytes.data(), nullptr, blobs[p].bytes.size(), PageKind::int8s}
+                          : PageRef{reinterpret_cast<const std::byte*>(page_of(p).data()), nullptr, sh.page_bytes(),
+                                    PageKind::bf16};
+        r.cpu = true;
+        if (int8s) r.int8s_view = &views[p];
+        t[l].push_back(r);
+      }
+      for (size_t i = 0; i < 2 * n; ++i)  // pages another layer's CPU task reads, not this one's
+        t[l].push_back(PageRef{reinterpret_cast<const std::byte*>(page_of((l * n + n * kProbeLayers / 2 + i) % n_pages).data()),
+                               nullptr, sh.page_bytes(), PageKind::bf16});
+    }
+    return t;
+  };
+  const EngineProbe bf16_small = probe_engine(sh, tables(false, small_n), o);
+  const EngineProbe bf16_large = probe_engine(sh, tables(false, large_n), o);
+  const EngineProbe int8s_small = probe_engine(sh, tables(true, small_n), o);
+  const EngineProbe int8s_large = probe_engine(sh, tables(true, large_n), o);
+  const CpuFit bf16_fit = fit_cpu(bf16_small, bf16_large), int8s_fit = fit_cpu(int8s_small, int8s_large);
+  c.together.cpu_bf16_gbps = bf16_fit.gbps;
+  c.together.cpu_int8s_gbps = int8s_fit.gbps;
+  c.cpu_bf16_fixed_ms = bf16_fit.fixed_ms;
+  c.cpu_int8s_fixed_ms = int8s_fit.fixed_ms;
+  c.cpu_layer_idle_ms = bf16_large.idle_ms;
+  // One fixed cost per layer task for both formats (the planner's): the
+  // round trip between layers plus the mean of the two fits' fixed parts.
+  c.together.cpu_layer_latency_ms = c.cpu_layer_idle_ms + 0.5 * (bf16_fit.fixed_ms + int8s_fit.fixed_ms);
+  c.together.link_gbps = link_with_cpu(bf16_large, c.link_alone_gbps);
   {  // the same pages resident on the GPU (HBM time: the planner's price of a resident page)
     std::vector<PageRef> bf16_table, int8s_table;
     for (size_t p = 0; p < n_pages; ++p) {

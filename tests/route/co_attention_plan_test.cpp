@@ -68,9 +68,33 @@ TEST(CoAttentionPlan, AFixedCountIsPricedTheSameWay) {
   EXPECT_DOUBLE_EQ(predict_co_attention(layer, 2, r, 55, best.cpu_pages).predicted_ms, best.predicted_ms);
   const CoAttentionPlan ten = predict_co_attention(layer, 2, r, 55, 10);
   EXPECT_EQ(ten.cpu_pages, 10u);
-  EXPECT_NEAR(ten.predicted_ms, 2 * 50 * double(kPage) / 50e6, 1e-9);  // the link's 50 pages dominate
+  // The link's 50 pages dominate: 20 of them at 50 GB/s while the CPU reads
+  // its 10 (0.4 page-times), the other 30 at the rate alone, 55.
+  const double page_ms = double(kPage) / 1e6;
+  EXPECT_NEAR(ten.predicted_ms, 2 * page_ms * (10.0 / 25 + 30.0 / 55), 1e-9);
   EXPECT_EQ(predict_co_attention(layer, 2, r, 55, 1000).cpu_pages, 60u);  // no more than there are
   EXPECT_EQ(predict_co_attention(layer, 2, r, 55, 0).predicted_ms, best.link_only_ms);
+}
+
+TEST(CoAttentionPlan, TheLinkRunsAtItsRateAloneOnceTheCpuIsDone) {
+  const CoAttentionRates r{40, 20, 20, 15};
+  const std::vector<PlanPage> layer = pages(100);
+  const double page_ms = double(kPage) / 1e6;
+  // 10 CPU pages: the CPU reads for 0.5 page-times; the link moves 20 pages
+  // at 40 GB/s meanwhile and the other 70 at 50 alone.
+  EXPECT_NEAR(predict_co_attention(layer, 1, r, 50, 10).predicted_ms, page_ms * (0.5 + 70.0 / 50), 1e-9);
+  // 30 CPU pages (1.5 page-times) against 70 streamed: 60 while the CPU
+  // reads, 10 alone.
+  EXPECT_NEAR(predict_co_attention(layer, 1, r, 50, 30).link_ms, page_ms * (1.5 + 10.0 / 50), 1e-9);
+  // 40 CPU pages (2 page-times): the link's 60 pages take 1.5 at the busy
+  // rate, inside the CPU's time; the CPU is the step.
+  const CoAttentionPlan p = predict_co_attention(layer, 1, r, 50, 40);
+  EXPECT_NEAR(p.link_ms, page_ms * 1.5, 1e-9);
+  EXPECT_NEAR(p.predicted_ms, page_ms * 2.0, 1e-9);
+  // The best count balances the two: 32 pages (1.6) against 68 streamed
+  // (64 busy + 4 alone = 1.68); 33 (1.65) against 67 (66 + 1 = 1.67); 34
+  // pages take the CPU 1.7.
+  EXPECT_EQ(plan_co_attention(layer, 1, r, 50).cpu_pages, 33u);
 }
 
 TEST(CoAttentionPlan, TheCpuLatencyIsPaidOncePerLayerAndCanMakeSharingNotPay) {

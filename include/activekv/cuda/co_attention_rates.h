@@ -4,21 +4,29 @@
 // int8s pages of the model's shape -- each alone, and with the other path busy
 // at the same time (host memory is shared: each slows the other).
 //
-// Method: 64 MiB cudaMemcpyAsync copies from 512 MiB of pinned memory in
-// turn, back to back on one stream, for `seconds`; the CPU kernel over >= 256 MiB of random bf16
-// history (far past any last-level cache: a cached working set reads faster
-// than a real history and hides the two paths' contention), then the same
-// pages encoded to int8s, call after call on `cpu_threads` threads for
-// `seconds`. "Together": the copies run on a second host thread while the CPU
-// kernel runs. Bytes of history per second (cpu::history_bytes), 1e9 bytes
-// per GB. The CPU layer latency: the round trip a step pays between one
-// layer's CPU attention and the next's (partials up, the GPU's wait and merge,
-// the next q down, the host function and its threads starting), measured as
-// the idle time between layers of the decode engine itself over 8 layers of
-// one CPU page and one streamed page, 20 steps. The GPU over resident pages (the planner's price of a page with a
-// device copy): the decode engine over device copies of the same bf16 pages,
-// then of their int8s encoding, one layer, step after step for `seconds`
-// each. About 7 x `seconds` plus the encoding (a fraction of a second).
+// Method. The link alone: 64 MiB cudaMemcpyAsync copies from 512 MiB of
+// pinned memory in turn, back to back on one stream, for `seconds`. The CPU
+// kernel alone (reported, not priced): one call after another over >= 256
+// MiB of random bf16 history (far past any last-level cache: a cached
+// working set reads faster than a real history), then over the same pages
+// encoded to int8s. The planner's rates come from the decode engine itself
+// running co-attention steps (20 after 3 warm-up ones, steps apart): 4
+// layers, each with n CPU pages (distinct in every layer) and 2n streamed
+// bf16 pages, so that the link outlasts the CPU and the CPU always reads with
+// the link busy; n a quarter and all of the history over the 4 layers, for
+// bf16 and for int8s CPU pages. Per format, the CPU's busy time per layer
+// (DecodeEngine::CpuTiming) against its bytes gives a line: its slope is the
+// rate, its intercept a layer task's fixed cost. Measured on the H200 host at
+// a5be516, the engine read bf16 at 50-79 GB/s where one call read 99-104, and
+// the kernel alone had priced the plans 5-29 % low. The CPU layer latency is
+// the idle time between layers (partials up, the GPU's wait and merge, the
+// next q down, the host function and its threads starting) plus the mean of
+// the two fixed costs. The link's rate with the CPU busy is solved from the
+// large bf16 probe's step time with the planner's two-phase model (the link
+// at that rate while the CPU reads, alone after). The GPU over resident pages
+// (the planner's price of a page with a device copy): the decode engine over
+// device copies of the same bf16 pages, then of their int8s encoding, one
+// layer, step after step for `seconds` each. About 4 x `seconds` + 1 s.
 #pragma once
 
 #include <vector>
@@ -30,12 +38,15 @@
 namespace activekv::cuda {
 
 struct CoAttentionCalibration {
-  route::CoAttentionRates together;  ///< each path with the other busy: what the planner uses
+  route::CoAttentionRates together;  ///< each path with the other busy, from the engine: what the planner uses
   double link_alone_gbps = 0;
-  double cpu_bf16_alone_gbps = 0;
-  double cpu_int8s_alone_gbps = 0;
+  double cpu_bf16_alone_gbps = 0;   ///< the CPU kernel alone, one call over the whole history (not priced)
+  double cpu_int8s_alone_gbps = 0;  ///< the same over the int8s encoding (not priced)
+  double cpu_layer_idle_ms = 0;     ///< between two layers' CPU tasks, per transition (part of the latency)
+  double cpu_bf16_fixed_ms = 0;     ///< a bf16 layer task's cost beyond its bytes (the fit's intercept)
+  double cpu_int8s_fixed_ms = 0;    ///< the same for int8s pages
   size_t history_bytes = 0;  ///< of the bf16 pages the CPU read (the int8s pages are their encoding)
-  /// "link 55.1 GB/s alone, 49.0 with the CPU busy; CPU bf16 60.2 / 48.9, int8s 41.0 / 33.2 (15 threads)"
+  /// "link 55.2 GB/s alone, 51.0 with the CPU busy; CPU bf16 99.2 / 85.6, int8s 56.8 / 55.6 GB/s (...)"
   std::string describe() const;
 };
 

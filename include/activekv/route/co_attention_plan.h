@@ -4,9 +4,13 @@
 //
 // Model. Per layer and decode step the two paths run side by side and the
 // layer's merge waits for both, so a layer costs
-//     max(GPU path, CPU latency + sum over kinds of CPU bytes / CPU rate)
-//     GPU path = max(link bytes / link rate, sum over kinds of resident bytes / resident rate)
-// and a step costs the sum over layers. Resident pages (a device copy:
+//     max(GPU path, CPU)
+//     CPU      = CPU latency + sum over kinds of CPU bytes / CPU rate
+//     GPU path = max(link, sum over kinds of resident bytes / resident rate)
+//     link     = link bytes / busy link rate, if the link is done within the CPU's time; else
+//                CPU + (link bytes - CPU x busy link rate) / link rate alone
+// and a step costs the sum over layers. The link shares host memory with
+// the CPU only while the CPU reads: after that it runs at its rate alone. Resident pages (a device copy:
 // partial residency, route/residency.h) cost HBM time and no link bytes; the
 // engine attends them first while the copy stream brings the streamed
 // tiles, so the two overlap (max, not sum). The rates are the ones measured with
@@ -25,7 +29,7 @@ namespace activekv::route {
 
 /// GB/s (1e9 bytes per second) of each path with the other one busy.
 struct CoAttentionRates {
-  double link_gbps = 0;       ///< pinned host -> device copies of the streamed pages
+  double link_gbps = 0;       ///< pinned host -> device copies of the streamed pages while the CPU reads
   double cpu_bf16_gbps = 0;   ///< CPU attention over bf16 pages (bytes of K and V read)
   double cpu_int8s_gbps = 0;  ///< CPU attention over int8s pages (codes and token scales)
   int cpu_threads = 0;        ///< the thread count they were measured with
@@ -64,7 +68,8 @@ struct CoAttentionPlan {
 
 /// The CPU page count that minimises the predicted step for `n_layers`
 /// layers shaped like `layer` (ties: fewer CPU pages). `link_alone_gbps`
-/// (the link with the CPU idle) prices link_only_ms. Throws InvalidArgument
+/// (the link with the CPU idle) prices link_only_ms and the part of each
+/// layer's link time after its CPU share is done. Throws InvalidArgument
 /// for bad rates.
 CoAttentionPlan plan_co_attention(std::span<const PlanPage> layer, int n_layers, const CoAttentionRates& rates,
                                   double link_alone_gbps);
