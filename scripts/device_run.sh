@@ -10,6 +10,9 @@
 #   scripts/device_run.sh part                                     # carry .mp/g3_aa, then g3_ab .. g3_ae
 #   AKV_COMMIT=... scripts/device_run.sh eval                      # no carry: the long-context quality table
 #
+# AKV_TARGETS="activekv test_cuda_runtime" builds only those targets (a call
+# short of device time); unset, the whole project.
+#
 # Phases:
 #   setup   unpack the Debian packages carried in .debs/ into a prefix, build
 #   part    copy the model parts carried in .mp/ to /tmp/akv-model/
@@ -163,11 +166,11 @@ wait_base() {
   echo "== base tree ($AKV_BASE_COMMIT) built"
 }
 : > /tmp/cmake.log
-if ! { configure && cmake --build build-device -j 16 >> /tmp/cmake.log 2>&1; }; then
+if ! { configure && cmake --build build-device -j 16 ${AKV_TARGETS:+--target $AKV_TARGETS} >> /tmp/cmake.log 2>&1; }; then
   grep -m3 -iE "error" /tmp/cmake.log
   echo "== the build failed; again without activekv serve (no cpp-httplib)"
   rm -rf build-device
-  configure -DCMAKE_DISABLE_FIND_PACKAGE_PkgConfig=ON && cmake --build build-device -j 16 >> /tmp/cmake.log 2>&1 \
+  configure -DCMAKE_DISABLE_FIND_PACKAGE_PkgConfig=ON && cmake --build build-device -j 16 ${AKV_TARGETS:+--target $AKV_TARGETS} >> /tmp/cmake.log 2>&1 \
     || { tail -60 /tmp/cmake.log; exit 1; }
 fi
 grep -q "cpp-httplib not found" /tmp/cmake.log && echo "== built without activekv serve (cpp-httplib not found)"
