@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <mutex>
 #include <cstring>
 #include <thread>
@@ -163,6 +164,7 @@ CpuFit fit_cpu(const EngineProbe& small, const EngineProbe& large) {
 // nothing.
 double link_with_cpu(const EngineProbe& p, double link_alone) {
   const double c = p.busy_ms, T = p.step_ms;
+  if (!(T > 0)) return link_alone;
   const double gbps = T > c && c > 0 ? (p.streamed_bytes / 1e6 - (T - c) * link_alone) / c
                                      : p.streamed_bytes / (T * 1e6);
   return std::clamp(gbps, 0.5 * link_alone, link_alone);
@@ -314,7 +316,10 @@ CoAttentionCalibration measure_co_attention_rates(const AttnShape& sh, int cpu_t
   const EngineProbe bf16_large = probe_engine(sh, tables(false, large_n), o);
   const EngineProbe int8s_small = probe_engine(sh, tables(true, small_n), o);
   const EngineProbe int8s_large = probe_engine(sh, tables(true, large_n), o);
-  const CpuFit bf16_fit = fit_cpu(bf16_small, bf16_large), int8s_fit = fit_cpu(int8s_small, int8s_large);
+  CpuFit bf16_fit = fit_cpu(bf16_small, bf16_large), int8s_fit = fit_cpu(int8s_small, int8s_large);
+  // A probe that timed nothing (no busy time) cannot price the CPU: the one-call rate, no fixed cost.
+  if (!(bf16_fit.gbps > 0 && std::isfinite(bf16_fit.gbps))) bf16_fit = {c.cpu_bf16_alone_gbps, 0.0};
+  if (!(int8s_fit.gbps > 0 && std::isfinite(int8s_fit.gbps))) int8s_fit = {c.cpu_int8s_alone_gbps, 0.0};
   c.together.cpu_bf16_gbps = bf16_fit.gbps;
   c.together.cpu_int8s_gbps = int8s_fit.gbps;
   c.cpu_bf16_fixed_ms = bf16_fit.fixed_ms;
