@@ -18,7 +18,7 @@
 // (DecodeEngine::CpuTiming) against its bytes gives a line: its slope is the
 // rate, its intercept a layer task's fixed cost. Measured on the H200 host at
 // a5be516, the engine read bf16 at 50-79 GB/s where one call read 99-104, and
-// the kernel alone had priced the plans 5-29 % low. The CPU layer latency is
+// the kernel alone had priced the plans 0.2-29 % low. The CPU layer latency is
 // the idle time between layers (partials up, the GPU's wait and merge, the
 // next q down, the host function and its threads starting) plus the mean of
 // the two fixed costs. The link's rate with the CPU busy is solved from the
