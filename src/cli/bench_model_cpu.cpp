@@ -15,6 +15,7 @@
 #include "activekv/model/sampler.h"
 #include "bench_model.h"
 #include "cpu_session.h"
+#include "generate.h"
 #include "memory.h"
 #include "stats.h"
 
@@ -125,7 +126,9 @@ BenchDevice cpu_bench_device(const ModelBenchArgs& a, const gguf::File& f) {
   auto lm = std::make_shared<model::LlamaModel>(
       load_weights_checked(f, a.model, [&] { return model::LlamaModel(f, fopt); }));
   BenchDevice d;
-  d.name = fmt::format("cpu ({} threads, OpenBLAS {} kernels)", a.threads, blas_core_name());
+  const std::string why_cpu = auto_cpu_reason(a.device, "cpu");
+  d.name = fmt::format("cpu ({} threads, OpenBLAS {} kernels{})", a.threads, blas_core_name(),
+                       why_cpu.empty() ? "" : "; " + why_cpu);
   d.weight_bytes = decode_weight_bytes(f, true);
   d.weight_form = "fp32, dequantised at load";
   // The weights' working set, at most 1 GiB (far past any cache: DRAM either way).

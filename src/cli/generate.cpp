@@ -22,6 +22,9 @@
 #include "activekv/convert/compressed_history.h"
 #include "activekv/core/blas.h"
 #include "activekv/core/text_file.h"
+#ifdef ACTIVEKV_HAVE_CUDA
+#include "activekv/cuda/decode_attention.h"  // gpu_absence_reason
+#endif
 #include "activekv/model/llama_model.h"
 #include "commands.h"
 #include "cpu_session.h"
@@ -250,7 +253,9 @@ int run_cpu(const GenerateArgs& a) {
   r.load_ms = ms_since(t0);
   r.model_name = c.name.empty() ? c.arch : c.name;
   r.layers = c.layer_split();
-  r.device = fmt::format("cpu ({} threads, OpenBLAS {} kernels)", a.threads, blas_core_name());
+  const std::string why_cpu = auto_cpu_reason(a.device, "cpu");
+  r.device = fmt::format("cpu ({} threads, OpenBLAS {} kernels{})", a.threads, blas_core_name(),
+                         why_cpu.empty() ? "" : "; " + why_cpu);
   r.threads = a.threads;
   r.kv_format = a.kv_format;
 
@@ -290,12 +295,22 @@ int run(const GenerateArgs& a) {
 // --device auto: the GPU when this build has the CUDA backend and a usable GPU is present.
 std::string resolve_device(const std::string& device) {
 #ifdef ACTIVEKV_HAVE_CUDA
-  if (device == "auto") return gpu_present() ? "cuda" : "cpu";
+  if (device == "auto") return cuda::gpu_absence_reason().empty() ? "cuda" : "cpu";
 #else
   if (device == "auto") return "cpu";
   if (device == "cuda") throw Error("--device cuda: this activekv was built without the CUDA backend (ACTIVEKV_CUDA=OFF)");
 #endif
   return device;
+}
+
+std::string auto_cpu_reason(const std::string& requested, const std::string& device) {
+  if (requested != "auto" || device != "cpu") return "";
+#ifdef ACTIVEKV_HAVE_CUDA
+  const std::string absent = cuda::gpu_absence_reason();
+  return absent.empty() ? "" : "--device auto: " + absent;
+#else
+  return "--device auto: this build has no CUDA backend (ACTIVEKV_CUDA=OFF)";
+#endif
 }
 
 void report(const GenerateArgs& a, const GenerationReport& r) {

@@ -94,6 +94,11 @@ void print_generated(const std::string& text);
 /// --device: "auto" becomes "cuda" when this build has the CUDA backend and a
 /// usable GPU is present, else "cpu". Throws Error for "cuda" in a CPU-only build.
 std::string resolve_device(const std::string& device);
+/// Why the CPU runs: "" unless `requested` is "auto" and it resolved to
+/// "cpu"; then the reason (no CUDA backend in this build, or the CUDA
+/// runtime's reason for having no usable GPU), which the startup line and the
+/// summary print, so that a CUDA build that ran on the CPU says why.
+std::string auto_cpu_reason(const std::string& requested, const std::string& device);
 
 #ifdef ACTIVEKV_HAVE_CUDA
 /// The GPU path: the whole model on the GPU, the history in pinned host pages.
@@ -104,8 +109,6 @@ runtime::RuntimeOptions runtime_options(const GenerateArgs& a, int64_t n_ctx);
 /// placement's reason (partial: the resident pages per layer) and the host
 /// CPU's share (runtime cpu_share: -1 auto).
 std::string placement_line(const runtime::RuntimeStats& st, double cpu_share);
-/// True if a usable CUDA GPU is present (for --device auto).
-bool gpu_present();
 #endif
 
 }  // namespace activekv::cli

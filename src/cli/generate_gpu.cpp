@@ -17,13 +17,6 @@
 
 namespace activekv::cli {
 
-bool gpu_present() {
-  int n = 0;
-  const bool ok = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-  cudaGetLastError();
-  return ok;
-}
-
 runtime::RuntimeOptions runtime_options(const GenerateArgs& a, int64_t n_ctx) {
   runtime::RuntimeOptions o;
   o.n_ctx = n_ctx;

@@ -31,19 +31,24 @@ void check_cuda(int status, const char* what) {
   }
 }
 
-void require_gpu(int device, const std::string& who) {
+std::string gpu_absence_reason() {
   int n = 0;
   const cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess || n == 0) {
-    cudaGetLastError();
-    // The driver's words for a machine without one ("CUDA driver version is
-    // insufficient") mislead: say what is missing first.
-    const std::string why = e == cudaErrorInsufficientDriver ? "no NVIDIA driver, or one older than this build's CUDA"
-                            : e == cudaErrorNoDevice || e == cudaSuccess ? "no NVIDIA GPU found"
-                                                                          : cudaGetErrorString(e);
-    throw CudaError(who + ": no usable CUDA GPU on this machine: " + why + " (cudaGetDeviceCount: " +
-                    (e == cudaSuccess ? std::string("0 devices") : cudaGetErrorName(e)) + ")");
-  }
+  if (e == cudaSuccess && n > 0) return "";
+  cudaGetLastError();
+  // The driver's words for a machine without one ("CUDA driver version is
+  // insufficient") mislead: say what is missing first.
+  const std::string why = e == cudaErrorInsufficientDriver ? "no NVIDIA driver, or one older than this build's CUDA"
+                          : e == cudaErrorNoDevice || e == cudaSuccess ? "no NVIDIA GPU found"
+                                                                        : cudaGetErrorString(e);
+  return why + " (cudaGetDeviceCount: " + (e == cudaSuccess ? std::string("0 devices") : cudaGetErrorName(e)) + ")";
+}
+
+void require_gpu(int device, const std::string& who) {
+  const std::string absent = gpu_absence_reason();
+  if (!absent.empty()) throw CudaError(who + ": no usable CUDA GPU on this machine: " + absent);
+  int n = 0;
+  check_cuda(cudaGetDeviceCount(&n), "cudaGetDeviceCount");
   if (device < 0 || device >= n)
     throw InvalidArgument(who + ": GPU " + std::to_string(device) + " does not exist (" + std::to_string(n) +
                           " found)");

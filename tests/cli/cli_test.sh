@@ -389,6 +389,24 @@ PY
       echo "ok: eval --passkey table and JSON"
     fi
     ;;
+  auto_device)  # --device auto that ends on the CPU says why in the summary; --device cpu needs no reason
+    for dev in auto cpu; do
+      if ! "$AKV" generate --device $dev -p hi -n 2 -t 2 --json "$TMP/$dev.json" > /dev/null 2> "$TMP/log.txt"; then
+        fail "generate --device $dev failed: $(tail -n 3 "$TMP/log.txt")"
+        continue
+      fi
+      python3 - "$TMP/$dev.json" $dev <<'PY' && echo "ok: --device $dev: the summary's device line" \
+        || fail "--device $dev: the device line: $(grep device "$TMP/$dev.json")"
+import json, sys
+device, asked = json.load(open(sys.argv[1]))["device"], sys.argv[2]
+if asked == "cpu":
+    assert "--device auto" not in device, device
+elif device.startswith("cpu"):  # a GPU machine runs on the GPU: nothing to explain there
+    assert "; --device auto: " in device, device
+    assert "no CUDA backend" in device or "cudaGetDeviceCount" in device, device
+PY
+    done
+    ;;
   cpu_only)  # what a build without the CUDA backend says when asked for the GPU
     expect 1 "--device cuda: this activekv was built without the CUDA backend" -- generate --device cuda -p hi -n 1
     expect 1 "eval: --device cuda: this build has no CUDA backend" -- eval --device cuda

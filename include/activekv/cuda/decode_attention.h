@@ -44,6 +44,11 @@ class CudaError : public Error {
 /// Throws CudaError("<what>: <cuda error string>") if `status` != cudaSuccess.
 void check_cuda(int status, const char* what);
 
+/// Why this machine has no usable CUDA GPU, in one phrase ("no NVIDIA GPU
+/// found (cudaGetDeviceCount: cudaErrorNoDevice)"); "" when it has one.
+/// `--device auto` prints it when it falls back to the CPU.
+std::string gpu_absence_reason();
+
 /// Selects GPU `device`. Throws CudaError("<who>: no usable CUDA GPU on this
 /// machine (...)") when there is none -- the runtime's own words for that are
 /// "CUDA driver version is insufficient" -- and InvalidArgument for a device
