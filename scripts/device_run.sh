@@ -31,8 +31,9 @@
 #           GPU, on every GPU (2+), and as two shards on GPU 0, 32K and 128K
 #   tp      tensor parallel (issue 15 part 3): its GPU tests (AKV_TP_FILTER),
 #           the bench/generate --gpus cli test, then `activekv bench --gpus`
-#           on the 27B-shape GGUF (host placement, bf16, AKV_TP_DEPTHS) on one
-#           GPU, every GPU and two shards on GPU 0 -> model_bench_gpus_*.json
+#           on the 27B-shape GGUF (host placement, bf16, AKV_TP_DEPTHS) on
+#           AKV_TP_GPUS (default: GPU 0, then every GPU) -> model_bench_gpus_*.json;
+#           logs in $OUT, each program under a timeout. Set AKV_NCCL=ON at setup.
 #   cpu     (build) + CPU decode attention on this host: its tests, then
 #           bench_cpu_attention (27B shape, 8K/32K x 16 layers, threads 1..all)
 #           against the host's read bandwidth, the automatic kernels (AMX q.k
@@ -145,7 +146,7 @@ export LD_LIBRARY_PATH=$PFX/usr/lib/$ARCH:$PFX/usr/lib/$ARCH/openblas-openmp${LD
 configure() {
   PKG_CONFIG_SYSROOT_DIR="$PFX" PKG_CONFIG_PATH="$PFX/usr/lib/$ARCH/pkgconfig:$PFX/usr/share/pkgconfig" \
     cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$PFX/usr" \
-    -DACTIVEKV_MODEL_DIR=/tmp/akv-model "$@" >> /tmp/cmake.log 2>&1
+    -DACTIVEKV_MODEL_DIR=/tmp/akv-model -DACTIVEKV_NCCL="${AKV_NCCL:-AUTO}" "$@" >> /tmp/cmake.log 2>&1
 }
 # decode-ab, matvec-ab: the base tree builds (its CLI and bench_matvec, no server) while build-device/ does.
 build_base() {
@@ -174,6 +175,7 @@ if ! { configure && cmake --build build-device -j 16 ${AKV_TARGETS:+--target $AK
     || { tail -60 /tmp/cmake.log; exit 1; }
 fi
 grep -q "cpp-httplib not found" /tmp/cmake.log && echo "== built without activekv serve (cpp-httplib not found)"
+grep -m1 -E "NCCL" /tmp/cmake.log  # which NCCL, or that the sums run locally
 echo "== whole-project build ok in $(( $(date +%s) - t0 )) s"
 if [ "$PHASE" = setup ]; then [ -z "${AKV_BASE_COMMIT:-}" ] || wait_base || exit 1; exit 0; fi
 AKV=build-device/bin/activekv
@@ -278,27 +280,35 @@ run_shards() {
 }
 
 # Tensor parallel (issue 15 part 3): its GPU tests, the --gpus cli test, then
-# `activekv bench` on the 27B-shape GGUF at 32K and 128K, host placement: one
-# GPU (the baseline), every GPU (2+: the target rows) and two shards on GPU 0.
+# `activekv bench` on the 27B-shape GGUF, host placement, over AKV_TP_GPUS
+# (default: GPU 0 as the baseline and, with 2+ GPUs, all of them; 0,0 -- two
+# shards on one GPU -- on request). Set AKV_NCCL=ON at setup so that a build
+# that did not find NCCL stops instead of passing on local sums. Each program
+# runs under a timeout (a hung collective must not eat the call) and leaves
+# its log in $OUT; NCCL_DEBUG=INFO for the tests shows the transport and that
+# NVLS is off.
 run_tp() {
   echo "== tensor parallel: tests"
-  local rc=0 n G
+  local rc=0 e n G T t=${AKV_TP_TIMEOUT:-150}
   for T in tensor_parallel model_ops decode; do
-    build-device/bin/test_cuda_$T --gtest_filter="${AKV_TP_FILTER:-*TensorParallel*:*ShardAllReduce*:*HeadShard*}" \
-      > /tmp/test_tp_$T.log 2>&1 || rc=1
-    grep -E "^\[measured\]|Failure|FAILED|PASSED|SKIPPED|Expected|Which is" /tmp/test_tp_$T.log | head -60
+    NCCL_DEBUG=${AKV_NCCL_DEBUG:-INFO} timeout "$t" build-device/bin/test_cuda_$T \
+      --gtest_filter="${AKV_TP_FILTER:-*TensorParallel*:*ShardAllReduce*:*HeadShard*}" > "$OUT/test_tp_$T.log" 2>&1 \
+      || { e=$?; rc=1; echo "== test_cuda_$T: exit $e (124: timed out after $t s)"; }
+    grep -E "^\[measured\]|Failure|FAILED|PASSED|SKIPPED|Expected|Which is" "$OUT/test_tp_$T.log" | head -60
   done
-  ctest --test-dir build-device -R "cli_bench_gpu" --output-on-failure | tail -8
+  grep -h -m6 -E "NCCL_NVLS_ENABLE|NCCL version|via P2P|via SHM|NVLS" "$OUT"/test_tp_*.log | sort -u
+  timeout "$t" ctest --test-dir build-device -R "cli_bench_gpu" --output-on-failure | tail -8
   local M=/tmp/akv-27b-q4_0.gguf
   [ -f "$M" ] || python3 tools/make_synthetic_gguf.py "$M" || return 1
   n=$(nvidia-smi -L | wc -l)
   local all=0
   for ((i = 1; i < n; i++)); do all="$all,$i"; done
-  for G in 0 $([ "$n" -ge 2 ] && echo "$all") 0,0; do
+  for G in ${AKV_TP_GPUS:-0 $([ "$n" -ge 2 ] && echo "$all")}; do
     echo "== bench --gpus $G (27B shape, host placement, bf16)"
-    $AKV bench -m "$M" --gpus "$G" -p 0 -n ${AKV_TP_N:-16} -d ${AKV_TP_DEPTHS:-32768,131072} --kv-placement host \
-      -r 2 --json "$OUT/model_bench_gpus_${G//,/_}.json" > /tmp/tp_bench.log 2>&1 || rc=1
-    grep -E "^\||tensor parallel|error" /tmp/tp_bench.log | tail -12
+    NCCL_DEBUG=WARN timeout "${AKV_TP_BENCH_TIMEOUT:-240}" $AKV bench -m "$M" --gpus "$G" -p 0 -n ${AKV_TP_N:-16} \
+      -d ${AKV_TP_DEPTHS:-32768,131072} --kv-placement host -r 2 --json "$OUT/model_bench_gpus_${G//,/_}.json" \
+      > "$OUT/tp_bench_${G//,/_}.log" 2>&1 || { e=$?; rc=1; echo "== bench --gpus $G: exit $e (124: timed out)"; }
+    grep -E "^\||tensor parallel|error" "$OUT/tp_bench_${G//,/_}.log" | tail -12
   done
   return $rc
 }

@@ -243,7 +243,9 @@ int run_model_bench(ModelBenchArgs a) {
   if (!a.parallel.empty()) require_parallel_host_fits(a, run.config, available_memory_bytes());
 #ifdef ACTIVEKV_HAVE_CUDA
   // After every check of the arguments, before the first progress line: one line without a GPU.
-  if (device == "cuda") cuda::require_gpu(0, "bench --device cuda");
+  // It leaves the home GPU (--gpus' first) current: the device name and the
+  // HBM and link figures up front are that GPU's.
+  if (device == "cuda") cuda::require_gpu(a.gpus.empty() ? 0 : a.gpus[0], "bench --device cuda");
 #endif
   // Speed is measured past the trained context too (random tokens: no quality is claimed), but say so.
   const int64_t deepest = *std::max_element(a.depths.begin(), a.depths.end());

@@ -152,7 +152,9 @@ GenerateArgs bench_generate_args(const ModelBenchArgs& a) {
 
 BenchDevice gpu_bench_device(const ModelBenchArgs& a, const gguf::File& f, const model::ModelConfig& c) {
   cudaDeviceProp prop{};
-  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) throw Error("--device cuda: no usable CUDA GPU");
+  int current = 0;  // the home GPU (run_model_bench's require_gpu made it current)
+  if (cudaGetDevice(&current) != cudaSuccess || cudaGetDeviceProperties(&prop, current) != cudaSuccess)
+    throw Error("--device cuda: no usable CUDA GPU");
   size_t free = 0, total = 0;
   if (cudaMemGetInfo(&free, &total) != cudaSuccess) throw Error("--device cuda: cudaMemGetInfo failed");
   BenchDevice d;

@@ -34,6 +34,22 @@ class DeviceScope {
   int prev_ = 0;
 };
 
+/// Lets device `from` reach device `to`'s memory directly (NVLink or PCIe
+/// peer access) where the pair can, so that peer copies between them are not
+/// staged through host memory by the driver. Already enabled is fine; a pair
+/// that cannot is left as it is (its copies stay staged). Restores the
+/// caller's current device.
+inline void enable_peer_access(int from, int to) {
+  if (from == to) return;
+  int can = 0;
+  if (cudaDeviceCanAccessPeer(&can, from, to) != cudaSuccess || !can) {
+    cudaGetLastError();
+    return;
+  }
+  DeviceScope on(from);
+  if (cudaDeviceEnablePeerAccess(to, 0) != cudaSuccess) cudaGetLastError();  // cudaErrorPeerAccessAlreadyEnabled
+}
+
 /// `rows` rows of `width` bytes from src (device src_dev, rows spitch apart)
 /// to dst (device dst_dev, dpitch apart), on `stream`: a 2D copy on one
 /// device, a peer copy (over NVLink or PCIe, staged by the driver where the

@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstdlib>
+#include <cstring>
 
 #include "activekv/core/error.h"
 #include "cuda_check.h"
@@ -33,16 +34,40 @@ bool nccl_built() { return ACTIVEKV_HAVE_NCCL != 0; }
 
 #if ACTIVEKV_HAVE_NCCL
 struct ShardAllReduce::Nccl {
-  std::vector<ncclComm_t> comms;
+  std::vector<ncclComm_t> comms;  // empty once aborted
   ~Nccl() {
     for (ncclComm_t c : comms)
       if (c) ncclCommDestroy(c);
+  }
+  // After an error a rank's kernel may wait forever for its peers: abort
+  // every communicator (which ends their kernels) so that the streams can
+  // drain and later sums throw instead of hanging.
+  void abort() noexcept {
+    for (ncclComm_t c : comms)
+      if (c) ncclCommAbort(c);
+    comms.clear();
   }
 };
 
 namespace {
 void check_nccl(ncclResult_t r, const char* what) {
-  if (r != ncclSuccess) throw CudaError(fmt::format("NCCL {}: {}", what, ncclGetErrorString(r)));
+  if (r != ncclSuccess) {
+    const char* last = ncclGetLastError(nullptr);
+    throw CudaError(fmt::format("NCCL {}: {}{}{}", what, ncclGetErrorString(r), last && *last ? ": " : "",
+                                last ? last : ""));
+  }
+}
+
+// One all-reduce per rank of `n` floats in place, as one group; the group is
+// ended whatever happens inside it. The first error, else ncclSuccess.
+ncclResult_t group_all_reduce(const std::vector<ncclComm_t>& comms, std::span<float* const> bufs, size_t n,
+                              std::span<const cudaStream_t> streams) {
+  ncclResult_t r = ncclGroupStart();
+  if (r != ncclSuccess) return r;
+  for (size_t i = 0; i < comms.size() && r == ncclSuccess; ++i)
+    r = ncclAllReduce(bufs[i], bufs[i], n, ncclFloat, ncclSum, comms[i], streams[i]);
+  const ncclResult_t end = ncclGroupEnd();
+  return r != ncclSuccess ? r : end;
 }
 }  // namespace
 #else
@@ -59,10 +84,13 @@ ShardAllReduce::ShardAllReduce(const std::vector<int>& devices, size_t max_float
   if (devices.size() > 1 && devices_distinct(devices)) {
     // Multicast (NVLS) off whatever the caller's environment says: it can
     // take a shared host's GPUs out of service (the GPU machines' KINDS.md).
-    setenv("NCCL_NVLS_ENABLE", "0", 1);
+    // setenv only when needed: it races with getenv in other threads.
+    const char* nvls = std::getenv("NCCL_NVLS_ENABLE");
+    if (nvls == nullptr || std::strcmp(nvls, "0") != 0) setenv("NCCL_NVLS_ENABLE", "0", 1);
     nccl_ = std::make_unique<Nccl>();
     nccl_->comms.resize(devices.size());
     check_nccl(ncclCommInitAll(nccl_->comms.data(), int(devices.size()), devices.data()), "ncclCommInitAll");
+    warm_up();
     return;
   }
 #endif
@@ -84,6 +112,42 @@ ShardAllReduce::ShardAllReduce(const std::vector<int>& devices, size_t max_float
     release();  // the members' destructors would not free the events
     throw;
   }
+}
+
+// NCCL (2.22 and later) connects the ranks and allocates its buffers -- a
+// few hundred MB per GPU -- at the first collective. One sum of one float
+// now, at model load, puts that before the history is sized from the free
+// memory, and out of the first step's time.
+void ShardAllReduce::warm_up() {
+#if ACTIVEKV_HAVE_NCCL
+  std::vector<float*> one(devices_.size(), nullptr);
+  std::vector<cudaStream_t> streams(devices_.size(), nullptr);  // each device's default stream
+  ncclResult_t r = ncclSuccess;
+  try {
+    for (size_t i = 0; i < devices_.size(); ++i) {
+      DeviceScope on(devices_[i]);
+      one[i] = device_alloc<float>(1, "all-reduce: warm-up value");
+      AKV_CUDA(cudaMemset(one[i], 0, sizeof(float)));
+    }
+    r = group_all_reduce(nccl_->comms, one, 1, streams);
+    if (r != ncclSuccess) nccl_->abort();
+    for (size_t i = 0; i < devices_.size(); ++i) {
+      DeviceScope on(devices_[i]);
+      AKV_CUDA(cudaStreamSynchronize(nullptr));
+    }
+  } catch (...) {
+    for (size_t i = 0; i < devices_.size(); ++i) {
+      DeviceScope on(devices_[i], false);
+      cudaFree(one[i]);
+    }
+    throw;
+  }
+  for (size_t i = 0; i < devices_.size(); ++i) {
+    DeviceScope on(devices_[i], false);
+    cudaFree(one[i]);
+  }
+  check_nccl(r, "first all-reduce (connecting the GPUs)");
+#endif
 }
 
 ShardAllReduce::~ShardAllReduce() { release(); }
@@ -108,13 +172,20 @@ void ShardAllReduce::sum(std::span<float* const> bufs, size_t n, std::span<const
   if (n == 0 || devices_.size() == 1) return;
 #if ACTIVEKV_HAVE_NCCL
   if (nccl_) {
-    check_nccl(ncclGroupStart(), "ncclGroupStart");
-    ncclResult_t first = ncclSuccess;  // the group is ended whatever happens inside it
-    for (size_t i = 0; i < bufs.size() && first == ncclSuccess; ++i)
-      first = ncclAllReduce(bufs[i], bufs[i], n, ncclFloat, ncclSum, nccl_->comms[i], streams[i]);
-    const ncclResult_t end = ncclGroupEnd();
-    check_nccl(first, "ncclAllReduce");
-    check_nccl(end, "ncclGroupEnd");
+    if (nccl_->comms.empty()) throw CudaError("all-reduce: the NCCL communicators were aborted after an earlier error");
+    for (ncclComm_t c : nccl_->comms) {  // an error a rank reported since the last sum (host query, no wait)
+      ncclResult_t async = ncclSuccess;
+      const ncclResult_t q = ncclCommGetAsyncError(c, &async);
+      if (q != ncclSuccess || async != ncclSuccess) {
+        nccl_->abort();
+        check_nccl(q != ncclSuccess ? q : async, "asynchronous error");
+      }
+    }
+    const ncclResult_t r = group_all_reduce(nccl_->comms, bufs, n, streams);
+    if (r != ncclSuccess) {
+      nccl_->abort();
+      check_nccl(r, "ncclAllReduce");
+    }
     return;
   }
 #endif

@@ -55,13 +55,10 @@ ShardedDecodeEngine::ShardedDecodeEngine(const EngineConfig& cfg, const std::vec
     home_ready_ = e;
   }
   for (const HeadShard& s : shards_) {
+    enable_peer_access(s.device, home);  // the output slices go home over NVLink where the GPUs can
     DeviceScope d(s.device);
-    if (s.device != home) {  // the output slices go home over NVLink where the GPUs can
-      int can = 0;
-      AKV_CUDA(cudaDeviceCanAccessPeer(&can, s.device, home));
-      if (can && cudaDeviceEnablePeerAccess(home, 0) != cudaSuccess) cudaGetLastError();  // else: copies via the host
-    }
     EngineConfig c = cfg_;
+    if (s.device != home) c.compute_stream = nullptr;  // a stream belongs to one device: the shard makes its own
     c.attn.kv_head0 = s.kv_head0;
     c.attn.n_kv_heads = s.kv_heads;
     c.attn.page_kv_heads = cfg_.attn.n_kv_heads;
@@ -76,7 +73,7 @@ ShardedDecodeEngine::ShardedDecodeEngine(const EngineConfig& cfg, const std::vec
 
 ShardedDecodeEngine::~ShardedDecodeEngine() {
   for (size_t i = 0; i < engines_.size(); ++i) {
-    DeviceScope d(shards_[i].device);
+    DeviceScope d(shards_[i].device, false);  // a destructor: a device that is gone must not throw
     engines_[i].reset();  // synchronises its streams
     bufs_[i]->q.reset();
     bufs_[i]->out.reset();
@@ -84,7 +81,7 @@ ShardedDecodeEngine::~ShardedDecodeEngine() {
     cudaEventDestroy(ev(bufs_[i]->done));
   }
   if (home_ready_) {
-    DeviceScope d(shards_[0].device);
+    DeviceScope d(shards_[0].device, false);
     cudaEventDestroy(ev(home_ready_));
   }
 }

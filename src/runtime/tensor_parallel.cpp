@@ -75,6 +75,11 @@ TensorParallelForward::TensorParallelForward(const gguf::File& f, const model::M
       sh.pos = cuda::device_alloc<int64_t>(size_t(max_rows), "tensor parallel: positions");
     }
   }
+  // Direct peer access both ways between distinct GPUs: the logits slices,
+  // token ids and positions (and the local sums without NCCL) are peer copies,
+  // which the driver otherwise stages through host memory.
+  for (int a : devices)
+    for (int b : devices) cuda::enable_peer_access(a, b);
   reduce_ = std::make_unique<cuda::ShardAllReduce>(devices, size_t(max_rows) * size_t(c_.d_model));
   for (const auto& s : shards_) {  // what every all-reduce sums, gathered once (two per layer and step)
     partials_.push_back(s->forward->partial());

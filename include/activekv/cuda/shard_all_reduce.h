@@ -35,7 +35,10 @@ class ShardAllReduce {
   /// devices[i]: shard i's device (1 or more; repeats allowed). max_floats:
   /// the longest sum (the local way's gather buffer on the first device).
   /// Throws InvalidArgument for no device or max_floats == 0, CudaError
-  /// (naming NCCL's error) when the communicators or buffers cannot be made.
+  /// (naming NCCL's error) when the communicators or buffers cannot be made
+  /// or the first sum fails: with NCCL, one sum of one float runs here, so
+  /// that NCCL connects the GPUs and allocates its buffers (a few hundred MB
+  /// each) at construction, not in the first step.
   ShardAllReduce(const std::vector<int>& devices, size_t max_floats);
   ~ShardAllReduce();
   ShardAllReduce(const ShardAllReduce&) = delete;
@@ -44,7 +47,10 @@ class ShardAllReduce {
   /// bufs[i]: shard i's device fp32 [n] on devices[i]; streams[i]: a stream
   /// of that device, which the sum is ordered after and which later work
   /// on it waits for. Enqueued, no host synchronisation. Throws
-  /// InvalidArgument for spans of the wrong size or n > max_floats.
+  /// InvalidArgument for spans of the wrong size or n > max_floats, and
+  /// CudaError for an NCCL error (this call's, or one a rank reported since
+  /// the last): the communicators are then aborted, which ends their
+  /// kernels, and every later sum throws.
   void sum(std::span<float* const> bufs, size_t n, std::span<const cudaStream_t> streams);
 
   /// True when the sums go through NCCL.
@@ -54,6 +60,7 @@ class ShardAllReduce {
  private:
   struct Nccl;
   void release();
+  void warm_up();  // NCCL: one sum of one float, so NCCL connects at construction
   void local_sum(std::span<float* const> bufs, size_t n, std::span<const cudaStream_t> streams);
 
   std::vector<int> devices_;
