@@ -59,7 +59,7 @@ void add_bench_decode(CLI::App& app, std::function<int()>& run) {
   dec->add_flag("--copy-2d", o->copy_2d,
                 "Head shards: copy a run of pages' K (or V) ranges as one cudaMemcpy2DAsync instead of one copy "
                 "per range");
-  dec->add_option("--json", o->json_path, "JSON output");
+  dec->add_option("--json", o->json_path, "JSON output")->check(non_empty());
   dec->add_option("--profile", o->profile_path, "Calibration profile output");
   dec->add_option("--commit", o->provenance.commit,
                   "Commit recorded in the JSON (default: the source tree's, `git rev-parse HEAD`)");

@@ -94,7 +94,10 @@ void check_args(const ModelBenchArgs& a, const std::string& device) {
     for (int g : a.gpus)
       if (g < 0) throw Error(fmt::format("bench: --gpus: device {} is negative", g));
   }
-  if (!a.json_out.empty()) check_writable(a.json_out, "bench --json output");
+  if (!a.json_out.empty()) {
+    check_writable(a.json_out, "bench --json output");
+    check_not_an_input(a.json_out, {a.model.empty() ? default_model_path() : a.model}, "bench --json output");
+  }
 }
 
 // Appends random tokens until the history holds `depth` (untimed), then waits for conversion.
@@ -283,7 +286,8 @@ int run_model_bench(ModelBenchArgs a) {
 
 void add_bench(CLI::App& app, std::function<int()>& run) {
   auto a = std::make_shared<ModelBenchArgs>();
-  app.add_option("-m,--model", a->model, "GGUF model (default: $ACTIVEKV_MODEL, else the installed SmolLM2)");
+  app.add_option("-m,--model", a->model, "GGUF model (default: $ACTIVEKV_MODEL, else the installed SmolLM2)")
+      ->check(non_empty());
   CLI::Option* prompts =
       app.add_option("-p,--n-prompt", a->prompts, "Prompt sizes: pp rows (0: none)")->delimiter(',')->capture_default_str()
           ->check(count_range(0));
@@ -306,13 +310,14 @@ void add_bench(CLI::App& app, std::function<int()>& run) {
   app.add_option("-o,--output", a->output, "md (markdown table) or json, on stdout")->capture_default_str();
   app.add_option("--device", a->device, "auto, cuda (runtime::GpuRuntime) or cpu (generate's CPU path)")
       ->capture_default_str()->check(CLI::IsMember({"auto", "cpu", "cuda"}));
-  app.add_option("--json", a->json_out, "Also write the JSON to this file");
-  app.add_option("-t,--threads", a->threads, "CPU threads (--device cpu)")->capture_default_str();
+  app.add_option("--json", a->json_out, "Also write the JSON to this file")->check(non_empty());
+  app.add_option("-t,--threads", a->threads, "CPU threads (--device cpu)")->capture_default_str()
+      ->check(in_range(1, 1024));
   app.add_option("--page-size", a->page_size, "Tokens per KV page")->capture_default_str();
   app.add_option("--recent-pages", a->recent_pages, "hybrid: full pages before the tail kept exact")->capture_default_str();
   app.add_option("--tile-pages", a->tile_pages, "Pages per attention tile / streamed copy")->capture_default_str();
   app.add_option("--convert-threads", a->convert_threads, "Background conversion threads (0: half the hardware's)")
-      ->capture_default_str();
+      ->capture_default_str()->check(in_range(0, 256));
   app.add_option("--prefill-chunk", a->prefill_chunk, "Tokens per prefill forward pass")->capture_default_str();
   app.add_option("--parallel", a->parallel,
                  "CUDA: sequences decoding together on one model (list, e.g. 1,8,16): one tg row per value, "

@@ -152,7 +152,12 @@ int run(EvalArgs& a) {
   const std::string model_name = std::filesystem::path(model_path).stem().string();
   const std::string out =
       a.json_out.empty() ? (a.passkey ? "passkey-" : "eval-") + model_name + ".json" : a.json_out;
+  a.cfg.text_files.clear();
+  for (const auto& t : a.texts) a.cfg.text_files.push_back(std::filesystem::path(t).is_absolute() ? t : a.data_dir + "/" + t);
   check_writable(out, "eval --json output");  // before minutes of work, not after
+  std::vector<std::string> inputs{model_path};
+  if (!a.passkey) inputs.insert(inputs.end(), a.cfg.text_files.begin(), a.cfg.text_files.end());
+  check_not_an_input(out, inputs, "eval --json output");
   if (a.passkey && a.int8s_kernel != "cpu")
     throw InvalidArgument("eval --passkey: --int8s-kernel is the own-format samples' kernel; the passkey check has none");
   const gguf::File file = gguf::File::open(model_path);
@@ -181,8 +186,6 @@ int run(EvalArgs& a) {
     if (lm) backend = eval::cpu_passkey_model(*lm, a.pk);
     return run_passkey_eval(*backend, tok, a.pk, model_name, out, where);
   }
-  a.cfg.text_files.clear();
-  for (const auto& t : a.texts) a.cfg.text_files.push_back(std::filesystem::path(t).is_absolute() ? t : a.data_dir + "/" + t);
 
   std::unique_ptr<eval::WindowScorer> scorer;
 #ifdef ACTIVEKV_HAVE_CUDA
@@ -283,7 +286,8 @@ int run(EvalArgs& a) {
 
 void add_eval(CLI::App& app, std::function<int()>& run_fn) {
   auto a = std::make_shared<EvalArgs>();
-  app.add_option("-m,--model", a->model, "GGUF model file (default: the installed SmolLM2-135M-Instruct)");
+  app.add_option("-m,--model", a->model, "GGUF model file (default: the installed SmolLM2-135M-Instruct)")
+      ->check(non_empty());
   app.add_option("--data-dir", a->data_dir, "Folder of the real texts")->capture_default_str();
   app.add_option("--texts", a->texts, "Text files (names in --data-dir, or absolute paths)")->capture_default_str();
   app.add_option("-c,--ctx-size", a->cfg.context, "Window tokens per text (prefix + scored)")->capture_default_str()
@@ -298,7 +302,7 @@ void add_eval(CLI::App& app, std::function<int()>& run_fn) {
       ->check(count_range(1));
   app.add_option("--synthetic-tokens", a->cfg.synthetic_tokens, "Synthetic outlier case length (0: skip)")
       ->capture_default_str()->check(count_range(0));
-  app.add_option("--json", a->json_out, "Output JSON (default: eval-<model>.json)");
+  app.add_option("--json", a->json_out, "Output JSON (default: eval-<model>.json)")->check(non_empty());
   add_threads_option(app, a->threads);
   app.add_option("--routes", a->routes, "Routes scored against exact: lossless13, int8s, hybrid, or a hybrid "
                                         "candidate with parameters, e.g. hybrid:recent=8,sink=2 (docs/routing.md)")
@@ -316,10 +320,21 @@ void add_eval(CLI::App& app, std::function<int()>& run_fn) {
                                       "-c token filler prompt; per depth and route: retrieved, agrees with exact)");
   app.add_option("--depths", a->pk.depths, "--passkey: needle depths, fractions of the prompt")
       ->delimiter(',')->capture_default_str()->check(in_range(0.0, 1.0));
-  app.add_option("--seed", a->pk.seed, "--passkey: seed of the keys")->capture_default_str();
+  app.add_option("--seed", a->pk.seed, "--passkey: seed of the keys")->capture_default_str()
+      ->check(in_range(0LL, std::numeric_limits<long long>::max()));
   app.add_option("--answer-tokens", a->pk.answer_tokens, "--passkey: greedy tokens per answer")
       ->capture_default_str()->check(count_range(1));
-  run_fn = [a] { return run(*a); };
+  // A flag of the other mode would be ignored without a word: refuse it.
+  const std::vector<std::string> perplexity_only{"--texts", "--data-dir", "--scored", "--layers-per-text",
+                                                 "--query-rows", "--synthetic-tokens"};
+  const std::vector<std::string> passkey_only{"--depths", "--seed", "--answer-tokens"};
+  run_fn = [a, sub = &app, perplexity_only, passkey_only] {
+    for (const std::string& f : a->passkey ? perplexity_only : passkey_only)
+      if (sub->count(f) > 0)
+        throw InvalidArgument(a->passkey ? "eval --passkey: " + f + " applies to the perplexity eval, not --passkey"
+                                         : "eval: " + f + " applies to --passkey only");
+    return run(*a);
+  };
 }
 
 }  // namespace activekv::cli

@@ -12,6 +12,7 @@
 #include "activekv/core/text_file.h"
 #include "activekv/cost/gate.h"
 #include "commands.h"
+#include "options.h"
 #include "provenance.h"
 
 namespace activekv::cli {
@@ -116,14 +117,19 @@ nlohmann::json to_json(const std::vector<cost::GateRow>& rows, const GateArgs& a
 void add_gate(CLI::App& app, std::function<int()>& run) {
   auto a = std::make_shared<GateArgs>();
   app.add_option("--bench", a->bench, "`bench decode --json` output with bf16 and candidate formats, "
-                                      "streamed and resident")->capture_default_str();
+                                      "streamed and resident")->capture_default_str()->check(non_empty());
   app.add_option("--eval", a->eval, "`eval --json` outputs (the quality contract per model, format and "
                                     "context; a later file's record of the same model, format and context "
                                     "replaces an earlier one's)")->capture_default_str();
   app.add_option("--batch", a->batch, "Batch size of the records to judge")->capture_default_str();
-  app.add_option("--json", a->json_out, "Also write the rows as JSON");
+  app.add_option("--json", a->json_out, "Also write the rows as JSON")->check(non_empty());
   run = [a] {
-    if (!a->json_out.empty()) check_writable(a->json_out, "gate --json output");  // before the work
+    if (!a->json_out.empty()) {  // before the work
+      check_writable(a->json_out, "gate --json output");
+      std::vector<std::string> inputs = a->eval;
+      inputs.push_back(a->bench);
+      check_not_an_input(a->json_out, inputs, "gate --json output");
+    }
     const auto points = cost::read_bench_json(a->bench);
     cost::QualityEvidence quality;
     for (const auto& path : a->eval) quality.merge(cost::read_eval_json(path));

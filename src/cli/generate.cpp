@@ -34,10 +34,14 @@
 
 namespace activekv::cli {
 
+// 256 MiB: some 60M tokens, far past any context; a device such as /dev/zero
+// given as the prompt file stops there instead of at the end of memory.
+constexpr size_t kMaxPromptFileBytes = size_t(256) << 20;
+
 std::string prompt_text(const GenerateArgs& a, const Tokenizer& tok) {
-  std::string text = a.prompt                 ? *a.prompt
-                     : !a.prompt_file.empty() ? read_text_file(a.prompt_file, "prompt file")
-                                              : read_text_file(default_prompt_path(), "prompt file");
+  std::string text = a.prompt ? *a.prompt
+                     : read_text_file(a.prompt_file.empty() ? default_prompt_path() : a.prompt_file, "prompt file",
+                                      kMaxPromptFileBytes);
   if (!a.chat) return text;
   const ChatMessage msg{"user", text};
   return tok.apply_chat_template(std::span<const ChatMessage>(&msg, 1), true);
@@ -222,7 +226,11 @@ void check_args(const GenerateArgs& a, const std::string& device) {
     for (int g : a.gpus)
       if (g < 0) throw Error(fmt::format("--gpus: device {} is negative", g));
   }
-  if (!a.json_out.empty()) check_writable(a.json_out, "generate --json output");
+  if (!a.json_out.empty()) {
+    check_writable(a.json_out, "generate --json output");
+    check_not_an_input(a.json_out, {a.model.empty() ? default_model_path() : a.model, a.prompt_file},
+                       "generate --json output");
+  }
 }
 
 // Samples, streams and runs one forward step per token; times each step.
@@ -326,9 +334,11 @@ void report(const GenerateArgs& a, const GenerationReport& r) {
 
 void add_generate(CLI::App& app, std::function<int()>& run_fn) {
   auto a = std::make_shared<GenerateArgs>();
-  app.add_option("-m,--model", a->model, "GGUF model file (default: $ACTIVEKV_MODEL, else the installed SmolLM2-135M-Instruct)");
+  app.add_option("-m,--model", a->model, "GGUF model file (default: $ACTIVEKV_MODEL, else the installed SmolLM2-135M-Instruct)")
+      ->check(non_empty());
   app.add_option("-p,--prompt", a->prompt, "Prompt text");
-  app.add_option("-f,--file", a->prompt_file, "Read the prompt from a file (default: data/default_prompt.txt)");
+  app.add_option("-f,--file", a->prompt_file, "Read the prompt from a file (default: data/default_prompt.txt)")
+      ->check(non_empty());
   app.add_option("-n,--n-predict", a->n_predict, "Tokens to generate")->capture_default_str()->check(count_range(0));
   app.add_option("-c,--ctx-size", a->n_ctx, "Context size in tokens (0 = prompt + n-predict)")->capture_default_str()
       ->check(in_range(0, std::numeric_limits<int>::max()));  // any int: too large is a memory error, with sizes
@@ -374,7 +384,8 @@ void add_generate(CLI::App& app, std::function<int()>& run_fn) {
                  "kernel by kernel (no CUDA graphs)")
       ->delimiter(',');
   app.add_option("--prefill-chunk", a->prefill_chunk, "Tokens per prefill forward pass")->capture_default_str()->check(in_range(1, 1 << 16));
-  app.add_option("--json", a->json_out, "Also write the summary as JSON to this file (with command and commit)");
+  app.add_option("--json", a->json_out, "Also write the summary as JSON to this file (with command and commit)")
+      ->check(non_empty());
   run_fn = [a] { return run(*a); };
 }
 

@@ -78,7 +78,7 @@ int run(const std::string& path, bool all_tensors, int tensor_parallel) {
   put(out, "file       {}\n", path);
   put(out, "GGUF       v{}, {} bytes, alignment {}, data at {}\n", f.version(), f.file_size(),
            f.alignment(), f.data_offset());
-  put(out, "arch       {}\n", f.get_string_or("general.architecture", "(none)"));
+  put(out, "arch       {}\n", gguf::printable(f.get_string_or("general.architecture", "(none)")));
   put(out, "\nmetadata ({} keys)\n", f.metadata().size());
   for (const auto& [key, value] : f.metadata()) put(out, "  {:45s} {}\n", key, value.to_string(4));
 
@@ -110,7 +110,7 @@ int run(const std::string& path, bool all_tensors, int tensor_parallel) {
 void add_inspect(CLI::App& app, std::function<int()>& run_fn) {
   auto path = std::make_shared<std::string>();
   auto all = std::make_shared<bool>(false);
-  app.add_option("model", *path, "GGUF model file (default: as generate)");
+  app.add_option("model", *path, "GGUF model file (default: as generate)")->check(non_empty());
   app.add_flag("--tensors", *all, "List every tensor");
   auto tp = std::make_shared<int>(0);
   app.add_option("--tensor-parallel", *tp, "Also print what each of N GPUs would hold split tensor-parallel")

@@ -117,6 +117,12 @@ inline CLI::Validator above_zero_to_one() {
       "(0, 1]");
 }
 
+/// A path (or name) that is not empty: an empty value would otherwise read as
+/// "not given" -- the default model, no JSON written -- without a word.
+inline CLI::Validator non_empty() {
+  return CLI::Validator([](std::string& v) -> std::string { return v.empty() ? "the value is empty" : ""; }, "");
+}
+
 /// A token or item count in [lo, kMaxTokens] (in_range).
 inline CLI::Validator count_range(int lo) { return in_range(lo, kMaxTokens); }
 

@@ -77,7 +77,7 @@ int run(const ServeArgs& a) {
 
 void add_serve(CLI::App& app, std::function<int()>& run_fn) {
   auto a = std::make_shared<ServeArgs>();
-  app.add_option("-m,--model", a->model, "GGUF model file (default: as generate)");
+  app.add_option("-m,--model", a->model, "GGUF model file (default: as generate)")->check(non_empty());
   app.add_option("--served-model-name", a->model_name, "The model id clients name (default: the file name without .gguf)");
   app.add_option("--host", a->host, "Address to listen on")->capture_default_str();
   app.add_option("--port", a->port, "Port (0: any free one, printed)")->capture_default_str()->check(in_range(0, 65535));

@@ -5,10 +5,14 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
-#include <map>
 #include <fstream>
+#include <limits>
+#include <map>
+#include <type_traits>
 #include <nlohmann/json.hpp>
 
 #include "activekv/core/error.h"
@@ -29,11 +33,18 @@ nlohmann::json load(const std::string& path) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) throw Error("gate: " + path + " is a directory, not a JSON file");
   std::ifstream f(path);
-  if (!f) throw Error("gate: cannot open " + path);
+  if (!f) throw Error(fmt::format("gate: cannot open '{}': {}", path, std::strerror(errno)));
   try {
     return nlohmann::json::parse(f);
   } catch (const nlohmann::json::exception& e) {
-    throw Error(fmt::format("gate: {} is not JSON: {}", path, e.what()));
+    // The parser's own words without its id ("[json.exception.parse_error.101] "),
+    // bytes outside printable ASCII (the invalid UTF-8 it quotes) escaped.
+    std::string what = e.what();
+    if (const size_t id_end = what.find("] "); what.rfind("[json.exception.", 0) == 0 && id_end != std::string::npos)
+      what.erase(0, id_end + 2);
+    std::string line;
+    for (const unsigned char c : what) line += c >= 0x20 && c < 0x7f ? std::string(1, char(c)) : fmt::format("\\x{:02x}", c);
+    throw Error(fmt::format("gate: {} is not JSON: {}", path, line));
   }
 }
 
@@ -41,10 +52,22 @@ template <class T>
 T field(const nlohmann::json& j, const char* name, const std::string& path) {
   if (!j.contains(name) || j[name].is_null())
     throw Error(fmt::format("gate: {}: a record lacks \"{}\"", path, name));
-  try {
-    return j[name].get<T>();
-  } catch (const nlohmann::json::exception&) {
-    throw Error(fmt::format("gate: {}: field \"{}\" has the wrong type", path, name));
+  const nlohmann::json& v = j[name];
+  if constexpr (std::is_integral_v<T>) {
+    // 8192.5 or 1e308 would be cut or wrapped by get<T>: a count is a whole number in T's range.
+    const bool fits = v.is_number_unsigned() ? v.get<uint64_t>() <= uint64_t(std::numeric_limits<T>::max())
+                      : v.is_number_integer()
+                          ? v.get<int64_t>() >= int64_t(std::numeric_limits<T>::min()) &&
+                                v.get<int64_t>() <= int64_t(std::numeric_limits<T>::max())
+                          : false;
+    if (!fits) throw Error(fmt::format("gate: {}: field \"{}\" is {}, not a whole number in range", path, name, v.dump()));
+    return v.get<T>();
+  } else {
+    try {
+      return v.get<T>();
+    } catch (const nlohmann::json::exception&) {
+      throw Error(fmt::format("gate: {}: field \"{}\" has the wrong type", path, name));
+    }
   }
 }
 
@@ -273,6 +296,16 @@ QualityEvidence read_eval_json(const std::string& path) {
     q.own_format_error = optional_number(r, "own_format_error", path);
     q.ppl_increase_pct = optional_number(r, "ppl_increase_pct", path);
     q.top1_agreement = optional_number(r, "top1_agreement", path);
+    // Values no eval can produce: a hand-edited or corrupt file, not evidence.
+    const auto out_of_range = [&](const char* name, double v, const char* range) {
+      throw Error(fmt::format("gate: {}: a {} record has {} {} (must be {})", path, q.format, name, v, range));
+    };
+    if (q.own_format_error && !(*q.own_format_error >= 0 && std::isfinite(*q.own_format_error)))
+      out_of_range("own_format_error", *q.own_format_error, "finite and >= 0");
+    if (q.ppl_increase_pct && !(*q.ppl_increase_pct > -100 && std::isfinite(*q.ppl_increase_pct)))
+      out_of_range("ppl_increase_pct", *q.ppl_increase_pct, "finite and > -100");
+    if (q.top1_agreement && !(*q.top1_agreement >= 0 && *q.top1_agreement <= 1))
+      out_of_range("top1_agreement", *q.top1_agreement, "in [0, 1]");
     const bool synthetic_case = q.own_format_error && !q.ppl_increase_pct;
     if (q.text != "all" && !synthetic_case) continue;  // one text's row: "all" holds the aggregate
     q.model = field<std::string>(r, "model", path);

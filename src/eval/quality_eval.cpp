@@ -252,13 +252,20 @@ EvalResult run_quality_eval(WindowScorer& scorer,
   const int64_t prefix = cfg.context - cfg.scored;
   EvalResult result;
 
+  // Every text read and checked before the first is scored: a missing or
+  // short later text must not cost the minutes of the earlier ones.
+  std::vector<std::vector<int32_t>> windows;
   for (const std::string& path : cfg.text_files) {
-    const std::string text = std::filesystem::path(path).filename().string();
     std::vector<int32_t> ids = tokenize(read_text_file(path, "eval text file"));
     if (int64_t(ids.size()) < cfg.context + 1) {
       throw Error(fmt::format("eval: '{}' has {} tokens, fewer than context {} + 1", path, ids.size(), cfg.context));
     }
     ids.resize(size_t(cfg.context) + 1);  // the window, and the token after it for the last score
+    windows.push_back(std::move(ids));
+  }
+  for (size_t t = 0; t < cfg.text_files.size(); ++t) {
+    const std::string text = std::filesystem::path(cfg.text_files[t]).filename().string();
+    const std::vector<int32_t>& ids = windows[t];
     scorer.begin_text(text, ids, say);
 
     say(fmt::format("{}: score {} tokens along the exact route", text, cfg.scored));

@@ -35,8 +35,10 @@ namespace {
   throw Error(std::string("GGUF value is ") + value_type_name(v.type) + ", not " + wanted);
 }
 
-/// At most ~80 bytes of `s` for one line of `inspect`: control bytes escaped
-/// (chat templates hold newlines), cut on a UTF-8 character boundary.
+}  // namespace
+
+// At most ~80 bytes for one line (inspect, messages): control bytes escaped
+// (chat templates hold newlines), cut on a UTF-8 character boundary.
 std::string printable(const std::string& s) {
   constexpr size_t kMaxBytes = 80;
   size_t n = std::min(s.size(), kMaxBytes);
@@ -54,8 +56,6 @@ std::string printable(const std::string& s) {
   }
   return n < s.size() ? out + "..." : out;
 }
-
-}  // namespace
 
 bool Value::is_integer() const {
   return std::holds_alternative<uint64_t>(data) || std::holds_alternative<int64_t>(data);

@@ -77,7 +77,7 @@ Tokenizer Tokenizer::from_gguf(const gguf::File& f) {
     bad_key(kModel, e.what());
   }
   if (model != "gpt2" && model != "llama")
-    bad_key(kModel, fmt::format("tokenizer model '{}' is not supported (gpt2, llama)", model));
+    bad_key(kModel, fmt::format("tokenizer model '{}' is not supported (gpt2, llama)", gguf::printable(model)));
 
   Vocab v;
   v.model = model;

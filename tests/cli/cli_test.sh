@@ -300,6 +300,17 @@ case $CASE in
     expect 105 "--top-p: Value inf is not a number" -- generate --top-p inf -p hi -n 1
     expect 105 "--top-p: Value 0 not in range (0, 1]" -- generate --top-p 0 -p hi -n 1
     expect 105 "--top-p: Value 1.5 not in range (0, 1]" -- generate --top-p 1.5 -p hi -n 1
+    # Found by a helper breaking the CLI (session 23): bench -t 65536 crashed in OpenMP, --convert-threads
+    # 100000 aborted, a negative passkey seed wrapped, an empty path meant "not given", and a flag of
+    # eval's other mode was ignored without a word.
+    expect 105 "-t/--threads: Value 65536 not in range 1 to 1024" -- bench --device cpu -t 65536
+    expect 105 "--convert-threads: Value 100000 not in range 0 to 256" -- bench --convert-threads 100000
+    expect 105 "--seed: Value -5 not in range" -- eval --passkey --seed -5
+    expect 1 "eval --passkey: --scored applies to the perplexity eval, not --passkey" -- eval --passkey --scored 3
+    expect 1 "eval: --seed applies to --passkey only" -- eval --seed 3
+    expect 105 "--json: the value is empty" -- generate --json "" -p hi -n 1
+    expect 105 "-m/--model: the value is empty" -- generate -m "" -p hi -n 1
+    expect 105 "model: the value is empty" -- inspect ""
     ;;
   paths)  # output paths checked before the work and every write checked; a folder is not a prompt
     expect 1 "cannot write eval --json output '/nonexistent_dir/x.json': folder '/nonexistent_dir' does not exist" \
@@ -308,6 +319,17 @@ case $CASE in
     expect 1 "cannot write gate --json output '/dev/full': write failed" -- gate --json /dev/full
     expect 1 "prompt file '$TMP' is a directory, not a file" -- generate -f "$TMP" -n 1
     expect 1 "cannot read prompt file '$TMP/missing.txt'" -- generate -f "$TMP/missing.txt" -n 1
+    # An output that is also an input would replace it (a helper's -m m.gguf --json m.gguf lost the model)
+    echo "a prompt" > "$TMP/p.txt"
+    expect 1 "generate --json output '$TMP/p.txt' is also an input of this run" -- generate -f "$TMP/p.txt" --json "$TMP/p.txt" -n 1
+    [ "$(cat "$TMP/p.txt")" = "a prompt" ] && echo "ok: the prompt file is unchanged" || fail "the prompt file was overwritten"
+    echo '{"records": []}' > "$TMP/b.json"
+    expect 1 "gate --json output '$TMP/b.json' is also an input of this run" -- gate --bench "$TMP/b.json" --json "$TMP/b.json"
+    expect 1 "prompt file '/dev/zero' holds more than 268435456 bytes" -- generate -f /dev/zero -n 1  # not until memory ends
+    # Every text is read before the first is scored: a missing second one fails before any scoring
+    expect 1 "cannot read eval text file '$TMP/missing.txt'" -- eval -c 64 --scored 16 --page-size 16 \
+      --layers-per-text 1 --query-rows 4 --synthetic-tokens 0 --routes int8s -t 2 --json "$TMP/e.json" \
+      --texts tinyshakespeare.txt "$TMP/missing.txt"
     ;;
   memory)  # a history that cannot fit is refused before it is allocated, with sizes
     expect 1 "not enough memory for the KV page store of a 2000000000-token context" -- -c 2000000000 -p hi -n 1 -t 2

@@ -141,6 +141,42 @@ TEST(Gate, ReadersNameTheProblem) {
   std::remove(path.c_str());
 }
 
+// A hand-edited or corrupt eval file is refused, not trusted: found by a
+// helper that made gate ACCEPT int8s from top-1 500 % and ppl -1e9 %, and
+// read context 8192.5 as 8192.
+TEST(Gate, ImpossibleEvalValuesAreRefusedNamingTheField) {
+  const std::string path = testing::TempDir() + "/gate_impossible.json";
+  const auto refused = [&](const std::string& record, const std::string& named) {
+    { std::ofstream(path) << "[" + record + "]"; }
+    try {
+      read_eval_json(path);
+      ADD_FAILURE() << "accepted " << record;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(named), std::string::npos) << e.what();
+    }
+  };
+  const std::string base = R"("text": "all", "format": "int8s", "model": "m", "own_format_error": 0.001)";
+  refused("{" + base + R"(, "context": 8192, "ppl_increase_pct": 0.1, "top1_agreement": 5.0})", "top1_agreement 5");
+  refused("{" + base + R"(, "context": 8192, "ppl_increase_pct": -1e9, "top1_agreement": 0.99})", "ppl_increase_pct");
+  refused("{" + base + R"(, "context": 8192.5, "ppl_increase_pct": 0.1, "top1_agreement": 0.99})",
+          "\"context\" is 8192.5, not a whole number");
+  refused("{" + base + R"(, "context": 1.7e308, "ppl_increase_pct": 0.1, "top1_agreement": 0.99})", "\"context\"");
+  refused(R"({"text": "all", "format": "int8s", "model": "m", "own_format_error": -1, "context": 8192})",
+          "own_format_error");
+  { std::ofstream(path) << "[{" + base + R"(, "context": 8192, "ppl_increase_pct": 0.1, "top1_agreement": 0.99}])"; }
+  EXPECT_EQ(read_eval_json(path).records.size(), 1u) << "the same record with possible values is evidence";
+  { std::ofstream(path) << "{\"a\": 1,}"; }
+  try {
+    read_eval_json(path);
+    ADD_FAILURE() << "a stray comma parsed";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(what.find("[json.exception"), std::string::npos) << "the parser's id is noise: " << what;
+    EXPECT_NE(what.find("is not JSON: parse error"), std::string::npos) << what;
+  }
+  std::remove(path.c_str());
+}
+
 // SPEC §5 per context (issue "Gemma 3 ... quality contract measured at long
 // context"): a verdict rests on evidence measured at the judged context or
 // longer, names it, and a missing field fails.

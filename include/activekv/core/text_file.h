@@ -11,6 +11,7 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "activekv/core/error.h"
 
@@ -19,17 +20,38 @@ namespace activekv {
 /// The bytes of `path`, read whole (binary: CRLF and a BOM are kept).
 /// Throws Error naming `what` and `path`: "<what> '<path>' is a directory, not
 /// a file", "cannot read <what> '<path>'" (missing, unreadable, or a read that
-/// fails part way).
-inline std::string read_text_file(const std::string& path, const std::string& what = "file") {
+/// fails part way), "<what> '<path>' holds more than <max_bytes> bytes" (a
+/// device like /dev/zero would otherwise be read until memory runs out).
+inline std::string read_text_file(const std::string& path, const std::string& what = "file",
+                                  size_t max_bytes = size_t(-1)) {
   // A directory opens as an ifstream on Linux and reads as empty: name it.
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) throw Error(what + " '" + path + "' is a directory, not a file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error("cannot read " + what + " '" + path + "': " + std::strerror(errno));
-  std::ostringstream ss;
-  ss << in.rdbuf();
+  std::string out;
+  char buf[1 << 16];
+  while (in.read(buf, sizeof buf) || in.gcount() > 0) {
+    out.append(buf, size_t(in.gcount()));
+    if (out.size() > max_bytes)
+      throw Error(what + " '" + path + "' holds more than " + std::to_string(max_bytes) + " bytes");
+  }
   if (in.bad()) throw Error("cannot read " + what + " '" + path + "': read error");
-  return ss.str();
+  return out;
+}
+
+/// Throws Error "<what> '<out>' is also an input of this run ('<input>'):
+/// writing it would replace what the run reads" when `out` names an existing
+/// file that one of `inputs` also names (after links and relative paths).
+/// Empty inputs are skipped. Call it with check_writable, before the work.
+inline void check_not_an_input(const std::string& out, const std::vector<std::string>& inputs,
+                               const std::string& what) {
+  for (const std::string& in : inputs) {
+    std::error_code ec;
+    if (!in.empty() && std::filesystem::equivalent(out, in, ec) && !ec)
+      throw Error(what + " '" + out + "' is also an input of this run ('" + in +
+                  "'): writing it would replace what the run reads");
+  }
 }
 
 /// Checks that `path` could be written, without creating or changing it: call

@@ -53,6 +53,12 @@ class FormatError : public Error {
   std::string file_;
 };
 
+/// A string read from a file, safe for one line of a message: at most ~80
+/// bytes (cut on a UTF-8 character boundary, "..." after), newlines as "\\n"
+/// and other control bytes as "\\xNN", so that a NUL cannot cut the line
+/// short nor an escape sequence reach the terminal.
+std::string printable(const std::string& s);
+
 /// GGUF metadata value types (gguf.md "gguf_metadata_value_type").
 enum class ValueType : uint32_t {
   UINT8 = 0, INT8 = 1, UINT16 = 2, INT16 = 3, UINT32 = 4, INT32 = 5,
