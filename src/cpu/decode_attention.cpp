@@ -300,13 +300,16 @@ size_t attend_pages_splits(const DecodeShape& shape, std::span<const PageRef> pa
     return PageQuery{ws.query_i8.data() + slot * q_i8, ws.query_f32.data() + slot * q_f32};
   };
   const int threads = opt.threads > 0 ? opt.threads : omp_get_max_threads();
-  ws.thread_f32.resize(size_t(threads));
   const int split_cap = std::min(opt.split_tokens, shape.page_size);
+  // Scratch sized here, not in the parallel region: an exception (bad_alloc)
+  // cannot leave an OpenMP region -- it would end the process, where here it
+  // reaches the caller (the engine's CPU share keeps it for the step).
+  ws.thread_f32.resize(size_t(threads));
+  for (std::vector<float>& f32 : ws.thread_f32) f32.resize(std::max(size_t(G + 1) * split_cap, 3 * size_t(d)));
   const int n_items = int(splits.size()) * H;
 #pragma omp parallel num_threads(threads)
   {
     std::vector<float>& f32 = ws.thread_f32[size_t(omp_get_thread_num())];
-    f32.resize(std::max(size_t(G + 1) * split_cap, 3 * size_t(d)));
     // The AMX query of each KV head and the int8s query of each (page, KV
     // head) once, before their items.
     if (ctx.q_tiles != nullptr) {

@@ -688,6 +688,10 @@ std::vector<DecodeEngine::JobInfo> DecodeEngine::job_info(int layer) const {
   return out;
 }
 
+void DecodeEngine::check_cpu_error() {
+  if (cpu_) cpu_->rethrow_error();
+}
+
 void DecodeEngine::synchronize() {
   AKV_CUDA(cudaStreamSynchronize(copy_));
   AKV_CUDA(cudaStreamSynchronize(compute_));

@@ -123,9 +123,15 @@ std::vector<int32_t> GpuModel::decode_batch(std::span<GpuSequence* const> seqs, 
     if (!shared) I.decoded_eagerly = true;
   }
   std::vector<int32_t> next(static_cast<size_t>(N));
-  for (int i = 0; i < N; ++i) {  // the first waits for the whole step
+  for (int i = 0; i < N; ++i) next[size_t(i)] = S[size_t(i)]->fetch_sampled();  // the first waits for the whole step
+  // A CPU task's failure made the step NaN: throw before any sequence keeps it.
+  if (shared) {
+    shared->check_cpu_error();
+  } else {
+    for (int i = 0; i < N; ++i) S[size_t(i)]->engine->check_cpu_error();
+  }
+  for (int i = 0; i < N; ++i) {
     GpuSequence::Impl& I = *S[size_t(i)];
-    next[size_t(i)] = I.fetch_sampled();
     I.seq->commit(1);
     I.count_decode_step(shared ? shared->sequence_figures(size_t(i)) : I.engine->sequence_figures(0));
     I.stats.batched_attention_steps += shared != nullptr;

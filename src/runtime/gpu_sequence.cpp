@@ -76,7 +76,17 @@ void GpuSequence::Impl::build() {
 GpuSequence::Impl::~Impl() { release(); }
 
 void GpuSequence::Impl::release() {
-  if (engine) engine->synchronize();
+  // A destructor's path: an error of an abandoned step is dropped (a step
+  // that was kept reported its own), and the batch engine, which may hold
+  // this sequence's pages in a failed step's queued CPU task, is drained too.
+  const auto drain = [](cuda::DecodeEngine* e) {
+    try {
+      if (e) e->synchronize();
+    } catch (const std::exception&) {
+    }
+  };
+  drain(engine.get());
+  drain(m.batch_engine.get());
   if (ahead) {
     cudaStreamSynchronize(stream());  // a lookahead step may still use the buffers freed below
     if (m.ahead_owner == this) m.ahead_owner = nullptr;
@@ -245,6 +255,7 @@ int32_t GpuSequence::Impl::finish_chunk(const Step& st) {
   } else {
     wait_step();  // the K/V are in the host pages before conversion may read them
   }
+  engine->check_cpu_error();  // a CPU task's failure made this step NaN: not committed
   // Its logits are this sequence's last unless another run came after it
   // (this sequence's own lookahead step writes the other row: allowed).
   last_row = st.logits_row + st.logits_rows - 1;

@@ -82,7 +82,7 @@ HistoryView::HistoryView(kv::SequenceKv& seq, const std::vector<int>& windows, i
   dev_encoded_.assign(size_t(L), std::vector<DevPage>(size_t(pages_per_layer_)));
   if (opt.cpu_share < 0 && !gpu_placement()) {  // co-attention, auto: the planner's rates, measured once
     const int threads = opt.cpu_threads > 0 ? opt.cpu_threads : std::max(1, int(std::thread::hardware_concurrency()) - 1);
-    calibration_ = cuda::measure_co_attention_rates(attn, threads, 0.1);
+    calibration_ = cuda::co_attention_rates_once(attn, threads, 0.1);  // the machine's: once per process
     stats.co_attention = calibration_->describe();
   }
   if (conversions_of) {

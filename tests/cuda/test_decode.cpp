@@ -20,6 +20,7 @@
 #include "activekv/cuda/device_pages.h"
 #include "activekv/cuda/pinned_memory.h"
 #include "activekv/cuda/quant_matvec.h"
+#include "activekv/kv/codec_int8s.h"
 #include "activekv/kv/page_store.h"
 #include "gpu_test_util.h"
 
@@ -443,6 +444,45 @@ TEST(CudaDecode, CoAttentionRejectsPagesTheCpuCannotRead) {
   std::vector<SeqPages> ok = f.seqs;
   ok[1].tables[0][0].cpu = true;
   EXPECT_NO_THROW(eng.update(ok));
+}
+
+// A CPU task that fails (here: a page view that claims fewer tokens than the
+// step reads, as a stale view would) makes its step's partials NaN. The
+// engine reports it through check_cpu_error() once the step's output was
+// waited for -- where the runtime checks, before it commits the step -- and
+// once only. Found by reading (session 23): the runtime committed the NaN
+// step and reported the error a step late.
+TEST(CudaDecode, CoAttentionTaskErrorIsReportedAtItsStep) {
+  NEED_GPU();
+  const Case& c = cases()[0];  // pages of 64 tokens: int8s takes multiples of 16
+  Fixture f(c, 23);
+  const kv::KvShape ks{1, c.sh.n_kv_heads, c.sh.head_dim, c.sh.page_size};
+  std::vector<SeqPages> t = f.seqs;
+  PageRef& r = t[2].tables[0][0];  // sequence 2 (1000 tokens): a full page
+  const kv::EncodedPage blob = kv::encode_int8s_page(
+      ks, std::span<const bf16>(reinterpret_cast<const bf16*>(r.host), ks.page_elements()), c.sh.page_size);
+  kv::Int8sPageView stale = kv::parse_int8s_page(blob);
+  stale.header.n_tokens = 0;  // the engine checks the blob; the CPU kernel trusts the view's count
+  r = PageRef{blob.bytes.data(), nullptr, blob.bytes.size(), PageKind::int8s};
+  r.cpu = true;
+  r.int8s_view = &stale;
+  DecodeEngine eng(f.config(2, 2));
+  eng.update(t);
+  float *q = nullptr, *out = nullptr;
+  const size_t nq = f.q.size();
+  check_cuda(cudaMalloc(&q, nq * 4), "cudaMalloc q");
+  check_cuda(cudaMalloc(&out, nq * 4), "cudaMalloc out");
+  check_cuda(cudaMemcpy(q, f.q.data(), nq * 4, cudaMemcpyHostToDevice), "upload q");
+  eng.enqueue_step(q, out, nullptr);
+  check_cuda(cudaStreamSynchronize(eng.compute_stream()), "wait for the step's output");  // as a token's wait
+  EXPECT_THROW(eng.check_cpu_error(), Error) << "the failed task's error, at the step it failed";
+  EXPECT_NO_THROW(eng.check_cpu_error()) << "reported once";
+  std::vector<float> o(nq);
+  check_cuda(cudaMemcpy(o.data(), out, nq * 4, cudaMemcpyDeviceToHost), "download out");
+  EXPECT_TRUE(std::any_of(o.begin(), o.end(), [](float x) { return std::isnan(x); })) << "the step's output is poisoned";
+  EXPECT_NO_THROW(eng.synchronize()) << "the error was taken by check_cpu_error";
+  cudaFree(q);
+  cudaFree(out);
 }
 
 // Issue 9: update() is incremental. One engine follows a batch as it grows --

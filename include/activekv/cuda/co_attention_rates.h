@@ -59,4 +59,13 @@ std::vector<route::PlanPage> plan_pages(const std::vector<PageRef>& table);
 /// memory cannot be had, InvalidArgument for a bad shape or thread count.
 CoAttentionCalibration measure_co_attention_rates(const AttnShape& shape, int cpu_threads, double seconds = 0.2);
 
+/// measure_co_attention_rates once per process for each (current device,
+/// shape, thread count, seconds): the rates are the machine's, and every
+/// sequence of a batch or server asks (each measurement pins 768 MiB and
+/// takes about a second; one run beside another sequence's decoding would
+/// measure contended rates). Thread-safe: a second caller waits for the
+/// first's measurement. A failed measurement is not kept (the next call tries
+/// again). Throws as measure_co_attention_rates.
+CoAttentionCalibration co_attention_rates_once(const AttnShape& shape, int cpu_threads, double seconds = 0.2);
+
 }  // namespace activekv::cuda

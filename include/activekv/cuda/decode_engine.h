@@ -205,6 +205,10 @@ class DecodeEngine {
   /// Waits for all enqueued work (host sync; between steps only). Rethrows an
   /// error the CPU share hit in a step (that step's output is NaN).
   void synchronize();
+  /// Rethrows (once) an error the CPU share hit, without waiting: call it
+  /// once a step's output was waited for (its sampled token, say) and before
+  /// the step is kept, so that a failed step's NaN never reaches the history.
+  void check_cpu_error();
 
   /// Host -> device bytes one step moves, its copy calls (cudaMemcpyAsync or
   /// cudaMemcpy2DAsync) and the largest one, and the contiguous rows those
