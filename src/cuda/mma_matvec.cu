@@ -92,7 +92,8 @@ struct Piece {
 /// The CTA's dynamic shared memory: the warps' subtree sums, x's {d, sum q}
 /// (NV rows of n_blocks + 2 float2), x's codes (NV rows of 32 n_blocks + 16
 /// bytes), then the ring of S pieces. Every part starts 16-byte aligned
-/// (n_blocks is a multiple of 8: tile_fits).
+/// (tile_fits: n_blocks is a multiple of 8, or of 4 for Q4_1, whose 4-byte
+/// heads make whole 16-byte pieces at 4 blocks; the parts need it even).
 struct Layout {
   int ds_row, codes_row;  // float2, bytes
   int ds, codes, ring, bytes;

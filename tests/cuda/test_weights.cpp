@@ -245,14 +245,22 @@ TEST_P(WeightKernels, MmaVectorsAreTheChunkedKernelsBits) {
   } scope;
   const bool k32 = gguf::block_elements(t) <= 32;
   uint64_t seed = 9000 + uint64_t(t);
-  for (const Shape& s : std::vector<Shape>{{1101, 256}, {301, 1536}, {67, 5120}, {19, 17408}, {2050, k32 ? 576 : 768}}) {
+  // 8192 columns: the widest row (256 blocks, whole pieces only) and, at 8
+  // vectors, the 4-stage ring of the 4-bit types; 6144: Q4_1's 4-stage ring;
+  // 640 (20 blocks): Q4_1 only, whose 4-byte heads make whole pieces at a
+  // multiple of 4 blocks (added after a review, session 23: never run before).
+  for (const Shape& s : std::vector<Shape>{{1101, 256}, {301, 1536}, {67, 5120}, {19, 17408}, {2050, k32 ? 576 : 768},
+                                           {37, 8192}, {45, 6144}, {45, k32 ? 640 : 768}}) {
     const HostMatrix h = random_matrix(t, s.rows, s.cols, seed++);
     DeviceCopy dw(h, WeightLayout::Split);
     // Which launches the mma kernel takes, so that a fallback to the
-    // register kernel cannot pass for it: its types at 256, 1536 and 5120
-    // columns; not 17408 (past 8192) nor 576 (heads not 16-byte pieces).
+    // register kernel cannot pass for it: its types at 256, 1536, 5120, 6144
+    // and 8192 columns, Q4_1 at 640; not 17408 (past 8192) nor 576 (heads
+    // not 16-byte pieces).
     const bool mma_type = t == TensorType::Q4_0 || t == TensorType::Q4_1 || t == TensorType::Q8_0;
-    const bool mma_expected = mma_type && (s.cols == 256 || s.cols == 1536 || s.cols == 5120);
+    const bool mma_expected =
+        mma_type && (s.cols == 256 || s.cols == 1536 || s.cols == 5120 || s.cols == 6144 || s.cols == 8192 ||
+                     (t == TensorType::Q4_1 && s.cols == 640));
     EXPECT_EQ(mmamv::reads(dw.m, 2), mma_expected) << s.rows << "x" << s.cols;
     EXPECT_FALSE(mmamv::reads(dw.m, 1)) << "one vector stays on the register kernel";
     if (mma_expected) {  // and this device's shared memory holds x and the ring (else run declines)

@@ -10,6 +10,8 @@
 
 #include "activekv/core/bf16.h"
 #include "matvec_emulation.h"
+#include "matvec_host.h"
+#include "mma_matvec.h"
 #include "quant_kregs.cuh"
 #include "quant_q6kregs.cuh"
 #include "quant_split.cuh"
@@ -363,6 +365,39 @@ TEST(Q4kRegistersHost, SplitUnitRegsDotAsTheGgufBytes) {
       check_block(edge, 0);
     }
   EXPECT_EQ(checked, 3 * 4 * 8 + 12 * 4 * 8);
+}
+
+// Which matrices the mma matvec takes, and its ring depth, are host decisions
+// (mmamv::reads, ring_stages): checked here without a GPU. The widths are
+// those a review (session 23) found untested on the GPU: Q4_1 at a multiple
+// of 4 blocks but not 8 (its 4-byte heads make whole 16-byte pieces), the
+// widest row (8192 columns, whole pieces only), and the 4-stage ring the
+// 4-bit types reach only there. sm_90's opt-in shared memory a CTA: 232448.
+TEST(MmaMatvecHost, TilesItTakesAndTheirRing) {
+  using gguf::TensorType;
+  const auto matrix = [](TensorType t, int64_t cols) {
+    DeviceMatrix w;
+    w.type = t;
+    w.rows = 45;
+    w.cols = cols;
+    w.layout = WeightLayout::Split;
+    return w;
+  };
+  const mvhost::MmaMatvec before = mvhost::mma_matvec();
+  mvhost::set_mma_matvec(mvhost::MmaMatvec::On);
+  EXPECT_TRUE(mmamv::reads(matrix(TensorType::Q4_1, 640), 2)) << "20 blocks of 4-byte heads: 5 pieces";
+  EXPECT_FALSE(mmamv::reads(matrix(TensorType::Q4_0, 640), 2)) << "20 blocks of 2-byte heads: 2.5 pieces";
+  EXPECT_FALSE(mmamv::reads(matrix(TensorType::Q8_0, 640), 2));
+  for (TensorType t : {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q8_0}) {
+    EXPECT_TRUE(mmamv::reads(matrix(t, 8192), 8)) << gguf::type_name(t) << ": 256 blocks, the most a row";
+    EXPECT_FALSE(mmamv::reads(matrix(t, 8192 + 256), 8)) << gguf::type_name(t) << ": past 256 blocks";
+    EXPECT_FALSE(mmamv::reads(matrix(t, 8192), 1)) << "one vector stays on the register kernel";
+    EXPECT_GE(mmamv::ring_stages(matrix(t, 8192), 8, 232448), 4) << gguf::type_name(t) << ": fits the H100/H200";
+  }
+  EXPECT_EQ(mmamv::ring_stages(matrix(TensorType::Q4_0, 8192), 8, 232448), 4) << "x takes the room of 4 pieces";
+  EXPECT_EQ(mmamv::ring_stages(matrix(TensorType::Q4_0, 5120), 8, 232448), 8);
+  EXPECT_EQ(mmamv::ring_stages(matrix(TensorType::Q4_0, 8192), 8, 48 * 1024), 0) << "too little: run declines";
+  mvhost::set_mma_matvec(before);
 }
 
 }  // namespace
