@@ -77,12 +77,8 @@ void check_args(const ModelBenchArgs& a, const std::string& device) {
   if (a.profile_timed && device == "cpu") throw Error("bench: --profile-timed applies to --device cuda only");
   if (!(a.gpu_kv_mem_gib >= 0)) throw Error(fmt::format("bench: --gpu-kv-mem {}: GiB >= 0", a.gpu_kv_mem_gib));
   if (a.output != "md" && a.output != "json") throw Error(fmt::format("bench: -o {}: md or json", a.output));
-  const std::pair<const char*, int> positive[] = {
-      {"-t", a.threads}, {"--page-size", a.page_size}, {"--tile-pages", a.tile_pages}, {"--prefill-chunk", a.prefill_chunk}};
-  for (const auto& [flag, v] : positive)
-    if (v < 1) throw Error(fmt::format("bench: {} {}: must be positive", flag, v));
-  if (a.recent_pages < 0) throw Error(fmt::format("bench: --recent-pages {}: must be >= 0", a.recent_pages));
-  if (a.convert_threads < 0) throw Error(fmt::format("bench: --convert-threads {}: must be >= 0", a.convert_threads));
+  // -t, --page-size, --tile-pages, --prefill-chunk, --recent-pages and
+  // --convert-threads are ranged where they are declared (add_bench).
   if (!a.gpus.empty()) {
     if (device != "cuda")
       throw Error(a.device == "auto" ? "bench: --gpus needs a GPU, and none is usable here (--device auto chose the CPU)"
@@ -313,12 +309,15 @@ void add_bench(CLI::App& app, std::function<int()>& run) {
   app.add_option("--json", a->json_out, "Also write the JSON to this file")->check(non_empty());
   app.add_option("-t,--threads", a->threads, "CPU threads (--device cpu)")->capture_default_str()
       ->check(in_range(1, 1024));
-  app.add_option("--page-size", a->page_size, "Tokens per KV page")->capture_default_str();
-  app.add_option("--recent-pages", a->recent_pages, "hybrid: full pages before the tail kept exact")->capture_default_str();
-  app.add_option("--tile-pages", a->tile_pages, "Pages per attention tile / streamed copy")->capture_default_str();
+  app.add_option("--page-size", a->page_size, "Tokens per KV page")->capture_default_str()->check(in_range(1, 1 << 20));
+  app.add_option("--recent-pages", a->recent_pages, "hybrid: full pages before the tail kept exact")->capture_default_str()
+      ->check(in_range(0, 1 << 20));
+  app.add_option("--tile-pages", a->tile_pages, "Pages per attention tile / streamed copy")->capture_default_str()
+      ->check(in_range(1, 1 << 20));
   app.add_option("--convert-threads", a->convert_threads, "Background conversion threads (0: half the hardware's)")
       ->capture_default_str()->check(in_range(0, 256));
-  app.add_option("--prefill-chunk", a->prefill_chunk, "Tokens per prefill forward pass")->capture_default_str();
+  app.add_option("--prefill-chunk", a->prefill_chunk, "Tokens per prefill forward pass")->capture_default_str()
+      ->check(in_range(1, 1 << 16));
   app.add_option("--parallel", a->parallel,
                  "CUDA: sequences decoding together on one model (list, e.g. 1,8,16): one tg row per value, "
                  "`tgN @ dD xP`, every step advancing each sequence one token through GpuModel::decode_batch in rounds "

@@ -121,7 +121,8 @@ void add_gate(CLI::App& app, std::function<int()>& run) {
   app.add_option("--eval", a->eval, "`eval --json` outputs (the quality contract per model, format and "
                                     "context; a later file's record of the same model, format and context "
                                     "replaces an earlier one's)")->capture_default_str();
-  app.add_option("--batch", a->batch, "Batch size of the records to judge")->capture_default_str();
+  app.add_option("--batch", a->batch, "Batch size of the records to judge")->capture_default_str()
+      ->check(in_range(1, 1 << 20));
   app.add_option("--json", a->json_out, "Also write the rows as JSON")->check(non_empty());
   run = [a] {
     if (!a->json_out.empty()) {  // before the work

@@ -346,7 +346,8 @@ void add_generate(CLI::App& app, std::function<int()>& run_fn) {
   app.add_option("--temp", a->sampling.temperature, "Temperature (<= 0: greedy)")
       ->check(finite_number<float>())
       ->capture_default_str();
-  app.add_option("--top-k", a->sampling.top_k, "Top-k (<= 0: off)")->capture_default_str();
+  app.add_option("--top-k", a->sampling.top_k, "Top-k (<= 0: off)")->capture_default_str()
+      ->check(in_range(std::numeric_limits<int>::min(), std::numeric_limits<int>::max()));
   app.add_option("--top-p", a->sampling.top_p, "Top-p in (0, 1]")->check(above_zero_to_one())->capture_default_str();
   app.add_option("--seed", a->seed, "Sampling seed (-1: random, printed)")->capture_default_str()
       ->check(seed_value());

@@ -29,11 +29,12 @@ void validate(const PasskeyConfig& c) {
   if (c.depths.empty()) throw InvalidArgument("passkey: no depths");
   for (double d : c.depths)
     if (!(d >= 0.0 && d <= 1.0)) throw InvalidArgument(fmt::format("passkey: depth {} is outside [0, 1]", d));
-  if (c.context <= 0 || c.answer_tokens <= 0 || c.answer_tokens >= c.context || c.page_size <= 0 ||
-      c.tile_pages <= 0) {
-    throw InvalidArgument(fmt::format("passkey: inconsistent sizes (context {}, answer tokens {}, page {})", c.context,
-                                      c.answer_tokens, c.page_size));
-  }
+  if (c.context <= 0 || c.answer_tokens <= 0 || c.page_size <= 0 || c.tile_pages <= 0)
+    throw InvalidArgument(fmt::format("passkey: sizes must be positive (context {}, answer tokens {}, page {}, tile "
+                                      "pages {})", c.context, c.answer_tokens, c.page_size, c.tile_pages));
+  if (c.answer_tokens >= c.context)
+    throw InvalidArgument(fmt::format("passkey: --answer-tokens {} must be below the context -c {}", c.answer_tokens,
+                                      c.context));
 }
 
 void append(std::vector<int32_t>& ids, const std::vector<int32_t>& piece) { ids.insert(ids.end(), piece.begin(), piece.end()); }

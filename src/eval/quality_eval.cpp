@@ -193,11 +193,16 @@ class CpuScorer final : public WindowScorer {
 
 void validate(const EvalConfig& c) {
   if (c.text_files.empty()) throw InvalidArgument("eval: no text files");
-  if (c.context <= 0 || c.scored <= 0 || c.scored >= c.context || c.page_size <= 0 || c.chunk <= 0 ||
-      c.query_rows <= 0 || c.query_rows > c.scored || c.layers_per_text < 0) {
-    throw InvalidArgument(fmt::format("eval: inconsistent sizes (context {}, scored {}, page {}, chunk {}, rows {})",
-                                      c.context, c.scored, c.page_size, c.chunk, c.query_rows));
-  }
+  // Each rule in its own words (the flags' names), not one "inconsistent sizes".
+  const auto bad = [](const std::string& why) { throw InvalidArgument("eval: " + why); };
+  if (c.context <= 0 || c.scored <= 0 || c.page_size <= 0 || c.chunk <= 0 || c.query_rows <= 0 || c.layers_per_text < 0)
+    bad(fmt::format("sizes must be positive (context {}, scored {}, page {}, chunk {}, query rows {}, layers per text {})",
+                    c.context, c.scored, c.page_size, c.chunk, c.query_rows, c.layers_per_text));
+  if (c.scored >= c.context)
+    bad(fmt::format("--scored {} must be below the context -c {}: the tokens before them are the prefix", c.scored,
+                    c.context));
+  if (c.query_rows > c.scored)
+    bad(fmt::format("--query-rows {} must be at most --scored {} (the rows are scored tokens)", c.query_rows, c.scored));
 }
 
 std::vector<int> sampled_layers(int k, const model::ModelConfig& mc) {

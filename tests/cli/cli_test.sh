@@ -311,6 +311,8 @@ case $CASE in
     expect 105 "--json: the value is empty" -- generate --json "" -p hi -n 1
     expect 105 "-m/--model: the value is empty" -- generate -m "" -p hi -n 1
     expect 105 "model: the value is empty" -- inspect ""
+    expect 1 "eval: --scored 64 must be below the context -c 64" -- eval -c 64 --scored 64  # was "inconsistent sizes"
+    expect 105 "--tile-pages: Value 99999999999 not in range 1 to 1048576" -- bench --tile-pages 99999999999
     ;;
   paths)  # output paths checked before the work and every write checked; a folder is not a prompt
     expect 1 "cannot write eval --json output '/nonexistent_dir/x.json': folder '/nonexistent_dir' does not exist" \
