@@ -403,8 +403,14 @@ int run_server(const ServeOptions& o) {
   // server listens (the weights load after, while /health answers 503).
   s.file = std::make_unique<gguf::File>(gguf::File::open(o.model_path));
   httplib::Server svr;
-  // A worker per running and queued request (a stream holds one to its end), and some for the rest.
-  const size_t workers = o.http_threads > 0 ? size_t(o.http_threads) : size_t(std::max(32, o.max_seqs + o.max_queue + 8));
+  // A worker per running and queued request (a stream holds one to its end),
+  // and plenty for the rest: a connection holds its worker while it is idle
+  // (a silent client until the read timeout, an HTTP client's kept-alive one
+  // between requests), and with 32 workers 50 silent connections held a
+  // request back 5.1 s (serve_hostile, dev VM). Idle workers cost address
+  // space, not memory.
+  const size_t workers =
+      o.http_threads > 0 ? size_t(o.http_threads) : size_t(std::max(256, o.max_seqs + o.max_queue + 8));
   svr.new_task_queue = [workers] { return new httplib::ThreadPool(workers); };
   svr.set_payload_max_length(size_t(16) << 20);  // 16 MiB: far past any context's text
   svr.set_read_timeout(5);    // a client that says nothing holds a worker for at most this long

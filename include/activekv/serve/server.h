@@ -35,7 +35,7 @@ struct ServeOptions {
   /// Target inter-token latency (seconds) while prompts prefill: ticks prefill
   /// fewer than prefill_chunk tokens when others decode (src/serve/prefill_budget.h); 0: off.
   double itl_target_s = 0;
-  int http_threads = 0;             ///< HTTP worker threads; 0: max_seqs + max_queue + 8
+  int http_threads = 0;             ///< HTTP worker threads; 0: max(256, max_seqs + max_queue + 8)
   /// Seconds the first SIGINT/SIGTERM gives the requests in flight to finish
   /// (new ones get 503 with Retry-After, /health 503); 0: stop at once,
   /// cutting streams without `data: [DONE]`. A second signal stops at once.
