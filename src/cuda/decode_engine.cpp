@@ -199,6 +199,9 @@ DecodeEngine::DecodeEngine(const EngineConfig& cfg) : cfg_(cfg), dev_(std::make_
   if (cfg_.ring_slots < 2) throw InvalidArgument("EngineConfig: ring_slots must be >= 2");
   if (cfg_.int8s.kernel == Int8sKernel::tc && !int8s_tc_supports_group(cfg_.attn.group))
     throw InvalidArgument("EngineConfig: " + tc_group_error(cfg_.attn.group));
+  if (cfg_.int8s.kernel == Int8sKernel::tc && cfg_.attn.split_tokens > kMaxTcSplit)  // else the first int8s page fails a step
+    throw InvalidArgument("EngineConfig: the int8s tc kernel takes splits of at most " + std::to_string(kMaxTcSplit) +
+                          " tokens, the shape has " + std::to_string(cfg_.attn.split_tokens));
   cfg_.int8s.kernel = resolve_int8s_kernel(cfg_.int8s.kernel, cfg_.attn);  // config() says which one runs
   if (!cfg_.windows.empty() && int(cfg_.windows.size()) != cfg_.n_layers)
     throw InvalidArgument("EngineConfig: windows has " + std::to_string(cfg_.windows.size()) + " entries, n_layers is " +

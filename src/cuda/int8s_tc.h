@@ -12,6 +12,10 @@ namespace activekv::cuda {
 
 /// Whether the tc kernel is instantiated for `group` query heads per KV head (3, 4, 6, 7, 8).
 bool int8s_tc_supports_group(int group);
+/// The longest split the tc kernel takes: a split's token scales are held in
+/// shared memory. The engine refuses a longer split_tokens with an explicit tc
+/// kernel at construction, not at its first int8s page.
+inline constexpr int kMaxTcSplit = 4096;
 
 /// The one-line error for a group the tc kernel is not instantiated for.
 std::string tc_group_error(int group);

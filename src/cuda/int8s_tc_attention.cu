@@ -91,7 +91,6 @@ __host__ __device__ constexpr size_t tc_ring_bytes() {
 }
 template <int HD, int W, int NS, int B, bool V1>
 constexpr size_t tc_fixed_smem() { return tc_ring_bytes<HD, W, NS, B, V1>() + size_t(HD) * 16 + kRows * 4; }
-constexpr int kMaxTcSplit = 4096;  // token scales of a split held in shared memory
 template <int HD, int W, int NS, int B, bool V1> constexpr size_t tc_smem(int split_tokens) {
   constexpr int T = B * kTcBlk;  // tokens per stage: the token scales are read up to a whole stage
   return tc_fixed_smem<HD, W, NS, B, V1>() + size_t((split_tokens + T - 1) / T * T) * 4;
@@ -569,6 +568,8 @@ void launch_split_attention_int8s_tc(const AttnShape& shape, const SplitWork* wo
                                      Partials partials, const Int8sKernelOptions& opt, float scale_log2,
                                      cudaStream_t stream) {
   if (!int8s_tc_supports_group(shape.group)) throw InvalidArgument(tc_group_error(shape.group));
+  if (shape.head_dim != 64 && shape.head_dim != 256)  // any other would run the 64-channel kernel on it
+    throw InvalidArgument("int8s tc kernel: head_dim must be 64 or 256, got " + std::to_string(shape.head_dim));
   if (shape.split_tokens > kMaxTcSplit)
     throw InvalidArgument("int8s tc kernel: split_tokens must be at most " + std::to_string(kMaxTcSplit) + ", got " +
                           std::to_string(shape.split_tokens));

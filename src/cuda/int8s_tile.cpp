@@ -37,6 +37,10 @@ attention::Partial Int8sTileRunner::operator()(std::span<const kv::Int8sPageView
                                                const attention::AttentionOptions& opt) const {
   if (pages.empty()) throw InvalidArgument("Int8sTileRunner: no pages");
   if (first_token < 0) throw InvalidArgument("Int8sTileRunner: first_token is " + std::to_string(first_token));
+  // The CPU tile it stands in for applies a sliding window; this one reads
+  // every visible token, so a window is refused, not ignored (as the route does).
+  if (opt.window > 0)
+    throw InvalidArgument("Int8sTileRunner: a sliding window (" + std::to_string(opt.window) + " tokens) is not supported");
   const int64_t ps0 = pages.front().header.page_size;
   pages = pages.first(std::min(pages.size(), size_t(std::max<int64_t>(1, (history_tokens - first_token + ps0 - 1) / ps0))));
   std::vector<kv::PageHeader> headers;

@@ -98,7 +98,7 @@ struct SplitWork {
   const void* page = nullptr;  ///< device pointer to the page (bf16, layout above)
   int32_t seq = 0;
   int32_t tok0 = 0;
-  int32_t ntok = 0;
+  int32_t ntok = 0;  ///< at most the shape's split_tokens (the int8s kernels size shared memory by it)
   int32_t split = 0;
 };
 
