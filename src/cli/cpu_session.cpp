@@ -38,10 +38,17 @@ void CpuSession::append_batch(model::LlamaModel& lm, std::span<CpuSession* const
     items[i] = {pieces[i], &sessions[i]->history_.seq(), &sessions[i]->history_.view()};
   const size_t vocab = size_t(lm.config().vocab_size);
   std::vector<float> logits(sessions.size() * vocab);
-  lm.forward_batch(items, logits);
-  for (size_t i = 0; i < sessions.size(); ++i) {
-    std::copy_n(logits.data() + i * vocab, vocab, sessions[i]->logits_.data());
-    sessions[i]->history_.schedule();
+  lm.forward_batch(items, logits);  // commits every session's rows
+  for (size_t i = 0; i < sessions.size(); ++i) std::copy_n(logits.data() + i * vocab, vocab, sessions[i]->logits_.data());
+  // Every session has kept its rows: a failure scheduling one's conversions
+  // must not throw from here (the scheduler would retry the batch, appending
+  // the others' rows twice). Its pages then stay exact (a conversion that failed to
+  // start is not retried: CompressedHistory::schedule); the route reads them exact.
+  for (CpuSession* s : sessions) {
+    try {
+      s->history_.schedule();
+    } catch (const std::exception&) {
+    }
   }
 }
 

@@ -26,6 +26,9 @@ namespace activekv::cuda {
 
 void check_cuda(int status, const char* what) {
   if (status != cudaSuccess) {
+    // Cleared, so the next launch check does not report this call's error
+    // (a later request's kernel blamed for it); a sticky error stays anyway.
+    (void)cudaGetLastError();
     throw CudaError(std::string(what) + ": " +
                     cudaGetErrorString(static_cast<cudaError_t>(status)));
   }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <exception>
 #include <vector>
 
 #include "activekv/runtime/gpu_model.h"
@@ -26,6 +27,7 @@ std::vector<int32_t> GpuModel::decode_batch(std::span<GpuSequence* const> seqs, 
     if (&I.m != &M) throw InvalidArgument(fmt::format("decode_batch: sequence {} belongs to another model", i));
     for (int j = 0; j < i; ++j)
       if (S[size_t(j)] == &I) throw InvalidArgument(fmt::format("decode_batch: sequence {} appears twice", i));
+    if (I.deferred_error) std::rethrow_exception(I.deferred_error);  // it alone fails (its solo retry throws too)
     I.check_tokens(tokens.subspan(size_t(i), 1));
     S[size_t(i)] = &I;
   }
@@ -34,6 +36,29 @@ std::vector<int32_t> GpuModel::decode_batch(std::span<GpuSequence* const> seqs, 
   // may reallocate the logits it wrote.
   if (M.ahead_owner) M.ahead_owner->discard_ahead();
   if (!M.fit_rows(N, N)) throw Error(fmt::format("the GPU has not the memory for a decode batch of {} rows", N));
+
+  // Until the step is kept, a throw gives back each sequence's sampler draw
+  // and stops its next step reusing the device's sampled id (this failed
+  // step may have written it): the scheduler's solo retry then samples as if
+  // the batch had never run (found by a review, session 23).
+  struct Undo {
+    std::array<GpuSequence::Impl*, GpuForward::kMatvecRows>& seqs;
+    int n;
+    std::array<uint64_t, GpuForward::kMatvecRows> draws{};
+    bool kept = false;
+    ~Undo() {
+      if (kept) return;
+      for (int i = 0; i < n; ++i) {
+        GpuSequence::Impl& I = *seqs[size_t(i)];
+        I.sampled_valid = false;
+        try {
+          I.sampler->rewind(draws[size_t(i)]);
+        } catch (const std::exception&) {  // not past the draws made: cannot happen
+        }
+      }
+    }
+  } undo{S, N};
+  for (int i = 0; i < N; ++i) undo.draws[size_t(i)] = S[size_t(i)]->sampler->draws();
 
   // Per sequence, as a lone decode step prepares it: its pages, its token
   // id (row i), its position, its engine's tables -- all on the one stream.
@@ -130,12 +155,22 @@ std::vector<int32_t> GpuModel::decode_batch(std::span<GpuSequence* const> seqs, 
   } else {
     for (int i = 0; i < N; ++i) S[size_t(i)]->engine->check_cpu_error();
   }
+  undo.kept = true;
   for (int i = 0; i < N; ++i) {
     GpuSequence::Impl& I = *S[size_t(i)];
     I.seq->commit(1);
     I.count_decode_step(shared ? shared->sequence_figures(size_t(i)) : I.engine->sequence_figures(0));
     I.stats.batched_attention_steps += shared != nullptr;
-    I.history->committed();
+  }
+  // Every sequence has kept the step: a failure scheduling one's conversions
+  // must not throw from here (the scheduler would retry a step the others
+  // kept, appending their tokens twice). It fails that sequence's next step.
+  for (int i = 0; i < N; ++i) {
+    try {
+      S[size_t(i)]->history->committed();
+    } catch (const std::exception&) {
+      S[size_t(i)]->deferred_error = std::current_exception();
+    }
   }
   return next;
 }

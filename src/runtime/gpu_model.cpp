@@ -56,6 +56,7 @@ GpuModel::Impl::~Impl() {
 }
 
 bool GpuModel::Impl::fit_rows(int rows, int fallback) {
+  if (!forward) throw Error(broken);
   if (forward->max_rows() >= rows) return true;
   cuda::check_cuda(cudaStreamSynchronize(stream), "before growing the forward's buffers");
   forward.reset();
@@ -63,9 +64,16 @@ bool GpuModel::Impl::fit_rows(int rows, int fallback) {
     forward = make_forward(rows);
     return true;
   } catch (const cuda::CudaError&) {
-    forward = make_forward(std::max(fallback, opt.max_rows));
-    return false;
   }
+  const int back = std::max(fallback, opt.max_rows);
+  try {
+    forward = make_forward(back);
+  } catch (const std::exception& e) {
+    broken = fmt::format("the model's forward buffers ({} rows) could not be allocated again after a larger size "
+                         "failed: {}", back, e.what());
+    throw Error(broken);
+  }
+  return false;
 }
 
 size_t GpuModel::Impl::budget_cap(size_t asked) const {
@@ -88,5 +96,6 @@ size_t GpuModel::weight_bytes() const { return impl_->weights->bytes(); }
 size_t GpuModel::kv_budget() const { return impl_->kv_budget; }
 size_t GpuModel::kv_reserved() const { return impl_->kv_reserved; }
 int GpuModel::open_sequences() const { return impl_->open; }
+const std::string& GpuModel::broken() const { return impl_->broken; }
 
 }  // namespace activekv::runtime

@@ -432,6 +432,7 @@ void GpuSequence::append(std::span<const int32_t> tokens) {
 
 int32_t GpuSequence::decode(int32_t token) {
   Impl& I = *impl_;
+  if (I.deferred_error) std::rethrow_exception(I.deferred_error);  // a kept batch step's late failure
   const int32_t one[1] = {token};
   I.check_tokens(one);
   return I.decode_step(token);

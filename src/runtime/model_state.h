@@ -23,6 +23,7 @@ struct GpuModel::Impl {
   std::string device;
   std::unique_ptr<GpuWeights> weights;
   std::unique_ptr<GpuForward> forward;  // shared by every sequence's runs, one at a time
+  std::string broken;                   // why the model can run nothing more ("" while it can): GpuModel::broken
   cudaStream_t stream = nullptr;        // every sequence's GPU work, in order
   size_t kv_budget = 0;                 // the histories' GPU budget ...
   size_t kv_reserved = 0;               // ... and what open sequences hold of it
@@ -50,6 +51,9 @@ struct GpuModel::Impl {
   }
   /// Grows the forward's buffers to `rows` rows; false (buffers of
   /// max(fallback, opt.max_rows) rows again) when the GPU has not the memory.
+  /// When not even those can be had again (another process took the memory
+  /// between), the model has no buffers: `broken` says so and this and every
+  /// later call throw Error.
   bool fit_rows(int rows, int fallback);
   /// What a new sequence may take of the budget: its cap. Throws Error (one
   /// line: asked, free, held) when `asked` (> 0) does not fit.

@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <exception>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -50,6 +51,9 @@ struct GpuSequence::Impl {
   cudaEvent_t token_ready = nullptr;
   cudaEvent_t slot_ready[2] = {nullptr, nullptr};  // after the D2H copy of a step's sampled token into its slot
   bool sampled_valid = false;   // *sampled holds the token the last step sampled
+  // A failure after a batched step was kept (scheduling its conversions):
+  // every later decode of this sequence throws it (decode_batch).
+  std::exception_ptr deferred_error;
   int32_t last_sampled = -1;
   int last_row = -1;            // row of the model's logits that holds this sequence's last ones
   uint64_t last_run = 0;        // the model's run that wrote them

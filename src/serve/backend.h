@@ -81,6 +81,11 @@ class Backend {
   /// One decode step: sessions[i] (this backend's, distinct, at most
   /// max_batch()) appends tokens[i], all in one batched forward pass.
   virtual void step_batch(std::span<Session* const> sessions, std::span<const int32_t> tokens) = 0;
+  /// Why no request can run any more ("" while they can), asked after a
+  /// request failed: the GPU backend's CUDA context hit a sticky error (an
+  /// illegal address: every later call fails) or its model lost its
+  /// buffers. The scheduler then fails every request and stops the server.
+  virtual std::string broken() { return ""; }
 };
 
 struct BackendOptions {

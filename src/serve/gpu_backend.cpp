@@ -5,6 +5,7 @@
 // pass (GpuModel::decode_batch: the weights read once per step for all;
 // attention one launch per layer over all requests' page tables, each
 // request reading only its own pages).
+#include <cuda_runtime.h>
 #include <fmt/format.h>
 
 #include <vector>
@@ -97,6 +98,18 @@ class GpuBackend final : public Backend {
     }
     const std::vector<int32_t> next = model_->decode_batch(seqs, tokens);
     for (size_t i = 0; i < s.size(); ++i) s[i]->set_next(next[i]);
+  }
+  std::string broken() override {
+    if (!model_->broken().empty()) return model_->broken();
+    // A sticky error (an illegal address, say) fails every later CUDA call of
+    // the context; an ordinary one (out of memory) is cleared by reading it.
+    // So: synchronise, clear, synchronise again.
+    if (cudaDeviceSynchronize() == cudaSuccess) return "";
+    (void)cudaGetLastError();
+    const cudaError_t e = cudaDeviceSynchronize();
+    if (e == cudaSuccess) return "";
+    return fmt::format("the GPU's CUDA context is lost ({}: {}): no CUDA call can succeed in this process any more",
+                       cudaGetErrorName(e), cudaGetErrorString(e));
   }
 
  private:

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <functional>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -40,6 +41,8 @@ struct State {
   int64_t created = 0;
   std::atomic<bool> ready{false};
   std::atomic<bool> draining{false};  // a stop signal came: nothing new is admitted
+  std::atomic<bool> fatal{false};     // the backend can run nothing more (Backend::broken): stopping, exit 1
+  std::function<void()> stop;          // stops the HTTP server (set before loading)
   std::atomic<int> in_flight{0};      // completions admitted whose response is not yet written
   std::atomic<bool> cut{false};       // the drain is over: whole responses still waiting give up
   std::map<std::string, std::string> allow;  // route -> its methods (the Allow header of a 405)
@@ -265,6 +268,8 @@ void add_routes(httplib::Server& svr, State& s) {
   Router route{svr, s};
   route.get("/health", [&s](const httplib::Request&, httplib::Response& res) {
     if (!s.ready) return send_error(res, ApiError(503, "the model is loading", "service_unavailable", "", "model_loading"));
+    if (s.fatal)
+      return send_error(res, ApiError(503, "the server can run no more requests", "service_unavailable", "", "server_error"));
     res.set_content("{\"status\":\"ok\"}", "application/json");
   });
   route.get("/metrics", [&s](const httplib::Request&, httplib::Response& res) {
@@ -335,6 +340,14 @@ void load(State& s) {
                                             : cli::available_memory_bytes() / 2;
   so.sync_conversion = o.sync_conversion;
   so.itl_target_s = o.itl_target_s;
+  so.on_fatal = [&s](const std::string& why) {
+    fmt::print(stderr, "activekv serve: error: {}; every request failed, stopping\n", why);
+    s.fatal = true;
+    // The failed requests' answers (500, or an error event) get up to 2 s to
+    // reach their clients before the listener stops.
+    for (int i = 0; i < 100 && s.in_flight > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (s.stop) s.stop();
+  };
   s.scheduler = std::make_unique<Scheduler>(*s.backend, *s.tok, so, s.metrics);
   fmt::print(stderr, "activekv serve: {} loaded ({} layers, context {}) on {}, up to {} requests at once, "
              "host KV budget {}\n",
@@ -444,6 +457,7 @@ int run_server(const ServeOptions& o) {
     svr.stop();    // streams still open end here, without [DONE]
   });
   int rc = 0;
+  s.stop = [&svr] { svr.stop(); };  // the scheduler's on_fatal, once loaded
   try {
     load(s);
     s.ready = true;
@@ -455,6 +469,7 @@ int run_server(const ServeOptions& o) {
     svr.stop();
   }
   listener.join();
+  if (s.fatal) rc = 1;  // stopped because the backend broke: a supervisor should restart it
   stopped_here = true;
   pthread_kill(stopper.native_handle(), SIGTERM);  // wakes it if no signal came (it has not returned: joinable)
   stopper.join();

@@ -47,6 +47,8 @@ void Scheduler::submit(std::shared_ptr<Job> job) {
                                 "max_tokens");
   {
     std::lock_guard lock(mu_);
+    if (!fatal_.empty())
+      throw ApiError(503, "the server can run no more requests: " + fatal_, "service_unavailable", "", "server_error");
     if (int(waiting_.size()) >= opt_.max_queue)
       throw ApiError(429, fmt::format("the queue is full ({} requests waiting); retry later", waiting_.size()),
                      "rate_limit_error", "", "rate_limit_exceeded");
@@ -60,13 +62,21 @@ void Scheduler::loop() {
   for (;;) {
     {
       std::unique_lock lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || !waiting_.empty() || !running_.empty(); });
+      cv_.wait(lock, [&] { return stop_ || (fatal_.empty() && (!waiting_.empty() || !running_.empty())); });
       if (stop_) return;
     }
-    drop_cancelled();
-    admit();
-    prefill_tick();
-    decode_all();
+    try {
+      drop_cancelled();
+      admit();
+      prefill_tick();
+      decode_all();
+    } catch (const std::exception& e) {
+      // Each request's own work fails it alone (its catch); what escapes
+      // to here is the tick's, so the requests it was running fail and the
+      // server goes on (an exception leaving the thread would end the process).
+      for (auto& r : running_)
+        if (!r->done) fail(*r, std::string("internal error: ") + e.what());
+    }
     remove_done();
     update_gauges();
   }
@@ -155,6 +165,7 @@ size_t Scheduler::prefill_batched(size_t budget) {
     backend_.prefill_batch(pieces);
   } catch (const std::exception&) {  // nothing appended: each alone, and only those that throw again fail
     for (size_t i = 0; i < pieces.size(); ++i) {
+      if (owners[i]->done) continue;  // failed with the server (enter_fatal) by an earlier retry
       try {
         pieces[i].session->prefill(pieces[i].tokens, pieces[i].last);
       } catch (const std::exception& e) {
@@ -230,7 +241,8 @@ void Scheduler::decode_all() {
 
 void Scheduler::step(std::vector<Running*>& batch, std::vector<int32_t>& tokens) {
   const size_t group = size_t(std::max(1, backend_.max_batch()));
-  for (size_t i = 0; i < batch.size(); i += group) {
+  // fatal_ is written on this thread only (enter_fatal): read without the lock.
+  for (size_t i = 0; i < batch.size() && fatal_.empty(); i += group) {
     const size_t n = std::min(group, batch.size() - i);
     step_group(std::span(batch).subspan(i, n), std::span(tokens).subspan(i, n));
   }
@@ -250,6 +262,7 @@ void Scheduler::step_group(std::span<Running* const> group, std::span<const int3
     backend_.step_batch(sessions, tokens);
   } catch (const std::exception&) {
     for (size_t i = 0; i < group.size(); ++i) {
+      if (group[i]->done) continue;  // failed with the server (enter_fatal) by an earlier retry
       try {
         group[i]->session->step(tokens[i]);
       } catch (const std::exception& e) {
@@ -271,6 +284,36 @@ void Scheduler::fail(Running& r, const std::string& error) {
   r.job->fail(error);
   r.done = true;
   ++metrics_.failed;
+  bool first = false;
+  {
+    std::lock_guard lock(mu_);
+    first = fatal_.empty();
+  }
+  if (first) {
+    if (const std::string why = backend_.broken(); !why.empty()) enter_fatal(why);
+  }
+}
+
+// The backend can run nothing more (a lost CUDA context): retrying would
+// answer every request 500 forever while /health said 200. Every request
+// fails with the reason, new ones get 503, and the server is told to stop.
+void Scheduler::enter_fatal(const std::string& why) {
+  std::deque<std::shared_ptr<Job>> waiting;
+  {
+    std::lock_guard lock(mu_);
+    fatal_ = why;
+    waiting.swap(waiting_);
+  }
+  const std::string msg = "the server can run no more requests: " + why;
+  for (auto& j : waiting) j->fail(msg);
+  for (auto& r : running_) {
+    if (r->done) continue;
+    r->job->fail(msg);
+    r->done = true;
+    ++metrics_.failed;
+  }
+  metrics_.failed += uint64_t(waiting.size());
+  if (opt_.on_fatal) opt_.on_fatal(why);
 }
 
 void Scheduler::remove_done() {

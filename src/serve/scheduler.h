@@ -31,6 +31,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -56,6 +57,10 @@ struct SchedulerOptions {
   /// prompts prefill: each tick's prefill is sized to leave it (prefill_budget.h).
   /// 0: every tick prefills the backend's whole prefill_chunk.
   double itl_target_s = 0;
+  /// Called once, from the scheduler's thread, when the backend can run no
+  /// request any more (Backend::broken), with the reason, after every
+  /// request was failed with it: the server stops (a supervisor restarts it).
+  std::function<void(const std::string&)> on_fatal;
 };
 
 class Scheduler {
@@ -88,6 +93,7 @@ class Scheduler {
   void step_group(std::span<Running* const> group, std::span<const int32_t> tokens);
   void finish(Running& r, const std::string& reason);
   void fail(Running& r, const std::string& error);
+  void enter_fatal(const std::string& why);  // every request fails with `why`, on_fatal, no more ticks
   void remove_done();
   void update_gauges();
 
@@ -100,6 +106,7 @@ class Scheduler {
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Job>> waiting_;
   bool stop_ = false;
+  std::string fatal_;  // under mu_: why the backend can run nothing more ("" while it can)
 
   std::vector<std::unique_ptr<Running>> running_;  // the scheduler thread's alone
   uint64_t running_bytes_ = 0;

@@ -14,6 +14,7 @@
 #include "backend.h"
 #include "job.h"
 #include "metrics.h"
+#include "api_error.h"
 #include "scheduler.h"
 
 namespace activekv::serve {
@@ -43,7 +44,9 @@ using Call = std::vector<std::tuple<int, int, bool>>;
 
 class FakeBackend final : public Backend {
  public:
-  FakeBackend(bool batches, std::set<int> poisoned) : batches_(batches), poisoned_(std::move(poisoned)) {}
+  FakeBackend(bool batches, std::set<int> poisoned, std::string broken = {})
+      : batches_(batches), poisoned_(std::move(poisoned)), broken_(std::move(broken)) {}
+  std::string broken() override { return broken_; }  // asked after a failure only
   const model::ModelConfig& config() const override { return config_; }
   std::string describe() const override { return "fake"; }
   int prefill_chunk() const override { return 16; }
@@ -82,6 +85,7 @@ class FakeBackend final : public Backend {
   model::ModelConfig config_;
   const bool batches_;
   const std::set<int> poisoned_;
+  const std::string broken_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool released_ = false;
@@ -169,6 +173,43 @@ TEST(SchedulerPrefill, ABackendThatDoesNotBatchGetsOneRequestsPiecePerTick) {
   EXPECT_EQ(r.solo.at(0), std::vector<int>{5});
   EXPECT_EQ(r.solo.at(1), (std::vector<int>{16, 4}));
   for (const auto& [text, error] : r.outcomes) EXPECT_EQ(text, "aa");
+}
+
+// A failure after which the backend can run nothing more (a lost CUDA
+// context): every request fails with the reason, on_fatal is called once,
+// and a new request is refused with 503 -- not retried into 500s forever
+// while /health said 200 (found by a review, session 23).
+TEST(SchedulerFatal, ABrokenBackendFailsEveryRequestAndRefusesNewOnes) {
+  FakeBackend backend(true, {1}, "fake: the context is lost");
+  const Tokenizer tok = letters();
+  Metrics metrics;
+  std::vector<std::string> fatal_calls;
+  SchedulerOptions so;
+  so.on_fatal = [&](const std::string& why) { fatal_calls.push_back(why); };
+  auto sched = std::make_unique<Scheduler>(backend, tok, so, metrics);
+  std::vector<std::shared_ptr<Job>> jobs;
+  for (int i = 0; i < 3; ++i) {
+    jobs.push_back(job_of(4));
+    sched->submit(jobs.back());
+  }
+  backend.release();
+  std::vector<std::pair<std::string, std::string>> out;
+  for (auto& j : jobs) out.push_back(outcome(*j));
+  EXPECT_NE(out[1].second.find("this request's prefill fails"), std::string::npos) << "its own error: " << out[1].second;
+  for (int i : {0, 2})
+    EXPECT_NE(out[size_t(i)].second.find("the server can run no more requests: fake: the context is lost"),
+              std::string::npos)
+        << "request " << i << ": " << out[size_t(i)].second;
+  try {
+    sched->submit(job_of(4));
+    ADD_FAILURE() << "a new request was queued on a broken backend";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status, 503);
+  }
+  sched.reset();  // joins its thread: on_fatal (called after the jobs failed) has returned
+  ASSERT_EQ(fatal_calls.size(), 1u);
+  EXPECT_EQ(fatal_calls[0], "fake: the context is lost");
+  EXPECT_EQ(metrics.failed.load(), 3u);
 }
 
 }  // namespace

@@ -92,6 +92,9 @@ class GpuModel {
   size_t kv_budget() const;
   size_t kv_reserved() const;
   int open_sequences() const;
+  /// Why the model can run nothing more ("" while it can): its forward
+  /// buffers were lost (a resize that could not be undone). A server stops on it.
+  const std::string& broken() const;
 
  private:
   friend class GpuSequence;
