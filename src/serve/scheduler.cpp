@@ -121,6 +121,7 @@ void Scheduler::admit() {
     } catch (const std::exception& e) {  // e.g. no memory for its page store, its GPU budget: it alone fails
       job->fail(e.what());
       ++metrics_.failed;
+      if (const std::string why = backend_.broken(); !why.empty()) return enter_fatal(why);  // unless nothing can run
       continue;
     }
     running_bytes_ += bytes;
