@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "activekv/core/error.h"
+#include "activekv/core/printable.h"
 
 namespace activekv::cost {
 namespace {
@@ -284,7 +285,7 @@ QualityEvidence read_eval_json(const std::string& path) {
     if (!r.is_object() || !r.contains("format") || r["format"] != "exact" || !r.contains("text") || r["text"] != "all")
       continue;
     const auto b = optional_number(r, "history_bytes_per_token", path);
-    if (b && *b > 0) exact_bytes[{field<std::string>(r, "model", path), field<int64_t>(r, "context", path)}] = *b;
+    if (b && *b > 0) exact_bytes[{printable(field<std::string>(r, "model", path), 256), field<int64_t>(r, "context", path)}] = *b;
   }
   QualityEvidence out;
   for (const auto& r : j) {
@@ -308,7 +309,7 @@ QualityEvidence read_eval_json(const std::string& path) {
       out_of_range("top1_agreement", *q.top1_agreement, "in [0, 1]");
     const bool synthetic_case = q.own_format_error && !q.ppl_increase_pct;
     if (q.text != "all" && !synthetic_case) continue;  // one text's row: "all" holds the aggregate
-    q.model = field<std::string>(r, "model", path);
+    q.model = printable(field<std::string>(r, "model", path), 256);  // printed in the verdicts: no raw control bytes
     q.context = field<int64_t>(r, "context", path);
     if (q.context <= 0) throw Error(fmt::format("gate: {}: a record has context {}", path, q.context));
     const auto bytes = optional_number(r, "history_bytes_per_token", path);

@@ -5,6 +5,7 @@
 #include <limits>
 #include <sstream>
 
+#include "activekv/core/printable.h"
 #include "activekv/gguf/gguf.h"
 #include "reader.h"
 
@@ -37,25 +38,7 @@ namespace {
 
 }  // namespace
 
-// At most ~80 bytes for one line (inspect, messages): control bytes escaped
-// (chat templates hold newlines), cut on a UTF-8 character boundary.
-std::string printable(const std::string& s) {
-  constexpr size_t kMaxBytes = 80;
-  size_t n = std::min(s.size(), kMaxBytes);
-  while (n < s.size() && n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;
-  std::string out;
-  for (size_t i = 0; i < n; ++i) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    if (c == '\n') {
-      out += "\\n";
-    } else if (c < 0x20 || c == 0x7f) {
-      detail::append_hex_escape(out, c);
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return n < s.size() ? out + "..." : out;
-}
+std::string printable(const std::string& s) { return activekv::printable(s); }
 
 bool Value::is_integer() const {
   return std::holds_alternative<uint64_t>(data) || std::holds_alternative<int64_t>(data);

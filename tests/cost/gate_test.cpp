@@ -177,6 +177,20 @@ TEST(Gate, ImpossibleEvalValuesAreRefusedNamingTheField) {
   std::remove(path.c_str());
 }
 
+// A model name from a file reaches the verdicts' text escaped: a helper's
+// "\x1b[31m" in an eval JSON's "model" coloured the terminal (session 23).
+TEST(Gate, ModelNamesFromTheFileAreEscaped) {
+  const std::string path = testing::TempDir() + "/gate_escape.json";
+  { std::ofstream(path) << R"([{"text": "all", "format": "int8s", "model": "m\u001b[31m\u0000x", "context": 8192,
+                               "own_format_error": 0.001, "ppl_increase_pct": 0.1, "top1_agreement": 0.999}])"; }
+  const auto q = read_eval_json(path);
+  ASSERT_EQ(q.records.size(), 1u);
+  EXPECT_EQ(q.records[0].model, "m\\x1b[31m\\x00x");
+  const std::string verdict = judge_quality(q, "int8s", 8192).describe();
+  EXPECT_EQ(verdict.find('\x1b'), std::string::npos) << verdict;
+  std::remove(path.c_str());
+}
+
 // SPEC §5 per context (issue "Gemma 3 ... quality contract measured at long
 // context"): a verdict rests on evidence measured at the judged context or
 // longer, names it, and a missing field fails.

@@ -53,10 +53,8 @@ class FormatError : public Error {
   std::string file_;
 };
 
-/// A string read from a file, safe for one line of a message: at most ~80
-/// bytes (cut on a UTF-8 character boundary, "..." after), newlines as "\\n"
-/// and other control bytes as "\\xNN", so that a NUL cannot cut the line
-/// short nor an escape sequence reach the terminal.
+/// A string read from the file, safe for one line of a message
+/// (activekv::printable, core/printable.h).
 std::string printable(const std::string& s);
 
 /// GGUF metadata value types (gguf.md "gguf_metadata_value_type").
