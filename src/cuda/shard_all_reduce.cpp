@@ -114,10 +114,11 @@ ShardAllReduce::ShardAllReduce(const std::vector<int>& devices, size_t max_float
   }
 }
 
-// NCCL (2.22 and later) connects the ranks and allocates its buffers -- a
-// few hundred MB per GPU -- at the first collective. One sum of one float
-// now, at model load, puts that before the history is sized from the free
-// memory, and out of the first step's time.
+// NCCL (2.22 and later) connects the ranks and allocates its buffers (their
+// size depends on the version and topology; not yet measured here) at the
+// first collective. One sum of one float now, at model load, puts that
+// before the history is sized from the free memory, and out of the first
+// step's time.
 void ShardAllReduce::warm_up() {
 #if ACTIVEKV_HAVE_NCCL
   std::vector<float*> one(devices_.size(), nullptr);

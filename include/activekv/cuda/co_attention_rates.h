@@ -61,8 +61,9 @@ CoAttentionCalibration measure_co_attention_rates(const AttnShape& shape, int cp
 
 /// measure_co_attention_rates once per process for each (current device,
 /// shape, thread count, seconds): the rates are the machine's, and every
-/// sequence of a batch or server asks (each measurement pins 768 MiB and
-/// takes about a second; one run beside another sequence's decoding would
+/// sequence of a batch or server asks (each measurement pins 768 MiB: 256
+/// of history, 512 of copy sources; its time, estimated ~1 s, is not yet
+/// measured; and one run beside another sequence's decoding would
 /// measure contended rates). Thread-safe: a second caller waits for the
 /// first's measurement. A failed measurement is not kept (the next call tries
 /// again). Throws as measure_co_attention_rates.

@@ -37,8 +37,8 @@ class ShardAllReduce {
   /// Throws InvalidArgument for no device or max_floats == 0, CudaError
   /// (naming NCCL's error) when the communicators or buffers cannot be made
   /// or the first sum fails: with NCCL, one sum of one float runs here, so
-  /// that NCCL connects the GPUs and allocates its buffers (a few hundred MB
-  /// each) at construction, not in the first step.
+  /// that NCCL connects the GPUs and allocates its buffers (their size not
+  /// yet measured) at construction, not in the first step.
   ShardAllReduce(const std::vector<int>& devices, size_t max_floats);
   ~ShardAllReduce();
   ShardAllReduce(const ShardAllReduce&) = delete;
