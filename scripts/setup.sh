@@ -100,6 +100,12 @@ ensure_numpy() {
 }
 
 build() {
+  # A first build is minutes of silence on stderr otherwise (a new user's trial): say what and how long.
+  if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
+    log "building into build/ with the CUDA backend (nvcc found, GPU or not): a first build takes 6-16 min on 2 cores"
+  else
+    log "building into build/ (CPU only: no nvcc): a first build takes about 7 min on 2 cores"
+  fi
   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
   cmake --build build --parallel "$(nproc)"
 }
