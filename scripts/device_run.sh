@@ -85,6 +85,9 @@
 #           bench_matvec and activekv as arm A (AKV_AB_TYPES, default
 #           Q6_K,Q4_0,Q8_0; models AKV_AB_MODELS, default Q6_K,Q4_0; AKV_AB
 #           an optional setting for arm B) -> $OUT/matvec_ab.json
+#   ncu-bf16  Nsight Compute of the resident bf16 split kernel (issues 13, 16:
+#           resident attention at >= 85 % of HBM): 128K at split 512 (+ its
+#           SASS source page) and 1024, 32K at 512 -> $OUT/ncu_bf16_split.txt
 #   ncu-matvec  Nsight Compute of the one-vector matvec on 17408x5120, Q6_K,
 #           Q4_0 and Q4_K (split, register kernel; AKV_NCU_TYPES="Q4_K:gguf ..."
 #           picks types and layouts): report and SASS source page per type ->
@@ -333,23 +336,25 @@ run_int8s() {
   return $rc
 }
 
-# ncu --set full of one default-configuration tc int8s launch at depth CTX
-# (resident, split 512, batch 1; CTX as 32k or 128k), to stdout; with SASS=1
-# also its source page (per SASS instruction: executed instructions and
-# warp-stall samples) -> $OUT/ncu_int8s_tc_CTX_sass.csv.gz. The calibration
-# launches the kernel first, over grids of every size: every launch's grid is
-# listed, then the last one of the depth's grid (4 KV heads x CTX / 512
-# splits: a measured step's) is profiled.
-ncu_int8s() {
-  local ctx=$1 ncu skip
+# ncu --set full of one resident decode-attention launch at depth CTX (batch
+# 1; CTX as 32k or 128k; SPLIT tokens, default 512), to stdout. FORMAT int8s:
+# the tc int8s kernel (default configuration); bf16: the split kernel. With
+# SASS=1 also its source page (per SASS instruction: executed instructions
+# and warp-stall samples) -> $OUT/ncu_<kernel>_CTX_sass.csv.gz. The
+# calibration launches the kernel first, over grids of every size: every
+# launch's grid is listed, then the last one of the depth's grid (4 KV heads
+# x CTX / SPLIT splits: a measured step's) is profiled.
+ncu_decode() {
+  local format=$1 ctx=$2 split=${3:-512} ncu skip k name
   ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   [ -n "$ncu" ] || { echo "ncu not found"; return 1; }
-  echo "== ncu: int8s tc kernel at $ctx, resident, split 512 $(( $(date +%s) - t0 )) s" >&2
-  local d=(bench decode --contexts "$ctx" --batches 1 --modes resident --split 512 --steps 2 --warmup 1 --profile ""
-           --kv-format int8s --int8s-kernel tc)  # the default configuration
-  timeout 120 "$ncu" --clock-control none --metrics launch__grid_size --csv -k regex:int8s_tc $AKV "${d[@]}" \
+  local d=(bench decode --contexts "$ctx" --batches 1 --modes resident --split "$split" --steps 2 --warmup 1 --profile ""
+           --kv-format "$format")
+  if [ "$format" = int8s ]; then k=int8s_tc name=int8s_tc; d+=(--int8s-kernel tc); else k=split_attention_kernel name=bf16_split; fi
+  echo "== ncu: $name kernel at $ctx, resident, split $split $(( $(date +%s) - t0 )) s" >&2
+  timeout 120 "$ncu" --clock-control none --metrics launch__grid_size --csv -k regex:$k $AKV "${d[@]}" \
     > /tmp/ncu_grids.csv 2>&1
-  skip=$(python3 - /tmp/ncu_grids.csv $(( 4 * ${ctx%k} * 1024 / 512 )) <<'PY'
+  skip=$(python3 - /tmp/ncu_grids.csv $(( 4 * ${ctx%k} * 1024 / split )) <<'PY'
 import csv, sys
 rows = [r for r in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"'))]
 hdr, rows = rows[0], rows[1:]
@@ -358,18 +363,19 @@ grids = [int(r[vi].replace(",", "")) for r in rows]
 print(max(i for i, g in enumerate(grids) if g == int(sys.argv[2])))
 PY
 )
-  echo "   launch $skip of the tc kernel (grids: $(grep -c launch__grid_size /tmp/ncu_grids.csv) launches)" >&2
-  rm -f /tmp/ncu_int8s.ncu-rep
-  timeout 150 "$ncu" --clock-control none --set full -k regex:int8s_tc --launch-skip "${skip:-0}" --launch-count 1 \
-    -o /tmp/ncu_int8s $AKV "${d[@]}" > /tmp/ncu_int8s_run.log 2>&1 || tail -5 /tmp/ncu_int8s_run.log >&2
-  "$ncu" -i /tmp/ncu_int8s.ncu-rep
+  echo "   launch $skip of the $name kernel (grids: $(grep -c launch__grid_size /tmp/ncu_grids.csv) launches)" >&2
+  rm -f /tmp/ncu_decode.ncu-rep
+  timeout 150 "$ncu" --clock-control none --set full -k regex:$k --launch-skip "${skip:-0}" --launch-count 1 \
+    -o /tmp/ncu_decode $AKV "${d[@]}" > /tmp/ncu_decode_run.log 2>&1 || tail -5 /tmp/ncu_decode_run.log >&2
+  "$ncu" -i /tmp/ncu_decode.ncu-rep
   grep -E "Duration|DRAM Throughput|Registers Per|Achieved Occ|Theoretical Occ|Block Limit|Issued Ipc|Waves|Grid Size|Eligible|Issue Slots Busy|Executed Instructions  " \
-    <("$ncu" -i /tmp/ncu_int8s.ncu-rep) | head -24 >&2
+    <("$ncu" -i /tmp/ncu_decode.ncu-rep) | head -24 >&2
   if [ "${SASS:-0}" = 1 ]; then
-    "$ncu" -i /tmp/ncu_int8s.ncu-rep --page source --csv --print-source sass 2>&1 | gzip > "$OUT/ncu_int8s_tc_${ctx}_sass.csv.gz"
-    echo "   source page: $(zcat "$OUT/ncu_int8s_tc_${ctx}_sass.csv.gz" | wc -l) lines" >&2
+    "$ncu" -i /tmp/ncu_decode.ncu-rep --page source --csv --print-source sass 2>&1 | gzip > "$OUT/ncu_${name}_${ctx}_sass.csv.gz"
+    echo "   source page: $(zcat "$OUT/ncu_${name}_${ctx}_sass.csv.gz" | wc -l) lines" >&2
   fi
 }
+ncu_int8s() { ncu_decode int8s "$1"; }
 
 run_decode_ab() {
   local rc=0 base=/tmp/akv-base/build/bin/activekv
@@ -601,6 +607,8 @@ case "$PHASE" in
   batch) run_batch || RC=1 ;;
   matvec-ab) run_matvec_ab || RC=1 ;;
   ncu-matvec) run_ncu_matvec || RC=1 ;;
+  ncu-bf16) { SASS=1 ncu_decode bf16 128k 512; ncu_decode bf16 128k 1024; ncu_decode bf16 32k 512; } \
+      > "$OUT/ncu_bf16_split.txt" || RC=1 ;;
   ab) bench/gpu/matvec_ab.sh "$OUT" "${AKV_AB:?set AKV_AB='ACTIVEKV_X=value ...'}" || RC=1 ;;
   eval) run_eval || RC=1 ;;
 esac
