@@ -54,6 +54,26 @@ std::string tile_case_name(const ::testing::TestParamInfo<TileCase>& i) {
 
 class Int8sTile : public ::testing::TestWithParam<TileCase> {};
 
+// The largest difference between two kernels' partials: on O relative to
+// the row's largest |O| (per row and head), on LSE absolute.
+struct KernelDiff {
+  double o = 0, lse = 0;
+};
+KernelDiff kernel_diff(const attention::Partial& a, const attention::Partial& b, int rows, int nq, int head_dim) {
+  KernelDiff d;
+  for (int r = 0; r < rows; ++r)
+    for (int h = 0; h < nq; ++h) {
+      double num = 0, den = 0;
+      for (int j = 0; j < head_dim; ++j) {
+        num = std::max(num, double(std::fabs(a.o_at(r, h)[j] - b.o_at(r, h)[j])));
+        den = std::max(den, double(std::fabs(b.o_at(r, h)[j])));
+      }
+      d.o = std::max(d.o, den > 0 ? num / den : num);
+      d.lse = std::max(d.lse, double(std::fabs(a.lse_at(r, h) - b.lse_at(r, h))));
+    }
+  return d;
+}
+
 TEST_P(Int8sTile, MatchesCpuKernelAndOwnFormatBound) {
   NEED_GPU();
   const TileCase c = GetParam();
@@ -83,17 +103,8 @@ TEST_P(Int8sTile, MatchesCpuKernelAndOwnFormatBound) {
     kopt.kernel = c.kernel;
     kopt.tc = parse_int8s_tc_config(c.tc_config);
     const attention::Partial gpu = Int8sTileRunner{kopt}(ptrs, 0, full * c.page_size, qr, opt);
-    double worst = 0, worst_lse = 0;
-    for (int r = 0; r < rows; ++r)
-      for (int h = 0; h < nq; ++h) {
-        double num = 0, den = 0;
-        for (int j = 0; j < c.head_dim; ++j) {
-          num = std::max(num, double(std::fabs(gpu.o_at(r, h)[j] - cpu.o_at(r, h)[j])));
-          den = std::max(den, double(std::fabs(cpu.o_at(r, h)[j])));
-        }
-        worst = std::max(worst, num / den);
-        worst_lse = std::max(worst_lse, double(std::fabs(gpu.lse_at(r, h) - cpu.lse_at(r, h))));
-      }
+    const KernelDiff diff = kernel_diff(gpu, cpu, rows, nq, c.head_dim);
+    const double worst = diff.o, worst_lse = diff.lse;
     const double own_gpu = attention::own_format_error(gpu, ref), own_cpu = attention::own_format_error(cpu, ref);
     std::printf("  %s kernel %s, d=%d group %d page %d split %d, %d-term query: GPU vs CPU kernel %.2e (LSE %.2e), "
                 "own-format GPU %.3e CPU %.3e (differ by %.2e)\n", int8s_kernel_name(c.kernel),
@@ -180,6 +191,75 @@ TEST(Int8sTile, SyntheticOutlierCaseWithinBound) {
     // Bounds: ~3x those.
     EXPECT_LE(e.separable[1], 1e-5) << int8s_kernel_name(k);
     EXPECT_LE(e.separable[0], 1.8e-3) << int8s_kernel_name(k);
+  }
+}
+
+// Degenerate scales (a review's gap): an all-zero page (neutral channel
+// scales, zero token scales, zero codes), a zero key channel and zero key
+// tokens, a channel ~2^12 and one ~2^-20 against ~1 elsewhere (channel scales
+// at or near their clamps), and values ~2^-20 (fp16-subnormal token scales).
+// The query is small on the large channel so that scores stay in a moderate
+// range: the test is of the scales, not of fp32 rounding at huge scores.
+// Each GPU kernel against the CPU kernel under the bounds of
+// MatchesCpuKernelAndOwnFormatBound (same codes and integer dots), and
+// every output finite. Not yet run on a GPU (written in session 24).
+TEST(Int8sTile, DegenerateScalesMatchCpuKernel) {
+  NEED_GPU();
+  constexpr int n_kv = 2, group = 4, hd = 64, P = 256, pages = 4;
+  const kv::KvShape s{1, n_kv, hd, P};
+  kv::PageStore store(s);
+  kv::SequenceKv seq(store);
+  const int row = n_kv * hd;
+  const int64_t n = int64_t(pages) * P;
+  std::mt19937 rng{5};
+  std::normal_distribution<float> nd;
+  std::vector<float> k(size_t(n) * row), v(k.size());
+  for (int64_t t = 0; t < n; ++t)
+    for (int i = 0; i < row; ++i) {
+      const size_t x = size_t(t) * row + size_t(i);
+      const int page = int(t / P), ch = i % hd;
+      k[x] = nd(rng);
+      v[x] = nd(rng);
+      if (page == 1) k[x] = v[x] = 0.f;                           // an all-zero page
+      if (page == 2 && ch == 3) k[x] = 0.f;                        // a zero key channel
+      if (page == 2 && t % P == 9) k[x] = 0.f;                     // a zero key token
+      if (page == 2 && ch == 0) k[x] *= 0x1p12f;                   // a large channel
+      if (page == 2 && ch == 1) k[x] *= 0x1p-20f;                  // a tiny channel
+      if (page == 3) { k[x] *= 0x1p-20f; v[x] *= 0x1p-20f; }      // tiny values: subnormal fp16 token scales
+    }
+  seq.reserve(n);
+  seq.write(0, 0, n, k.data(), v.data());
+  seq.commit(n);
+  std::vector<kv::EncodedPage> enc;
+  for (int p = 0; p < pages; ++p) enc.push_back(kv::encode_page(kv::CodecFormat::int8s, store, seq.page_table(0)[size_t(p)], P));
+  std::vector<const kv::EncodedPage*> ptrs;
+  for (const auto& e : enc) ptrs.push_back(&e);
+  const int nq = n_kv * group, rows = 3;
+  std::vector<float> q = random_queries(size_t(rows) * nq * hd, 13);
+  for (size_t i = 0; i < q.size(); i += hd) q[i] *= 0x1p-12f;  // channel 0 of every head
+  std::vector<int64_t> pos{n - 1, 2 * P + 100, P + 10};  // rows that see: every page; 0-2 (cut in 2); 0-1 (cut in 1)
+  const attention::QueryRows qr{q.data(), rows, nq, pos.data()};
+  for (Int8sKernel kernel : {Int8sKernel::legacy, Int8sKernel::tc}) {
+    for (int terms : {1, 2}) {
+      attention::AttentionOptions opt;
+      opt.int8s_query_terms = terms;
+      const attention::Partial cpu = attention::attend_int8s_tile(ptrs, 0, n, qr, opt);
+      Int8sKernelOptions kopt;
+      kopt.kernel = kernel;
+      const attention::Partial gpu = Int8sTileRunner{kopt}(ptrs, 0, n, qr, opt);
+      bool finite = true;
+      for (int r = 0; r < rows; ++r)
+        for (int h = 0; h < nq; ++h) {
+          finite = finite && std::isfinite(gpu.lse_at(r, h));
+          for (int j = 0; j < hd; ++j) finite = finite && std::isfinite(gpu.o_at(r, h)[j]);
+        }
+      const KernelDiff d = kernel_diff(gpu, cpu, rows, nq, hd);
+      std::printf("  %s kernel, degenerate scales, %d-term query: GPU vs CPU kernel %.2e (LSE %.2e)\n",
+                  int8s_kernel_name(kernel), terms, d.o, d.lse);
+      EXPECT_TRUE(finite) << int8s_kernel_name(kernel) << ": every output finite";
+      EXPECT_LT(d.o, 1.5e-5) << int8s_kernel_name(kernel) << ", " << terms << "-term query";
+      EXPECT_LT(d.lse, 1.2e-5) << int8s_kernel_name(kernel) << ", " << terms << "-term query";
+    }
   }
 }
 
