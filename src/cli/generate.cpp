@@ -124,7 +124,7 @@ void print_summary(const GenerationReport& r) {
   if (n_gen == 0) {
     fmt::print(stderr, "decode               no decode step was run (-n below 2, or end of text at once)\n");
   } else {
-    fmt::print(stderr, "decode               {:10.2f} tokens/s ({} tokens after the one prefill sampled, {:.1f} ms)\n",
+    fmt::print(stderr, "decode               {:10.2f} tokens/s ({} tokens in {:.1f} ms; the first token came with the prefill)\n",
                1000.0 * double(n_gen) / decode_ms, n_gen, decode_ms);
     fmt::print(stderr, "per-token latency    median {:.2f} ms, p90 {:.2f} ms\n", quantile(r.step_ms, 0.5),
                quantile(r.step_ms, 0.9));
