@@ -25,6 +25,7 @@
 #ifdef ACTIVEKV_HAVE_CUDA
 #include "activekv/cuda/decode_attention.h"
 #endif
+#include "activekv/model/weights.h"
 #include "bench_parallel.h"
 #include "commands.h"
 #include "generate.h"
@@ -34,11 +35,12 @@
 
 namespace activekv::cli {
 
-double decode_weight_bytes(const gguf::File& f, bool fp32) {
+double decode_weight_bytes(const gguf::File& f, bool cpu) {
   const bool tied = f.find_tensor("output.weight") == nullptr;
+  const model::WeightFormat format = cpu ? model::weight_format_from_env() : model::WeightFormat::automatic;
   double bytes = 0;
   for (const gguf::TensorInfo& t : f.tensors()) {
-    const double b = fp32 ? 4.0 * double(t.n_elements) : double(t.n_bytes);
+    const double b = cpu ? double(model::cpu_tensor_bytes(t, format)) : double(t.n_bytes);
     if (t.name != "token_embd.weight") bytes += b;
     else bytes += (tied ? b : 0.0) + b / double(t.dims.size() == 2 ? t.dims[1] : 1);  // the head, one row
   }

@@ -170,9 +170,9 @@ struct BenchDevice {
 
 /// Weight bytes one decode step reads: every tensor but the token embedding
 /// (of which it reads one row), plus the embedding again when the head is
-/// tied to it. `fp32`: counted as the CPU path holds them (4 bytes per
-/// parameter), else in their GGUF types.
-double decode_weight_bytes(const gguf::File& f, bool fp32);
+/// tied to it. `cpu`: counted as the CPU path holds them
+/// (model::cpu_tensor_bytes), else in their GGUF types.
+double decode_weight_bytes(const gguf::File& f, bool cpu);
 
 /// The CPU device: LlamaModel (generate's CPU path) with `a.threads` threads;
 /// measures the host read bandwidth.

@@ -1,5 +1,5 @@
 // `activekv bench --device cpu` (bench_model.h): the CPU model path of
-// `generate` (LlamaModel, fp32 weights, CpuHistory) and the host-memory read
+// `generate` (LlamaModel and its CPU weights, CpuHistory) and the host-memory read
 // bandwidth its floor is made of.
 #include <fmt/format.h>
 #include <omp.h>
@@ -130,7 +130,9 @@ BenchDevice cpu_bench_device(const ModelBenchArgs& a, const gguf::File& f) {
   d.name = fmt::format("cpu ({} threads, OpenBLAS {} kernels{})", a.threads, blas_core_name(),
                        why_cpu.empty() ? "" : "; " + why_cpu);
   d.weight_bytes = decode_weight_bytes(f, true);
-  d.weight_form = "fp32, dequantised at load";
+  d.weight_form = model::weight_format_from_env() == model::WeightFormat::f32
+                      ? "fp32, dequantised at load (ACTIVEKV_CPU_WEIGHTS=f32)"
+                      : "Q4_0/Q4_1/Q8_0 matrices as stored, the rest fp32";
   // The weights' working set, at most 1 GiB (far past any cache: DRAM either way).
   auto probe = std::make_shared<HostReadProbe>(std::min(size_t(d.weight_bytes), size_t(1) << 30), a.threads);
   d.weight_gbps = probe->gbps(kUpFrontBytes, kUpFrontReps, 0.5);

@@ -7,6 +7,7 @@
 
 #include "activekv/kv/codec.h"
 #include "activekv/kv/codec_lossless13.h"
+#include "activekv/model/weights.h"
 
 namespace activekv::cli {
 namespace {
@@ -47,9 +48,14 @@ Error allocation_failed(const std::string& what, uint64_t bytes) {
                            describe_bytes(available_memory_bytes()), kSource));
 }
 
-uint64_t fp32_weight_bytes(const gguf::File& f) {
+uint64_t cpu_weight_bytes(const gguf::File& f) {
+  const model::WeightFormat format = model::weight_format_from_env();
   uint64_t total = 0;
-  for (const auto& t : f.tensors()) total = saturating_add(total, saturating_mul(t.n_elements, sizeof(float)));
+  for (const auto& t : f.tensors()) {
+    // n_elements * 4 saturates rather than wraps for a hostile file (it is checked again at load).
+    const uint64_t b = t.n_elements > UINT64_MAX / 4 ? UINT64_MAX : model::cpu_tensor_bytes(t, format);
+    total = saturating_add(total, b);
+  }
   return total;
 }
 

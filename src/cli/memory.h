@@ -31,9 +31,11 @@ void require_memory(const std::string& what, uint64_t bytes, uint64_t available 
 /// "out of memory allocating <what>: <bytes> asked, <MemAvailable now> available ...".
 Error allocation_failed(const std::string& what, uint64_t bytes);
 
-/// Bytes of a model's weights once LlamaModel has dequantised them to fp32: 4
-/// per element of every tensor in the file. Saturates instead of overflowing.
-uint64_t fp32_weight_bytes(const gguf::File& f);
+/// Bytes of a model's weights as LlamaModel holds them (model/weights.h):
+/// the blocks of Q4_0/Q4_1/Q8_0 matrices, 4 per element of every other
+/// tensor (all of them with ACTIVEKV_CPU_WEIGHTS=f32). Saturates instead of
+/// overflowing. Throws InvalidArgument for a bad ACTIVEKV_CPU_WEIGHTS.
+uint64_t cpu_weight_bytes(const gguf::File& f);
 
 /// Bytes of the page store for `n_tokens` tokens: whole pages of every layer.
 /// Saturates instead of overflowing.
@@ -50,12 +52,12 @@ uint64_t routed_history_bytes(const kv::KvShape& shape, route::RouteKind kind, i
 /// the page count and the page size in the message.
 void require_page_store(const kv::KvShape& shape, int64_t n_tokens);
 
-/// Runs `load` (which builds the fp32 weights of `model_path`) after checking
+/// Runs `load` (which builds the CPU weights of `model_path`) after checking
 /// they fit; turns a std::bad_alloc from it into the same one-line Error.
 template <typename Load>
 auto load_weights_checked(const gguf::File& f, const std::string& model_path, Load&& load) {
-  const uint64_t bytes = fp32_weight_bytes(f);
-  const std::string what = "the weights of " + model_path + " dequantised to fp32";
+  const uint64_t bytes = cpu_weight_bytes(f);
+  const std::string what = "the weights of " + model_path + " (Q4_0/Q4_1/Q8_0 matrices as stored, the rest fp32)";
   require_memory(what, bytes);
   try {
     return load();

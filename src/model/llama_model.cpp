@@ -4,7 +4,6 @@
 
 #include <algorithm>
 
-#include "activekv/core/blas.h"
 #include "activekv/model/ops.h"
 
 namespace activekv::model {
@@ -56,9 +55,9 @@ void LlamaModel::layer_forward(int l, int T, std::span<const BatchItem> items) {
   const int64_t* pos = pos_.data();
 
   rms_norm(x_.data(), L.attn_norm.data(), T, d, c.rms_eps, norm_.data());
-  gemm_nt(T, q_dim, d, 1.0f, norm_.data(), d, L.wq.data(), d, 0.0f, q_.data(), q_dim);
-  gemm_nt(T, kv_dim, d, 1.0f, norm_.data(), d, L.wk.data(), d, 0.0f, k_.data(), kv_dim);
-  gemm_nt(T, kv_dim, d, 1.0f, norm_.data(), d, L.wv.data(), d, 0.0f, v_.data(), kv_dim);
+  L.wq.project(T, norm_.data(), q_.data(), scratch_);
+  L.wk.project(T, norm_.data(), k_.data(), scratch_);
+  L.wv.project(T, norm_.data(), v_.data(), scratch_);
   if (c.qkv_bias) {
     add_bias(q_.data(), L.bq.data(), T, q_dim);
     add_bias(k_.data(), L.bk.data(), T, kv_dim);
@@ -97,20 +96,19 @@ void LlamaModel::layer_forward(int l, int T, std::span<const BatchItem> items) {
     opt_.on_stage(l, Stage::queries, T, q_dim, q_.data());
     opt_.on_stage(l, Stage::attention, T, q_dim, attn_.data());
   }
-  gemm_nt(T, d, q_dim, 1.0f, attn_.data(), q_dim, L.wo.data(), q_dim, 0.0f, tmp_.data(), d);
+  L.wo.project(T, attn_.data(), tmp_.data(), scratch_);
   if (c.post_norms) rms_norm(tmp_.data(), L.post_attn_norm.data(), T, d, c.rms_eps, tmp_.data());
   add_inplace(x_.data(), tmp_.data(), int64_t(T) * d);
 
   rms_norm(x_.data(), L.ffn_norm.data(), T, d, c.rms_eps, norm_.data());
-  gemm_nt(T, c.ffn_dim, d, 1.0f, norm_.data(), d, L.w_gate.data(), d, 0.0f, gate_.data(), c.ffn_dim);
-  gemm_nt(T, c.ffn_dim, d, 1.0f, norm_.data(), d, L.w_up.data(), d, 0.0f, up_.data(), c.ffn_dim);
+  L.w_gate.project(T, norm_.data(), gate_.data(), scratch_);
+  L.w_up.project(T, norm_.data(), up_.data(), scratch_);
   if (c.ffn_act == FfnActivation::GeluTanh) {
     geglu_tanh(gate_.data(), up_.data(), T, c.ffn_dim);
   } else {
     swiglu(gate_.data(), up_.data(), T, c.ffn_dim);
   }
-  gemm_nt(T, d, c.ffn_dim, 1.0f, gate_.data(), c.ffn_dim, L.w_down.data(), c.ffn_dim, 0.0f,
-          tmp_.data(), d);
+  L.w_down.project(T, gate_.data(), tmp_.data(), scratch_);
   if (c.post_norms) rms_norm(tmp_.data(), L.post_ffn_norm.data(), T, d, c.rms_eps, tmp_.data());
   add_inplace(x_.data(), tmp_.data(), int64_t(T) * d);
   if (opt_.on_stage) opt_.on_stage(l, Stage::layer_output, T, d, x_.data());
@@ -156,7 +154,7 @@ int LlamaModel::prepare_rows(std::span<const BatchItem> items, size_t logits_siz
     for (size_t t = 0; t < items[i].tokens.size(); ++t) {
       const size_t row = size_t(row0_[i]) + t;
       pos_[row] = start + int64_t(t);
-      std::copy_n(w_.token_embd.data() + size_t(items[i].tokens[t]) * d, d, x_.data() + row * d);
+      w_.token_embd.row(items[i].tokens[t], x_.data() + row * d);
     }
   }
   if (c.embed_scale != 1.0f) scale_inplace(x_.data(), c.embed_scale, int64_t(T) * d);
@@ -181,8 +179,7 @@ void LlamaModel::forward(std::span<const int32_t> tokens, kv::SequenceKv& seq,
   const int first = all_logits ? 0 : T - 1;
   const int rows = T - first;
   rms_norm(x_.data() + size_t(first) * d, w_.output_norm.data(), rows, d, c.rms_eps, norm_.data());
-  gemm_nt(rows, c.vocab_size, d, 1.0f, norm_.data(), d, w_.head().data(), d, 0.0f, logits.data(),
-          c.vocab_size);
+  w_.head().project(rows, norm_.data(), logits.data(), scratch_);
 }
 
 void LlamaModel::forward_batch(std::span<const BatchItem> items, std::span<float> logits) {
@@ -194,7 +191,7 @@ void LlamaModel::forward_batch(std::span<const BatchItem> items, std::span<float
     const size_t last = size_t(row0_[size_t(i)]) + items[size_t(i)].tokens.size() - 1;
     rms_norm(x_.data() + last * d, w_.output_norm.data(), 1, d, c.rms_eps, norm_.data() + size_t(i) * d);
   }
-  gemm_nt(B, c.vocab_size, d, 1.0f, norm_.data(), d, w_.head().data(), d, 0.0f, logits.data(), c.vocab_size);
+  w_.head().project(B, norm_.data(), logits.data(), scratch_);
 }
 
 std::vector<float> LlamaModel::prefill(std::span<const int32_t> tokens, kv::SequenceKv& seq,

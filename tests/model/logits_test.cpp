@@ -77,11 +77,14 @@ GoldenComparison compare_to_golden(PageFormat format) {
 }
 
 // The forward pass itself: fp32 history, so only fp32 arithmetic differs.
-// Measured max |dlogit| 6.9e-05 (1 thread; 5.9e-05 with 2), no argmax mismatch.
+// Measured max |dlogit| 1.14e-04 with 2 threads and the Q4_1/Q8_0 matrices
+// multiplied in their blocks (model/quant_matmul.h: the same fp32 weights,
+// row blocks through sgemm), 4.9e-05 with ACTIVEKV_CPU_WEIGHTS=f32 (one
+// sgemm a matrix); no argmax mismatch. Bound ~3x.
 TEST(Logits, F32HistoryMatchesTransformersFloat32) {
   const GoldenComparison c = compare_to_golden(PageFormat::f32);
   EXPECT_EQ(c.argmax_mismatch, 0);
-  EXPECT_LE(c.max_delta, 2e-4);
+  EXPECT_LE(c.max_delta, 3.5e-4);
 }
 
 // The exact tier stores the history in bf16: its rounding moves logits by
@@ -119,8 +122,9 @@ INSTANTIATE_TEST_SUITE_P(Formats, GreedyContinuation, ::testing::Values(PageForm
 // Splitting the history into pages and tiles changes only fp32 summation
 // order. With an f32 history that is all that differs; with bf16 the tiny
 // differences flip some bf16 roundings of later layers' K/V (see page_format.h).
-// Measured max |dlogit| over the three pairs: f32 8.4e-05 (1 thread; 7.4e-05
-// with 2), bf16 0.134 (1 and 2 threads).
+// Measured max |dlogit| over the three pairs: f32 1.23e-04 with 2 threads and
+// block matrices (8.4e-05 with 1 thread and fp32 weights), bf16 0.134 (1 and
+// 2 threads). f32 bound ~3x.
 TEST(Logits, PageSize16And1024AndEightTilesAgree) {
   const auto g = testing::load_golden("smollm2_logits.json");
   const std::vector<int32_t> ids = g["token_ids"].get<std::vector<int32_t>>();
@@ -134,7 +138,7 @@ TEST(Logits, PageSize16And1024AndEightTilesAgree) {
     std::printf("[measured] %s: max |dlogit| page 1024 vs 16: %.2e; 1 vs 7 tiles: %.2e; 1 vs 10 tiles: %.2e\n",
                 kv::format_name(f).c_str(), ab, ac, ad);
     if (f == PageFormat::f32) {
-      EXPECT_LE(std::max({ab, ac, ad}), 2.5e-4);
+      EXPECT_LE(std::max({ab, ac, ad}), 3.7e-4);
     } else {
       EXPECT_GE(argmax_agreement(a, b, vocab), 0.99);
       EXPECT_GE(argmax_agreement(a, d, vocab), 0.99);
@@ -143,7 +147,8 @@ TEST(Logits, PageSize16And1024AndEightTilesAgree) {
   }
 }
 
-// Measured max |dlogit| 3.3e-05 (1 and 2 threads).
+// Measured max |dlogit| 4.8e-05 with 2 threads and block matrices (3.3e-05
+// with fp32 weights, 1 and 2 threads). Bound ~3x.
 TEST(Logits, ChunkedPrefillEqualsOnePass) {
   const auto g = testing::load_golden("smollm2_logits.json");
   const std::vector<int32_t> ids = g["token_ids"].get<std::vector<int32_t>>();
@@ -160,7 +165,7 @@ TEST(Logits, ChunkedPrefillEqualsOnePass) {
   double delta = 0;
   for (size_t v = 0; v < vocab; ++v) delta = std::max(delta, double(std::abs(last[v] - whole[(ids.size() - 1) * vocab + v])));
   std::printf("[measured] f32: max |dlogit| of the last position, chunks of 37 vs one pass: %.3e\n", delta);
-  EXPECT_LE(delta, 1e-4);
+  EXPECT_LE(delta, 1.5e-4);
 }
 
 TEST(Logits, BadTokenIdIsRejectedAndHistoryKept) {

@@ -126,6 +126,7 @@ class LlamaModel {
 
   ModelConfig config_;
   Weights w_;
+  QuantScratch scratch_;  // the block matrices' prefill path
   ForwardOptions opt_;
   // Activations, reused across calls: x [T][d], norm [T][d], q [T][nh*hd],
   // k,v [T][nkv*hd], gate/up [T][ffn], tmp [T][d].
