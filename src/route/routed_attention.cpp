@@ -1,8 +1,10 @@
 #include "activekv/route/routed_attention.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "activekv/attention/attention_codecs.h"
+#include "activekv/cpu/decode_attention.h"
 #include "activekv/kv/codec_lossless13.h"
 
 namespace activekv::route {
@@ -53,6 +55,30 @@ attention::Partial attend_int8s_segment(const attention::LayerHistory& history, 
   return attention::attend_int8s_tile(views, first_token, history.n_tokens, q, opt);
 }
 
+// RoutedView::cpu_decode_kernels: whether the row and pages qualify.
+bool in_place_decode(const attention::LayerHistory& h, const attention::QueryRows& q,
+                     const attention::AttentionOptions& opt) {
+  return q.n_rows == 1 && q.positions[0] == h.n_tokens - 1 && opt.window == 0 && !h.read_planes &&
+         h.store->shape().format == kv::PageFormat::bf16;
+}
+
+// Exact bf16 pages [seg.first_page, + n_pages) of a decode row, read in place.
+attention::Partial attend_bf16_in_place(const attention::LayerHistory& h, const Segment& seg,
+                                        const attention::QueryRows& q, const attention::AttentionOptions& opt) {
+  const kv::KvShape& s = h.store->shape();
+  std::vector<cpu::PageRef> pages;
+  pages.reserve(seg.n_pages);
+  for (size_t p = seg.first_page; p < seg.first_page + seg.n_pages; ++p) {
+    const int n = int(std::min<int64_t>(s.page_size, h.n_tokens - int64_t(p) * s.page_size));
+    pages.push_back(cpu::PageRef::from_bf16(reinterpret_cast<const bf16*>(h.store->page_data(h.page_table[p])), n));
+  }
+  const cpu::DecodeShape shape{s.n_kv_heads, q.n_heads / s.n_kv_heads, s.head_dim, s.page_size, opt.softmax_scale};
+  static thread_local cpu::CpuAttentionWorkspace ws;  // a warm decode step allocates nothing
+  attention::Partial out(1, q.n_heads, s.head_dim);
+  cpu::attend_pages(shape, pages, q.q, {}, ws, out.o.data(), out.lse.data());
+  return out;
+}
+
 // Bytes the bf16 kernel reads for pages [first, first + n): stored bytes for
 // exact pages, blob bytes for lossless13 pages.
 double bf16_segment_bytes(const attention::LayerHistory& h, int layer, const RoutedView& view,
@@ -99,6 +125,10 @@ attention::Partial attend_routed(const attention::LayerHistory& history, int lay
       continue;
     }
     if (view.report) view.report->bytes += bf16_segment_bytes(history, layer, view, plan, seg);
+    if (view.cpu_decode_kernels && in_place_decode(bf16_history, q, opt)) {
+      partials.push_back(attend_bf16_in_place(bf16_history, seg, q, opt));
+      continue;
+    }
     partials.push_back(attention::attend_tile(bf16_history, seg.first_page, seg.n_pages, q, opt, ws));
   }
   if (partials.empty()) return attention::Partial(q.n_rows, q.n_heads, shape.head_dim);

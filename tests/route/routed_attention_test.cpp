@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <cstring>
 #include <memory>
@@ -16,6 +17,7 @@
 #include "activekv/attention/attention_codecs.h"
 #include "activekv/attention/quality.h"
 #include "activekv/core/error.h"
+#include "activekv/cpu/decode_attention.h"
 
 namespace activekv {
 namespace {
@@ -70,6 +72,38 @@ TEST(RoutedAttention, ExactRouteIsAttendBitwise) {
   attention::AttentionOptions opt;
   opt.tile_pages = 4;
   EXPECT_TRUE(bitwise_equal(run(h, RouteKind::exact, nullptr, rows), attention::attend(h.layer(), rows, opt, ws)));
+}
+
+// RoutedView::cpu_decode_kernels: a decode row over exact bf16 pages runs
+// the in-place CPU kernels (cpu/decode_attention.h), the same attention in
+// another summation order; rows that do not qualify (two rows, a row before
+// the last position) still take attend_tile, bitwise.
+TEST(RoutedAttention, DecodeRowOnTheInPlaceKernelsMatchesAttendTile) {
+  History h(13 * 64 + 9, 64, 11);
+  auto q = queries(2, 12);
+  std::vector<int64_t> last{13 * 64 + 8, 13 * 64 + 8}, before{500};
+  attention::Workspace ws;
+  auto routed = [&](const attention::QueryRows& rows, bool in_place) {
+    route::RoutedView view{nullptr, {RouteKind::exact, 2, 4}};
+    view.cpu_decode_kernels = in_place;
+    return route::attend_routed(h.layer(), 0, view, rows, {}, ws);
+  };
+  const attention::QueryRows one{q.data(), 1, 4, last.data()};
+  const attention::Partial tile = routed(one, false), fast = routed(one, true);
+  double o = 0, lse = 0;
+  for (size_t i = 0; i < tile.o.size(); ++i) o = std::max(o, double(std::fabs(fast.o[i] - tile.o[i])));
+  for (size_t i = 0; i < tile.lse.size(); ++i) lse = std::max(lse, double(std::fabs(fast.lse[i] - tile.lse[i])));
+  std::printf("[measured] decode row, %s CPU kernels against attend_tile: max |dO| %.2e, |dLSE| %.2e\n",
+              cpu::kernels_name({2, 2, 64, 64, 0.f}, cpu::Isa::automatic), o, lse);
+  // |O| <= ~1.5, LSE ~7. Measured on the dev VM (AMD Zen 2: the portable kernel, fp32 q.k): 1.79e-7 and
+  // 4.77e-7. The kernels' own bounds against fp64 (tests/cpu/cpu_attention_test.cpp: 1.2e-6 relative,
+  // LSE 4e-6; measured there portable 3.4e-7, AVX-512 3.8e-7, AMX 3.5e-7) hold for every ISA, and
+  // attend_tile is an fp32 sgemm within ~1e-7 of fp64: those bounds, ~3x what was measured here.
+  EXPECT_LT(o, 1.2e-6);
+  EXPECT_LT(lse, 4e-6);
+  const attention::QueryRows two{q.data(), 2, 4, last.data()}, early{q.data(), 1, 4, before.data()};
+  EXPECT_TRUE(bitwise_equal(routed(two, true), routed(two, false))) << "two rows: attend_tile";
+  EXPECT_TRUE(bitwise_equal(routed(early, true), routed(early, false))) << "a row before the last position";
 }
 
 TEST(RoutedAttention, Lossless13RouteIsExactRouteBitwise) {

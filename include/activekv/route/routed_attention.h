@@ -27,6 +27,12 @@ struct RoutedView {
   RouteConfig config;                                      ///< kind, recent window, tile size
   RouteReport* report = nullptr;                           ///< if set, accumulates pages/tiles/bytes
   Int8sTileFn int8s_tile = {};                             ///< empty: attention::attend_int8s_tile (CPU)
+  /// A decode row (one query row at the history's last position, no window)
+  /// over exact bf16 pages runs the in-place CPU kernels (cpu/decode_attention.h:
+  /// no fp32 copy of the pages, no sgemm of a few rows; AVX-512's bf16 q.k
+  /// takes the query in two bf16 terms) instead of attention::attend_tile.
+  /// The CPU model's decode steps set it; off, every row takes attend_tile.
+  bool cpu_decode_kernels = false;
 };
 
 /// Attention of `q` over layer `layer` of `history` along `view`'s route;
