@@ -117,7 +117,7 @@ struct BenchDevice {
   double weight_bytes = 0;     ///< weight bytes one decode step reads (the head, every layer; one embedding row)
   double weight_gbps = 0;      ///< what they are read at: GPU HBM read; CPU host-memory read (GB/s = 1e9 B/s)
   std::string weight_link;     ///< "HBM read" | "host read"
-  std::string weight_form;     ///< how the step reads them: "as stored in the GGUF" | "fp32, dequantised at load"
+  std::string weight_form;     ///< how the step reads them: "as stored in the GGUF" (GPU) | the CPU's (bench_model_cpu.cpp)
   double h2d_gbps = 0;         ///< GPU: pinned host -> device copies (0 on the CPU); --gpus: the distinct
                                ///< GPUs' links together (link_gbps summed; the floor is floor_ms's)
   /// --gpus: the tensor-parallel GPUs, each distinct GPU's measured link

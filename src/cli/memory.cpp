@@ -7,7 +7,6 @@
 
 #include "activekv/kv/codec.h"
 #include "activekv/kv/codec_lossless13.h"
-#include "activekv/model/weights.h"
 
 namespace activekv::cli {
 namespace {

@@ -11,6 +11,7 @@
 #include "activekv/core/error.h"
 #include "activekv/gguf/gguf.h"
 #include "activekv/kv/page_store.h"
+#include "activekv/model/weights.h"
 #include "activekv/route/route.h"
 
 namespace activekv::cli {
@@ -57,7 +58,10 @@ void require_page_store(const kv::KvShape& shape, int64_t n_tokens);
 template <typename Load>
 auto load_weights_checked(const gguf::File& f, const std::string& model_path, Load&& load) {
   const uint64_t bytes = cpu_weight_bytes(f);
-  const std::string what = "the weights of " + model_path + " (Q4_0/Q4_1/Q8_0 matrices as stored, the rest fp32)";
+  const std::string what = "the weights of " + model_path +
+                           (model::weight_format_from_env() == model::WeightFormat::f32
+                                ? " dequantised to fp32 (ACTIVEKV_CPU_WEIGHTS=f32)"
+                                : " (Q4_0/Q4_1/Q8_0 matrices as stored, the rest fp32)");
   require_memory(what, bytes);
   try {
     return load();

@@ -25,6 +25,18 @@ detail::BlockType block_type(gguf::TensorType t) {
   throw InvalidArgument("quant_matmul: no CPU kernel for " + gguf::type_name(t) + " (Q4_0, Q4_1, Q8_0 only)");
 }
 
+// The matrix's own consistency (a hand-built one; Weights::load's come from
+// a validated GGUF): whole blocks a row, the bytes it needs.
+void check_matrix(const QuantMatrix& w) {
+  (void)block_type(w.type);  // throws for a type without a kernel
+  if (w.rows < 0 || w.cols <= 0 || w.cols % 32 != 0)
+    throw InvalidArgument(fmt::format("quant_matmul: a {} x {} matrix (columns: a positive multiple of 32)", w.rows,
+                                      w.cols));
+  if (w.blocks.size() != size_t(w.rows) * w.row_bytes())
+    throw InvalidArgument(fmt::format("quant_matmul: {} bytes of blocks for {} rows of {} bytes", w.blocks.size(),
+                                      w.rows, w.row_bytes()));
+}
+
 // Rows of W one task takes: enough to amortise the task, few enough that
 // the threads share a 192-row K projection.
 constexpr int64_t kRowsPerTask = 16;
@@ -43,14 +55,22 @@ void run_fused(const QuantMatrix& w, int n, const float* x, float* y, bool avx2)
 // Row blocks of about this many fp32 bytes are dequantised, then one sgemm each.
 constexpr size_t kPrefillBlockBytes = size_t(1) << 20;
 
+// The block's rows are decoded by the AVX2 kernel's decode where the CPU has
+// it (the same values, tested), else by gguf::dequantize.
 void run_prefill(const QuantMatrix& w, int n, const float* x, float* y, QuantScratch& s) {
   const int64_t per_block =
-      std::clamp<int64_t>(int64_t(kPrefillBlockBytes / (sizeof(float) * size_t(w.cols))), 16, w.rows);
+      std::min(w.rows, std::max<int64_t>(16, int64_t(kPrefillBlockBytes / (sizeof(float) * size_t(w.cols)))));
   s.rows.resize(size_t(per_block) * size_t(w.cols));
+  const detail::FusedRows f{block_type(w.type), w.blocks.data(), w.row_bytes(), w.cols, 0, nullptr, nullptr, 0};
+  const bool avx2 = cpu_has_avx2_fma();
   for (int64_t r0 = 0; r0 < w.rows; r0 += per_block) {
     const int64_t nb = std::min(per_block, w.rows - r0);
 #pragma omp parallel for schedule(static)
-    for (int64_t r = r0; r < r0 + nb; ++r) w.dequantize_row(r, s.rows.data() + size_t(r - r0) * size_t(w.cols));
+    for (int64_t r = r0; r < r0 + nb; ++r) {
+      float* out = s.rows.data() + size_t(r - r0) * size_t(w.cols);
+      if (avx2) detail::dequantize_rows_avx2(f, r, r + 1, out);
+      else w.dequantize_row(r, out);
+    }
     gemm_nt(n, int(nb), int(w.cols), 1.0f, x, int(w.cols), s.rows.data(), int(w.cols), 0.0f, y + r0, int(w.rows));
   }
 }
@@ -107,17 +127,31 @@ bool cpu_has_avx2_fma() {
 void quant_matmul_fused(const QuantMatrix& w, int n, const float* x, float* y, MatmulIsa isa) {
   if (n < 0 || n > kFusedVectors)
     throw InvalidArgument(fmt::format("quant_matmul_fused: {} rows of x (0..{})", n, kFusedVectors));
-  (void)block_type(w.type);  // throws for a type without a kernel
+  check_matrix(w);
   if (isa == MatmulIsa::avx2 && !cpu_has_avx2_fma())
     throw InvalidArgument("quant_matmul_fused: this CPU lacks AVX2, FMA or F16C");
   if (n == 0 || w.rows == 0) return;
   run_fused(w, n, x, y, isa == MatmulIsa::avx2 || (isa == MatmulIsa::automatic && cpu_has_avx2_fma()));
 }
 
+void dequantize_rows(const QuantMatrix& w, int64_t r0, int64_t r1, float* out, MatmulIsa isa) {
+  check_matrix(w);
+  if (isa == MatmulIsa::avx2 && !cpu_has_avx2_fma())
+    throw InvalidArgument("dequantize_rows: this CPU lacks AVX2, FMA or F16C");
+  if (r0 < 0 || r1 < r0 || r1 > w.rows)
+    throw InvalidArgument(fmt::format("dequantize_rows: rows [{}, {}) of {}", r0, r1, w.rows));
+  if (isa == MatmulIsa::avx2 || (isa == MatmulIsa::automatic && cpu_has_avx2_fma())) {
+    const detail::FusedRows f{block_type(w.type), w.blocks.data(), w.row_bytes(), w.cols, 0, nullptr, nullptr, 0};
+    detail::dequantize_rows_avx2(f, r0, r1, out);
+    return;
+  }
+  for (int64_t r = r0; r < r1; ++r) w.dequantize_row(r, out + size_t(r - r0) * size_t(w.cols));
+}
+
 void quant_matmul(const QuantMatrix& w, int n, const float* x, float* y, QuantScratch& scratch) {
   if (n < 0) throw InvalidArgument(fmt::format("quant_matmul: {} rows of x", n));
   if (n <= kFusedVectors) return quant_matmul_fused(w, n, x, y, MatmulIsa::automatic);
-  (void)block_type(w.type);
+  check_matrix(w);
   if (w.rows > 0) run_prefill(w, n, x, y, scratch);
 }
 

@@ -89,7 +89,28 @@ void rows(const FusedRows& f, int64_t r0, int64_t r1) {
   }
 }
 
+template <BlockType T>
+void dequantize(const FusedRows& f, int64_t r0, int64_t r1, float* out) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* row = f.w + size_t(r) * f.row_bytes;
+    float* o = out + size_t(r - r0) * size_t(f.cols);
+    for (int64_t b = 0; b < f.cols / 32; ++b) {
+      __m256 w[4];
+      decode<T>(row + size_t(b) * block_bytes(T), w);
+      for (int k = 0; k < 4; ++k) _mm256_storeu_ps(o + size_t(b) * 32 + 8 * k, w[k]);
+    }
+  }
+}
+
 }  // namespace
+
+void dequantize_rows_avx2(const FusedRows& f, int64_t r0, int64_t r1, float* out) {
+  switch (f.type) {
+    case BlockType::q4_0: dequantize<BlockType::q4_0>(f, r0, r1, out); return;
+    case BlockType::q4_1: dequantize<BlockType::q4_1>(f, r0, r1, out); return;
+    case BlockType::q8_0: dequantize<BlockType::q8_0>(f, r0, r1, out); return;
+  }
+}
 
 void fused_rows_avx2(const FusedRows& f, int64_t r0, int64_t r1) {
   switch (f.type) {

@@ -27,5 +27,7 @@ struct FusedRows {
 
 void fused_rows_avx2(const FusedRows& f, int64_t r0, int64_t r1);
 void fused_rows_portable(const FusedRows& f, int64_t r0, int64_t r1);
+/// Rows [r0, r1) of W in fp32 (gguf::dequantize's values) into out[(r - r0) * cols + c]; f.n, f.x, f.y unused.
+void dequantize_rows_avx2(const FusedRows& f, int64_t r0, int64_t r1, float* out);
 
 }  // namespace activekv::model::detail

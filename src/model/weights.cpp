@@ -65,18 +65,6 @@ WeightFormat weight_format_from_env() {
   throw InvalidArgument("ACTIVEKV_CPU_WEIGHTS=" + s + ": expected auto or f32");
 }
 
-size_t Weights::bytes() const {
-  auto vec = [](const std::vector<float>& v) { return v.size() * sizeof(float); };
-  size_t b = token_embd.bytes() + vec(output_norm) + output.bytes();
-  for (const LayerWeights& L : layers) {
-    for (const Matrix* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) b += m->bytes();
-    for (const std::vector<float>* v : {&L.attn_norm, &L.bq, &L.bk, &L.bv, &L.ffn_norm, &L.q_norm, &L.k_norm,
-                                        &L.post_attn_norm, &L.post_ffn_norm})
-      b += vec(*v);
-  }
-  return b;
-}
-
 Weights Weights::load(const gguf::File& f, const ModelConfig& c, WeightFormat format) {
   const ModelTensors m = ModelTensors::find(f, c);
   Weights w;

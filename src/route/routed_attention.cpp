@@ -55,25 +55,44 @@ attention::Partial attend_int8s_segment(const attention::LayerHistory& history, 
   return attention::attend_int8s_tile(views, first_token, history.n_tokens, q, opt);
 }
 
-// RoutedView::cpu_decode_kernels: whether the row and pages qualify.
+// RoutedView::cpu_decode_kernels: whether the row and pages qualify (the
+// history as the caller gave it: no plane reader of its own).
 bool in_place_decode(const attention::LayerHistory& h, const attention::QueryRows& q,
                      const attention::AttentionOptions& opt) {
   return q.n_rows == 1 && q.positions[0] == h.n_tokens - 1 && opt.window == 0 && !h.read_planes &&
          h.store->shape().format == kv::PageFormat::bf16;
 }
 
-// Exact bf16 pages [seg.first_page, + n_pages) of a decode row, read in place.
-attention::Partial attend_bf16_in_place(const attention::LayerHistory& h, const Segment& seg,
-                                        const attention::QueryRows& q, const attention::AttentionOptions& opt) {
+// The bf16 segment [seg.first_page, + n_pages) of a decode row by the
+// in-place CPU kernels: exact pages where they lie; lossless13 pages unpacked
+// (bit-exact) into bf16 scratch in the PageStore layout, so that the
+// lossless13 route gives the exact route's bits here too (route.h).
+attention::Partial attend_bf16_in_place(const attention::LayerHistory& h, int layer, const RoutedView& view,
+                                        const RoutePlan& plan, const Segment& seg, const attention::QueryRows& q,
+                                        const attention::AttentionOptions& opt) {
   const kv::KvShape& s = h.store->shape();
+  // Per calling thread, reused: the kernels' scratch, and the unpacked
+  // lossless13 pages of the segment (as many pages as it has).
+  static thread_local cpu::CpuAttentionWorkspace ws;
+  static thread_local std::vector<bf16> unpacked;
+  size_t n_l13 = 0;
+  for (size_t p = seg.first_page; p < seg.first_page + seg.n_pages; ++p)
+    n_l13 += plan.page_format[p] == ReadFormat::lossless13 ? 1 : 0;
+  if (unpacked.size() < n_l13 * s.page_elements()) unpacked.resize(n_l13 * s.page_elements());
   std::vector<cpu::PageRef> pages;
   pages.reserve(seg.n_pages);
+  size_t slot = 0;
   for (size_t p = seg.first_page; p < seg.first_page + seg.n_pages; ++p) {
     const int n = int(std::min<int64_t>(s.page_size, h.n_tokens - int64_t(p) * s.page_size));
-    pages.push_back(cpu::PageRef::from_bf16(reinterpret_cast<const bf16*>(h.store->page_data(h.page_table[p])), n));
+    const bf16* page = reinterpret_cast<const bf16*>(h.store->page_data(h.page_table[p]));
+    if (plan.page_format[p] == ReadFormat::lossless13) {
+      const std::span<bf16> out(unpacked.data() + slot++ * s.page_elements(), s.page_elements());
+      kv::decode_lossless13_page(*view.compressed->lossless13_view(layer, p), out);
+      page = out.data();
+    }
+    pages.push_back(cpu::PageRef::from_bf16(page, n));
   }
   const cpu::DecodeShape shape{s.n_kv_heads, q.n_heads / s.n_kv_heads, s.head_dim, s.page_size, opt.softmax_scale};
-  static thread_local cpu::CpuAttentionWorkspace ws;  // a warm decode step allocates nothing
   attention::Partial out(1, q.n_heads, s.head_dim);
   cpu::attend_pages(shape, pages, q.q, {}, ws, out.o.data(), out.lse.data());
   return out;
@@ -125,8 +144,8 @@ attention::Partial attend_routed(const attention::LayerHistory& history, int lay
       continue;
     }
     if (view.report) view.report->bytes += bf16_segment_bytes(history, layer, view, plan, seg);
-    if (view.cpu_decode_kernels && in_place_decode(bf16_history, q, opt)) {
-      partials.push_back(attend_bf16_in_place(bf16_history, seg, q, opt));
+    if (view.cpu_decode_kernels && in_place_decode(history, q, opt)) {
+      partials.push_back(attend_bf16_in_place(history, layer, view, plan, seg, q, opt));
       continue;
     }
     partials.push_back(attention::attend_tile(bf16_history, seg.first_page, seg.n_pages, q, opt, ws));

@@ -349,7 +349,7 @@ case $CASE in
     for kib in 450000 600000 800000; do
       out=$( (ulimit -v "$kib" && ACTIVEKV_CPU_WEIGHTS=f32 OMP_NUM_THREADS=1 timeout 60 "$AKV" -p hi -n 1 -t 1) 2>&1)
       if grep -q "internal error" <<<"$out"; then fail "ulimit -v $kib: $(tail -n 1 <<<"$out")"; fi
-      if grep -q "error: out of memory allocating the weights of .* (Q4_0/Q4_1/Q8_0 matrices as stored, the rest fp32): .* asked" <<<"$out"; then
+      if grep -q "error: out of memory allocating the weights of .* dequantised to fp32 (ACTIVEKV_CPU_WEIGHTS=f32): .* asked" <<<"$out"; then
         named=$((named + 1))
         echo "ok: ulimit -v $kib -> $(tail -n 1 <<<"$out" | cut -c1-120)..."
       fi

@@ -115,11 +115,43 @@ TEST(QuantMatmul, ADotsBitsDoNotDependOnTheBatchOrTheThreads) {
     EXPECT_TRUE(same_bits(one, want)) << "row " << t << " alone against within 11";
   }
   const int threads = omp_get_max_threads();
+  std::vector<float> one_thread(all.size()), three(all.size());
   omp_set_num_threads(1);
-  std::vector<float> single(all.size());
-  quant_matmul(w, n, x.data(), single.data(), s);
+  quant_matmul(w, n, x.data(), one_thread.data(), s);
+  omp_set_num_threads(3);
+  quant_matmul(w, n, x.data(), three.data(), s);
   omp_set_num_threads(threads);
-  EXPECT_TRUE(same_bits(single, all)) << "1 thread against " << threads;
+  EXPECT_TRUE(same_bits(one_thread, three)) << "1 thread against 3";
+  EXPECT_TRUE(same_bits(one_thread, all)) << "1 thread against " << threads;
+}
+
+// The prefill path's AVX2 decode gives gguf::dequantize's values, also for
+// negative and subnormal (half) scales.
+TEST(QuantMatmul, AvxDecodeIsGgufDequantizeBitwise) {
+  if (!cpu_has_avx2_fma()) GTEST_SKIP() << "this CPU lacks AVX2/FMA/F16C";
+  for (TensorType type : kTypes) {
+    QuantMatrix w = random_matrix(type, 9, 256, 8);
+    const uint16_t negative = 0xa40d, subnormal = 0x0123;  // -0.0157..., a binary16 subnormal
+    std::memcpy(w.blocks.data(), &negative, 2);
+    std::memcpy(w.blocks.data() + w.row_bytes() + gguf::block_bytes(type), &subnormal, 2);
+    std::vector<float> avx(size_t(9) * 256), ref(avx.size());
+    dequantize_rows(w, 0, 9, avx.data(), MatmulIsa::avx2);
+    dequantize_rows(w, 0, 9, ref.data(), MatmulIsa::portable);
+    EXPECT_TRUE(same_bits(avx, ref)) << gguf::type_name(type);
+  }
+}
+
+// Fewer W rows than a prefill block (and than the 16 it is at least), and none.
+TEST(QuantMatmul, SmallMatricesOnThePrefillPath) {
+  for (int64_t rows : {0, 1, 5}) {
+    const QuantMatrix w = random_matrix(TensorType::Q4_0, rows, 64, 9);
+    const int n = kFusedVectors + 3;
+    const std::vector<float> x = random_x(n, 64, 10);
+    std::vector<float> y(size_t(n) * size_t(rows));
+    QuantScratch s;
+    quant_matmul(w, n, x.data(), y.data(), s);
+    if (rows > 0) EXPECT_LT(rel_error(y, reference(w, n, x)), 1.5e-6) << rows << " rows";
+  }
 }
 
 TEST(QuantMatmul, FusedAndPrefillPathsAgreeWithFp64) {
@@ -144,6 +176,14 @@ TEST(QuantMatmul, BadInputIsRefused) {
   std::vector<float> x(64 * 20), y(4 * 20);
   QuantScratch s;
   EXPECT_THROW(quant_matmul(w, -1, x.data(), y.data(), s), InvalidArgument);
+  QuantMatrix short_blocks = w;
+  short_blocks.blocks.pop_back();
+  EXPECT_THROW(quant_matmul(short_blocks, 1, x.data(), y.data(), s), InvalidArgument);
+  EXPECT_THROW(quant_matmul(short_blocks, 20, x.data(), y.data(), s), InvalidArgument);
+  QuantMatrix odd = w;
+  odd.cols = 48;  // not whole blocks
+  EXPECT_THROW(quant_matmul(odd, 1, x.data(), y.data(), s), InvalidArgument);
+  EXPECT_THROW(dequantize_rows(w, 2, 5, y.data(), MatmulIsa::portable), InvalidArgument);
   EXPECT_THROW(quant_matmul_fused(w, kFusedVectors + 1, x.data(), y.data(), MatmulIsa::automatic), InvalidArgument);
   w.type = TensorType::Q6_K;
   EXPECT_FALSE(quant_matmul_supports(TensorType::Q6_K));

@@ -108,11 +108,11 @@ class LlamaModel {
                bool all_logits = false, const route::RoutedView* view = nullptr);
 
   /// Runs several sequences in one pass (a server's decode step): the
-  /// projections and the FFN over all their rows together (one GEMM per
-  /// weight matrix: with more than 8 rows OpenBLAS sgemm reads each matrix
-  /// once for the whole batch; up to 8 rows it is one sgemv per row, bitwise
-  /// the single-sequence result), attention per sequence over its own page
-  /// tables only. Writes each item's last-row logits to logits[i][vocab].
+  /// projections and the FFN over all their rows together, each weight
+  /// matrix read once for the whole batch (Matrix::project: up to 16 rows of
+  /// a block matrix bitwise the single-sequence result; fp32 matrices and
+  /// more rows through sgemm, which may round otherwise), attention per
+  /// sequence over its own page tables only. Writes each item's last-row logits to logits[i][vocab].
   /// Throws InvalidArgument for no items, an item without tokens or
   /// sequence, the same sequence twice, a bad token id or a short logits
   /// buffer, and Error if a sequence's store is full; every sequence is

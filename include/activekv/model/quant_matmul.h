@@ -15,11 +15,12 @@
 //    ((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7)). One thread computes a
 //    dot whole, so the bits do not depend on the thread count, on how many
 //    x rows are multiplied together, or on the ISA: the AVX2 kernel and the
-//    portable one (std::fma) give the same bits (tested).
+//    portable one (std::fma) give the same bits (tested; for finite scales:
+//    the AVX2 conversion quiets a signalling-NaN scale, gguf's keeps it).
 //  - More rows (prefill): row blocks of W are dequantised into scratch and
 //    multiplied by OpenBLAS sgemm, as the fp32 weights were.
-// Against the fp32 weights through sgemm the fused dots differ by summation
-// order only (fp32 rounding).
+// Against the fp32 weights through sgemm the fused dots differ in rounding
+// only: another summation order, and fused multiply-adds.
 #pragma once
 
 #include <cstddef>
@@ -55,14 +56,20 @@ struct QuantScratch {
 
 /// y[t][r] = sum_c x[t][c] * W[r][c] for t < n, r < w.rows: x is [n][cols],
 /// y is [n][rows] (row-major, dense). OpenMP threads over the rows of W
-/// (omp_get_max_threads()). Throws InvalidArgument for an unsupported type
-/// or n < 0.
+/// (omp_get_max_threads()). Throws InvalidArgument for an unsupported type,
+/// n < 0, cols not a positive multiple of 32, or blocks not rows x
+/// row_bytes() long -- before any work.
 void quant_matmul(const QuantMatrix& w, int n, const float* x, float* y, QuantScratch& scratch);
 
 /// The fused kernels, for tests and benchmarks: n <= kFusedVectors.
 enum class MatmulIsa { automatic, avx2, portable };
 /// True if this CPU has AVX2, FMA and F16C (the AVX2 kernel's).
 bool cpu_has_avx2_fma();
+/// Rows [r0, r1) of W in fp32 into out[(r - r0) * cols + c]: the prefill
+/// path's decode (AVX2 where chosen, else gguf::dequantize; the same values).
+/// Throws as quant_matmul_fused for a bad matrix or ISA, InvalidArgument for
+/// rows outside [0, w.rows].
+void dequantize_rows(const QuantMatrix& w, int64_t r0, int64_t r1, float* out, MatmulIsa isa);
 /// quant_matmul's fused path with the ISA chosen. Throws InvalidArgument for
 /// n outside 0..kFusedVectors, an unsupported type, or avx2 on a CPU
 /// without it.

@@ -76,8 +76,6 @@ struct Weights {
 
   /// The output head matrix [vocab][d_model] (token_embd when tied).
   const Matrix& head() const { return output.empty() ? token_embd : output; }
-  /// Bytes of every matrix and vector held (fp32 or blocks).
-  size_t bytes() const;
 
   /// Loads every tensor the config needs (model/tensors.h) in `format`.
   /// Throws Error naming a missing tensor or one whose dims differ from the

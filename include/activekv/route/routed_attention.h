@@ -28,10 +28,12 @@ struct RoutedView {
   RouteReport* report = nullptr;                           ///< if set, accumulates pages/tiles/bytes
   Int8sTileFn int8s_tile = {};                             ///< empty: attention::attend_int8s_tile (CPU)
   /// A decode row (one query row at the history's last position, no window)
-  /// over exact bf16 pages runs the in-place CPU kernels (cpu/decode_attention.h:
+  /// over bf16 pages runs the in-place CPU kernels (cpu/decode_attention.h:
   /// no fp32 copy of the pages, no sgemm of a few rows; AVX-512's bf16 q.k
-  /// takes the query in two bf16 terms) instead of attention::attend_tile.
-  /// The CPU model's decode steps set it; off, every row takes attend_tile.
+  /// takes the query in two bf16 terms) instead of attention::attend_tile:
+  /// exact pages where they lie, lossless13 pages unpacked to bf16 first (so
+  /// the lossless13 route keeps the exact route's bits). The CPU model's
+  /// decode steps set it; off, every row takes attend_tile.
   bool cpu_decode_kernels = false;
 };
 
