@@ -51,8 +51,6 @@ void Matrix::row(int64_t r, float* out) const {
   std::memcpy(out, f32.data() + size_t(r) * size_t(cols), size_t(cols) * sizeof(float));
 }
 
-size_t Matrix::bytes() const { return quantized() ? quant.blocks.size() : f32.size() * sizeof(float); }
-
 uint64_t cpu_tensor_bytes(const gguf::TensorInfo& t, WeightFormat format) {
   return held_as_blocks(t, format) ? t.n_bytes : t.n_elements * sizeof(float);
 }

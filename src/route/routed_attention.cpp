@@ -71,16 +71,16 @@ attention::Partial attend_bf16_in_place(const attention::LayerHistory& h, int la
                                         const RoutePlan& plan, const Segment& seg, const attention::QueryRows& q,
                                         const attention::AttentionOptions& opt) {
   const kv::KvShape& s = h.store->shape();
-  // Per calling thread, reused: the kernels' scratch, and the unpacked
-  // lossless13 pages of the segment (as many pages as it has).
+  // Per calling thread, reused across layers and steps: the kernels'
+  // scratch, the page list, and the unpacked lossless13 pages of the segment.
   static thread_local cpu::CpuAttentionWorkspace ws;
   static thread_local std::vector<bf16> unpacked;
+  static thread_local std::vector<cpu::PageRef> pages;
   size_t n_l13 = 0;
   for (size_t p = seg.first_page; p < seg.first_page + seg.n_pages; ++p)
     n_l13 += plan.page_format[p] == ReadFormat::lossless13 ? 1 : 0;
   if (unpacked.size() < n_l13 * s.page_elements()) unpacked.resize(n_l13 * s.page_elements());
-  std::vector<cpu::PageRef> pages;
-  pages.reserve(seg.n_pages);
+  pages.clear();
   size_t slot = 0;
   for (size_t p = seg.first_page; p < seg.first_page + seg.n_pages; ++p) {
     const int n = int(std::min<int64_t>(s.page_size, h.n_tokens - int64_t(p) * s.page_size));

@@ -31,8 +31,6 @@ struct Matrix {
   void project(int n, const float* x, float* y, QuantScratch& scratch) const;
   /// Row r in fp32 into out[cols] (the embedding lookup).
   void row(int64_t r, float* out) const;
-  /// Bytes the matrix holds (what a decode step reads of it).
-  size_t bytes() const;
 };
 
 struct LayerWeights {
