@@ -358,7 +358,10 @@ merge_kernel(const float* __restrict__ part_o, const float* __restrict__ part_ls
     O = red_o[0][cl];
 #pragma unroll
     for (int r = 1; r < kMergeWays; ++r) { L += red_l[r]; O += red_o[r][cl]; }
-    const bool empty = !(L > 0.f);
+    // L is 0 only when every partial is empty; a poisoned (NaN) partial --
+    // a failed CPU share -- makes L NaN and must reach the output as NaN, not
+    // as an empty row's zeros (fmaxf above drops NaN from M).
+    const bool empty = L == 0.f;
     const float v[1] = {empty ? 0.f : O / L};
     out[(size_t(s) * nq + h) * hd + c] = v[0];
     if (out_lse && c == 0) out_lse[size_t(s) * nq + h] = empty ? -INFINITY : M + logf(L);

@@ -454,7 +454,7 @@ TEST(CudaDecode, CoAttentionRejectsPagesTheCpuCannotRead) {
 // step and reported the error a step late.
 TEST(CudaDecode, CoAttentionTaskErrorIsReportedAtItsStep) {
   NEED_GPU();
-  const Case& c = cases()[0];  // pages of 64 tokens: int8s takes multiples of 16
+  const Case c = cases()[0];  // a copy: cases() returns a temporary. Pages of 64 tokens: int8s takes multiples of 16
   Fixture f(c, 23);
   const kv::KvShape ks{1, c.sh.n_kv_heads, c.sh.head_dim, c.sh.page_size};
   std::vector<SeqPages> t = f.seqs;
