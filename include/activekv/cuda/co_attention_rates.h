@@ -43,7 +43,7 @@ struct CoAttentionCalibration {
   double link_alone_gbps = 0;
   double cpu_bf16_alone_gbps = 0;   ///< the CPU kernel alone, one call over the whole history (not priced)
   double cpu_int8s_alone_gbps = 0;  ///< the same over the int8s encoding (not priced)
-  double cpu_layer_idle_ms = 0;     ///< between two layers' CPU tasks, per transition (part of the latency)
+  double cpu_layer_idle_ms = 0;     ///< between two layers' CPU tasks, per transition, in a probe where the CPU is the slower path: the round trip (part of the latency)
   double cpu_bf16_fixed_ms = 0;     ///< a bf16 layer task's cost beyond its bytes (the fit's intercept)
   double cpu_int8s_fixed_ms = 0;    ///< the same for int8s pages
   size_t history_bytes = 0;  ///< of the bf16 pages the CPU read (the int8s pages are their encoding)
