@@ -10,7 +10,7 @@
 
 namespace activekv::model {
 
-bool cpu_decode_kernels_default() {
+bool cpu_attention_kernels_default() {
   const char* v = std::getenv("ACTIVEKV_CPU_ATTENTION");
   const std::string s = v ? v : "";
   if (s.empty() || s == "auto") return true;
@@ -97,7 +97,7 @@ void LlamaModel::layer_forward(int l, int T, std::span<const BatchItem> items) {
     const route::RoutedView& given = items[i].view ? *items[i].view : exact;
     // A sliding layer reads its window exact whatever the route (route::layer_route says why).
     route::RoutedView view = given;
-    view.cpu_decode_kernels = opt_.cpu_decode_kernels;
+    view.cpu_attention_kernels = opt_.cpu_attention_kernels;
     if (la.sliding() && given.config.kind != route::RouteKind::exact) view.config = route::layer_route(given.config, la.window);
     const attention::Partial out = route::attend_routed(history, l, view, rows, aopt, ws_);
     std::copy_n(out.o.data(), size_t(n) * q_dim, attn_.data() + size_t(r0) * q_dim);

@@ -5,6 +5,7 @@
 
 #include "activekv/attention/attention_codecs.h"
 #include "activekv/cpu/decode_attention.h"
+#include "activekv/cpu/prefill_attention.h"
 #include "activekv/kv/codec_lossless13.h"
 
 namespace activekv::route {
@@ -55,25 +56,35 @@ attention::Partial attend_int8s_segment(const attention::LayerHistory& history, 
   return attention::attend_int8s_tile(views, first_token, history.n_tokens, q, opt);
 }
 
-// RoutedView::cpu_decode_kernels: whether the row and pages qualify (the
-// history as the caller gave it: no plane reader of its own).
-bool in_place_decode(const attention::LayerHistory& h, const attention::QueryRows& q,
-                     const attention::AttentionOptions& opt) {
-  return q.n_rows == 1 && q.positions[0] == h.n_tokens - 1 && opt.window == 0 && !h.read_planes &&
-         h.store->shape().format == kv::PageFormat::bf16;
+// RoutedView::cpu_attention_kernels: whether the rows and pages qualify (the
+// history as the caller gave it: no plane reader of its own, bf16 pages).
+bool in_place_pages(const attention::LayerHistory& h) {
+  return !h.read_planes && h.store->shape().format == kv::PageFormat::bf16;
 }
 
-// The bf16 segment [seg.first_page, + n_pages) of a decode row by the
-// in-place CPU kernels: exact pages where they lie; lossless13 pages unpacked
-// (bit-exact) into bf16 scratch in the PageStore layout, so that the
-// lossless13 route gives the exact route's bits here too (route.h).
-attention::Partial attend_bf16_in_place(const attention::LayerHistory& h, int layer, const RoutedView& view,
-                                        const RoutePlan& plan, const Segment& seg, const attention::QueryRows& q,
-                                        const attention::AttentionOptions& opt) {
+bool in_place_decode(const attention::LayerHistory& h, const attention::QueryRows& q,
+                     const attention::AttentionOptions& opt) {
+  return q.n_rows == 1 && q.positions[0] == h.n_tokens - 1 && opt.window == 0 && in_place_pages(h);
+}
+
+bool in_place_prefill(const attention::LayerHistory& h, const attention::QueryRows& q) {
+  if (q.n_rows < 2 || !in_place_pages(h)) return false;
   const kv::KvShape& s = h.store->shape();
-  // Per calling thread, reused across layers and steps: the kernels'
-  // scratch, the page list, and the unpacked lossless13 pages of the segment.
-  static thread_local cpu::CpuAttentionWorkspace ws;
+  if (q.n_heads % s.n_kv_heads != 0) return false;  // attend_tile names the error
+  for (int r = 0; r < q.n_rows; ++r) {
+    if (q.positions[r] < 0 || q.positions[r] >= h.n_tokens) return false;  // likewise
+  }
+  return cpu::prefill_kernels_support({s.n_kv_heads, q.n_heads / s.n_kv_heads, s.head_dim, s.page_size, 0.0f});
+}
+
+// The bf16 segment [seg.first_page, + n_pages) as the in-place kernels read
+// it: exact pages where they lie; lossless13 pages unpacked (bit-exact) into
+// bf16 scratch in the PageStore layout, so that the lossless13 route gives
+// the exact route's bits here too (route.h). Per calling thread, reused
+// across layers and steps.
+std::span<const cpu::PageRef> bf16_page_refs(const attention::LayerHistory& h, int layer, const RoutedView& view,
+                                             const RoutePlan& plan, const Segment& seg) {
+  const kv::KvShape& s = h.store->shape();
   static thread_local std::vector<bf16> unpacked;
   static thread_local std::vector<cpu::PageRef> pages;
   size_t n_l13 = 0;
@@ -92,9 +103,36 @@ attention::Partial attend_bf16_in_place(const attention::LayerHistory& h, int la
     }
     pages.push_back(cpu::PageRef::from_bf16(page, n));
   }
-  const cpu::DecodeShape shape{s.n_kv_heads, q.n_heads / s.n_kv_heads, s.head_dim, s.page_size, opt.softmax_scale};
+  return pages;
+}
+
+cpu::DecodeShape cpu_shape(const kv::KvShape& s, const attention::QueryRows& q,
+                           const attention::AttentionOptions& opt) {
+  return {s.n_kv_heads, q.n_heads / s.n_kv_heads, s.head_dim, s.page_size, opt.softmax_scale};
+}
+
+// A decode row over the segment by cpu/decode_attention.h.
+attention::Partial attend_bf16_decode(const attention::LayerHistory& h, int layer, const RoutedView& view,
+                                      const RoutePlan& plan, const Segment& seg, const attention::QueryRows& q,
+                                      const attention::AttentionOptions& opt) {
+  static thread_local cpu::CpuAttentionWorkspace ws;
+  const kv::KvShape& s = h.store->shape();
   attention::Partial out(1, q.n_heads, s.head_dim);
-  cpu::attend_pages(shape, pages, q.q, {}, ws, out.o.data(), out.lse.data());
+  cpu::attend_pages(cpu_shape(s, q, opt), bf16_page_refs(h, layer, view, plan, seg), q.q, {}, ws, out.o.data(),
+                    out.lse.data());
+  return out;
+}
+
+// Prefill rows over the segment by cpu/prefill_attention.h.
+attention::Partial attend_bf16_prefill(const attention::LayerHistory& h, int layer, const RoutedView& view,
+                                       const RoutePlan& plan, const Segment& seg, const attention::QueryRows& q,
+                                       const attention::AttentionOptions& opt) {
+  static thread_local cpu::PrefillWorkspace ws;
+  const kv::KvShape& s = h.store->shape();
+  attention::Partial out(q.n_rows, q.n_heads, s.head_dim);
+  const cpu::PrefillRows rows{q.q, q.positions, q.n_rows, opt.window};
+  cpu::attend_prefill(cpu_shape(s, q, opt), bf16_page_refs(h, layer, view, plan, seg),
+                      int64_t(seg.first_page) * s.page_size, rows, {}, ws, out.o.data(), out.lse.data());
   return out;
 }
 
@@ -144,8 +182,12 @@ attention::Partial attend_routed(const attention::LayerHistory& history, int lay
       continue;
     }
     if (view.report) view.report->bytes += bf16_segment_bytes(history, layer, view, plan, seg);
-    if (view.cpu_decode_kernels && in_place_decode(history, q, opt)) {
-      partials.push_back(attend_bf16_in_place(history, layer, view, plan, seg, q, opt));
+    if (view.cpu_attention_kernels && in_place_decode(history, q, opt)) {
+      partials.push_back(attend_bf16_decode(history, layer, view, plan, seg, q, opt));
+      continue;
+    }
+    if (view.cpu_attention_kernels && in_place_prefill(history, q)) {
+      partials.push_back(attend_bf16_prefill(history, layer, view, plan, seg, q, opt));
       continue;
     }
     partials.push_back(attention::attend_tile(bf16_history, seg.first_page, seg.n_pages, q, opt, ws));

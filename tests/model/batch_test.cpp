@@ -147,7 +147,10 @@ TEST(ForwardBatch, PromptsInOnePassFollowEachPromptAlone) {
   // (one 576x576 product: 3.4e-5 between 12 and 52 rows), and the difference
   // grows through 30 layers. Same greedy tokens here (checked above); a served
   // prompt prefilled beside others may differ from a solo run at a near-tie.
-  EXPECT_LE(d, 0.1);
+  // On 2026-12-05 (block weights, same VM): 4.2e-2 with the reference
+  // attention, 5.5e-2 with the in-place prefill kernel (its rows do not
+  // depend on each other; the projections' roundings land elsewhere). Bound ~3x.
+  EXPECT_LE(d, 0.16);
 }
 
 TEST(ForwardBatch, RejectsBadBatchesLeavingEverySequenceUnchanged) {

@@ -44,19 +44,20 @@ const char* stage_name(Stage s);
 /// `layer` at `stage`. For tests.
 using StageObserver = std::function<void(int layer, Stage stage, int T, int width, const float* rows)>;
 
-/// ForwardOptions::cpu_decode_kernels' default: true unless
+/// ForwardOptions::cpu_attention_kernels' default: true unless
 /// ACTIVEKV_CPU_ATTENTION is "reference" (A/B runs). Throws InvalidArgument
 /// naming any value but "", "auto" and "reference".
-bool cpu_decode_kernels_default();
+bool cpu_attention_kernels_default();
 
 struct ForwardOptions {
   int prefill_chunk = 256;  ///< tokens per forward call during prefill
   attention::AttentionOptions attention;
   QueryObserver on_queries;  ///< optional
   StageObserver on_stage;    ///< optional
-  /// Decode rows over exact bf16 pages by the in-place CPU kernels
-  /// (route::RoutedView::cpu_decode_kernels); false: attention::attend_tile.
-  bool cpu_decode_kernels = cpu_decode_kernels_default();
+  /// Decode and prefill rows over exact bf16 pages by the in-place CPU
+  /// kernels (route::RoutedView::cpu_attention_kernels); false:
+  /// attention::attend_tile.
+  bool cpu_attention_kernels = cpu_attention_kernels_default();
 };
 
 /// The attention options layer `layer` of a model with config `c` runs

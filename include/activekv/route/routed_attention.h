@@ -27,14 +27,16 @@ struct RoutedView {
   RouteConfig config;                                      ///< kind, recent window, tile size
   RouteReport* report = nullptr;                           ///< if set, accumulates pages/tiles/bytes
   Int8sTileFn int8s_tile = {};                             ///< empty: attention::attend_int8s_tile (CPU)
-  /// A decode row (one query row at the history's last position, no window)
-  /// over bf16 pages runs the in-place CPU kernels (cpu/decode_attention.h:
-  /// no fp32 copy of the pages, no sgemm of a few rows; AVX-512's bf16 q.k
-  /// takes the query in two bf16 terms) instead of attention::attend_tile:
-  /// exact pages where they lie, lossless13 pages unpacked to bf16 first (so
-  /// the lossless13 route keeps the exact route's bits). The CPU model's
-  /// decode steps set it; off, every row takes attend_tile.
-  bool cpu_decode_kernels = false;
+  /// Rows over bf16 pages run the in-place CPU kernels instead of
+  /// attention::attend_tile (no fp32 copy of the pages, no sgemm): a decode
+  /// row (one row at the history's last position, no window) by
+  /// cpu/decode_attention.h (AVX-512's bf16 q.k takes the query in two bf16
+  /// terms), two or more rows (prefill; windows too) by
+  /// cpu/prefill_attention.h where it takes the head dim. Exact pages are
+  /// read where they lie, lossless13 pages unpacked to bf16 first (so the
+  /// lossless13 route keeps the exact route's bits). The CPU model sets it;
+  /// off, every row takes attend_tile.
+  bool cpu_attention_kernels = false;
 };
 
 /// Attention of `q` over layer `layer` of `history` along `view`'s route;
