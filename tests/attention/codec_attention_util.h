@@ -72,4 +72,19 @@ inline std::vector<const kv::EncodedPage*> pointers(const std::vector<kv::Encode
   return out;
 }
 
+/// A random history: keys N(0,1) (scores of unit spread after 1/sqrt(d)),
+/// values N(0,1) around a per-channel mean drawn N(0,1), as real V has. Draws
+/// from `rng` (the means first, then k and v element by element).
+inline RawHistory random_history(int n_tokens, int n_kv_heads, int head_dim, std::mt19937& rng) {
+  RawHistory h{n_tokens, n_kv_heads, head_dim, {}, {}};
+  std::normal_distribution<float> n01(0.0f, 1.0f);
+  std::vector<float> v_mean(size_t(n_kv_heads) * head_dim);
+  for (float& m : v_mean) m = n01(rng);
+  for (size_t i = 0; i < size_t(n_tokens) * n_kv_heads * head_dim; ++i) {
+    h.k.push_back(n01(rng));
+    h.v.push_back(v_mean[i % v_mean.size()] + n01(rng));
+  }
+  return h;
+}
+
 }  // namespace activekv::testing

@@ -30,8 +30,7 @@ std::vector<Isa> isas() {
   return v;
 }
 
-// Random history: keys N(0,1) (scores of unit spread after 1/sqrt(d)),
-// values with a per-channel mean as real V has; query N(0,1) per head.
+// A random history (testing::random_history) and a query N(0,1) per head.
 struct Case {
   testing::RawHistory hist;
   cpu::DecodeShape shape;
@@ -46,16 +45,10 @@ struct Case {
 
 Case make_case(int n_tokens, int H, int G, int d, int page_size, uint32_t seed) {
   Case c;
-  c.hist = {n_tokens, H, d, {}, {}};
   c.shape = {H, G, d, page_size, 0.0f};
   std::mt19937 rng(seed);
+  c.hist = testing::random_history(n_tokens, H, d, rng);
   std::normal_distribution<float> n01(0.0f, 1.0f);
-  std::vector<float> v_mean(size_t(H) * d);
-  for (float& m : v_mean) m = n01(rng);
-  for (size_t i = 0; i < size_t(n_tokens) * H * d; ++i) {
-    c.hist.k.push_back(n01(rng));
-    c.hist.v.push_back(v_mean[i % v_mean.size()] + n01(rng));
-  }
   c.q.resize(size_t(H) * G * d);
   for (float& x : c.q) x = n01(rng);
   c.bf16_pages = testing::bf16_pages(c.hist, page_size);

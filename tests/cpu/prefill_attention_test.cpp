@@ -19,7 +19,7 @@ namespace {
 
 using cpu::PrefillIsa;
 
-// Keys N(0,1), values with a per-channel mean (as real V has), queries N(0,1).
+// A random history (testing::random_history), queries N(0,1).
 struct Case {
   testing::RawHistory hist;
   cpu::DecodeShape shape;
@@ -41,16 +41,10 @@ struct Case {
 // n_rows rows at the last positions of the history (a prefill chunk).
 Case make_case(int n_tokens, int H, int G, int d, int page_size, int n_rows, uint32_t seed) {
   Case c;
-  c.hist = {n_tokens, H, d, {}, {}};
   c.shape = {H, G, d, page_size, 0.0f};
   std::mt19937 rng(seed);
+  c.hist = testing::random_history(n_tokens, H, d, rng);
   std::normal_distribution<float> n01(0.0f, 1.0f);
-  std::vector<float> v_mean(size_t(H) * d);
-  for (float& m : v_mean) m = n01(rng);
-  for (size_t i = 0; i < size_t(n_tokens) * H * d; ++i) {
-    c.hist.k.push_back(n01(rng));
-    c.hist.v.push_back(v_mean[i % v_mean.size()] + n01(rng));
-  }
   c.pages = testing::bf16_pages(c.hist, page_size);
   c.q.resize(size_t(n_rows) * H * G * d);
   for (float& x : c.q) x = n01(rng);
