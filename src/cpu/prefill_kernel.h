@@ -19,7 +19,7 @@ namespace activekv::cpu::detail {
 // The kernel, over V: load/store (unaligned), set1, zero, add, sub, mul, max,
 // min, fma(a, b, c) = a * b + c rounded once, floor, pow2i (2^n for integral
 // n in [-127, 128]), widen8 (eight bf16 bits -> fp32), and masks: lt, between
-// (lo <= x <= hi), eq, select(mask, a, b).
+// (lo <= x <= hi), eq, unordered (either is NaN), mask_or, select(mask, a, b).
 
 template <class V>
 struct PrefillKernel {
@@ -153,17 +153,22 @@ struct PrefillKernel {
   }
 
   // Online softmax over keys [0, t_end) of the block, eight head rows a vector:
-  // st becomes p (0 where a row cannot see the key); m, l, alpha updated.
+  // st becomes p (0 where a row cannot see the key); m, l, alpha updated. A
+  // visible NaN or +inf score makes the row's l NaN, for good (l * alpha + sum
+  // stays NaN): its O and LSE come out NaN, as attend_tile's do -- not the
+  // finite or empty row the max and exp would otherwise leave.
   void softmax(int c_lo, int c_hi, int t_end) {
-    const V neg_inf = V::set1(kNegInf);
+    const V neg_inf = V::set1(kNegInf), pos_inf = V::set1(-kNegInf);
     for (int c = c_lo; c < c_hi; c += 8) {
       const V vlo = V::load(lo + c), vhi = V::load(hi + c);
       V mx = neg_inf;
+      auto bad = V::eq(neg_inf, pos_inf);  // all false
       for (int t = 0; t < t_end; ++t) {
         float* s = st + size_t(t) * Mp + c;
         const V x = V::select(V::between(V::set1(float(t)), vlo, vhi), V::load(s), neg_inf);
         V::store(s, x);
         mx = V::max(mx, x);
+        bad = V::mask_or(bad, V::mask_or(V::unordered(x, x), V::eq(x, pos_inf)));
       }
       const V m_old = V::load(m + c);
       const V m_new = V::max(m_old, mx);
@@ -178,7 +183,7 @@ struct PrefillKernel {
         V::store(s, p);
         sum = V::add(sum, p);
       }
-      V::store(l + c, V::add(V::mul(V::load(l + c), a), sum));
+      V::store(l + c, V::select(bad, V::set1(__builtin_nanf("")), V::add(V::mul(V::load(l + c), a), sum)));
       V::store(m + c, m_new);
       V::store(alpha + c, a);
     }

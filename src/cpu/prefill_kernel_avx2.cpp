@@ -42,6 +42,8 @@ struct Avx2 {
   }
   static Mask lt(Avx2 a, Avx2 b) { return _mm256_cmp_ps(a.v, b.v, _CMP_LT_OQ); }
   static Mask eq(Avx2 a, Avx2 b) { return _mm256_cmp_ps(a.v, b.v, _CMP_EQ_OQ); }
+  static Mask unordered(Avx2 a, Avx2 b) { return _mm256_cmp_ps(a.v, b.v, _CMP_UNORD_Q); }
+  static Mask mask_or(Mask a, Mask b) { return _mm256_or_ps(a, b); }
   static Mask between(Avx2 x, Avx2 lo, Avx2 hi) {
     return _mm256_and_ps(_mm256_cmp_ps(lo.v, x.v, _CMP_LE_OQ), _mm256_cmp_ps(x.v, hi.v, _CMP_LE_OQ));
   }

@@ -62,6 +62,16 @@ struct Lanes {
     for (int i = 0; i < 8; ++i) m.b[i] = a.v[i] == b.v[i];
     return m;
   }
+  static Mask unordered(Lanes a, Lanes b) {
+    Mask m;
+    for (int i = 0; i < 8; ++i) m.b[i] = a.v[i] != a.v[i] || b.v[i] != b.v[i];
+    return m;
+  }
+  static Mask mask_or(Mask a, Mask b) {
+    Mask m;
+    for (int i = 0; i < 8; ++i) m.b[i] = a.b[i] || b.b[i];
+    return m;
+  }
   static Mask between(Lanes x, Lanes lo, Lanes hi) {
     Mask m;
     for (int i = 0; i < 8; ++i) m.b[i] = lo.v[i] <= x.v[i] && x.v[i] <= hi.v[i];

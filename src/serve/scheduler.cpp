@@ -2,6 +2,7 @@
 #include "scheduler.h"
 
 #include <fmt/format.h>
+#include <omp.h>
 
 #include <algorithm>
 
@@ -22,7 +23,13 @@ struct Scheduler::Running {
 
 Scheduler::Scheduler(Backend& backend, const Tokenizer& tok, const SchedulerOptions& o, Metrics& metrics)
     : backend_(backend), tok_(tok), opt_(o), metrics_(metrics), budget_(backend.prefill_chunk(), o.itl_target_s),
-      thread_([this] { loop(); }) {}
+      // OpenMP's thread count is per thread: the scheduler's forward passes
+      // (the CPU attention kernels) take the one set where the server was
+      // made (--threads), not the process default.
+      thread_([this, threads = omp_get_max_threads()] {
+        omp_set_num_threads(threads);
+        loop();
+      }) {}
 
 Scheduler::~Scheduler() {
   {

@@ -111,13 +111,41 @@ TEST(CpuPrefillAttention, Avx2AndPortableGiveTheSameBits) {
     int d, G, page, rows;
     int64_t window;
   };
-  for (const Shape s : {Shape{64, 3, 256, 40, 0}, Shape{256, 4, 128, 20, 100}, Shape{128, 6, 64, 9, 0}}) {
-    const Case c = make_case(600 + s.G, 2, s.G, s.d, s.page, s.rows, uint32_t(s.d + s.G));
-    const attention::Partial avx2 =
-        cpu::attend_prefill(c.shape, c.page_list(), 0, c.rows(s.window), options(PrefillIsa::avx2));
-    const attention::Partial portable =
-        cpu::attend_prefill(c.shape, c.page_list(), 0, c.rows(s.window), options(PrefillIsa::portable));
-    EXPECT_TRUE(bitwise_equal(avx2, portable)) << "d " << s.d << " group " << s.G;
+  for (const Shape s : {Shape{64, 3, 256, 40, 0}, Shape{256, 4, 128, 20, 100}, Shape{128, 6, 64, 9, 0},
+                        Shape{64, 1, 64, 50, 1}, Shape{32, 8, 128, 12, 65}}) {
+    Case c = make_case(600 + s.G, 2, s.G, s.d, s.page, s.rows, uint32_t(s.d + s.G));
+    for (float& x : c.q) x *= 8.0f;  // a wide spread of scores: exps far down the polynomial's range
+    for (const int64_t first : {int64_t(0), int64_t(1) << 33}) {  // positions past 2^32 too
+      std::vector<int64_t> pos = c.pos;
+      for (int64_t& p : pos) p += first;
+      const cpu::PrefillRows rows{c.q.data(), pos.data(), int(pos.size()), s.window};
+      const attention::Partial avx2 = cpu::attend_prefill(c.shape, c.page_list(), first, rows, options(PrefillIsa::avx2));
+      const attention::Partial portable =
+          cpu::attend_prefill(c.shape, c.page_list(), first, rows, options(PrefillIsa::portable, 1));
+      EXPECT_TRUE(bitwise_equal(avx2, portable)) << "d " << s.d << " group " << s.G << " first token " << first;
+    }
+  }
+}
+
+TEST(CpuPrefillAttention, NonFiniteScoresPoisonTheRowsThatSeeThem) {
+  // attend_tile gives NaN for a row that sees a NaN or +inf score; so must
+  // this kernel -- not a finite row that skipped the key, nor an empty one.
+  for (const float bad : {NAN, INFINITY}) {
+    Case c = make_case(300, 1, 2, 64, 128, 0, 21);
+    c.pos = {99, 100, 150, 299};
+    c.q.assign(c.pos.size() * 2 * 64, 0.25f);
+    c.pages[0][size_t(100) * 64] = f32_to_bf16(bad);  // key 100, channel 0 (q > 0 there: the score is NaN / +inf)
+    for (const PrefillIsa isa : {PrefillIsa::portable, PrefillIsa::automatic}) {
+      const attention::Partial out = cpu::attend_prefill(c.shape, c.page_list(), 0, c.rows(0), options(isa));
+      EXPECT_TRUE(std::isfinite(out.lse_at(0, 0)) && std::isfinite(out.o_at(0, 0)[0])) << "row 99 never sees key 100";
+      for (int r = 1; r < 4; ++r) {
+        EXPECT_TRUE(std::isnan(out.lse_at(r, 0))) << "row " << r << " bad " << bad;
+        EXPECT_TRUE(std::isnan(out.o_at(r, 0)[0])) << "row " << r << " bad " << bad;
+      }
+      // Without a window row 299 sees it; with a window of 100 it does not.
+      const attention::Partial windowed = cpu::attend_prefill(c.shape, c.page_list(), 0, c.rows(100), options(isa));
+      EXPECT_TRUE(std::isfinite(windowed.lse_at(3, 0))) << "row 299, window 100";
+    }
   }
 }
 
@@ -150,7 +178,20 @@ TEST(CpuPrefillAttention, PagesPastARowLeaveItEmpty) {
       EXPECT_EQ(out.o_at(r, h)[0], 0.0f);
     }
   }
-  for (int r = 2; r < 5; ++r) EXPECT_TRUE(std::isfinite(out.lse_at(r, 0)));
+  // The others against fp64 over the same keys (positions 512 on).
+  attention::DenseHistoryF64 h{c.hist.n_kv_heads, c.hist.head_dim, 512, 0, {}, {}};
+  const kv::KvShape ks = testing::layer_shape(c.hist, c.shape.page_size);
+  for (const cpu::PageRef& p : c.page_list())
+    h.append(ks, std::span<const bf16>(p.bf16_page, ks.page_elements()), p.n_tokens);
+  const std::vector<int64_t> seen(c.pos.begin() + 2, c.pos.end());
+  const attention::ReferencePartial ref = attention::reference_attention(
+      h, {c.q.data() + 2 * size_t(c.shape.n_q_heads()) * 64, 3, c.shape.n_q_heads(), seen.data()}, {});
+  attention::Partial tail(3, c.shape.n_q_heads(), 64);
+  std::copy(out.o.begin() + 2 * c.shape.n_q_heads() * 64, out.o.end(), tail.o.begin());
+  std::copy(out.lse.begin() + 2 * c.shape.n_q_heads(), out.lse.end(), tail.lse.begin());
+  // Measured 1.57e-7 (dev VM). Bounded at ~3x.
+  std::printf("rows past first_token vs fp64: %.3g\n", attention::own_format_error(tail, ref));
+  EXPECT_LT(attention::own_format_error(tail, ref), 4.7e-7);
   // Row at 512 sees exactly one key: O is that key's value row, LSE its score.
   const float v0 = bf16_to_f32(c.pages[0][size_t(2) * 256 * 64]);  // V plane of KV head 0, token 0, channel 0
   EXPECT_EQ(out.o_at(2, 0)[0], v0);

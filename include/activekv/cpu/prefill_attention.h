@@ -24,10 +24,15 @@
 // bits): score = (sum_j k_j * q_j, fused multiply-adds in channel order) *
 // scale; exp by a Cephes-style polynomial (relative error ~1e-7; arguments
 // below -87 give 0); per block m' = max(m, block max), l' = l * e^(m - m') +
-// sum of the block's p in token order, acc' = acc * e^(m - m') + p.V by fused
-// multiply-adds in token order; O = acc * (1 / l), LSE = m + log(l). A row's
+// sum of the block's p in token order, the block's p.V summed from zero by
+// fused multiply-adds in token order and acc' = fma(acc, e^(m - m'), that
+// sum); O = acc * (1 / l), LSE = m + log(l). A row that sees a NaN or +inf
+// score gets NaN O and LSE (as attend_tile does). For finite K and V a row's
 // bits depend only on its own position, the pages and the block boundaries --
-// not on the other rows of the call, the row blocking or the thread count.
+// not on the other rows of the call, the row blocking or the thread count (a
+// value row that a row cannot see enters its sum as 0 x v when another row of
+// its item sees it, so a non-finite V there poisons it: attend_tile's sgemm
+// does the same).
 #pragma once
 
 #include <cstdint>
