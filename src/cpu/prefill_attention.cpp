@@ -104,7 +104,7 @@ void attend_prefill(const DecodeShape& shape, std::span<const PageRef> pages, in
   const int threads = opt.threads > 0 ? opt.threads : omp_get_max_threads();
   // Scratch sized here: an exception cannot leave the OpenMP region.
   ws.thread_f32.resize(size_t(threads));
-  for (std::vector<float>& f : ws.thread_f32) f.resize(detail::prefill_scratch_floats(rows_per * G, d));
+  for (std::vector<float>& f : ws.thread_f32) f.resize(detail::prefill_scratch(rows_per * G, d).total);
   const float scale = shape.softmax_scale != 0.0f ? shape.softmax_scale : 1.0f / std::sqrt(float(d));
   const int n_items = H * n_blocks;
   // Items are independent and each computed serially: the schedule changes no bit.

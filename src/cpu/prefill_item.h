@@ -29,17 +29,34 @@ struct PrefillItem {
   const int64_t* positions = nullptr;  ///< [n_rows]
   const float* q = nullptr;            ///< row r, head h: q + r * q_stride + h * d
   size_t q_stride = 0;
-  float* scratch = nullptr;  ///< prefill_scratch_floats(n_rows * group, d) floats
+  float* scratch = nullptr;  ///< prefill_scratch(n_rows * group, d).total floats
 };
 
 inline int prefill_padded_rows(int head_rows) { return (head_rows + kPrefillTile - 1) / kPrefillTile * kPrefillTile; }
 
-/// Scratch of one item, in floats: Q^T [d][Mp], K and V blocks [64][d] each,
-/// scores [64][Mp], then the state acc [Mp][d], m, l, and per block alpha,
-/// first and last visible key [Mp] each (Mp = prefill_padded_rows).
-inline size_t prefill_scratch_floats(int head_rows, int d) {
-  const size_t mp = size_t(prefill_padded_rows(head_rows)), kb = kPrefillKeyBlock;
-  return size_t(d) * mp + 2 * kb * size_t(d) + kb * mp + mp * size_t(d) + 5 * mp;
+/// Where each buffer of an item's scratch starts, in floats from its start:
+/// Q^T [d][Mp], K and V blocks [64][d] each, scores [64][Mp], then the state
+/// acc [Mp][d], m, l, and per block alpha and the first and last visible key
+/// [Mp] each (Mp = prefill_padded_rows); `total` floats in all. The one
+/// layout the kernel, the driver's scratch size and prefill_state read.
+struct PrefillScratch {
+  size_t qt, kf, vf, st, acc, m, l, alpha, lo, hi, total;
+};
+
+inline PrefillScratch prefill_scratch(int head_rows, int d) {
+  const size_t mp = size_t(prefill_padded_rows(head_rows)), kb = kPrefillKeyBlock, dd = size_t(d);
+  PrefillScratch s{};
+  s.kf = s.qt + dd * mp;
+  s.vf = s.kf + kb * dd;
+  s.st = s.vf + kb * dd;
+  s.acc = s.st + kb * mp;
+  s.m = s.acc + mp * dd;
+  s.l = s.m + mp;
+  s.alpha = s.l + mp;
+  s.lo = s.alpha + mp;
+  s.hi = s.lo + mp;
+  s.total = s.hi + mp;
+  return s;
 }
 
 /// The state an item leaves: acc [Mp][d] (unnormalised), m [Mp] (-inf: the
@@ -51,9 +68,8 @@ struct PrefillState {
 };
 
 inline PrefillState prefill_state(const float* scratch, int head_rows, int d) {
-  const size_t mp = size_t(prefill_padded_rows(head_rows)), kb = kPrefillKeyBlock;
-  const float* acc = scratch + size_t(d) * mp + 2 * kb * size_t(d) + kb * mp;
-  return {acc, acc + mp * size_t(d), acc + mp * size_t(d) + mp};
+  const PrefillScratch s = prefill_scratch(head_rows, d);
+  return {scratch + s.acc, scratch + s.m, scratch + s.l};
 }
 
 void prefill_item_avx2(const PrefillItem& it);

@@ -51,16 +51,17 @@ struct PrefillKernel {
     G = it.group;
     M = it.n_rows * G;
     Mp = prefill_padded_rows(M);
-    qt = it.scratch;
-    kf = qt + size_t(d) * Mp;
-    vf = kf + size_t(KB) * d;
-    st = vf + size_t(KB) * d;
-    acc = st + size_t(KB) * Mp;
-    m = acc + size_t(Mp) * d;
-    l = m + Mp;
-    alpha = l + Mp;
-    lo = alpha + Mp;
-    hi = lo + Mp;
+    const PrefillScratch s = prefill_scratch(M, d);
+    qt = it.scratch + s.qt;
+    kf = it.scratch + s.kf;
+    vf = it.scratch + s.vf;
+    st = it.scratch + s.st;
+    acc = it.scratch + s.acc;
+    m = it.scratch + s.m;
+    l = it.scratch + s.l;
+    alpha = it.scratch + s.alpha;
+    lo = it.scratch + s.lo;
+    hi = it.scratch + s.hi;
   }
 
   void run() {
