@@ -13,11 +13,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <string>
 
 #include "activekv/cuda/decode_attention.h"
-#include "bulk_copy.cuh"
 #include "mma_util.cuh"
 #include "once_per_device.h"
 #include "pdl.cuh"
@@ -93,49 +91,31 @@ constexpr int kBlk = 16;     // tokens per mma block (k of P.V, 2 n-tiles of Q.K
 constexpr int kStages = 3;   // cp.async ring depth per warp (2 blocks in flight while one is computed)
 constexpr int kRows = 8;     // query heads per KV head held in the mma M dimension (rows 8..15 unused)
 
-// Warps per CTA: head_dim 256 -> 2 warps (~100 KiB of ring per CTA, 2 CTAs per SM so
+// Warps per CTA: head_dim 256 -> 2 warps (96 KiB of ring per CTA, 2 CTAs per SM so
 // one CTA's start/end overlaps the other's streaming); head_dim 64 and 128 -> 4 warps.
 template <int HD> __host__ __device__ constexpr int warps_for() { return HD >= 256 ? 2 : 4; }
-
-// How a warp fills its ring (SplitCopy, decode_attention.h): 16-byte cp.async
-// copies per lane into XOR-swizzled rows, or one bulk copy per K/V row into
-// rows padded by 16 bytes -- the copy engine cannot swizzle, and a row pitch
-// of HD * 2 + 16 bytes puts the 8 rows an ldmatrix phase reads in 8 different
-// bank groups, so both layouts are conflict-free. Same arithmetic: same bits.
-template <int HD, SplitCopy F> __host__ __device__ constexpr int row_bytes() {
-  return HD * 2 + (F == SplitCopy::kBulk ? 16 : 0);
-}
-template <int HD, SplitCopy F> __host__ __device__ constexpr int stage_bytes() {
-  return 2 * kBlk * row_bytes<HD, F>();  // K and V rows of one block
-}
-// Shared address of 16-byte chunk c of row r of a block's K (or V) rows at `base`.
-template <int HD, SplitCopy F> __device__ __forceinline__ uint32_t chunk_at(uint32_t base, int r, int c) {
-  if constexpr (F == SplitCopy::kBulk) return base + uint32_t(r * row_bytes<HD, F>() + c * 16);
-  else return base + uint32_t(r * (HD / 8) + (c ^ (r & 7))) * 16;
-}
-// The query fragments after the ring ([k][half][term][lane] words).
-template <int HD> __host__ __device__ constexpr int qfrag_bytes() { return (HD / 16) * 2 * 3 * 32 * 4; }
-template <int HD, SplitCopy F>
+template <int HD> __host__ __device__ constexpr int stage_bytes() { return 2 * kBlk * HD * 2; }  // K and V rows of one block
+template <int HD>
 constexpr size_t split_smem_bytes() {
-  const size_t ring = size_t(warps_for<HD>()) * kStages * stage_bytes<HD, F>();
+  const size_t ring = size_t(warps_for<HD>()) * kStages * stage_bytes<HD>();
   const size_t merge = size_t(warps_for<HD>()) * kRows * HD * 4 + 2 * size_t(warps_for<HD>()) * kRows * 4 +
                        kRows * sizeof(split_tail::HeadMerge<warps_for<HD>()>);
-  const size_t qfrag = qfrag_bytes<HD>();  // after the ring, not aliased
-  const size_t bars = F == SplitCopy::kBulk ? size_t(warps_for<HD>()) * kStages * 8 : 0;  // after qfrag
+  const size_t qfrag = size_t(HD / 16) * 2 * 3 * 32 * 4;  // after the ring, not aliased
   static_assert(HD == 64 || HD == 128 || HD == 256, "instantiated head dims");
-  return (ring > merge ? ring : merge) + qfrag + bars;
+  return (ring > merge ? ring : merge) + qfrag;
 }
 
 // Tensor-core split kernel. CTA = one split x one KV head, W warps; warp w
-// handles the split's 16-token blocks w, w+W, ... through its own ring of
-// kStages blocks (K and V rows, filled as SplitCopy F says). Per block:
+// handles the split's 16-token blocks w, w+W, ... through its own cp.async ring
+// (K and V rows of a block, XOR-swizzled 16-byte chunks so that ldmatrix is
+// conflict-free). Per block:
 //   S[8 heads x 16 tok] = Q[heads x HD] . K^T    (m16n8k16, heads in M, Q as
 //                          3 bf16 terms -> fp32-accurate scores, base 2)
 //   online softmax per head (4 lanes per head, fixed-order reductions)
 //   O^T[HD x 8 heads]  += V^T[HD x 16 tok] . P^T  (P as 3 bf16 terms; the
 //                          score C-fragment IS the P^T B-fragment: no shuffles)
 // The W warp states merge in shared memory in fixed order. No atomics: bitwise repeatable.
-template <int HD, SplitCopy F>
+template <int HD>
 __global__ void __launch_bounds__(warps_for<HD>() * 32, 1)
 split_attention_kernel(const SplitWork* __restrict__ work, const float* __restrict__ q,
                        float* __restrict__ part_o, float* __restrict__ part_lse, int max_splits,
@@ -143,8 +123,7 @@ split_attention_kernel(const SplitWork* __restrict__ work, const float* __restri
   constexpr int W = warps_for<HD>();
   constexpr int KS = HD / 16;  // k-steps of Q.K^T = m-tiles of V^T.P^T
   constexpr int CH = HD / 8;   // 16-byte chunks per row
-  constexpr int SB = stage_bytes<HD, F>();
-  constexpr int RB = row_bytes<HD, F>();
+  constexpr int SB = stage_bytes<HD>();
   extern __shared__ __align__(128) unsigned char smem[];
   pdl::begin();
   const SplitWork w = work[blockIdx.x];
@@ -159,60 +138,25 @@ split_attention_kernel(const SplitWork* __restrict__ work, const float* __restri
   const uint32_t ring = smem_u32(smem) + uint32_t(warp) * kStages * SB;
   const int nblk = (w.ntok + kBlk - 1) / kBlk;
   const int n_it = warp < nblk ? (nblk - warp + W - 1) / W : 0;
-  // Bulk fill: one mbarrier per stage of this warp's ring, after sm_q.
-  const uint32_t bars = smem_u32(smem) + uint32_t(W * kStages * SB + qfrag_bytes<HD>() + warp * kStages * 8);
-  if constexpr (F == SplitCopy::kBulk) {
-    if (lane == 0)
-#pragma unroll
-      for (int i = 0; i < kStages; ++i) mbar_init(bars + 8 * i, 1);
-    __syncwarp();
-  }
 
-  // Starts the copies of iteration it's block into stage it % kStages. Rows
-  // past the split's end are zero-filled: the V rows meet P = 0 in P.V, and
-  // 0 * (a stale NaN) would not be 0.
   auto issue = [&](int it) {
-    const uint32_t sk = ring + uint32_t(it % kStages) * SB, sv = sk + kBlk * RB;
+    const uint32_t sk = ring + uint32_t(it % kStages) * SB, sv = sk + kBlk * HD * 2;
     const int t0 = (warp + it * W) * kBlk;
-    if constexpr (F == SplitCopy::kBulk) {
-      // Lane r < 16 copies K row r, lane 16 + r V row r. Zeroing a V row is
-      // a generic store; it is only ever a split's last block, so no later
-      // bulk copy of this CTA writes the row again (no cross-proxy fence).
-      const int nv = min(kBlk, w.ntok - t0);
-      const uint32_t bar = bars + 8 * uint32_t(it % kStages);
-      if (lane == 0) mbar_expect_tx(bar, uint32_t(nv) * 2 * HD * 2);
-      __syncwarp();
-      const int r = lane & (kBlk - 1);
-      const bool is_v = lane >= kBlk;
-      const uint32_t dst = (is_v ? sv : sk) + uint32_t(r * RB);
-      if (r < nv) {
-        bulk_copy_g2s(dst, (is_v ? vp : kp) + size_t(t0 + r) * HD, HD * 2, bar);
-      } else if (is_v) {
-#pragma unroll 4
-        for (int c = 0; c < CH; ++c) st_shared_zero16(dst + c * 16);
-      }
-    } else {
 #pragma unroll
-      for (int i = 0; i < kBlk * CH / 32; ++i) {
-        const int idx = lane + 32 * i;
-        const int r = idx / CH, c = idx % CH;
-        const bool ok = t0 + r < w.ntok;
-        const size_t off = size_t(ok ? t0 + r : t0) * HD + c * 8;
-        cp_async16(chunk_at<HD, F>(sk, r, c), kp + off, ok ? 16 : 0);
-        cp_async16(chunk_at<HD, F>(sv, r, c), vp + off, ok ? 16 : 0);
-      }
+    for (int i = 0; i < kBlk * CH / 32; ++i) {
+      const int idx = lane + 32 * i;
+      const int r = idx / CH, c = idx % CH;
+      const bool ok = t0 + r < w.ntok;
+      const size_t off = size_t(ok ? t0 + r : t0) * HD + c * 8;
+      const uint32_t so = uint32_t(r * CH + (c ^ (r & 7))) * 16;
+      cp_async16(sk + so, kp + off, ok ? 16 : 0);
+      cp_async16(sv + so, vp + off, ok ? 16 : 0);
     }
-  };
-  // Waits until iteration it's block is in its stage, for every lane.
-  auto wait_stage = [&](int it) {
-    if constexpr (F == SplitCopy::kBulk) mbar_wait(bars + 8 * uint32_t(it % kStages), uint32_t(it / kStages) & 1u);
-    else cp_async_wait<kStages - 1>();
-    __syncwarp();  // every lane's copies (and zero rows) of this stage are visible to the whole warp
   };
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) {
     if (i < n_it) issue(i);
-    if constexpr (F == SplitCopy::kCpAsync) cp_async_commit();
+    cp_async_commit();
   }
 
   // Q fragments (A operand, row g = head g of the group, rows 8..15 zero),
@@ -265,9 +209,10 @@ split_attention_kernel(const SplitWork* __restrict__ work, const float* __restri
 
   for (int it = 0; it < n_it; ++it) {
     if (it + kStages - 1 < n_it) issue(it + kStages - 1);
-    if constexpr (F == SplitCopy::kCpAsync) cp_async_commit();
-    wait_stage(it);
-    const uint32_t sk = ring + uint32_t(it % kStages) * SB, sv = sk + kBlk * RB;
+    cp_async_commit();
+    cp_async_wait<kStages - 1>();
+    __syncwarp();  // every lane's copies of this stage are visible to the whole warp
+    const uint32_t sk = ring + uint32_t(it % kStages) * SB, sv = sk + kBlk * HD * 2;
     const int nvalid = min(kBlk, w.ntok - (warp + it * W) * kBlk);
 
     float sacc[3][2][4];
@@ -280,7 +225,7 @@ split_attention_kernel(const SplitWork* __restrict__ work, const float* __restri
 #pragma unroll
     for (int k = 0; k < KS; ++k) {
       uint32_t b[4];
-      ldsm_x4(b, chunk_at<HD, F>(sk, lr, 2 * k + lc));
+      ldsm_x4(b, sk + uint32_t(lr * CH + ((2 * k + lc) ^ (lr & 7))) * 16);
 #pragma unroll
       for (int sp = 0; sp < 3; ++sp) {
         const uint32_t a0 = sm_q[((2 * k) * 3 + sp) * 32 + lane];
@@ -314,13 +259,13 @@ split_attention_kernel(const SplitWork* __restrict__ work, const float* __restri
 #pragma unroll
     for (int mt = 0; mt < KS; ++mt) {
       uint32_t a[4];
-      ldsm_x4_t(a, chunk_at<HD, F>(sv, lr, 2 * mt + lc));
+      ldsm_x4_t(a, sv + uint32_t(lr * CH + ((2 * mt + lc) ^ (lr & 7))) * 16);
 #pragma unroll
       for (int sp = 2; sp >= 0; --sp) mma_bf16_full(oacc[mt], a, pb[0][sp], pb[1][sp]);
     }
     __syncwarp();  // all lanes done reading this stage before it is refilled
   }
-  if constexpr (F == SplitCopy::kCpAsync) cp_async_wait<0>();  // (bulk: every copy issued was waited for)
+  cp_async_wait<0>();
   // Row sum over the 4 lanes of head g, butterfly (same bits in all 4 lanes).
   l_run += __shfl_xor_sync(0xffffffffu, l_run, 1);
   l_run += __shfl_xor_sync(0xffffffffu, l_run, 2);
@@ -427,69 +372,37 @@ merge_kernel(const float* __restrict__ part_o, const float* __restrict__ part_ls
   }
 }
 
-template <int HD, SplitCopy F>
+template <int HD>
 void launch_split(const AttnShape& sh, const SplitWork* work, int n_work, const float* q,
                   Partials p, float scale_log2, cudaStream_t st) {
-  constexpr size_t smem = split_smem_bytes<HD, F>();
+  constexpr size_t smem = split_smem_bytes<HD>();
   // Over the 48 KiB default: the limit is raised per device (and per
   // instantiation), the first time this device launches it.
   static OncePerDevice smem_limit_set;
   smem_limit_set([] {
-    check_cuda(cudaFuncSetAttribute(split_attention_kernel<HD, F>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    check_cuda(cudaFuncSetAttribute(split_attention_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     int(smem)),
                "cudaFuncSetAttribute(split_attention_kernel)");
   });
   dim3 grid(n_work, sh.n_kv_heads);
-  pdl::launch("split_attention_kernel launch", split_attention_kernel<HD, F>, grid, warps_for<HD>() * 32, smem, st,
-              work, q, p.o, p.lse, p.max_splits, sh.n_kv_heads, sh.group, sh.page_size, scale_log2, sh.kv_head0,
+  pdl::launch("split_attention_kernel launch", split_attention_kernel<HD>, grid, warps_for<HD>() * 32, smem, st, work,
+              q, p.o, p.lse, p.max_splits, sh.n_kv_heads, sh.group, sh.page_size, scale_log2, sh.kv_head0,
               sh.page_heads());
-}
-
-template <int HD>
-void launch_split(SplitCopy copy, const AttnShape& sh, const SplitWork* work, int n_work, const float* q, Partials p,
-                  float scale_log2, cudaStream_t st) {
-  if constexpr (split_copy_bulk_built()) {
-    if (copy == SplitCopy::kBulk) return launch_split<HD, SplitCopy::kBulk>(sh, work, n_work, q, p, scale_log2, st);
-  }
-  launch_split<HD, SplitCopy::kCpAsync>(sh, work, n_work, q, p, scale_log2, st);
-}
-
-SplitCopy parse_split_copy(const std::string& s) {
-  if (s == "bulk") return SplitCopy::kBulk;
-  if (s == "cp_async") return SplitCopy::kCpAsync;
-  if (s == "auto") return SplitCopy::kAuto;
-  throw InvalidArgument("ACTIVEKV_SPLIT_COPY: '" + s + "' is not one of auto, bulk, cp_async");
 }
 
 }  // namespace
 
-SplitCopy resolve_split_copy(SplitCopy copy) {
-  if (copy == SplitCopy::kAuto) {
-    // Read once per process (bench A/B runs set it per run).
-    static const SplitCopy env = [] {
-      const char* e = std::getenv("ACTIVEKV_SPLIT_COPY");
-      return e && *e ? parse_split_copy(e) : SplitCopy::kAuto;
-    }();
-    copy = env;
-  }
-  if (copy == SplitCopy::kAuto) return split_copy_bulk_built() ? SplitCopy::kBulk : SplitCopy::kCpAsync;
-  if (copy == SplitCopy::kBulk && !split_copy_bulk_built())
-    throw InvalidArgument("split attention: bulk copies need a build for sm_90 or later only (CMAKE_CUDA_ARCHITECTURES)");
-  return copy;
-}
-
 void launch_split_attention(const AttnShape& shape, const SplitWork* work, int n_work,
-                            const float* q, Partials partials, cudaStream_t stream, SplitCopy copy) {
+                            const float* q, Partials partials, cudaStream_t stream) {
   shape.validate();
   if (n_work < 0) throw InvalidArgument("launch_split_attention: n_work is " + std::to_string(n_work));
-  copy = resolve_split_copy(copy);
   if (n_work == 0) return;
   const float scale = shape.softmax_scale > 0.f ? shape.softmax_scale
                                                 : 1.f / std::sqrt(float(shape.head_dim));
   const float sl2 = scale * kLog2e;
-  if (shape.head_dim == 256) launch_split<256>(copy, shape, work, n_work, q, partials, sl2, stream);
-  else if (shape.head_dim == 128) launch_split<128>(copy, shape, work, n_work, q, partials, sl2, stream);
-  else launch_split<64>(copy, shape, work, n_work, q, partials, sl2, stream);
+  if (shape.head_dim == 256) launch_split<256>(shape, work, n_work, q, partials, sl2, stream);
+  else if (shape.head_dim == 128) launch_split<128>(shape, work, n_work, q, partials, sl2, stream);
+  else launch_split<64>(shape, work, n_work, q, partials, sl2, stream);
   check_cuda(cudaGetLastError(), "split_attention_kernel launch");
 }
 

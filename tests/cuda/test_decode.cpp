@@ -22,7 +22,6 @@
 #include "activekv/cuda/quant_matvec.h"
 #include "activekv/kv/codec_int8s.h"
 #include "activekv/kv/page_store.h"
-#include "device_array.h"
 #include "gpu_test_util.h"
 
 namespace activekv::cuda {
@@ -139,7 +138,7 @@ struct Fixture {
     std::vector<kv::PageId> ids(total);
     for (kv::PageId& id : ids) {
       id = store->allocate();
-      activekv::testing::fill_random_bf16(store->page_data(id), sh.page_bytes(), seed * 1000003 + id);
+      testing::fill_random_bf16(store->page_data(id), sh.page_bytes(), seed * 1000003 + id);
     }
     std::mt19937_64 rng(seed);
     if (c.shuffle_pages) std::shuffle(ids.begin(), ids.end(), rng);
@@ -214,7 +213,7 @@ struct Fixture {
       for (int s = 0; s < S; ++s) {
         std::vector<const std::byte*> pages;
         for (const PageRef& r : tables[s].tables[l]) pages.push_back(r.host);
-        const attention::DenseHistoryF64 h = activekv::testing::dense_history(ks, pages, tables[s].n_tokens);
+        const attention::DenseHistoryF64 h = testing::dense_history(ks, pages, tables[s].n_tokens);
         const int64_t pos = tables[s].n_tokens - 1;
         attention::AttentionOptions opt;
         opt.window = windows.empty() ? 0 : windows[size_t(l)];
@@ -566,68 +565,6 @@ TEST(CudaDecode, BitwiseRepeatable) {
   EXPECT_TRUE(same_bits(al, bl));
 }
 
-// The split kernel's two ways of filling its shared-memory ring (SplitCopy)
-// share the arithmetic: their partials must be the same bits, for every head
-// dim, on splits that end mid-block (rows past the end zero-filled, not read:
-// the page holds NaN there), after a launch over NaN pages has left NaN in
-// the shared memory the zero-filled rows reuse.
-TEST(CudaDecode, SplitCopiesGiveTheSameBits) {
-  NEED_GPU();
-  try {
-    resolve_split_copy(SplitCopy::kBulk);
-  } catch (const InvalidArgument& e) {
-    GTEST_SKIP() << e.what();
-  }
-  for (const int hd : {64, 128, 256}) {
-    SCOPED_TRACE("head_dim " + std::to_string(hd));
-    const AttnShape sh{2, hd == 256 ? 6 : 4, hd, 64, 32, 0.f};
-    const int n_pages = 3, nq = sh.n_q_heads();
-    const std::vector<int> ntok = {32, 17, 1, 16, 31, 9};  // split s reads page s / 2, tokens 32 (s % 2) ..
-    const size_t page_elems = sh.page_bytes() / 2;
-    std::vector<uint16_t> finite(page_elems * n_pages), nan(finite.size(), 0x7fc0);
-    activekv::testing::fill_random_bf16(reinterpret_cast<std::byte*>(finite.data()), finite.size() * 2, 99 + hd);
-    std::vector<SplitWork> work;
-    for (int s = 0; s < int(ntok.size()); ++s) {
-      const int page = s / 2, tok0 = 32 * (s % 2);
-      work.push_back(SplitWork{nullptr, 0, tok0, ntok[size_t(s)], s});
-      // Tokens a split does not cover are NaN in every head's K and V plane.
-      for (int plane = 0; plane < 2 * sh.n_kv_heads; ++plane)
-        for (int t = tok0 + ntok[size_t(s)]; t < tok0 + 32; ++t)
-          std::fill_n(finite.begin() + page * page_elems + (size_t(plane) * sh.page_size + t) * hd, hd, 0x7fc0);
-    }
-    std::vector<float> q(size_t(nq) * hd);
-    std::mt19937 rng(hd);
-    std::normal_distribution<float> nd(0.f, 1.f);
-    for (float& x : q) x = nd(rng);
-    cuda::testing::DeviceArray<uint16_t> d_finite(finite), d_nan(nan);
-    cuda::testing::DeviceArray<float> d_q(q), d_o(ntok.size() * nq * hd), d_lse(ntok.size() * nq);
-    const Partials parts{d_o.get(), d_lse.get(), int(ntok.size())};
-    auto run = [&](SplitCopy copy, const cuda::testing::DeviceArray<uint16_t>& pages, std::vector<float>& o,
-                   std::vector<float>& lse) {
-      std::vector<SplitWork> w = work;
-      for (SplitWork& x : w) x.page = pages.get() + size_t(x.split / 2) * page_elems;
-      cuda::testing::DeviceArray<SplitWork> d_work(w);
-      d_o.poison();
-      d_lse.poison();
-      launch_split_attention(sh, d_work.get(), int(w.size()), d_q.get(), parts, nullptr, copy);
-      CUDA_OK(cudaDeviceSynchronize());
-      o = d_o.download();
-      lse = d_lse.download();
-    };
-    std::vector<float> o[2], lse[2], junk, junk_lse;
-    for (const SplitCopy copy : {SplitCopy::kCpAsync, SplitCopy::kBulk}) {
-      const int i = copy == SplitCopy::kBulk;
-      run(copy, d_nan, junk, junk_lse);  // leaves NaN in the shared memory of the SMs
-      run(copy, d_finite, o[i], lse[i]);
-      EXPECT_TRUE(std::all_of(o[i].begin(), o[i].end(), [](float x) { return std::isfinite(x); }))
-          << (i ? "bulk" : "cp.async") << ": a row past a split's end reached the output";
-      EXPECT_TRUE(std::all_of(lse[i].begin(), lse[i].end(), [](float x) { return std::isfinite(x); }));
-    }
-    EXPECT_TRUE(same_bits(o[0], o[1])) << "partial outputs differ between cp.async and bulk fills";
-    EXPECT_TRUE(same_bits(lse[0], lse[1])) << "partial LSEs differ between cp.async and bulk fills";
-  }
-}
-
 // Kernel attributes (the dynamic shared memory limit) are set per device
 // (src/cuda/once_per_device.h): every GPU, and host threads launching at the
 // same time, must run the kernels and get the resident run's bits. With one
@@ -635,7 +572,7 @@ TEST(CudaDecode, SplitCopiesGiveTheSameBits) {
 // code) makes the second GPU's launches fail.
 TEST(CudaDecode, EveryDeviceAndThreadGetsTheSameBits) {
   NEED_GPU();
-  const int n_dev = activekv::testing::gpu_count();
+  const int n_dev = testing::gpu_count();
   const Case c = cases()[0];  // head_dim 256: its kernel needs more than the 48 KiB default
   Fixture f(c, 14);
   std::vector<float> ref, ref_lse;
@@ -800,7 +737,7 @@ TEST(CudaDecode, RejectsBadArguments) {
   std::vector<PageRef> pages;
   for (int i = 0; i < 4; ++i) {
     const kv::PageId id = store.allocate();
-    activekv::testing::fill_random_bf16(store.page_data(id), sh.page_bytes(), 20 + uint64_t(i));
+    testing::fill_random_bf16(store.page_data(id), sh.page_bytes(), 20 + uint64_t(i));
     pages.push_back(PageRef{store.page_data(id), nullptr, sh.page_bytes(), PageKind::bf16});
   }
   EngineConfig ec;

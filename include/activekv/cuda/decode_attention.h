@@ -110,27 +110,13 @@ struct Partials {
   int max_splits = 0;
 };
 
-/// How the split kernel moves K/V rows from pages into shared memory. The
-/// arithmetic is the same either way, so the partials are bitwise equal.
-enum class SplitCopy {
-  kAuto,     ///< ACTIVEKV_SPLIT_COPY (auto | bulk | cp_async) if set, else kBulk where built
-  kCpAsync,  ///< 16-byte cp.async per lane (any build)
-  kBulk,     ///< one Hopper bulk copy (TMA engine) per row; needs a build for sm_90+ only
-};
-
-/// The copy a launch with `copy` uses: kAuto resolved (the environment is read
-/// once per process). Throws InvalidArgument for kBulk in a build with a
-/// pre-sm_90 architecture, or an ACTIVEKV_SPLIT_COPY value not listed above.
-SplitCopy resolve_split_copy(SplitCopy copy);
-
 /// Runs attention for `n_work` splits (device array `work`) with queries
 /// `q` [n_seq][n_q_heads][head_dim] fp32 (device), writing partials.
 /// Grid: n_work x n_kv_heads CTAs (64 threads for head_dim 256, 128 for 64 and 128);
 /// CTA (w, h) reads page head kv_head0 + h and query heads h*group.. of q.
-/// n_work == 0 is a no-op. Pages and every row of them are 16-byte aligned.
+/// n_work == 0 is a no-op.
 void launch_split_attention(const AttnShape& shape, const SplitWork* work, int n_work,
-                            const float* q, Partials partials, cudaStream_t stream,
-                            SplitCopy copy = SplitCopy::kAuto);
+                            const float* q, Partials partials, cudaStream_t stream);
 
 /// Most splits per sequence launch_merge takes (its weights live in shared memory).
 inline constexpr int kMaxMergeSplits = 12288;
