@@ -85,13 +85,6 @@
 #           bench_matvec and activekv as arm A (AKV_AB_TYPES, default
 #           Q6_K,Q4_0,Q8_0; models AKV_AB_MODELS, default Q6_K,Q4_0; AKV_AB
 #           an optional setting for arm B) -> $OUT/matvec_ab.json
-#   grid-ab  the split kernel's grid (issues 13, 16): test_cuda_decode and
-#           test_cuda_sharded (AKV_GRID_AB_TESTS="" skips them), then
-#           bench/gpu/decode_ab.sh with ACTIVEKV_SPLIT_GRID=items (a CTA per work
-#           item) as arm A and =persistent as arm B (bf16 and hybrid resident, 32K
-#           and 128K, batch 1 and 4) -> $OUT/decode_ab.json; PyTorch SDPA resident
-#           at the same depths (the peer of "resident bf16 <= 0.8x SDPA") ->
-#           $OUT/peers_sdpa.json; ncu of each grid at 128K -> $OUT/ncu_bf16_split_{persistent,items}.txt
 #   ncu-bf16  Nsight Compute of the resident bf16 split kernel (issues 13, 16:
 #           resident attention at >= 85 % of HBM): 128K at split 512 (+ its
 #           SASS source page) and 1024, 32K at 512 -> $OUT/ncu_bf16_split.txt
@@ -367,9 +360,7 @@ rows = [r for r in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"'))
 hdr, rows = rows[0], rows[1:]
 vi = hdr.index("Metric Value")
 grids = [int(r[vi].replace(",", "")) for r in rows]
-# A CTA per item: the last launch with that grid; a persistent grid is smaller: the last launch.
-hits = [i for i, g in enumerate(grids) if g == int(sys.argv[2])]
-print(max(hits) if hits else len(grids) - 1)
+print(max(i for i, g in enumerate(grids) if g == int(sys.argv[2])))
 PY
 )
   echo "   launch $skip of the $name kernel (grids: $(grep -c launch__grid_size /tmp/ncu_grids.csv) launches)" >&2
@@ -393,29 +384,6 @@ run_decode_ab() {
   echo "== decode step A/B: base $AKV_BASE_COMMIT against $COMMIT $(( $(date +%s) - t0 )) s"
   bench/gpu/decode_ab.sh "$OUT" "$base" build-device/bin/activekv || rc=1
   ncu_int8s 128k > "$OUT/ncu_int8s_tc_128k.txt"
-  return $rc
-}
-
-# The split kernel's two grids, one build: arms are the same binary under
-# ACTIVEKV_SPLIT_GRID (wrapper scripts, so decode_ab.sh alternates them).
-run_grid_ab() {
-  local rc=0 a=/tmp/arm_items.sh b=/tmp/arm_persistent.sh f
-  if [ -n "${AKV_GRID_AB_TESTS-decode sharded}" ]; then AKV_TESTS="${AKV_GRID_AB_TESTS-decode sharded}" run_tests || rc=1; fi
-  printf '#!/bin/sh\nACTIVEKV_SPLIT_GRID=items exec %s "$@"\n' "$PWD/$AKV" > $a
-  printf '#!/bin/sh\nACTIVEKV_SPLIT_GRID=persistent exec %s "$@"\n' "$PWD/$AKV" > $b
-  chmod +x $a $b
-  echo "== split kernel grid A/B: a CTA per item (A) against persistent (B) $(( $(date +%s) - t0 )) s"
-  AKV_BASE_COMMIT="$COMMIT with ACTIVEKV_SPLIT_GRID=items" AKV_AB_DECODE_ARGS=${AKV_AB_DECODE_ARGS:-'--contexts
-    32k,128k --batches 1,4 --modes resident --split 512 --steps 8 --warmup 2 --profile "" --kv-format bf16,hybrid'} \
-    bench/gpu/decode_ab.sh "$OUT" $a $b || rc=1
-  if [ -z "${AKV_GRID_AB_NO_SDPA:-}" ]; then
-    echo "== PyTorch SDPA resident $(( $(date +%s) - t0 )) s"
-    timeout 200 python3 bench/peers_torch.py --contexts 32k,128k --batches 1,4 --steps 10 --warmup 2 --profile "" \
-      --peers sdpa-resident,sdpa-resident-grouped --commit "$COMMIT" --json "$OUT/peers_sdpa.json" 2>&1 | tail -8 || rc=1
-  fi
-  for f in persistent items; do
-    ACTIVEKV_SPLIT_GRID=$f ncu_decode bf16 128k 512 > "$OUT/ncu_bf16_split_$f.txt" || rc=1
-  done
   return $rc
 }
 
@@ -636,7 +604,6 @@ case "$PHASE" in
   coatt) run_coatt || RC=1 ;;
   parallel) run_parallel || RC=1 ;;
   decode-ab) run_decode_ab || RC=1 ;;
-  grid-ab) run_grid_ab || RC=1 ;;
   batch) run_batch || RC=1 ;;
   matvec-ab) run_matvec_ab || RC=1 ;;
   ncu-matvec) run_ncu_matvec || RC=1 ;;

@@ -12,10 +12,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
-#include <cstdint>
-#include <cstdlib>
 #include <string>
 
 #include "activekv/cuda/decode_attention.h"
@@ -94,268 +91,219 @@ constexpr int kBlk = 16;     // tokens per mma block (k of P.V, 2 n-tiles of Q.K
 constexpr int kStages = 3;   // cp.async ring depth per warp (2 blocks in flight while one is computed)
 constexpr int kRows = 8;     // query heads per KV head held in the mma M dimension (rows 8..15 unused)
 
-// Warps per CTA: head_dim 256 -> 2 warps (96 KiB of ring per CTA, 2 CTAs per SM);
-// head_dim 64 and 128 -> 4 warps.
+// Warps per CTA: head_dim 256 -> 2 warps (96 KiB of ring per CTA, 2 CTAs per SM so
+// one CTA's start/end overlaps the other's streaming); head_dim 64 and 128 -> 4 warps.
 template <int HD> __host__ __device__ constexpr int warps_for() { return HD >= 256 ? 2 : 4; }
 template <int HD> __host__ __device__ constexpr int stage_bytes() { return 2 * kBlk * HD * 2; }  // K and V rows of one block
-// The query fragments after the rings: [k][half][term][lane] words.
-template <int HD> __host__ __device__ constexpr int qfrag_bytes() { return (HD / 16) * 2 * 3 * 32 * 4; }
-// The tail's state after the query fragments: m and l per warp and head, the
-// head merges, and the ring stage each warp left its accumulators in.
-template <int HD> __host__ __device__ constexpr int tail_bytes() {
-  return 2 * warps_for<HD>() * kRows * 4 + kRows * int(sizeof(split_tail::HeadMerge<warps_for<HD>()>)) +
-         warps_for<HD>() * 4;
-}
 template <int HD>
 constexpr size_t split_smem_bytes() {
+  const size_t ring = size_t(warps_for<HD>()) * kStages * stage_bytes<HD>();
+  const size_t merge = size_t(warps_for<HD>()) * kRows * HD * 4 + 2 * size_t(warps_for<HD>()) * kRows * 4 +
+                       kRows * sizeof(split_tail::HeadMerge<warps_for<HD>()>);
+  const size_t qfrag = size_t(HD / 16) * 2 * 3 * 32 * 4;  // after the ring, not aliased
   static_assert(HD == 64 || HD == 128 || HD == 256, "instantiated head dims");
-  static_assert(kRows * HD * 4 <= stage_bytes<HD>(), "a warp's accumulators fit one stage of its ring");
-  return size_t(warps_for<HD>()) * kStages * stage_bytes<HD>() + qfrag_bytes<HD>() + tail_bytes<HD>();
+  return (ring > merge ? ring : merge) + qfrag;
 }
 
-// Tensor-core split kernel. A work item is one split x one KV head (item i:
-// split work[i % n_work], KV head i / n_work); CTA c takes items c,
-// c + gridDim.x, ...: one each when the grid has a CTA per item, several when
-// it is persistent (launch_split: as many CTAs as the GPU holds at once).
-// W warps; warp w computes an item's 16-token blocks w, w+W, ... from its own
-// cp.async ring (K and V rows of a block, XOR-swizzled 16-byte chunks so that
-// ldmatrix is conflict-free), and the ring runs on across items: the next
-// item's first blocks are in flight while this item's tail merges -- with a
-// CTA per item every CTA's start and end left the SM's copies idle (H100,
-// 128K, batch 1: 0.85x HBM bandwidth against 0.93x at batch 4). Per block:
+// Tensor-core split kernel. CTA = one split x one KV head, W warps; warp w
+// handles the split's 16-token blocks w, w+W, ... through its own cp.async ring
+// (K and V rows of a block, XOR-swizzled 16-byte chunks so that ldmatrix is
+// conflict-free). Per block:
 //   S[8 heads x 16 tok] = Q[heads x HD] . K^T    (m16n8k16, heads in M, Q as
 //                          3 bf16 terms -> fp32-accurate scores, base 2)
 //   online softmax per head (4 lanes per head, fixed-order reductions)
 //   O^T[HD x 8 heads]  += V^T[HD x 16 tok] . P^T  (P as 3 bf16 terms; the
 //                          score C-fragment IS the P^T B-fragment: no shuffles)
-// An item's W warp states merge in shared memory in fixed order, each warp's
-// accumulators in the one stage of its ring no copy is filling. No atomics:
-// bitwise repeatable, and an item's bits depend neither on its CTA nor on the grid.
+// The W warp states merge in shared memory in fixed order. No atomics: bitwise repeatable.
 template <int HD>
 __global__ void __launch_bounds__(warps_for<HD>() * 32, 1)
-split_attention_kernel(const SplitWork* __restrict__ work, int n_work, const float* __restrict__ q,
+split_attention_kernel(const SplitWork* __restrict__ work, const float* __restrict__ q,
                        float* __restrict__ part_o, float* __restrict__ part_lse, int max_splits,
                        int n_kv, int group, int page_size, float scale_log2, int head0, int page_heads) {
   constexpr int W = warps_for<HD>();
   constexpr int KS = HD / 16;  // k-steps of Q.K^T = m-tiles of V^T.P^T
   constexpr int CH = HD / 8;   // 16-byte chunks per row
   constexpr int SB = stage_bytes<HD>();
-  using HeadMerge = split_tail::HeadMerge<W>;
   extern __shared__ __align__(128) unsigned char smem[];
   pdl::begin();
+  const SplitWork w = work[blockIdx.x];
+  const int h = blockIdx.y;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int nq = n_kv * group;
   const int g = lane >> 2, q4 = lane & 3;  // this lane's score row (head) and column pair
-  const int n_items = n_work * n_kv;
-  const uint32_t ring = smem_u32(smem) + uint32_t(warp) * kStages * SB;
-  uint32_t* sm_q = reinterpret_cast<uint32_t*>(smem + size_t(W) * kStages * SB);
-  float* sm_m = reinterpret_cast<float*>(smem + size_t(W) * kStages * SB + qfrag_bytes<HD>());  // [W][kRows]
-  float* sm_l = sm_m + W * kRows;                                                              // [W][kRows]
-  HeadMerge* sm_hm = reinterpret_cast<HeadMerge*>(sm_l + W * kRows);                           // [kRows]
-  int* sm_acc_stage = reinterpret_cast<int*>(sm_hm + kRows);                                   // [W]
-  auto warp_blocks = [&](int ntok) {  // this warp's blocks in an item of ntok tokens
-    const int nblk = (ntok + kBlk - 1) / kBlk;
-    return warp < nblk ? (nblk - warp + W - 1) / W : 0;
-  };
 
-  // The copy cursor: the next block this warp copies, block `cit` of item
-  // `ci` (K rows from `ckp`: the page's head head0 + h, so a head shard reads
-  // its heads of the full page), in the order the warp computes them.
-  // `issued` counts the copied blocks: block j goes to stage j % kStages.
-  int ci = blockIdx.x, cit = 0, cnit = 0, cntok = 0, issued = 0;
-  const uint16_t* ckp = nullptr;
-  auto cursor_load = [&] {
-    const SplitWork cw = work[ci % n_work];
-    ckp = static_cast<const uint16_t*>(cw.page) + (size_t(head0 + ci / n_work) * page_size + cw.tok0) * HD;
-    cntok = cw.ntok;
-    cnit = warp_blocks(cntok);
-    cit = 0;
-  };
-  auto cursor_settle = [&] {  // on to the next item of this CTA where the warp has a block
-    while (ci < n_items && cit >= cnit) {
-      ci += gridDim.x;
-      if (ci < n_items) cursor_load();
-    }
-  };
-  auto issue_next = [&] {
-    if (ci >= n_items) return;
-    const uint32_t sk = ring + uint32_t(issued % kStages) * SB, sv = sk + kBlk * HD * 2;
-    const uint16_t* cvp = ckp + size_t(page_heads) * page_size * HD;
-    const int t0 = (warp + cit * W) * kBlk;
+  // The page's head head0 + h (a head shard reads its heads of the full page).
+  const uint16_t* kp = static_cast<const uint16_t*>(w.page) + (size_t(head0 + h) * page_size + w.tok0) * HD;
+  const uint16_t* vp = kp + size_t(page_heads) * page_size * HD;
+  const uint32_t ring = smem_u32(smem) + uint32_t(warp) * kStages * SB;
+  const int nblk = (w.ntok + kBlk - 1) / kBlk;
+  const int n_it = warp < nblk ? (nblk - warp + W - 1) / W : 0;
+
+  auto issue = [&](int it) {
+    const uint32_t sk = ring + uint32_t(it % kStages) * SB, sv = sk + kBlk * HD * 2;
+    const int t0 = (warp + it * W) * kBlk;
 #pragma unroll
     for (int i = 0; i < kBlk * CH / 32; ++i) {
       const int idx = lane + 32 * i;
       const int r = idx / CH, c = idx % CH;
-      const bool ok = t0 + r < cntok;
+      const bool ok = t0 + r < w.ntok;
       const size_t off = size_t(ok ? t0 + r : t0) * HD + c * 8;
       const uint32_t so = uint32_t(r * CH + (c ^ (r & 7))) * 16;
-      cp_async16(sk + so, ckp + off, ok ? 16 : 0);
-      cp_async16(sv + so, cvp + off, ok ? 16 : 0);
+      cp_async16(sk + so, kp + off, ok ? 16 : 0);
+      cp_async16(sv + so, vp + off, ok ? 16 : 0);
     }
-    ++issued;
-    ++cit;
-    cursor_settle();
   };
-  if (ci < n_items) cursor_load();
-  cursor_settle();
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) {
-    issue_next();
-    cp_async_commit();  // one group per block (empty past the last): the waits below count on it
+    if (i < n_it) issue(i);
+    cp_async_commit();
   }
 
+  // Q fragments (A operand, row g = head g of the group, rows 8..15 zero),
+  // pre-scaled to base 2, as 3 bf16 terms; the same for every warp, so kept
+  // once per CTA in shared memory after the ring: [k][half][term][lane].
+  using HeadMerge = split_tail::HeadMerge<W>;
+  static_assert(size_t(W) * kRows * HD * 4 + 2 * W * kRows * 4 + kRows * sizeof(HeadMerge) <=
+                    size_t(W) * kStages * SB,
+                "the merge area must fit in the ring it aliases (sm_q follows the ring)");
+  uint32_t* sm_q = reinterpret_cast<uint32_t*>(smem + size_t(W) * kStages * SB);
+  {
+    // Warp w takes fragments e = w, w + W, ...: all of its query loads are
+    // issued before the first is used. A loop that loaded, split and stored
+    // one fragment at a time could wait KS * 2 / W round trips in a row; at
+    // depth 0 (~36 tokens) the kernel took 12.4 us under ncu at f1a889e.
+    static_assert(KS * 2 % W == 0, "the fragments divide among the warps");
+    constexpr int E = KS * 2 / W;
+    const bool gv = g < group;
+    const float* qrow = q + (size_t(w.seq) * nq + size_t(h) * group + (gv ? g : 0)) * HD;
+    float2 xq[E];
+#pragma unroll
+    for (int i = 0; i < E; ++i) {
+      const int e = warp + i * W;
+      const int c = 16 * (e >> 1) + 8 * (e & 1) + 2 * q4;
+      float x0 = qrow[c], x1 = qrow[c + 1];  // in bounds for every lane (qrow is head 0's when !gv)
+      asm volatile("" : "+f"(x0), "+f"(x1));  // loaded by every lane, not sunk into a branch on gv
+      xq[i] = gv ? make_float2(x0 * scale_log2, x1 * scale_log2) : make_float2(0.f, 0.f);
+    }
+#pragma unroll
+    for (int i = 0; i < E; ++i) {
+      const int e = warp + i * W;
+      uint32_t t[3];
+      split3(xq[i].x, xq[i].y, t);
+#pragma unroll
+      for (int sp = 0; sp < 3; ++sp) sm_q[(e * 3 + sp) * 32 + lane] = t[sp];
+    }
+  }
+  __syncthreads();
+
+  float m_run = -INFINITY, l_run = 0.f;  // head g; l_run: this lane's columns only
+  float oacc[KS][4];                     // O^T: (ch 16mt+g [+8], heads 2q4, 2q4+1)
+#pragma unroll
+  for (int mt = 0; mt < KS; ++mt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) oacc[mt][i] = 0.f;
   // ldmatrix addressing: lanes 8i..8i+7 give the rows of matrix i =
   // (tokens 0-7 | 8-15) x (chunk +0 | +1).
   const int lr = ((lane >> 4) << 3) + (lane & 7);
   const int lc = (lane >> 3) & 1;
-  int consumed = 0;  // blocks this warp has computed
-  for (int item = blockIdx.x; item < n_items; item += gridDim.x) {
-    const SplitWork w = work[item % n_work];
-    const int h = item / n_work;
-    const int n_it = warp_blocks(w.ntok);
-    __syncthreads();  // the last item's tail is done with sm_q, sm_hm and the accumulator stages
 
-    // Q fragments (A operand, row g = head g of the group, rows 8..15 zero),
-    // pre-scaled to base 2, as 3 bf16 terms; the same for every warp, so kept
-    // once per CTA in shared memory after the rings: [k][half][term][lane].
-    {
-      // Warp w takes fragments e = w, w + W, ...: all of its query loads are
-      // issued before the first is used. A loop that loaded, split and stored
-      // one fragment at a time could wait KS * 2 / W round trips in a row; at
-      // depth 0 (~36 tokens) the kernel took 12.4 us under ncu at f1a889e.
-      static_assert(KS * 2 % W == 0, "the fragments divide among the warps");
-      constexpr int E = KS * 2 / W;
-      const bool gv = g < group;
-      const float* qrow = q + (size_t(w.seq) * nq + size_t(h) * group + (gv ? g : 0)) * HD;
-      float2 xq[E];
-#pragma unroll
-      for (int i = 0; i < E; ++i) {
-        const int e = warp + i * W;
-        const int c = 16 * (e >> 1) + 8 * (e & 1) + 2 * q4;
-        float x0 = qrow[c], x1 = qrow[c + 1];  // in bounds for every lane (qrow is head 0's when !gv)
-        asm volatile("" : "+f"(x0), "+f"(x1));  // loaded by every lane, not sunk into a branch on gv
-        xq[i] = gv ? make_float2(x0 * scale_log2, x1 * scale_log2) : make_float2(0.f, 0.f);
-      }
-#pragma unroll
-      for (int i = 0; i < E; ++i) {
-        const int e = warp + i * W;
-        uint32_t t[3];
-        split3(xq[i].x, xq[i].y, t);
-#pragma unroll
-        for (int sp = 0; sp < 3; ++sp) sm_q[(e * 3 + sp) * 32 + lane] = t[sp];
-      }
-    }
-    __syncthreads();
+  for (int it = 0; it < n_it; ++it) {
+    if (it + kStages - 1 < n_it) issue(it + kStages - 1);
+    cp_async_commit();
+    cp_async_wait<kStages - 1>();
+    __syncwarp();  // every lane's copies of this stage are visible to the whole warp
+    const uint32_t sk = ring + uint32_t(it % kStages) * SB, sv = sk + kBlk * HD * 2;
+    const int nvalid = min(kBlk, w.ntok - (warp + it * W) * kBlk);
 
-    float m_run = -INFINITY, l_run = 0.f;  // head g; l_run: this lane's columns only
-    float oacc[KS][4];                     // O^T: (ch 16mt+g [+8], heads 2q4, 2q4+1)
+    float sacc[3][2][4];
 #pragma unroll
-    for (int mt = 0; mt < KS; ++mt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) oacc[mt][i] = 0.f;
-
-    for (int it = 0; it < n_it; ++it) {
-      issue_next();  // into the stage computed last (released by the __syncwarp ending that block)
-      cp_async_commit();
-      cp_async_wait<kStages - 1>();
-      __syncwarp();  // every lane's copies of this stage are visible to the whole warp
-      const uint32_t sk = ring + uint32_t(consumed % kStages) * SB, sv = sk + kBlk * HD * 2;
-      const int nvalid = min(kBlk, w.ntok - (warp + it * W) * kBlk);
-
-      float sacc[3][2][4];
-#pragma unroll
-      for (int sp = 0; sp < 3; ++sp)
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) sacc[sp][nt][i] = 0.f;
-#pragma unroll
-      for (int k = 0; k < KS; ++k) {
-        uint32_t b[4];
-        ldsm_x4(b, sk + uint32_t(lr * CH + ((2 * k + lc) ^ (lr & 7))) * 16);
-#pragma unroll
-        for (int sp = 0; sp < 3; ++sp) {
-          const uint32_t a0 = sm_q[((2 * k) * 3 + sp) * 32 + lane];
-          const uint32_t a2 = sm_q[((2 * k + 1) * 3 + sp) * 32 + lane];
-          mma_bf16(sacc[sp][0], a0, a2, b[0], b[1]);
-          mma_bf16(sacc[sp][1], a0, a2, b[2], b[3]);
-        }
-      }
-      float s[2][2];
+    for (int sp = 0; sp < 3; ++sp)
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const float v = (sacc[2][nt][j] + sacc[1][nt][j]) + sacc[0][nt][j];
-          s[nt][j] = nt * 8 + 2 * q4 + j < nvalid ? v : -INFINITY;
-        }
-      float p[2][2];
-      const float alpha = online_softmax_block(s, m_run, l_run, p);
-      // Rescale O^T (columns = heads 2q4, 2q4+1) only when some factor is not exactly 1.
-      if (__any_sync(0xffffffffu, alpha != 1.f)) {
-        const float a0 = __shfl_sync(0xffffffffu, alpha, (2 * q4) * 4);
-        const float a1 = __shfl_sync(0xffffffffu, alpha, (2 * q4 + 1) * 4);
+        for (int i = 0; i < 4; ++i) sacc[sp][nt][i] = 0.f;
 #pragma unroll
-        for (int mt = 0; mt < KS; ++mt) {
-          oacc[mt][0] *= a0; oacc[mt][1] *= a1; oacc[mt][2] *= a0; oacc[mt][3] *= a1;
-        }
+    for (int k = 0; k < KS; ++k) {
+      uint32_t b[4];
+      ldsm_x4(b, sk + uint32_t(lr * CH + ((2 * k + lc) ^ (lr & 7))) * 16);
+#pragma unroll
+      for (int sp = 0; sp < 3; ++sp) {
+        const uint32_t a0 = sm_q[((2 * k) * 3 + sp) * 32 + lane];
+        const uint32_t a2 = sm_q[((2 * k + 1) * 3 + sp) * 32 + lane];
+        mma_bf16(sacc[sp][0], a0, a2, b[0], b[1]);
+        mma_bf16(sacc[sp][1], a0, a2, b[2], b[3]);
       }
-      uint32_t pb[2][3];
-      split3(p[0][0], p[0][1], pb[0]);
-      split3(p[1][0], p[1][1], pb[1]);
+    }
+    float s[2][2];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const float v = (sacc[2][nt][j] + sacc[1][nt][j]) + sacc[0][nt][j];
+        s[nt][j] = nt * 8 + 2 * q4 + j < nvalid ? v : -INFINITY;
+      }
+    float p[2][2];
+    const float alpha = online_softmax_block(s, m_run, l_run, p);
+    // Rescale O^T (columns = heads 2q4, 2q4+1) only when some factor is not exactly 1.
+    if (__any_sync(0xffffffffu, alpha != 1.f)) {
+      const float a0 = __shfl_sync(0xffffffffu, alpha, (2 * q4) * 4);
+      const float a1 = __shfl_sync(0xffffffffu, alpha, (2 * q4 + 1) * 4);
 #pragma unroll
       for (int mt = 0; mt < KS; ++mt) {
-        uint32_t a[4];
-        ldsm_x4_t(a, sv + uint32_t(lr * CH + ((2 * mt + lc) ^ (lr & 7))) * 16);
-#pragma unroll
-        for (int sp = 2; sp >= 0; --sp) mma_bf16_full(oacc[mt], a, pb[0][sp], pb[1][sp]);
+        oacc[mt][0] *= a0; oacc[mt][1] *= a1; oacc[mt][2] *= a0; oacc[mt][3] *= a1;
       }
-      __syncwarp();  // all lanes done reading this stage before it is refilled
-      ++consumed;
     }
-    // Row sum over the 4 lanes of head g, butterfly (same bits in all 4 lanes).
-    l_run += __shfl_xor_sync(0xffffffffu, l_run, 1);
-    l_run += __shfl_xor_sync(0xffffffffu, l_run, 2);
-
-    // The tail. This warp's accumulators go to the stage of its ring that no
-    // copy is filling: at most kStages - 1 blocks are in flight past the
-    // computed ones, so the stage of the last computed block is free.
-    const int acc_stage = (consumed + kStages - 1) % kStages;
-    float* sm_acc = reinterpret_cast<float*>(smem + (size_t(warp) * kStages + acc_stage) * SB);  // [kRows][HD]
-    if (lane == 0) sm_acc_stage[warp] = acc_stage;
-    if (q4 == 0) { sm_m[warp * kRows + g] = m_run; sm_l[warp * kRows + g] = l_run; }
+    uint32_t pb[2][3];
+    split3(p[0][0], p[0][1], pb[0]);
+    split3(p[1][0], p[1][1], pb[1]);
 #pragma unroll
-    for (int mt = 0; mt < KS; ++mt)
+    for (int mt = 0; mt < KS; ++mt) {
+      uint32_t a[4];
+      ldsm_x4_t(a, sv + uint32_t(lr * CH + ((2 * mt + lc) ^ (lr & 7))) * 16);
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int ch = 16 * mt + g + (i >= 2 ? 8 : 0), hd_row = 2 * q4 + (i & 1);
-        sm_acc[hd_row * HD + ch] = oacc[mt][i];
-      }
-    __syncthreads();
-
-    const size_t base = (size_t(w.seq) * max_splits + w.split) * nq + size_t(h) * group;
-    // The merge weights of a head are computed once (split_tail.cuh), then
-    // every output is W products: the tail is on the critical path at short
-    // depths (4 CTAs at depth 0). Writing the output itself when a history is
-    // one split (no merge launch) was slower on the H200 -- depth 0 1.55
-    // against 1.50 ms/token, and 32K, where it is not taken, 2.03 against 2.00
-    // from the extra arguments (bench/results/h200_ab_direct_output_f18ad24.json);
-    // likely (not profiled) because the merge spreads this work over 192 CTAs.
-    if (threadIdx.x < group) {
-      const HeadMerge hm = split_tail::head_merge<W>(sm_m + threadIdx.x, sm_l + threadIdx.x, kRows);
-      sm_hm[threadIdx.x] = hm;
-      part_lse[base + threadIdx.x] = split_tail::merged_lse(hm, kLn2);
+      for (int sp = 2; sp >= 0; --sp) mma_bf16_full(oacc[mt], a, pb[0][sp], pb[1][sp]);
     }
-    __syncthreads();
-#pragma unroll 4
-    for (int idx = threadIdx.x; idx < group * HD; idx += W * 32) {
-      const int gg = idx / HD, c = idx % HD;
-      part_o[(base + gg) * HD + c] = split_tail::merged_output_at<W>(sm_hm[gg], [&](int i) {
-        return reinterpret_cast<const float*>(smem + (size_t(i) * kStages + sm_acc_stage[i]) * SB)[gg * HD + c];
-      });
-    }
+    __syncwarp();  // all lanes done reading this stage before it is refilled
   }
-  cp_async_wait<0>();  // (nothing is in flight: the cursor stops at the last item)
+  cp_async_wait<0>();
+  // Row sum over the 4 lanes of head g, butterfly (same bits in all 4 lanes).
+  l_run += __shfl_xor_sync(0xffffffffu, l_run, 1);
+  l_run += __shfl_xor_sync(0xffffffffu, l_run, 2);
+  __syncthreads();  // the merge area below aliases every warp's ring
+
+  float* sm_acc = reinterpret_cast<float*>(smem);  // [W][kRows][HD]
+  float* sm_m = sm_acc + size_t(W) * kRows * HD;   // [W][kRows]
+  float* sm_l = sm_m + W * kRows;                  // [W][kRows]
+  HeadMerge* sm_hm = reinterpret_cast<HeadMerge*>(sm_l + W * kRows);  // [kRows]
+  if (q4 == 0) { sm_m[warp * kRows + g] = m_run; sm_l[warp * kRows + g] = l_run; }
+#pragma unroll
+  for (int mt = 0; mt < KS; ++mt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int ch = 16 * mt + g + (i >= 2 ? 8 : 0), hd_row = 2 * q4 + (i & 1);
+      sm_acc[(size_t(warp) * kRows + hd_row) * HD + ch] = oacc[mt][i];
+    }
+  __syncthreads();
+
+  const size_t base = (size_t(w.seq) * max_splits + w.split) * nq + size_t(h) * group;
+  // The merge weights of a head are computed once (split_tail.cuh), then
+  // every output is W products: the tail is on the critical path at short
+  // depths (4 CTAs at depth 0). Writing the output itself when a history is
+  // one split (no merge launch) was slower on the H200 -- depth 0 1.55
+  // against 1.50 ms/token, and 32K, where it is not taken, 2.03 against 2.00
+  // from the extra arguments (bench/results/h200_ab_direct_output_f18ad24.json);
+  // likely (not profiled) because the merge spreads this work over 192 CTAs.
+  if (threadIdx.x < group) {
+    const HeadMerge hm = split_tail::head_merge<W>(sm_m + threadIdx.x, sm_l + threadIdx.x, kRows);
+    sm_hm[threadIdx.x] = hm;
+    part_lse[base + threadIdx.x] = split_tail::merged_lse(hm, kLn2);
+  }
+  __syncthreads();
+#pragma unroll 4
+  for (int idx = threadIdx.x; idx < group * HD; idx += W * 32) {
+    const int gg = idx / HD, c = idx % HD;
+    part_o[(base + gg) * HD + c] = split_tail::merged_output<W>(sm_hm[gg], sm_acc + size_t(gg) * HD + c, kRows * HD);
+  }
 }
 
 // Merge: grid (n_seq, n_q_heads, HD / 32), 256 threads = 8 warps x 32 channels.
@@ -424,75 +372,37 @@ merge_kernel(const float* __restrict__ part_o, const float* __restrict__ part_ls
   }
 }
 
-// CTAs of split_attention_kernel<HD> the current device holds at once (SMs x
-// CTAs per SM at its shared memory), found -- and the kernel's shared memory
-// limit raised over the 48 KiB default -- the first time a device launches it.
-template <int HD>
-int split_resident_ctas() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> known[kMaxDevices]{};
-  int dev = 0;
-  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
-  const bool cached = dev >= 0 && dev < kMaxDevices;
-  if (cached) {
-    const int n = known[dev].load(std::memory_order_acquire);
-    if (n > 0) return n;
-  }
-  constexpr size_t smem = split_smem_bytes<HD>();
-  check_cuda(cudaFuncSetAttribute(split_attention_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
-             "cudaFuncSetAttribute(split_attention_kernel)");
-  int per_sm = 0, sms = 0;
-  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, split_attention_kernel<HD>, warps_for<HD>() * 32,
-                                                           smem),
-             "cudaOccupancyMaxActiveBlocksPerMultiprocessor(split_attention_kernel)");
-  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "split attention: SM count");
-  const int n = std::max(1, per_sm) * std::max(1, sms);
-  if (cached) known[dev].store(n, std::memory_order_release);
-  return n;
-}
-
-// ACTIVEKV_SPLIT_GRID: "persistent" (the default) or "items" (a CTA per work
-// item, the grid before persistence: for A/B runs), read once per process.
-bool split_grid_persistent() {
-  static const bool persistent = [] {
-    const char* e = std::getenv("ACTIVEKV_SPLIT_GRID");
-    const std::string v = e ? e : "";
-    if (v.empty() || v == "persistent") return true;
-    if (v == "items") return false;
-    throw InvalidArgument("ACTIVEKV_SPLIT_GRID: '" + v + "' is not persistent or items");
-  }();
-  return persistent;
-}
-
 template <int HD>
 void launch_split(const AttnShape& sh, const SplitWork* work, int n_work, const float* q,
-                  Partials p, float scale_log2, cudaStream_t st, int max_ctas) {
-  const int n_items = n_work * sh.n_kv_heads;
-  const int resident = split_resident_ctas<HD>();  // (also sets the shared memory limit)
-  int grid = max_ctas > 0 ? max_ctas : split_grid_persistent() ? resident : n_items;
-  grid = std::min(grid, n_items);
-  pdl::launch("split_attention_kernel launch", split_attention_kernel<HD>, dim3(grid), warps_for<HD>() * 32,
-              split_smem_bytes<HD>(), st, work, n_work, q, p.o, p.lse, p.max_splits, sh.n_kv_heads, sh.group,
-              sh.page_size, scale_log2, sh.kv_head0, sh.page_heads());
+                  Partials p, float scale_log2, cudaStream_t st) {
+  constexpr size_t smem = split_smem_bytes<HD>();
+  // Over the 48 KiB default: the limit is raised per device (and per
+  // instantiation), the first time this device launches it.
+  static OncePerDevice smem_limit_set;
+  smem_limit_set([] {
+    check_cuda(cudaFuncSetAttribute(split_attention_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    int(smem)),
+               "cudaFuncSetAttribute(split_attention_kernel)");
+  });
+  dim3 grid(n_work, sh.n_kv_heads);
+  pdl::launch("split_attention_kernel launch", split_attention_kernel<HD>, grid, warps_for<HD>() * 32, smem, st, work,
+              q, p.o, p.lse, p.max_splits, sh.n_kv_heads, sh.group, sh.page_size, scale_log2, sh.kv_head0,
+              sh.page_heads());
 }
 
 }  // namespace
 
 void launch_split_attention(const AttnShape& shape, const SplitWork* work, int n_work,
-                            const float* q, Partials partials, cudaStream_t stream, int max_ctas) {
+                            const float* q, Partials partials, cudaStream_t stream) {
   shape.validate();
   if (n_work < 0) throw InvalidArgument("launch_split_attention: n_work is " + std::to_string(n_work));
-  if (max_ctas < 0) throw InvalidArgument("launch_split_attention: max_ctas is " + std::to_string(max_ctas));
-  if (int64_t(n_work) * shape.n_kv_heads > INT32_MAX)
-    throw InvalidArgument("launch_split_attention: " + std::to_string(n_work) + " splits x " +
-                          std::to_string(shape.n_kv_heads) + " heads is over 2^31 work items");
   if (n_work == 0) return;
   const float scale = shape.softmax_scale > 0.f ? shape.softmax_scale
                                                 : 1.f / std::sqrt(float(shape.head_dim));
   const float sl2 = scale * kLog2e;
-  if (shape.head_dim == 256) launch_split<256>(shape, work, n_work, q, partials, sl2, stream, max_ctas);
-  else if (shape.head_dim == 128) launch_split<128>(shape, work, n_work, q, partials, sl2, stream, max_ctas);
-  else launch_split<64>(shape, work, n_work, q, partials, sl2, stream, max_ctas);
+  if (shape.head_dim == 256) launch_split<256>(shape, work, n_work, q, partials, sl2, stream);
+  else if (shape.head_dim == 128) launch_split<128>(shape, work, n_work, q, partials, sl2, stream);
+  else launch_split<64>(shape, work, n_work, q, partials, sl2, stream);
   check_cuda(cudaGetLastError(), "split_attention_kernel launch");
 }
 

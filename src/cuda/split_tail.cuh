@@ -53,21 +53,14 @@ AKV_TAIL_HD HeadMerge<W> head_merge(const float* m, const float* l, int stride) 
   return hm;
 }
 
-/// Output channel: acc(i) is warp i's unnormalised O at it (read only for
-/// the valid warps).
-template <int W, class Acc>
-AKV_TAIL_HD float merged_output_at(const HeadMerge<W>& hm, const Acc& acc) {
-  if (hm.valid == 0) return 0.f;
-  float O = 0.f;
-  for (int i = 0; i < W; ++i)
-    if (hm.valid >> i & 1u) O = fmaf(hm.sc[i], acc(i), O);
-  return O / hm.L;
-}
-
 /// Output channel: acc[i * stride] is warp i's unnormalised O at it.
 template <int W>
 AKV_TAIL_HD float merged_output(const HeadMerge<W>& hm, const float* acc, int stride) {
-  return merged_output_at<W>(hm, [&](int i) { return acc[i * stride]; });
+  if (hm.valid == 0) return 0.f;
+  float O = 0.f;
+  for (int i = 0; i < W; ++i)
+    if (hm.valid >> i & 1u) O = fmaf(hm.sc[i], acc[i * stride], O);
+  return O / hm.L;
 }
 
 /// The partial's LSE (natural log) for this head; ln2 = ln(2) as the kernel's.

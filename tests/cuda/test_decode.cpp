@@ -22,7 +22,6 @@
 #include "activekv/cuda/quant_matvec.h"
 #include "activekv/kv/codec_int8s.h"
 #include "activekv/kv/page_store.h"
-#include "device_array.h"
 #include "gpu_test_util.h"
 
 namespace activekv::cuda {
@@ -139,7 +138,7 @@ struct Fixture {
     std::vector<kv::PageId> ids(total);
     for (kv::PageId& id : ids) {
       id = store->allocate();
-      activekv::testing::fill_random_bf16(store->page_data(id), sh.page_bytes(), seed * 1000003 + id);
+      testing::fill_random_bf16(store->page_data(id), sh.page_bytes(), seed * 1000003 + id);
     }
     std::mt19937_64 rng(seed);
     if (c.shuffle_pages) std::shuffle(ids.begin(), ids.end(), rng);
@@ -214,7 +213,7 @@ struct Fixture {
       for (int s = 0; s < S; ++s) {
         std::vector<const std::byte*> pages;
         for (const PageRef& r : tables[s].tables[l]) pages.push_back(r.host);
-        const attention::DenseHistoryF64 h = activekv::testing::dense_history(ks, pages, tables[s].n_tokens);
+        const attention::DenseHistoryF64 h = testing::dense_history(ks, pages, tables[s].n_tokens);
         const int64_t pos = tables[s].n_tokens - 1;
         attention::AttentionOptions opt;
         opt.window = windows.empty() ? 0 : windows[size_t(l)];
@@ -566,67 +565,6 @@ TEST(CudaDecode, BitwiseRepeatable) {
   EXPECT_TRUE(same_bits(al, bl));
 }
 
-// The split kernel's CTAs take work items (split x KV head) in turn; a CTA
-// that takes several keeps its copy ring running across them and merges each
-// item's warps in a free stage of the ring. Every grid must give the partials
-// of one CTA per item bit for bit: splits that end mid-block, with fewer
-// blocks than warps (warps without a block in an item), and one page token
-// that no split covers set to NaN (a copy past a split's end would show).
-TEST(CudaDecode, SplitGridsGiveTheSameBits) {
-  NEED_GPU();
-  for (const int hd : {64, 128, 256}) {
-    SCOPED_TRACE("head_dim " + std::to_string(hd));
-    const AttnShape sh{2, hd == 256 ? 6 : 4, hd, 64, 32, 0.f};
-    const int nq = sh.n_q_heads();
-    const std::vector<int> ntok = {32, 17, 1, 16, 31, 9, 32, 2, 32, 24, 5, 32, 3};  // split s: page s / 2, tokens 32 (s % 2) ..
-    const int n_work = int(ntok.size()), n_items = n_work * sh.n_kv_heads, n_pages = (n_work + 1) / 2;
-    const size_t page_elems = sh.page_bytes() / 2;
-    std::vector<uint16_t> pages(page_elems * n_pages);
-    activekv::testing::fill_random_bf16(reinterpret_cast<std::byte*>(pages.data()), pages.size() * 2, 99 + hd);
-    std::vector<SplitWork> work;
-    for (int s = 0; s < n_work; ++s) {
-      const int tok0 = 32 * (s % 2), n = ntok[size_t(s)];
-      work.push_back(SplitWork{nullptr, s % 3, tok0, n, s / 3});
-      for (int plane = 0; plane < 2 * sh.n_kv_heads; ++plane)  // K and V planes of every head
-        for (int t = tok0 + n; t < tok0 + 32; ++t)
-          std::fill_n(pages.begin() + (size_t(s / 2) * 2 * sh.n_kv_heads + plane) * sh.page_size * hd + size_t(t) * hd,
-                      hd, uint16_t(0x7fc0));
-    }
-    const int n_seq = 3, max_splits = (n_work + 2) / 3;
-    std::vector<float> q(size_t(n_seq) * nq * hd);
-    std::mt19937 rng(hd);
-    std::normal_distribution<float> nd(0.f, 1.f);
-    for (float& x : q) x = nd(rng);
-    cuda::testing::DeviceArray<uint16_t> d_pages(pages);
-    for (SplitWork& x : work) x.page = d_pages.get() + size_t(&x - work.data()) / 2 * page_elems;
-    cuda::testing::DeviceArray<SplitWork> d_work(work);
-    cuda::testing::DeviceArray<float> d_q(q), d_o(size_t(n_seq) * max_splits * nq * hd),
-        d_lse(size_t(n_seq) * max_splits * nq);
-    auto run = [&](int max_ctas, std::vector<float>& o, std::vector<float>& lse) {
-      d_o.poison();
-      d_lse.poison();
-      launch_split_attention(sh, d_work.get(), n_work, d_q.get(), Partials{d_o.get(), d_lse.get(), max_splits},
-                             nullptr, max_ctas);
-      CUDA_OK(cudaDeviceSynchronize());
-      o = d_o.download();
-      lse = d_lse.download();
-    };
-    std::vector<float> one_o, one_lse;
-    run(n_items, one_o, one_lse);
-    size_t written = 0;
-    for (const float x : one_lse) written += !std::isnan(x);
-    ASSERT_EQ(written, size_t(n_items) * sh.group) << "every item's LSEs are written (the rest stay poisoned)";
-    for (size_t i = 0; i < one_lse.size(); ++i)
-      if (!std::isnan(one_lse[i])) ASSERT_TRUE(std::isfinite(one_lse[i])) << "a NaN token past a split's end was read";
-    for (const int max_ctas : {1, 5, n_items - 1, 0}) {
-      std::vector<float> o, lse;
-      run(max_ctas, o, lse);
-      EXPECT_TRUE(same_bits(o, one_o)) << "partial O of " << max_ctas << " CTAs differs from one CTA per item";
-      EXPECT_TRUE(same_bits(lse, one_lse)) << "partial LSE of " << max_ctas << " CTAs differs from one CTA per item";
-    }
-  }
-}
-
 // Kernel attributes (the dynamic shared memory limit) are set per device
 // (src/cuda/once_per_device.h): every GPU, and host threads launching at the
 // same time, must run the kernels and get the resident run's bits. With one
@@ -634,7 +572,7 @@ TEST(CudaDecode, SplitGridsGiveTheSameBits) {
 // code) makes the second GPU's launches fail.
 TEST(CudaDecode, EveryDeviceAndThreadGetsTheSameBits) {
   NEED_GPU();
-  const int n_dev = activekv::testing::gpu_count();
+  const int n_dev = testing::gpu_count();
   const Case c = cases()[0];  // head_dim 256: its kernel needs more than the 48 KiB default
   Fixture f(c, 14);
   std::vector<float> ref, ref_lse;
@@ -799,7 +737,7 @@ TEST(CudaDecode, RejectsBadArguments) {
   std::vector<PageRef> pages;
   for (int i = 0; i < 4; ++i) {
     const kv::PageId id = store.allocate();
-    activekv::testing::fill_random_bf16(store.page_data(id), sh.page_bytes(), 20 + uint64_t(i));
+    testing::fill_random_bf16(store.page_data(id), sh.page_bytes(), 20 + uint64_t(i));
     pages.push_back(PageRef{store.page_data(id), nullptr, sh.page_bytes(), PageKind::bf16});
   }
   EngineConfig ec;

@@ -112,17 +112,11 @@ struct Partials {
 
 /// Runs attention for `n_work` splits (device array `work`) with queries
 /// `q` [n_seq][n_q_heads][head_dim] fp32 (device), writing partials.
-/// Work items: n_work x n_kv_heads, item (w, h) reads page head kv_head0 + h
-/// of split w and query heads h*group.. of q. CTAs of 64 threads (head_dim
-/// 256) or 128 (64 and 128) take items c, c + grid, ...: at most `max_ctas`
-/// of them; 0 = as many as the GPU holds at once (a persistent grid: each
-/// CTA's next item streams in while this one's tail runs), or one per item
-/// with ACTIVEKV_SPLIT_GRID=items in the environment. The partials are bitwise
-/// the same for every grid. n_work == 0 is a no-op; throws InvalidArgument for
-/// max_ctas < 0, more than 2^31 items or an ACTIVEKV_SPLIT_GRID other than
-/// persistent | items.
+/// Grid: n_work x n_kv_heads CTAs (64 threads for head_dim 256, 128 for 64 and 128);
+/// CTA (w, h) reads page head kv_head0 + h and query heads h*group.. of q.
+/// n_work == 0 is a no-op.
 void launch_split_attention(const AttnShape& shape, const SplitWork* work, int n_work,
-                            const float* q, Partials partials, cudaStream_t stream, int max_ctas = 0);
+                            const float* q, Partials partials, cudaStream_t stream);
 
 /// Most splits per sequence launch_merge takes (its weights live in shared memory).
 inline constexpr int kMaxMergeSplits = 12288;
