@@ -85,6 +85,11 @@
 #           bench_matvec and activekv as arm A (AKV_AB_TYPES, default
 #           Q6_K,Q4_0,Q8_0; models AKV_AB_MODELS, default Q6_K,Q4_0; AKV_AB
 #           an optional setting for arm B) -> $OUT/matvec_ab.json
+#   env-ab  one build, two settings of an ACTIVEKV_* switch (issues 13, 16):
+#           the GPU tests of AKV_TESTS (default: decode), then
+#           bench/gpu/decode_ab.sh with AKV_ENV_A (e.g. ACTIVEKV_SPLIT_QK=terms) as
+#           arm A and AKV_ENV_B (ACTIVEKV_SPLIT_QK=packed) as arm B, alternating
+#           (AKV_AB_REPS, AKV_AB_DECODE_ARGS as decode_ab.sh reads them) -> $OUT/decode_ab.json
 #   ncu-bf16  Nsight Compute of the resident bf16 split kernel (issues 13, 16:
 #           resident attention at >= 85 % of HBM): 128K at split 512 (+ its
 #           SASS source page) and 1024, 32K at 512 -> $OUT/ncu_bf16_split.txt
@@ -387,6 +392,19 @@ run_decode_ab() {
   return $rc
 }
 
+# Two settings of a switch in one build: wrapper scripts as decode_ab.sh's two binaries.
+run_env_ab() {
+  local rc=0 a=/tmp/arm_a.sh b=/tmp/arm_b.sh
+  : "${AKV_ENV_A:?set AKV_ENV_A='ACTIVEKV_X=a'}" "${AKV_ENV_B:?set AKV_ENV_B='ACTIVEKV_X=b'}"
+  AKV_TESTS="${AKV_TESTS:-decode}" run_tests || rc=1
+  printf '#!/bin/sh\nexport %s\nexec %s "$@"\n' "$AKV_ENV_A" "$PWD/$AKV" > $a
+  printf '#!/bin/sh\nexport %s\nexec %s "$@"\n' "$AKV_ENV_B" "$PWD/$AKV" > $b
+  chmod +x $a $b
+  echo "== A/B in one build: $AKV_ENV_A (A) against $AKV_ENV_B (B) $(( $(date +%s) - t0 )) s"
+  AKV_BASE_COMMIT="$COMMIT with $AKV_ENV_A" bench/gpu/decode_ab.sh "$OUT" $a $b || rc=1
+  return $rc
+}
+
 # The matvec of this build against the base build's (issue 10): every GPU
 # test, then bench/gpu/matvec_ab.sh with the base's binaries as arm A.
 run_matvec_ab() {
@@ -604,6 +622,7 @@ case "$PHASE" in
   coatt) run_coatt || RC=1 ;;
   parallel) run_parallel || RC=1 ;;
   decode-ab) run_decode_ab || RC=1 ;;
+  env-ab) run_env_ab || RC=1 ;;
   batch) run_batch || RC=1 ;;
   matvec-ab) run_matvec_ab || RC=1 ;;
   ncu-matvec) run_ncu_matvec || RC=1 ;;

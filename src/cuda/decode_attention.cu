@@ -13,12 +13,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <string>
 
 #include "activekv/cuda/decode_attention.h"
 #include "mma_util.cuh"
 #include "once_per_device.h"
 #include "pdl.cuh"
+#include "split_qk.h"
 #include "split_tail.cuh"
 #include "quant_x.cuh"
 
@@ -115,7 +117,7 @@ constexpr size_t split_smem_bytes() {
 //   O^T[HD x 8 heads]  += V^T[HD x 16 tok] . P^T  (P as 3 bf16 terms; the
 //                          score C-fragment IS the P^T B-fragment: no shuffles)
 // The W warp states merge in shared memory in fixed order. No atomics: bitwise repeatable.
-template <int HD>
+template <int HD, bool PQ>
 __global__ void __launch_bounds__(warps_for<HD>() * 32, 1)
 split_attention_kernel(const SplitWork* __restrict__ work, const float* __restrict__ q,
                        float* __restrict__ part_o, float* __restrict__ part_lse, int max_splits,
@@ -190,8 +192,17 @@ split_attention_kernel(const SplitWork* __restrict__ work, const float* __restri
       const int e = warp + i * W;
       uint32_t t[3];
       split3(xq[i].x, xq[i].y, t);
+      if constexpr (PQ) {
+        // [k][lane] {hi, mid} of half 0 then of half 1 (one 16-byte load: the
+        // A fragment with mid in rows 8..15), then [k][lane] {lo half 0, lo half 1}.
+        const int k = e >> 1, half = e & 1;
+        sm_q[(k * 32 + lane) * 4 + 2 * half] = t[0];
+        sm_q[(k * 32 + lane) * 4 + 2 * half + 1] = t[1];
+        sm_q[KS * 32 * 4 + (k * 32 + lane) * 2 + half] = t[2];
+      } else {
 #pragma unroll
-      for (int sp = 0; sp < 3; ++sp) sm_q[(e * 3 + sp) * 32 + lane] = t[sp];
+        for (int sp = 0; sp < 3; ++sp) sm_q[(e * 3 + sp) * 32 + lane] = t[sp];
+      }
     }
   }
   __syncthreads();
@@ -215,33 +226,66 @@ split_attention_kernel(const SplitWork* __restrict__ work, const float* __restri
     const uint32_t sk = ring + uint32_t(it % kStages) * SB, sv = sk + kBlk * HD * 2;
     const int nvalid = min(kBlk, w.ntok - (warp + it * W) * kBlk);
 
-    float sacc[3][2][4];
-#pragma unroll
-    for (int sp = 0; sp < 3; ++sp)
+    // Score terms per query term: hi, mid, lo accumulated apart, summed lo + mid + hi.
+    float s[2][2];
+    if constexpr (PQ) {
+      // hi in rows 0..7 and mid in rows 8..15 of one mma: a row's sum does
+      // not depend on the other rows, so the terms keep their bits with 4
+      // mma per k-step instead of 6 (lo alone, rows 8..15 zero).
+      float shm[2][4], slo[2][4];
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) sacc[sp][nt][i] = 0.f;
+        for (int i = 0; i < 4; ++i) shm[nt][i] = slo[nt][i] = 0.f;
+      const uint4* q_hm = reinterpret_cast<const uint4*>(sm_q);
+      const uint2* q_lo = reinterpret_cast<const uint2*>(sm_q + KS * 32 * 4);
 #pragma unroll
-    for (int k = 0; k < KS; ++k) {
-      uint32_t b[4];
-      ldsm_x4(b, sk + uint32_t(lr * CH + ((2 * k + lc) ^ (lr & 7))) * 16);
-#pragma unroll
-      for (int sp = 0; sp < 3; ++sp) {
-        const uint32_t a0 = sm_q[((2 * k) * 3 + sp) * 32 + lane];
-        const uint32_t a2 = sm_q[((2 * k + 1) * 3 + sp) * 32 + lane];
-        mma_bf16(sacc[sp][0], a0, a2, b[0], b[1]);
-        mma_bf16(sacc[sp][1], a0, a2, b[2], b[3]);
+      for (int k = 0; k < KS; ++k) {
+        uint32_t b[4];
+        ldsm_x4(b, sk + uint32_t(lr * CH + ((2 * k + lc) ^ (lr & 7))) * 16);
+        const uint4 hm = q_hm[k * 32 + lane];
+        const uint2 lo = q_lo[k * 32 + lane];
+        const uint32_t a[4] = {hm.x, hm.y, hm.z, hm.w};
+        mma_bf16_full(shm[0], a, b[0], b[1]);
+        mma_bf16_full(shm[1], a, b[2], b[3]);
+        mma_bf16(slo[0], lo.x, lo.y, b[0], b[1]);
+        mma_bf16(slo[1], lo.x, lo.y, b[2], b[3]);
       }
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const float v = (slo[nt][j] + shm[nt][2 + j]) + shm[nt][j];
+          s[nt][j] = nt * 8 + 2 * q4 + j < nvalid ? v : -INFINITY;
+        }
+    } else {
+      float sacc[3][2][4];
+#pragma unroll
+      for (int sp = 0; sp < 3; ++sp)
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) sacc[sp][nt][i] = 0.f;
+#pragma unroll
+      for (int k = 0; k < KS; ++k) {
+        uint32_t b[4];
+        ldsm_x4(b, sk + uint32_t(lr * CH + ((2 * k + lc) ^ (lr & 7))) * 16);
+#pragma unroll
+        for (int sp = 0; sp < 3; ++sp) {
+          const uint32_t a0 = sm_q[((2 * k) * 3 + sp) * 32 + lane];
+          const uint32_t a2 = sm_q[((2 * k + 1) * 3 + sp) * 32 + lane];
+          mma_bf16(sacc[sp][0], a0, a2, b[0], b[1]);
+          mma_bf16(sacc[sp][1], a0, a2, b[2], b[3]);
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const float v = (sacc[2][nt][j] + sacc[1][nt][j]) + sacc[0][nt][j];
+          s[nt][j] = nt * 8 + 2 * q4 + j < nvalid ? v : -INFINITY;
+        }
     }
-    float s[2][2];
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const float v = (sacc[2][nt][j] + sacc[1][nt][j]) + sacc[0][nt][j];
-        s[nt][j] = nt * 8 + 2 * q4 + j < nvalid ? v : -INFINITY;
-      }
     float p[2][2];
     const float alpha = online_softmax_block(s, m_run, l_run, p);
     // Rescale O^T (columns = heads 2q4, 2q4+1) only when some factor is not exactly 1.
@@ -372,7 +416,7 @@ merge_kernel(const float* __restrict__ part_o, const float* __restrict__ part_ls
   }
 }
 
-template <int HD>
+template <int HD, bool PQ>
 void launch_split(const AttnShape& sh, const SplitWork* work, int n_work, const float* q,
                   Partials p, float scale_log2, cudaStream_t st) {
   constexpr size_t smem = split_smem_bytes<HD>();
@@ -380,29 +424,54 @@ void launch_split(const AttnShape& sh, const SplitWork* work, int n_work, const 
   // instantiation), the first time this device launches it.
   static OncePerDevice smem_limit_set;
   smem_limit_set([] {
-    check_cuda(cudaFuncSetAttribute(split_attention_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    check_cuda(cudaFuncSetAttribute(split_attention_kernel<HD, PQ>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     int(smem)),
                "cudaFuncSetAttribute(split_attention_kernel)");
   });
   dim3 grid(n_work, sh.n_kv_heads);
-  pdl::launch("split_attention_kernel launch", split_attention_kernel<HD>, grid, warps_for<HD>() * 32, smem, st, work,
-              q, p.o, p.lse, p.max_splits, sh.n_kv_heads, sh.group, sh.page_size, scale_log2, sh.kv_head0,
+  pdl::launch("split_attention_kernel launch", split_attention_kernel<HD, PQ>, grid, warps_for<HD>() * 32, smem, st,
+              work, q, p.o, p.lse, p.max_splits, sh.n_kv_heads, sh.group, sh.page_size, scale_log2, sh.kv_head0,
               sh.page_heads());
+}
+
+// ACTIVEKV_SPLIT_QK=terms: the Q.K^T of three mma per term pair (the kernel
+// before the packed query), for A/B runs; read once per process.
+bool split_qk_packed() {
+  static const bool packed = [] {
+    const char* e = std::getenv("ACTIVEKV_SPLIT_QK");
+    const std::string v = e ? e : "";
+    if (v.empty() || v == "packed") return true;
+    if (v == "terms") return false;
+    throw InvalidArgument("ACTIVEKV_SPLIT_QK: '" + v + "' is not packed or terms");
+  }();
+  return packed;
+}
+
+template <int HD>
+void launch_split(const AttnShape& sh, const SplitWork* work, int n_work, const float* q, Partials p,
+                  float scale_log2, cudaStream_t st, bool packed_qk) {
+  if (packed_qk) launch_split<HD, true>(sh, work, n_work, q, p, scale_log2, st);
+  else launch_split<HD, false>(sh, work, n_work, q, p, scale_log2, st);
 }
 
 }  // namespace
 
 void launch_split_attention(const AttnShape& shape, const SplitWork* work, int n_work,
                             const float* q, Partials partials, cudaStream_t stream) {
+  detail::launch_split_attention_qk(shape, work, n_work, q, partials, stream, split_qk_packed());
+}
+
+void detail::launch_split_attention_qk(const AttnShape& shape, const SplitWork* work, int n_work, const float* q,
+                                       Partials partials, cudaStream_t stream, bool packed_qk) {
   shape.validate();
   if (n_work < 0) throw InvalidArgument("launch_split_attention: n_work is " + std::to_string(n_work));
   if (n_work == 0) return;
   const float scale = shape.softmax_scale > 0.f ? shape.softmax_scale
                                                 : 1.f / std::sqrt(float(shape.head_dim));
   const float sl2 = scale * kLog2e;
-  if (shape.head_dim == 256) launch_split<256>(shape, work, n_work, q, partials, sl2, stream);
-  else if (shape.head_dim == 128) launch_split<128>(shape, work, n_work, q, partials, sl2, stream);
-  else launch_split<64>(shape, work, n_work, q, partials, sl2, stream);
+  if (shape.head_dim == 256) launch_split<256>(shape, work, n_work, q, partials, sl2, stream, packed_qk);
+  else if (shape.head_dim == 128) launch_split<128>(shape, work, n_work, q, partials, sl2, stream, packed_qk);
+  else launch_split<64>(shape, work, n_work, q, partials, sl2, stream, packed_qk);
   check_cuda(cudaGetLastError(), "split_attention_kernel launch");
 }
 

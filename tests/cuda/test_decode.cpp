@@ -22,7 +22,9 @@
 #include "activekv/cuda/quant_matvec.h"
 #include "activekv/kv/codec_int8s.h"
 #include "activekv/kv/page_store.h"
+#include "device_array.h"
 #include "gpu_test_util.h"
+#include "split_qk.h"
 
 namespace activekv::cuda {
 namespace {
@@ -138,7 +140,7 @@ struct Fixture {
     std::vector<kv::PageId> ids(total);
     for (kv::PageId& id : ids) {
       id = store->allocate();
-      testing::fill_random_bf16(store->page_data(id), sh.page_bytes(), seed * 1000003 + id);
+      activekv::testing::fill_random_bf16(store->page_data(id), sh.page_bytes(), seed * 1000003 + id);
     }
     std::mt19937_64 rng(seed);
     if (c.shuffle_pages) std::shuffle(ids.begin(), ids.end(), rng);
@@ -213,7 +215,7 @@ struct Fixture {
       for (int s = 0; s < S; ++s) {
         std::vector<const std::byte*> pages;
         for (const PageRef& r : tables[s].tables[l]) pages.push_back(r.host);
-        const attention::DenseHistoryF64 h = testing::dense_history(ks, pages, tables[s].n_tokens);
+        const attention::DenseHistoryF64 h = activekv::testing::dense_history(ks, pages, tables[s].n_tokens);
         const int64_t pos = tables[s].n_tokens - 1;
         attention::AttentionOptions opt;
         opt.window = windows.empty() ? 0 : windows[size_t(l)];
@@ -565,6 +567,48 @@ TEST(CudaDecode, BitwiseRepeatable) {
   EXPECT_TRUE(same_bits(al, bl));
 }
 
+// The split kernel's two forms of Q.K^T (src/cuda/split_qk.h) -- the hi and
+// mid query terms packed into one mma's rows 0..7 and 8..15, or one mma per
+// term -- must give the same partials bit for bit: every head dim, group
+// sizes up to 8 (every row of the packed mma), splits that end mid-block.
+TEST(CudaDecode, SplitQkFormsGiveTheSameBits) {
+  NEED_GPU();
+  for (const int hd : {64, 128, 256}) {
+    SCOPED_TRACE("head_dim " + std::to_string(hd));
+    const AttnShape sh{2, hd == 128 ? 8 : hd == 256 ? 6 : 3, hd, 64, 32, 0.f};
+    const int nq = sh.n_q_heads();
+    const std::vector<int> ntok = {32, 17, 1, 16, 31, 9, 32, 2};  // split s: page s / 2, tokens 32 (s % 2) ..
+    const int n_work = int(ntok.size()), n_pages = n_work / 2;
+    const size_t page_elems = sh.page_bytes() / 2;
+    std::vector<uint16_t> pages(page_elems * n_pages);
+    activekv::testing::fill_random_bf16(reinterpret_cast<std::byte*>(pages.data()), pages.size() * 2, 7 + hd);
+    std::vector<float> q(size_t(nq) * hd);
+    std::mt19937 rng(hd);
+    std::normal_distribution<float> nd(0.f, 3.f);  // peaky scores: the lo term matters
+    for (float& x : q) x = nd(rng);
+    cuda::testing::DeviceArray<uint16_t> d_pages(pages);
+    std::vector<SplitWork> work;
+    for (int s = 0; s < n_work; ++s)
+      work.push_back(SplitWork{d_pages.get() + size_t(s / 2) * page_elems, 0, 32 * (s % 2), ntok[size_t(s)], s});
+    cuda::testing::DeviceArray<SplitWork> d_work(work);
+    cuda::testing::DeviceArray<float> d_q(q), d_o(size_t(n_work) * nq * hd), d_lse(size_t(n_work) * nq);
+    std::vector<float> o[2], lse[2];
+    for (const bool packed : {false, true}) {
+      d_o.poison();
+      d_lse.poison();
+      detail::launch_split_attention_qk(sh, d_work.get(), n_work, d_q.get(), Partials{d_o.get(), d_lse.get(), n_work},
+                                        nullptr, packed);
+      CUDA_OK(cudaDeviceSynchronize());
+      o[packed] = d_o.download();
+      lse[packed] = d_lse.download();
+      EXPECT_TRUE(std::all_of(lse[packed].begin(), lse[packed].end(), [](float x) { return std::isfinite(x); }))
+          << (packed ? "packed" : "terms") << ": a partial was not written";
+    }
+    EXPECT_TRUE(same_bits(o[0], o[1])) << "partial O differs between the packed and per-term Q.K^T";
+    EXPECT_TRUE(same_bits(lse[0], lse[1])) << "partial LSE differs between the packed and per-term Q.K^T";
+  }
+}
+
 // Kernel attributes (the dynamic shared memory limit) are set per device
 // (src/cuda/once_per_device.h): every GPU, and host threads launching at the
 // same time, must run the kernels and get the resident run's bits. With one
@@ -572,7 +616,7 @@ TEST(CudaDecode, BitwiseRepeatable) {
 // code) makes the second GPU's launches fail.
 TEST(CudaDecode, EveryDeviceAndThreadGetsTheSameBits) {
   NEED_GPU();
-  const int n_dev = testing::gpu_count();
+  const int n_dev = activekv::testing::gpu_count();
   const Case c = cases()[0];  // head_dim 256: its kernel needs more than the 48 KiB default
   Fixture f(c, 14);
   std::vector<float> ref, ref_lse;
@@ -737,7 +781,7 @@ TEST(CudaDecode, RejectsBadArguments) {
   std::vector<PageRef> pages;
   for (int i = 0; i < 4; ++i) {
     const kv::PageId id = store.allocate();
-    testing::fill_random_bf16(store.page_data(id), sh.page_bytes(), 20 + uint64_t(i));
+    activekv::testing::fill_random_bf16(store.page_data(id), sh.page_bytes(), 20 + uint64_t(i));
     pages.push_back(PageRef{store.page_data(id), nullptr, sh.page_bytes(), PageKind::bf16});
   }
   EngineConfig ec;
