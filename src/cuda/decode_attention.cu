@@ -434,14 +434,15 @@ void launch_split(const AttnShape& sh, const SplitWork* work, int n_work, const 
               sh.page_heads());
 }
 
-// ACTIVEKV_SPLIT_QK=terms: the Q.K^T of three mma per term pair (the kernel
-// before the packed query), for A/B runs; read once per process.
+// ACTIVEKV_SPLIT_QK: "terms" (the default: the form measured against HBM and
+// SDPA) or "packed" (split_qk.h; same bits, fewer instructions, not yet timed
+// against terms -- an H100 call ran out of device time mid A/B); read once per process.
 bool split_qk_packed() {
   static const bool packed = [] {
     const char* e = std::getenv("ACTIVEKV_SPLIT_QK");
     const std::string v = e ? e : "";
-    if (v.empty() || v == "packed") return true;
-    if (v == "terms") return false;
+    if (v == "packed") return true;
+    if (v.empty() || v == "terms") return false;
     throw InvalidArgument("ACTIVEKV_SPLIT_QK: '" + v + "' is not packed or terms");
   }();
   return packed;
