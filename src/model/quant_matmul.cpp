@@ -20,18 +20,34 @@ detail::BlockType block_type(gguf::TensorType t) {
     case gguf::TensorType::Q4_0: return detail::BlockType::q4_0;
     case gguf::TensorType::Q4_1: return detail::BlockType::q4_1;
     case gguf::TensorType::Q8_0: return detail::BlockType::q8_0;
+    case gguf::TensorType::Q5_0: return detail::BlockType::q5_0;
+    case gguf::TensorType::Q4_K: return detail::BlockType::q4_k;
+    case gguf::TensorType::Q6_K: return detail::BlockType::q6_k;
     default: break;
   }
-  throw InvalidArgument("quant_matmul: no CPU kernel for " + gguf::type_name(t) + " (Q4_0, Q4_1, Q8_0 only)");
+  throw InvalidArgument("quant_matmul: no CPU kernel for " + gguf::type_name(t) +
+                        " (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K only)");
+}
+
+gguf::TensorType tensor_type(detail::BlockType t) {
+  switch (t) {
+    case detail::BlockType::q4_0: return gguf::TensorType::Q4_0;
+    case detail::BlockType::q4_1: return gguf::TensorType::Q4_1;
+    case detail::BlockType::q8_0: return gguf::TensorType::Q8_0;
+    case detail::BlockType::q5_0: return gguf::TensorType::Q5_0;
+    case detail::BlockType::q4_k: return gguf::TensorType::Q4_K;
+    case detail::BlockType::q6_k: return gguf::TensorType::Q6_K;
+  }
+  return gguf::TensorType::Q8_0;
 }
 
 // The matrix's own consistency (a hand-built one; Weights::load's come from
 // a validated GGUF): whole blocks a row, the bytes it needs.
 void check_matrix(const QuantMatrix& w) {
-  (void)block_type(w.type);  // throws for a type without a kernel
-  if (w.rows < 0 || w.cols <= 0 || w.cols % 32 != 0)
-    throw InvalidArgument(fmt::format("quant_matmul: a {} x {} matrix (columns: a positive multiple of 32)", w.rows,
-                                      w.cols));
+  const int per_block = detail::block_elements(block_type(w.type));  // throws for a type without a kernel
+  if (w.rows < 0 || w.cols <= 0 || w.cols % per_block != 0)
+    throw InvalidArgument(fmt::format("quant_matmul: a {} x {} {} matrix (columns: a positive multiple of {})", w.rows,
+                                      w.cols, gguf::type_name(w.type), per_block));
   if (w.blocks.size() != size_t(w.rows) * w.row_bytes())
     throw InvalidArgument(fmt::format("quant_matmul: {} bytes of blocks for {} rows of {} bytes", w.blocks.size(),
                                       w.rows, w.row_bytes()));
@@ -83,20 +99,20 @@ namespace detail {
 // reference's by construction) and sums with std::fma in the lanes and tree
 // that quant_matmul.h specifies, so its bits are the AVX2 kernel's.
 void fused_rows_portable(const FusedRows& f, int64_t r0, int64_t r1) {
-  const gguf::TensorType type = f.type == BlockType::q4_0   ? gguf::TensorType::Q4_0
-                                : f.type == BlockType::q4_1 ? gguf::TensorType::Q4_1
-                                                            : gguf::TensorType::Q8_0;
-  const size_t bb = gguf::block_bytes(type);
+  const gguf::TensorType type = tensor_type(f.type);
+  const size_t bb = block_bytes(f.type);
+  const int per_block = block_elements(f.type);
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* row = f.w + size_t(r) * f.row_bytes;
     float acc[kFusedVectors][32] = {};
-    for (int64_t b = 0; b < f.cols / 32; ++b) {
-      float wb[32];
-      gguf::dequantize(type, row + size_t(b) * bb, wb, 32);
-      for (int t = 0; t < f.n; ++t) {
-        const float* x = f.x + size_t(t) * size_t(f.cols) + size_t(b) * 32;
-        for (int e = 0; e < 32; ++e) acc[t][e] = std::fma(wb[e], x[e], acc[t][e]);
-      }
+    for (int64_t b = 0; b < f.cols / per_block; ++b) {
+      float wb[256];
+      gguf::dequantize(type, row + size_t(b) * bb, wb, uint64_t(per_block));
+      for (int u = 0; u < per_block; u += 32)  // 32-element units in row order
+        for (int t = 0; t < f.n; ++t) {
+          const float* x = f.x + size_t(t) * size_t(f.cols) + size_t(b) * per_block + size_t(u);
+          for (int e = 0; e < 32; ++e) acc[t][e] = std::fma(wb[u + e], x[e], acc[t][e]);
+        }
     }
     for (int t = 0; t < f.n; ++t) {
       const float* a = acc[t];
@@ -115,7 +131,9 @@ void QuantMatrix::dequantize_row(int64_t r, float* out) const {
 }
 
 bool quant_matmul_supports(gguf::TensorType t) {
-  return t == gguf::TensorType::Q4_0 || t == gguf::TensorType::Q4_1 || t == gguf::TensorType::Q8_0;
+  using gguf::TensorType;
+  return t == TensorType::Q4_0 || t == TensorType::Q4_1 || t == TensorType::Q8_0 || t == TensorType::Q5_0 ||
+         t == TensorType::Q4_K || t == TensorType::Q6_K;
 }
 
 bool cpu_has_avx2_fma() {

@@ -10,10 +10,28 @@
 
 namespace activekv::model::detail {
 
-enum class BlockType { q4_0, q4_1, q8_0 };
+enum class BlockType { q4_0, q4_1, q8_0, q5_0, q4_k, q6_k };
+
+/// Bytes of one GGUF block and the elements it holds (32, or 256 for the
+/// K-quants' super-blocks; layouts in gguf/tensor_type.h). The kernels work
+/// in units of 32 elements: unit u of a row is block u of it, or for a
+/// K-quant sub-block u % 8 of super-block u / 8.
+constexpr size_t block_bytes(BlockType t) {
+  switch (t) {
+    case BlockType::q4_0: return 18;
+    case BlockType::q4_1: return 20;
+    case BlockType::q8_0: return 34;
+    case BlockType::q5_0: return 22;
+    case BlockType::q4_k: return 144;
+    case BlockType::q6_k: return 210;
+  }
+  return 0;
+}
+constexpr int block_elements(BlockType t) { return t == BlockType::q4_k || t == BlockType::q6_k ? 256 : 32; }
 
 /// One call's work: rows [r0, r1) of W (row r at w + r * row_bytes, cols
-/// elements) dotted with x rows t < n (x + t * cols), into y[t * ldy + r].
+/// elements, a multiple of block_elements(type)) dotted with x rows t < n
+/// (x + t * cols), into y[t * ldy + r].
 struct FusedRows {
   BlockType type;
   const uint8_t* w;

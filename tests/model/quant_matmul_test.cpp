@@ -30,7 +30,12 @@ uint16_t half_bits(float f) {  // round-to-nearest binary16 of a normal value (t
   return uint16_t(sign | (uint32_t(exp) << 10)) + uint16_t(mant);
 }
 
-// Random blocks of `type`: scales ~0.01-0.1 (Q4_1's minimum ~ -0.05), every code value.
+// Where a block's fp16 scale d is (Q6_K's is last).
+size_t scale_offset(TensorType type) { return type == TensorType::Q6_K ? 208 : 0; }
+
+// Random blocks of `type`: scales ~0.01-0.1 (Q4_1's minimum ~ -0.05, Q4_K's
+// dmin ~0.005-0.05), every code value; the K-quants' sub-block scales random
+// bytes (Q6_K's int8 ones of both signs).
 QuantMatrix random_matrix(TensorType type, int64_t rows, int64_t cols, uint32_t seed) {
   std::mt19937 rng{seed};
   std::uniform_real_distribution<float> scale(0.01f, 0.1f);
@@ -43,9 +48,10 @@ QuantMatrix random_matrix(TensorType type, int64_t rows, int64_t cols, uint32_t 
   for (size_t b = 0; b < m.blocks.size() / bb; ++b) {
     uint8_t* p = m.blocks.data() + b * bb;
     for (size_t i = 0; i < bb; ++i) p[i] = uint8_t(rng());
-    const uint16_t d = half_bits(scale(rng)), mn = half_bits(-0.5f * scale(rng));
-    std::memcpy(p, &d, 2);
+    const uint16_t d = half_bits(scale(rng)), mn = half_bits(-0.5f * scale(rng)), dmin = half_bits(0.5f * scale(rng));
+    std::memcpy(p + scale_offset(type), &d, 2);
     if (type == TensorType::Q4_1) std::memcpy(p + 2, &mn, 2);
+    if (type == TensorType::Q4_K) std::memcpy(p + 2, &dmin, 2);
   }
   return m;
 }
@@ -87,13 +93,14 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-const TensorType kTypes[] = {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q8_0};
+const TensorType kTypes[] = {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q5_0,
+                             TensorType::Q8_0, TensorType::Q4_K, TensorType::Q6_K};
 
 TEST(QuantMatmul, AvxAndPortableKernelsGiveTheSameBits) {
   if (!cpu_has_avx2_fma()) GTEST_SKIP() << "this CPU lacks AVX2/FMA/F16C: only the portable kernel runs";
   for (TensorType type : kTypes)
     for (int n : {1, 2, 3, 8, kFusedVectors}) {
-      const QuantMatrix w = random_matrix(type, 37, 576, 1);  // 37 rows: tasks of 16, 16 and 5
+      const QuantMatrix w = random_matrix(type, 37, 768, 1);  // 37 rows: tasks of 16, 16 and 5
       const std::vector<float> x = random_x(n, w.cols, 2);
       std::vector<float> a(size_t(n) * 37), b(a.size());
       quant_matmul_fused(w, n, x.data(), a.data(), MatmulIsa::avx2);
@@ -132,8 +139,10 @@ TEST(QuantMatmul, AvxDecodeIsGgufDequantizeBitwise) {
   for (TensorType type : kTypes) {
     QuantMatrix w = random_matrix(type, 9, 256, 8);
     const uint16_t negative = 0xa40d, subnormal = 0x0123;  // -0.0157..., a binary16 subnormal
-    std::memcpy(w.blocks.data(), &negative, 2);
-    std::memcpy(w.blocks.data() + w.row_bytes() + gguf::block_bytes(type), &subnormal, 2);
+    const size_t d = scale_offset(type);
+    std::memcpy(w.blocks.data() + d, &negative, 2);
+    std::memcpy(w.blocks.data() + w.row_bytes() + (256 / gguf::block_elements(type) - 1) * gguf::block_bytes(type) + d,
+                &subnormal, 2);  // the row's last block
     std::vector<float> avx(size_t(9) * 256), ref(avx.size());
     dequantize_rows(w, 0, 9, avx.data(), MatmulIsa::avx2);
     dequantize_rows(w, 0, 9, ref.data(), MatmulIsa::portable);
@@ -165,8 +174,8 @@ TEST(QuantMatmul, FusedAndPrefillPathsAgreeWithFp64) {
       const double err = rel_error(y, reference(w, n, x));
       std::printf("  %s, %d rows of x (%s): max error %.2e of the largest |y|\n", gguf::type_name(type).c_str(), n,
                   n <= kFusedVectors ? "fused" : "prefill", err);
-      // fp32 sums of 1536 products, measured on the dev VM (AMD EPYC, AVX2): 1.3e-7 - 2.6e-7 fused,
-      // 2.9e-7 - 4.7e-7 through OpenBLAS sgemm. Bound ~3x the largest.
+      // fp32 sums of 1536 products, measured on the dev VM (AMD EPYC, AVX2): 1.3e-7 - 3.4e-7 fused,
+      // 2.7e-7 - 5.0e-7 through OpenBLAS sgemm (every type; the K-quants the largest). Bound ~3x the largest.
       EXPECT_LT(err, 1.5e-6) << gguf::type_name(type) << ", " << n;
     }
 }
@@ -185,8 +194,11 @@ TEST(QuantMatmul, BadInputIsRefused) {
   EXPECT_THROW(quant_matmul(odd, 1, x.data(), y.data(), s), InvalidArgument);
   EXPECT_THROW(dequantize_rows(w, 2, 5, y.data(), MatmulIsa::portable), InvalidArgument);
   EXPECT_THROW(quant_matmul_fused(w, kFusedVectors + 1, x.data(), y.data(), MatmulIsa::automatic), InvalidArgument);
-  w.type = TensorType::Q6_K;
-  EXPECT_FALSE(quant_matmul_supports(TensorType::Q6_K));
+  QuantMatrix partial_superblocks = random_matrix(TensorType::Q4_K, 2, 512, 7);
+  partial_superblocks.cols = 288;  // whole 32-element units, not whole 256-element super-blocks
+  EXPECT_THROW(quant_matmul(partial_superblocks, 1, x.data(), y.data(), s), InvalidArgument);
+  w.type = TensorType::Q5_K;
+  EXPECT_FALSE(quant_matmul_supports(TensorType::Q5_K));
   EXPECT_THROW(quant_matmul(w, 1, x.data(), y.data(), s), InvalidArgument);
   w.type = TensorType::Q8_0;
   EXPECT_NO_THROW(quant_matmul(w, 0, x.data(), y.data(), s));  // nothing to compute

@@ -2,8 +2,9 @@
 //
 // Matrices are row-major [out][in] (GGUF dims are [in, out] with dims[0]
 // contiguous, so the bytes are already in this order). A layer computes
-// y = x · W^T (Matrix::project). Q4_0, Q4_1 and Q8_0 matrices keep the file's
-// blocks and are multiplied in them (model/quant_matmul.h); every other
+// y = x · W^T (Matrix::project). Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K
+// matrices keep the file's blocks and are multiplied in them
+// (model/quant_matmul.h); every other
 // matrix, and every vector (norms, biases), is dequantised to fp32 at load
 // (gguf::dequantize) and multiplied by OpenBLAS sgemm. ACTIVEKV_CPU_WEIGHTS=f32
 // dequantises every matrix (the arithmetic before the block kernels: A/B
