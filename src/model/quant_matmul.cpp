@@ -69,7 +69,7 @@ void run_fused(const QuantMatrix& w, int n, const float* x, float* y, bool avx2)
 }
 
 // Row blocks of about this many fp32 bytes are dequantised, then one sgemm each.
-constexpr size_t kPrefillBlockBytes = size_t(1) << 20;
+constexpr size_t kPrefillBlockBytes = size_t(16) << 20;
 
 // The block's rows are decoded by the AVX2 kernel's decode where the CPU has
 // it (the same values, tested), else by gguf::dequantize.

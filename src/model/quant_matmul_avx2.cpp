@@ -50,7 +50,7 @@ void scale_min_k4(int j, const uint8_t* q, int& sc, int& m) {
 // order. Exact products need no care (Q4_K's d * sc and d1 * q, Q6_K's
 // d * sc); Q6_K's (d * sc) * q rounds, once, as gguf's does.
 template <BlockType T>
-void decode(const uint8_t* row, int64_t u, __m256 w[4]) {
+__attribute__((always_inline)) inline void decode(const uint8_t* row, int64_t u, __m256 w[4]) {
   if constexpr (T == BlockType::q8_0) {
     const uint8_t* p = row + size_t(u) * block_bytes(T);
     const __m256 d = _mm256_set1_ps(half(p));
@@ -58,9 +58,29 @@ void decode(const uint8_t* row, int64_t u, __m256 w[4]) {
       const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 2 + 8 * k));
       w[k] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
     }
-  } else if constexpr (T == BlockType::q4_0 || T == BlockType::q4_1 || T == BlockType::q5_0) {
+  } else if constexpr (T == BlockType::q5_0) {
+    // Codes in element order: 16 low nibbles then 16 high ones, OR'd with
+    // element e's fifth bit -- bit e of the little-endian word at p + 2 --
+    // spread to byte e (byte k of the word to bytes 8k..8k+7, one bit each).
     const uint8_t* p = row + size_t(u) * block_bytes(T);
-    constexpr int codes = T == BlockType::q4_1 ? 4 : T == BlockType::q5_0 ? 6 : 2;
+    uint32_t qh;
+    std::memcpy(&qh, p + 2, 4);
+    const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 6));
+    const __m128i nib = _mm_set1_epi8(0x0f);
+    const __m256i low = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), nib), _mm_and_si128(qs, nib));
+    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(int(qh)),
+                                               _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2,
+                                                                2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+    const __m256i bit = _mm256_set1_epi64x(int64_t(0x8040201008040201));
+    const __m256i top = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(16));
+    const __m256i codes = _mm256_sub_epi8(_mm256_or_si256(low, top), _mm256_set1_epi8(16));  // -16..15
+    __m128i part[4];
+    quarters(codes, part);
+    const __m256 d = _mm256_set1_ps(half(p));
+    for (int k = 0; k < 4; ++k) w[k] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(part[k])), d);
+  } else if constexpr (T == BlockType::q4_0 || T == BlockType::q4_1) {
+    const uint8_t* p = row + size_t(u) * block_bytes(T);
+    constexpr int codes = T == BlockType::q4_1 ? 4 : 2;
     const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + codes));
     const __m128i nib = _mm_set1_epi8(0x0f);
     const __m128i lo = _mm_and_si128(qs, nib), hi = _mm_and_si128(_mm_srli_epi16(qs, 4), nib);
@@ -69,17 +89,6 @@ void decode(const uint8_t* row, int64_t u, __m256 w[4]) {
     if constexpr (T == BlockType::q4_1) {
       const __m256 m = _mm256_set1_ps(half(p + 2));
       for (int k = 0; k < 4; ++k) w[k] = _mm256_add_ps(_mm256_mul_ps(widen_u8(part[k]), d), m);
-    } else if constexpr (T == BlockType::q5_0) {
-      // Element e's fifth bit is bit e of the little-endian word at p + 2.
-      uint32_t qh;
-      std::memcpy(&qh, p + 2, 4);
-      const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), one = _mm256_set1_epi32(1);
-      const __m256i sixteen = _mm256_set1_epi32(16);
-      for (int k = 0; k < 4; ++k) {
-        const __m256i top = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(int(qh >> (8 * k))), lane), one);
-        const __m256i q = _mm256_or_si256(_mm256_cvtepu8_epi32(part[k]), _mm256_slli_epi32(top, 4));
-        w[k] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q, sixteen)), d);
-      }
     } else {
       const __m256i eight = _mm256_set1_epi32(8);
       for (int k = 0; k < 4; ++k)
