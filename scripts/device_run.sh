@@ -397,6 +397,9 @@ run_env_ab() {
   local rc=0 a=/tmp/arm_a.sh b=/tmp/arm_b.sh
   : "${AKV_ENV_A:?set AKV_ENV_A='ACTIVEKV_X=a'}" "${AKV_ENV_B:?set AKV_ENV_B='ACTIVEKV_X=b'}"
   AKV_TESTS="${AKV_TESTS:-decode}" run_tests || rc=1
+  echo "-- test_cuda_decode under arm B's setting: $AKV_ENV_B"
+  env $AKV_ENV_B build-device/bin/test_cuda_decode > /tmp/test_decode_b.log 2>&1 || rc=1
+  grep -E "FAILED|PASSED|measured" /tmp/test_decode_b.log | head -20
   printf '#!/bin/sh\nexport %s\nexec %s "$@"\n' "$AKV_ENV_A" "$PWD/$AKV" > $a
   printf '#!/bin/sh\nexport %s\nexec %s "$@"\n' "$AKV_ENV_B" "$PWD/$AKV" > $b
   chmod +x $a $b

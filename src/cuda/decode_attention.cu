@@ -90,21 +90,29 @@ namespace {
 using namespace detail;  // mma_util.cuh: cp.async, ldmatrix, mma, bf16 term split
 
 constexpr int kBlk = 16;     // tokens per mma block (k of P.V, 2 n-tiles of Q.K^T)
-constexpr int kStages = 3;   // cp.async ring depth per warp (2 blocks in flight while one is computed)
 constexpr int kRows = 8;     // query heads per KV head held in the mma M dimension (rows 8..15 unused)
 
-// Warps per CTA: head_dim 256 -> 2 warps (96 KiB of ring per CTA, 2 CTAs per SM so
-// one CTA's start/end overlaps the other's streaming); head_dim 64 and 128 -> 4 warps.
-template <int HD> __host__ __device__ constexpr int warps_for() { return HD >= 256 ? 2 : 4; }
+// A launch form: W warps per CTA, each with an ST-block cp.async ring.
+//   head_dim 64, 128: 4 warps x 3 stages.
+//   head_dim 256:     2 warps x 3 stages (96 KiB of ring per CTA, 2 CTAs per SM
+//                     so that one CTA's start/end overlaps the other's streaming),
+//                     or, wide (ACTIVEKV_SPLIT_WARPS=3), 3 warps x 2 stages: the
+//                     same 96 KiB, 6 warps per SM instead of 4 (ncu at 128K: one
+//                     eligible warp per scheduler 0.21 of cycles, the kernel
+//                     short of warps, not of bytes in flight).
 template <int HD> __host__ __device__ constexpr int stage_bytes() { return 2 * kBlk * HD * 2; }  // K and V rows of one block
-template <int HD>
+template <int HD, int W>
+constexpr size_t merge_bytes() {
+  return size_t(W) * kRows * HD * 4 + 2 * size_t(W) * kRows * 4 + kRows * sizeof(split_tail::HeadMerge<W>);
+}
+template <int HD, int W, int ST>
 constexpr size_t split_smem_bytes() {
-  const size_t ring = size_t(warps_for<HD>()) * kStages * stage_bytes<HD>();
-  const size_t merge = size_t(warps_for<HD>()) * kRows * HD * 4 + 2 * size_t(warps_for<HD>()) * kRows * 4 +
-                       kRows * sizeof(split_tail::HeadMerge<warps_for<HD>()>);
+  const size_t ring = size_t(W) * ST * stage_bytes<HD>();
   const size_t qfrag = size_t(HD / 16) * 2 * 3 * 32 * 4;  // after the ring, not aliased
   static_assert(HD == 64 || HD == 128 || HD == 256, "instantiated head dims");
-  return (ring > merge ? ring : merge) + qfrag;
+  static_assert(merge_bytes<HD, W>() <= size_t(W) * ST * stage_bytes<HD>(),
+                "the merge area must fit in the ring it aliases (the query fragments follow the ring)");
+  return ring + qfrag;
 }
 
 // Tensor-core split kernel. CTA = one split x one KV head, W warps; warp w
@@ -116,13 +124,13 @@ constexpr size_t split_smem_bytes() {
 //   online softmax per head (4 lanes per head, fixed-order reductions)
 //   O^T[HD x 8 heads]  += V^T[HD x 16 tok] . P^T  (P as 3 bf16 terms; the
 //                          score C-fragment IS the P^T B-fragment: no shuffles)
-// The W warp states merge in shared memory in fixed order. No atomics: bitwise repeatable.
-template <int HD, bool PQ>
-__global__ void __launch_bounds__(warps_for<HD>() * 32, 1)
+// The W warp states merge in shared memory in fixed order. No atomics: bitwise
+// repeatable (for one W: W sets which warp sums which blocks).
+template <int HD, int W, int ST, bool PQ>
+__global__ void __launch_bounds__(W * 32, 1)
 split_attention_kernel(const SplitWork* __restrict__ work, const float* __restrict__ q,
                        float* __restrict__ part_o, float* __restrict__ part_lse, int max_splits,
                        int n_kv, int group, int page_size, float scale_log2, int head0, int page_heads) {
-  constexpr int W = warps_for<HD>();
   constexpr int KS = HD / 16;  // k-steps of Q.K^T = m-tiles of V^T.P^T
   constexpr int CH = HD / 8;   // 16-byte chunks per row
   constexpr int SB = stage_bytes<HD>();
@@ -137,12 +145,12 @@ split_attention_kernel(const SplitWork* __restrict__ work, const float* __restri
   // The page's head head0 + h (a head shard reads its heads of the full page).
   const uint16_t* kp = static_cast<const uint16_t*>(w.page) + (size_t(head0 + h) * page_size + w.tok0) * HD;
   const uint16_t* vp = kp + size_t(page_heads) * page_size * HD;
-  const uint32_t ring = smem_u32(smem) + uint32_t(warp) * kStages * SB;
+  const uint32_t ring = smem_u32(smem) + uint32_t(warp) * ST * SB;
   const int nblk = (w.ntok + kBlk - 1) / kBlk;
   const int n_it = warp < nblk ? (nblk - warp + W - 1) / W : 0;
 
   auto issue = [&](int it) {
-    const uint32_t sk = ring + uint32_t(it % kStages) * SB, sv = sk + kBlk * HD * 2;
+    const uint32_t sk = ring + uint32_t(it % ST) * SB, sv = sk + kBlk * HD * 2;
     const int t0 = (warp + it * W) * kBlk;
 #pragma unroll
     for (int i = 0; i < kBlk * CH / 32; ++i) {
@@ -156,7 +164,7 @@ split_attention_kernel(const SplitWork* __restrict__ work, const float* __restri
     }
   };
 #pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) {
+  for (int i = 0; i < ST - 1; ++i) {
     if (i < n_it) issue(i);
     cp_async_commit();
   }
@@ -165,23 +173,21 @@ split_attention_kernel(const SplitWork* __restrict__ work, const float* __restri
   // pre-scaled to base 2, as 3 bf16 terms; the same for every warp, so kept
   // once per CTA in shared memory after the ring: [k][half][term][lane].
   using HeadMerge = split_tail::HeadMerge<W>;
-  static_assert(size_t(W) * kRows * HD * 4 + 2 * W * kRows * 4 + kRows * sizeof(HeadMerge) <=
-                    size_t(W) * kStages * SB,
-                "the merge area must fit in the ring it aliases (sm_q follows the ring)");
-  uint32_t* sm_q = reinterpret_cast<uint32_t*>(smem + size_t(W) * kStages * SB);
+  uint32_t* sm_q = reinterpret_cast<uint32_t*>(smem + size_t(W) * ST * SB);
   {
     // Warp w takes fragments e = w, w + W, ...: all of its query loads are
     // issued before the first is used. A loop that loaded, split and stored
     // one fragment at a time could wait KS * 2 / W round trips in a row; at
     // depth 0 (~36 tokens) the kernel took 12.4 us under ncu at f1a889e.
-    static_assert(KS * 2 % W == 0, "the fragments divide among the warps");
-    constexpr int E = KS * 2 / W;
+    // When W does not divide the NF fragments, a warp's last slot past NF
+    // loads fragment NF - 1 again (in bounds) and stores nothing.
+    constexpr int NF = KS * 2, E = (NF + W - 1) / W;
     const bool gv = g < group;
     const float* qrow = q + (size_t(w.seq) * nq + size_t(h) * group + (gv ? g : 0)) * HD;
     float2 xq[E];
 #pragma unroll
     for (int i = 0; i < E; ++i) {
-      const int e = warp + i * W;
+      const int e = min(warp + i * W, NF - 1);
       const int c = 16 * (e >> 1) + 8 * (e & 1) + 2 * q4;
       float x0 = qrow[c], x1 = qrow[c + 1];  // in bounds for every lane (qrow is head 0's when !gv)
       asm volatile("" : "+f"(x0), "+f"(x1));  // loaded by every lane, not sunk into a branch on gv
@@ -190,6 +196,7 @@ split_attention_kernel(const SplitWork* __restrict__ work, const float* __restri
 #pragma unroll
     for (int i = 0; i < E; ++i) {
       const int e = warp + i * W;
+      if (NF % W != 0 && e >= NF) break;
       uint32_t t[3];
       split3(xq[i].x, xq[i].y, t);
       if constexpr (PQ) {
@@ -219,11 +226,11 @@ split_attention_kernel(const SplitWork* __restrict__ work, const float* __restri
   const int lc = (lane >> 3) & 1;
 
   for (int it = 0; it < n_it; ++it) {
-    if (it + kStages - 1 < n_it) issue(it + kStages - 1);
+    if (it + ST - 1 < n_it) issue(it + ST - 1);
     cp_async_commit();
-    cp_async_wait<kStages - 1>();
+    cp_async_wait<ST - 1>();
     __syncwarp();  // every lane's copies of this stage are visible to the whole warp
-    const uint32_t sk = ring + uint32_t(it % kStages) * SB, sv = sk + kBlk * HD * 2;
+    const uint32_t sk = ring + uint32_t(it % ST) * SB, sv = sk + kBlk * HD * 2;
     const int nvalid = min(kBlk, w.ntok - (warp + it * W) * kBlk);
 
     // Score terms per query term: hi, mid, lo accumulated apart, summed lo + mid + hi.
@@ -416,63 +423,71 @@ merge_kernel(const float* __restrict__ part_o, const float* __restrict__ part_ls
   }
 }
 
-template <int HD, bool PQ>
+template <int HD, int W, int ST, bool PQ>
 void launch_split(const AttnShape& sh, const SplitWork* work, int n_work, const float* q,
                   Partials p, float scale_log2, cudaStream_t st) {
-  constexpr size_t smem = split_smem_bytes<HD>();
+  constexpr size_t smem = split_smem_bytes<HD, W, ST>();
   // Over the 48 KiB default: the limit is raised per device (and per
   // instantiation), the first time this device launches it.
   static OncePerDevice smem_limit_set;
   smem_limit_set([] {
-    check_cuda(cudaFuncSetAttribute(split_attention_kernel<HD, PQ>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    int(smem)),
+    check_cuda(cudaFuncSetAttribute(split_attention_kernel<HD, W, ST, PQ>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
                "cudaFuncSetAttribute(split_attention_kernel)");
   });
   dim3 grid(n_work, sh.n_kv_heads);
-  pdl::launch("split_attention_kernel launch", split_attention_kernel<HD, PQ>, grid, warps_for<HD>() * 32, smem, st,
+  pdl::launch("split_attention_kernel launch", split_attention_kernel<HD, W, ST, PQ>, grid, W * 32, smem, st,
               work, q, p.o, p.lse, p.max_splits, sh.n_kv_heads, sh.group, sh.page_size, scale_log2, sh.kv_head0,
               sh.page_heads());
 }
 
-// ACTIVEKV_SPLIT_QK: "terms" (the default: the form measured against HBM and
-// SDPA) or "packed" (split_qk.h; same bits, fewer instructions, not yet timed
-// against terms -- an H100 call ran out of device time mid A/B); read once per process.
-bool split_qk_packed() {
-  static const bool packed = [] {
-    const char* e = std::getenv("ACTIVEKV_SPLIT_QK");
-    const std::string v = e ? e : "";
-    if (v == "packed") return true;
-    if (v.empty() || v == "terms") return false;
-    throw InvalidArgument("ACTIVEKV_SPLIT_QK: '" + v + "' is not packed or terms");
+// The process's form from its environment, read once (split_qk.h):
+//   ACTIVEKV_SPLIT_QK    "terms" (default) or "packed";
+//   ACTIVEKV_SPLIT_WARPS "2" (default) or "3" (wide; head_dim 256 only).
+detail::SplitForm split_form_from_env() {
+  static const detail::SplitForm form = [] {
+    auto var = [](const char* name) {
+      const char* e = std::getenv(name);
+      return std::string(e ? e : "");
+    };
+    detail::SplitForm f;
+    const std::string qk = var("ACTIVEKV_SPLIT_QK"), warps = var("ACTIVEKV_SPLIT_WARPS");
+    if (qk == "packed") f.packed_qk = true;
+    else if (!qk.empty() && qk != "terms") throw InvalidArgument("ACTIVEKV_SPLIT_QK: '" + qk + "' is not packed or terms");
+    if (warps == "3") f.wide = true;
+    else if (!warps.empty() && warps != "2") throw InvalidArgument("ACTIVEKV_SPLIT_WARPS: '" + warps + "' is not 2 or 3");
+    return f;
   }();
-  return packed;
+  return form;
 }
 
-template <int HD>
+template <int HD, int W, int ST>
 void launch_split(const AttnShape& sh, const SplitWork* work, int n_work, const float* q, Partials p,
                   float scale_log2, cudaStream_t st, bool packed_qk) {
-  if (packed_qk) launch_split<HD, true>(sh, work, n_work, q, p, scale_log2, st);
-  else launch_split<HD, false>(sh, work, n_work, q, p, scale_log2, st);
+  if (packed_qk) launch_split<HD, W, ST, true>(sh, work, n_work, q, p, scale_log2, st);
+  else launch_split<HD, W, ST, false>(sh, work, n_work, q, p, scale_log2, st);
 }
 
 }  // namespace
 
 void launch_split_attention(const AttnShape& shape, const SplitWork* work, int n_work,
                             const float* q, Partials partials, cudaStream_t stream) {
-  detail::launch_split_attention_qk(shape, work, n_work, q, partials, stream, split_qk_packed());
+  detail::launch_split_attention_form(shape, work, n_work, q, partials, stream, split_form_from_env());
 }
 
-void detail::launch_split_attention_qk(const AttnShape& shape, const SplitWork* work, int n_work, const float* q,
-                                       Partials partials, cudaStream_t stream, bool packed_qk) {
+void detail::launch_split_attention_form(const AttnShape& shape, const SplitWork* work, int n_work, const float* q,
+                                         Partials partials, cudaStream_t stream, SplitForm form) {
   shape.validate();
   if (n_work < 0) throw InvalidArgument("launch_split_attention: n_work is " + std::to_string(n_work));
   if (n_work == 0) return;
   const float scale = shape.softmax_scale > 0.f ? shape.softmax_scale
                                                 : 1.f / std::sqrt(float(shape.head_dim));
   const float sl2 = scale * kLog2e;
-  if (shape.head_dim == 256) launch_split<256>(shape, work, n_work, q, partials, sl2, stream, packed_qk);
-  else if (shape.head_dim == 128) launch_split<128>(shape, work, n_work, q, partials, sl2, stream, packed_qk);
-  else launch_split<64>(shape, work, n_work, q, partials, sl2, stream, packed_qk);
+  const bool pq = form.packed_qk;
+  if (shape.head_dim == 256 && form.wide) launch_split<256, 3, 2>(shape, work, n_work, q, partials, sl2, stream, pq);
+  else if (shape.head_dim == 256) launch_split<256, 2, 3>(shape, work, n_work, q, partials, sl2, stream, pq);
+  else if (shape.head_dim == 128) launch_split<128, 4, 3>(shape, work, n_work, q, partials, sl2, stream, pq);
+  else launch_split<64, 4, 3>(shape, work, n_work, q, partials, sl2, stream, pq);
   check_cuda(cudaGetLastError(), "split_attention_kernel launch");
 }
 
