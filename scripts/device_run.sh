@@ -86,9 +86,10 @@
 #           Q6_K,Q4_0,Q8_0; models AKV_AB_MODELS, default Q6_K,Q4_0; AKV_AB
 #           an optional setting for arm B) -> $OUT/matvec_ab.json
 #   env-ab  one build, two settings of an ACTIVEKV_* switch (issues 13, 16):
-#           the GPU tests of AKV_TESTS (default: decode), then
-#           bench/gpu/decode_ab.sh with AKV_ENV_A (e.g. ACTIVEKV_SPLIT_QK=terms) as
-#           arm A and AKV_ENV_B (ACTIVEKV_SPLIT_QK=packed) as arm B, alternating
+#           the GPU tests of AKV_TESTS (default: decode; "none" for none),
+#           test_cuda_decode under arm B's setting, then
+#           bench/gpu/decode_ab.sh with AKV_ENV_A (e.g. ACTIVEKV_PDL=0) as
+#           arm A and AKV_ENV_B (ACTIVEKV_PDL=1; several: "X=a Y=b") as arm B, alternating
 #           (AKV_AB_REPS, AKV_AB_DECODE_ARGS as decode_ab.sh reads them) -> $OUT/decode_ab.json
 #   ncu-bf16  Nsight Compute of the resident bf16 split kernel (issues 13, 16:
 #           resident attention at >= 85 % of HBM): 128K at split 512 (+ its

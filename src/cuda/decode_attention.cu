@@ -13,14 +13,12 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <string>
 
 #include "activekv/cuda/decode_attention.h"
 #include "mma_util.cuh"
 #include "once_per_device.h"
 #include "pdl.cuh"
-#include "split_qk.h"
 #include "split_tail.cuh"
 #include "quant_x.cuh"
 
@@ -92,14 +90,14 @@ using namespace detail;  // mma_util.cuh: cp.async, ldmatrix, mma, bf16 term spl
 constexpr int kBlk = 16;     // tokens per mma block (k of P.V, 2 n-tiles of Q.K^T)
 constexpr int kRows = 8;     // query heads per KV head held in the mma M dimension (rows 8..15 unused)
 
-// A launch form: W warps per CTA, each with an ST-block cp.async ring.
-//   head_dim 64, 128: 4 warps x 3 stages.
+// W warps per CTA, each with an ST-block cp.async ring:
+//   head_dim 64, 128: 4 warps x 3 stages;
 //   head_dim 256:     2 warps x 3 stages (96 KiB of ring per CTA, 2 CTAs per SM
-//                     so that one CTA's start/end overlaps the other's streaming),
-//                     or, wide (ACTIVEKV_SPLIT_WARPS=3), 3 warps x 2 stages: the
-//                     same 96 KiB, 6 warps per SM instead of 4 (ncu at 128K: one
-//                     eligible warp per scheduler 0.21 of cycles, the kernel
-//                     short of warps, not of bytes in flight).
+//                     so that one CTA's start/end overlaps the other's streaming).
+// 3 warps x 2 stages at head_dim 256 (the same ring, 6 warps per SM instead of
+// 4) measured no faster on an H100: 128K 1.006x, 32K 1.021x
+// (bench/results/h100_split_warps_ab_ab036f5.json).
+template <int HD> struct SplitLaunch { static constexpr int W = HD >= 256 ? 2 : 4, ST = 3; };
 template <int HD> __host__ __device__ constexpr int stage_bytes() { return 2 * kBlk * HD * 2; }  // K and V rows of one block
 template <int HD, int W>
 constexpr size_t merge_bytes() {
@@ -120,13 +118,13 @@ constexpr size_t split_smem_bytes() {
 // (K and V rows of a block, XOR-swizzled 16-byte chunks so that ldmatrix is
 // conflict-free). Per block:
 //   S[8 heads x 16 tok] = Q[heads x HD] . K^T    (m16n8k16, heads in M, Q as
-//                          3 bf16 terms -> fp32-accurate scores, base 2)
+//                          3 bf16 terms -> fp32-accurate scores, base 2; the
+//                          hi and mid terms share one mma's 16 rows)
 //   online softmax per head (4 lanes per head, fixed-order reductions)
 //   O^T[HD x 8 heads]  += V^T[HD x 16 tok] . P^T  (P as 3 bf16 terms; the
 //                          score C-fragment IS the P^T B-fragment: no shuffles)
-// The W warp states merge in shared memory in fixed order. No atomics: bitwise
-// repeatable (for one W: W sets which warp sums which blocks).
-template <int HD, int W, int ST, bool PQ>
+// The W warp states merge in shared memory in fixed order. No atomics: bitwise repeatable.
+template <int HD, int W, int ST>
 __global__ void __launch_bounds__(W * 32, 1)
 split_attention_kernel(const SplitWork* __restrict__ work, const float* __restrict__ q,
                        float* __restrict__ part_o, float* __restrict__ part_lse, int max_splits,
@@ -169,9 +167,10 @@ split_attention_kernel(const SplitWork* __restrict__ work, const float* __restri
     cp_async_commit();
   }
 
-  // Q fragments (A operand, row g = head g of the group, rows 8..15 zero),
-  // pre-scaled to base 2, as 3 bf16 terms; the same for every warp, so kept
-  // once per CTA in shared memory after the ring: [k][half][term][lane].
+  // Q fragments (A operand, row g = head g of the group), pre-scaled to
+  // base 2, as 3 bf16 terms; the same for every warp, so kept once per CTA
+  // in shared memory after the ring: [k][lane] {hi, mid} A fragments (hi in
+  // rows 0..7, mid in rows 8..15), then [k][lane] lo (rows 8..15 zero).
   using HeadMerge = split_tail::HeadMerge<W>;
   uint32_t* sm_q = reinterpret_cast<uint32_t*>(smem + size_t(W) * ST * SB);
   {
@@ -179,15 +178,14 @@ split_attention_kernel(const SplitWork* __restrict__ work, const float* __restri
     // issued before the first is used. A loop that loaded, split and stored
     // one fragment at a time could wait KS * 2 / W round trips in a row; at
     // depth 0 (~36 tokens) the kernel took 12.4 us under ncu at f1a889e.
-    // When W does not divide the NF fragments, a warp's last slot past NF
-    // loads fragment NF - 1 again (in bounds) and stores nothing.
-    constexpr int NF = KS * 2, E = (NF + W - 1) / W;
+    static_assert(KS * 2 % W == 0, "the fragments divide among the warps");
+    constexpr int E = KS * 2 / W;
     const bool gv = g < group;
     const float* qrow = q + (size_t(w.seq) * nq + size_t(h) * group + (gv ? g : 0)) * HD;
     float2 xq[E];
 #pragma unroll
     for (int i = 0; i < E; ++i) {
-      const int e = min(warp + i * W, NF - 1);
+      const int e = warp + i * W;
       const int c = 16 * (e >> 1) + 8 * (e & 1) + 2 * q4;
       float x0 = qrow[c], x1 = qrow[c + 1];  // in bounds for every lane (qrow is head 0's when !gv)
       asm volatile("" : "+f"(x0), "+f"(x1));  // loaded by every lane, not sunk into a branch on gv
@@ -196,20 +194,12 @@ split_attention_kernel(const SplitWork* __restrict__ work, const float* __restri
 #pragma unroll
     for (int i = 0; i < E; ++i) {
       const int e = warp + i * W;
-      if (NF % W != 0 && e >= NF) break;
       uint32_t t[3];
       split3(xq[i].x, xq[i].y, t);
-      if constexpr (PQ) {
-        // [k][lane] {hi, mid} of half 0 then of half 1 (one 16-byte load: the
-        // A fragment with mid in rows 8..15), then [k][lane] {lo half 0, lo half 1}.
-        const int k = e >> 1, half = e & 1;
-        sm_q[(k * 32 + lane) * 4 + 2 * half] = t[0];
-        sm_q[(k * 32 + lane) * 4 + 2 * half + 1] = t[1];
-        sm_q[KS * 32 * 4 + (k * 32 + lane) * 2 + half] = t[2];
-      } else {
-#pragma unroll
-        for (int sp = 0; sp < 3; ++sp) sm_q[(e * 3 + sp) * 32 + lane] = t[sp];
-      }
+      const int k = e >> 1, half = e & 1;
+      sm_q[(k * 32 + lane) * 4 + 2 * half] = t[0];
+      sm_q[(k * 32 + lane) * 4 + 2 * half + 1] = t[1];
+      sm_q[KS * 32 * 4 + (k * 32 + lane) * 2 + half] = t[2];
     }
   }
   __syncthreads();
@@ -233,66 +223,39 @@ split_attention_kernel(const SplitWork* __restrict__ work, const float* __restri
     const uint32_t sk = ring + uint32_t(it % ST) * SB, sv = sk + kBlk * HD * 2;
     const int nvalid = min(kBlk, w.ntok - (warp + it * W) * kBlk);
 
-    // Score terms per query term: hi, mid, lo accumulated apart, summed lo + mid + hi.
+    // Score terms per query term: hi, mid, lo accumulated apart, summed lo +
+    // mid + hi. hi in rows 0..7 and mid in rows 8..15 of one mma (a row's sum
+    // does not depend on the other rows, so each term keeps the bits of an
+    // mma of its own), lo in a second: 4 mma per k-step, not 6, and 2 shared
+    // loads, not 6 -- 0.98-0.99x the step of one mma per term at 128K on an
+    // H100, bitwise equal (bench/results/h100_split_qk_ab_ab036f5.json).
     float s[2][2];
-    if constexpr (PQ) {
-      // hi in rows 0..7 and mid in rows 8..15 of one mma: a row's sum does
-      // not depend on the other rows, so the terms keep their bits with 4
-      // mma per k-step instead of 6 (lo alone, rows 8..15 zero).
-      float shm[2][4], slo[2][4];
+    float shm[2][4], slo[2][4];
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
+    for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) shm[nt][i] = slo[nt][i] = 0.f;
-      const uint4* q_hm = reinterpret_cast<const uint4*>(sm_q);
-      const uint2* q_lo = reinterpret_cast<const uint2*>(sm_q + KS * 32 * 4);
+      for (int i = 0; i < 4; ++i) shm[nt][i] = slo[nt][i] = 0.f;
+    const uint4* q_hm = reinterpret_cast<const uint4*>(sm_q);
+    const uint2* q_lo = reinterpret_cast<const uint2*>(sm_q + KS * 32 * 4);
 #pragma unroll
-      for (int k = 0; k < KS; ++k) {
-        uint32_t b[4];
-        ldsm_x4(b, sk + uint32_t(lr * CH + ((2 * k + lc) ^ (lr & 7))) * 16);
-        const uint4 hm = q_hm[k * 32 + lane];
-        const uint2 lo = q_lo[k * 32 + lane];
-        const uint32_t a[4] = {hm.x, hm.y, hm.z, hm.w};
-        mma_bf16_full(shm[0], a, b[0], b[1]);
-        mma_bf16_full(shm[1], a, b[2], b[3]);
-        mma_bf16(slo[0], lo.x, lo.y, b[0], b[1]);
-        mma_bf16(slo[1], lo.x, lo.y, b[2], b[3]);
-      }
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const float v = (slo[nt][j] + shm[nt][2 + j]) + shm[nt][j];
-          s[nt][j] = nt * 8 + 2 * q4 + j < nvalid ? v : -INFINITY;
-        }
-    } else {
-      float sacc[3][2][4];
-#pragma unroll
-      for (int sp = 0; sp < 3; ++sp)
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) sacc[sp][nt][i] = 0.f;
-#pragma unroll
-      for (int k = 0; k < KS; ++k) {
-        uint32_t b[4];
-        ldsm_x4(b, sk + uint32_t(lr * CH + ((2 * k + lc) ^ (lr & 7))) * 16);
-#pragma unroll
-        for (int sp = 0; sp < 3; ++sp) {
-          const uint32_t a0 = sm_q[((2 * k) * 3 + sp) * 32 + lane];
-          const uint32_t a2 = sm_q[((2 * k + 1) * 3 + sp) * 32 + lane];
-          mma_bf16(sacc[sp][0], a0, a2, b[0], b[1]);
-          mma_bf16(sacc[sp][1], a0, a2, b[2], b[3]);
-        }
-      }
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const float v = (sacc[2][nt][j] + sacc[1][nt][j]) + sacc[0][nt][j];
-          s[nt][j] = nt * 8 + 2 * q4 + j < nvalid ? v : -INFINITY;
-        }
+    for (int k = 0; k < KS; ++k) {
+      uint32_t b[4];
+      ldsm_x4(b, sk + uint32_t(lr * CH + ((2 * k + lc) ^ (lr & 7))) * 16);
+      const uint4 hm = q_hm[k * 32 + lane];
+      const uint2 lo = q_lo[k * 32 + lane];
+      const uint32_t a[4] = {hm.x, hm.y, hm.z, hm.w};
+      mma_bf16_full(shm[0], a, b[0], b[1]);
+      mma_bf16_full(shm[1], a, b[2], b[3]);
+      mma_bf16(slo[0], lo.x, lo.y, b[0], b[1]);
+      mma_bf16(slo[1], lo.x, lo.y, b[2], b[3]);
     }
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const float v = (slo[nt][j] + shm[nt][2 + j]) + shm[nt][j];
+        s[nt][j] = nt * 8 + 2 * q4 + j < nvalid ? v : -INFINITY;
+      }
     float p[2][2];
     const float alpha = online_softmax_block(s, m_run, l_run, p);
     // Rescale O^T (columns = heads 2q4, 2q4+1) only when some factor is not exactly 1.
@@ -423,71 +386,38 @@ merge_kernel(const float* __restrict__ part_o, const float* __restrict__ part_ls
   }
 }
 
-template <int HD, int W, int ST, bool PQ>
+template <int HD>
 void launch_split(const AttnShape& sh, const SplitWork* work, int n_work, const float* q,
                   Partials p, float scale_log2, cudaStream_t st) {
+  constexpr int W = SplitLaunch<HD>::W, ST = SplitLaunch<HD>::ST;
   constexpr size_t smem = split_smem_bytes<HD, W, ST>();
   // Over the 48 KiB default: the limit is raised per device (and per
   // instantiation), the first time this device launches it.
   static OncePerDevice smem_limit_set;
   smem_limit_set([] {
-    check_cuda(cudaFuncSetAttribute(split_attention_kernel<HD, W, ST, PQ>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+    check_cuda(cudaFuncSetAttribute(split_attention_kernel<HD, W, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    int(smem)),
                "cudaFuncSetAttribute(split_attention_kernel)");
   });
   dim3 grid(n_work, sh.n_kv_heads);
-  pdl::launch("split_attention_kernel launch", split_attention_kernel<HD, W, ST, PQ>, grid, W * 32, smem, st,
+  pdl::launch("split_attention_kernel launch", split_attention_kernel<HD, W, ST>, grid, W * 32, smem, st,
               work, q, p.o, p.lse, p.max_splits, sh.n_kv_heads, sh.group, sh.page_size, scale_log2, sh.kv_head0,
               sh.page_heads());
-}
-
-// The process's form from its environment, read once (split_qk.h):
-//   ACTIVEKV_SPLIT_QK    "terms" (default) or "packed";
-//   ACTIVEKV_SPLIT_WARPS "2" (default) or "3" (wide; head_dim 256 only).
-detail::SplitForm split_form_from_env() {
-  static const detail::SplitForm form = [] {
-    auto var = [](const char* name) {
-      const char* e = std::getenv(name);
-      return std::string(e ? e : "");
-    };
-    detail::SplitForm f;
-    const std::string qk = var("ACTIVEKV_SPLIT_QK"), warps = var("ACTIVEKV_SPLIT_WARPS");
-    if (qk == "packed") f.packed_qk = true;
-    else if (!qk.empty() && qk != "terms") throw InvalidArgument("ACTIVEKV_SPLIT_QK: '" + qk + "' is not packed or terms");
-    if (warps == "3") f.wide = true;
-    else if (!warps.empty() && warps != "2") throw InvalidArgument("ACTIVEKV_SPLIT_WARPS: '" + warps + "' is not 2 or 3");
-    return f;
-  }();
-  return form;
-}
-
-template <int HD, int W, int ST>
-void launch_split(const AttnShape& sh, const SplitWork* work, int n_work, const float* q, Partials p,
-                  float scale_log2, cudaStream_t st, bool packed_qk) {
-  if (packed_qk) launch_split<HD, W, ST, true>(sh, work, n_work, q, p, scale_log2, st);
-  else launch_split<HD, W, ST, false>(sh, work, n_work, q, p, scale_log2, st);
 }
 
 }  // namespace
 
 void launch_split_attention(const AttnShape& shape, const SplitWork* work, int n_work,
                             const float* q, Partials partials, cudaStream_t stream) {
-  detail::launch_split_attention_form(shape, work, n_work, q, partials, stream, split_form_from_env());
-}
-
-void detail::launch_split_attention_form(const AttnShape& shape, const SplitWork* work, int n_work, const float* q,
-                                         Partials partials, cudaStream_t stream, SplitForm form) {
   shape.validate();
   if (n_work < 0) throw InvalidArgument("launch_split_attention: n_work is " + std::to_string(n_work));
   if (n_work == 0) return;
   const float scale = shape.softmax_scale > 0.f ? shape.softmax_scale
                                                 : 1.f / std::sqrt(float(shape.head_dim));
   const float sl2 = scale * kLog2e;
-  const bool pq = form.packed_qk;
-  if (shape.head_dim == 256 && form.wide) launch_split<256, 3, 2>(shape, work, n_work, q, partials, sl2, stream, pq);
-  else if (shape.head_dim == 256) launch_split<256, 2, 3>(shape, work, n_work, q, partials, sl2, stream, pq);
-  else if (shape.head_dim == 128) launch_split<128, 4, 3>(shape, work, n_work, q, partials, sl2, stream, pq);
-  else launch_split<64, 4, 3>(shape, work, n_work, q, partials, sl2, stream, pq);
+  if (shape.head_dim == 256) launch_split<256>(shape, work, n_work, q, partials, sl2, stream);
+  else if (shape.head_dim == 128) launch_split<128>(shape, work, n_work, q, partials, sl2, stream);
+  else launch_split<64>(shape, work, n_work, q, partials, sl2, stream);
   check_cuda(cudaGetLastError(), "split_attention_kernel launch");
 }
 

@@ -24,7 +24,6 @@
 #include "activekv/kv/page_store.h"
 #include "device_array.h"
 #include "gpu_test_util.h"
-#include "split_qk.h"
 
 namespace activekv::cuda {
 namespace {
@@ -565,66 +564,6 @@ TEST(CudaDecode, BitwiseRepeatable) {
   EXPECT_TRUE(same_bits(a, b));
   EXPECT_TRUE(same_bits(s1, s2));
   EXPECT_TRUE(same_bits(al, bl));
-}
-
-// The split kernel's two forms of Q.K^T (src/cuda/split_qk.h) -- the hi and
-// mid query terms packed into one mma's rows 0..7 and 8..15, or one mma per
-// term -- must give the same partials bit for bit: every head dim, group
-// sizes up to 8 (every row of the packed mma), splits that end mid-block.
-// The split kernel's launch forms (src/cuda/split_qk.h): the packed Q.K^T
-// gives the per-term form's bits; the wide form (head_dim 256, 3 warps) sums
-// blocks in other warps, so its partials differ from the default's within
-// fp32 rounding: bound kMaxRelOErr / kMaxLseErr (3x the largest error of
-// either against fp64, measured on the H200 at d68a9cb).
-TEST(CudaDecode, SplitFormsAgree) {
-  NEED_GPU();
-  for (const int hd : {64, 128, 256}) {
-    SCOPED_TRACE("head_dim " + std::to_string(hd));
-    const AttnShape sh{2, hd == 128 ? 8 : hd == 256 ? 6 : 3, hd, 64, 32, 0.f};
-    const int nq = sh.n_q_heads();
-    const std::vector<int> ntok = {32, 17, 1, 16, 31, 9, 32, 2};  // split s: page s / 2, tokens 32 (s % 2) ..
-    const int n_work = int(ntok.size()), n_pages = n_work / 2;
-    const size_t page_elems = sh.page_bytes() / 2;
-    std::vector<uint16_t> pages(page_elems * n_pages);
-    activekv::testing::fill_random_bf16(reinterpret_cast<std::byte*>(pages.data()), pages.size() * 2, 7 + hd);
-    std::vector<float> q(size_t(nq) * hd);
-    std::mt19937 rng(hd);
-    std::normal_distribution<float> nd(0.f, 3.f);  // peaky scores: the lo term matters
-    for (float& x : q) x = nd(rng);
-    cuda::testing::DeviceArray<uint16_t> d_pages(pages);
-    std::vector<SplitWork> work;
-    for (int s = 0; s < n_work; ++s)
-      work.push_back(SplitWork{d_pages.get() + size_t(s / 2) * page_elems, 0, 32 * (s % 2), ntok[size_t(s)], s});
-    cuda::testing::DeviceArray<SplitWork> d_work(work);
-    cuda::testing::DeviceArray<float> d_q(q), d_o(size_t(n_work) * nq * hd), d_lse(size_t(n_work) * nq);
-    auto run = [&](detail::SplitForm form, std::vector<float>& o, std::vector<float>& lse) {
-      d_o.poison();
-      d_lse.poison();
-      detail::launch_split_attention_form(sh, d_work.get(), n_work, d_q.get(),
-                                          Partials{d_o.get(), d_lse.get(), n_work}, nullptr, form);
-      CUDA_OK(cudaDeviceSynchronize());
-      o = d_o.download();
-      lse = d_lse.download();
-      EXPECT_TRUE(std::all_of(lse.begin(), lse.end(), [](float x) { return std::isfinite(x); }))
-          << (form.packed_qk ? "packed" : "terms") << (form.wide ? " wide" : "") << ": a partial was not written";
-    };
-    for (const bool wide : {false, true}) {
-      if (wide && hd != 256) continue;
-      std::vector<float> o[2], lse[2];
-      for (const bool packed : {false, true}) run(detail::SplitForm{packed, wide}, o[packed], lse[packed]);
-      EXPECT_TRUE(same_bits(o[0], o[1])) << "partial O differs between the packed and per-term Q.K^T, wide " << wide;
-      EXPECT_TRUE(same_bits(lse[0], lse[1])) << "partial LSE differs between the packed and per-term Q.K^T";
-    }
-    if (hd != 256) continue;
-    std::vector<float> o2, lse2, o3, lse3;
-    run(detail::SplitForm{false, false}, o2, lse2);
-    run(detail::SplitForm{false, true}, o3, lse3);
-    std::vector<double> ro(o2.begin(), o2.end()), rl(lse2.begin(), lse2.end());
-    const Fp64Errors e = errors_vs_fp64(o3, lse3, ro, rl, hd);
-    std::printf("  [measured] wide against 2-warp split partials: max rel O %.3e, max |LSE| %.3e\n", e.o, e.lse);
-    EXPECT_LT(e.o, kMaxRelOErr);
-    EXPECT_LT(e.lse, kMaxLseErr);
-  }
 }
 
 // Kernel attributes (the dynamic shared memory limit) are set per device
