@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <mutex>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <thread>
@@ -30,7 +31,27 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr size_t kCopyBytes = size_t(64) << 20;
 constexpr int kCopySources = 8;  // 512 MiB of sources in turn: a source the caches hold would hide the contention
-constexpr size_t kHistoryBytes = size_t(256) << 20;  // past any last-level cache
+
+// The calibration's bf16 history: 256 MiB, or ACTIVEKV_COATT_HISTORY_MIB
+// (64..16384; an A/B switch). On an H100 host (ab036f5) the probes priced the
+// CPU at 131 GB/s with the link busy where the sweep's steps then read 90-99
+// (bench/results/h100_bench_decode_cpu_share_sweep_ab036f5_run*.json): every
+// share at or past the planner's own was predicted 6-23 % short. The probes
+// read 256 MiB a step, three times over (CPU pages and, by DMA, twice as many
+// streamed ones from the same pages); a last-level cache holding a share of
+// that would make exactly this error, which a larger history tells apart.
+size_t calibration_history_bytes() {
+  static const size_t bytes = [] {
+    const char* e = std::getenv("ACTIVEKV_COATT_HISTORY_MIB");
+    if (!e || !*e) return size_t(256) << 20;
+    char* end = nullptr;
+    const long mib = std::strtol(e, &end, 10);
+    if (*end != '\0' || mib < 64 || mib > 16384)
+      throw InvalidArgument(fmt::format("ACTIVEKV_COATT_HISTORY_MIB: '{}' is not a whole number of MiB in 64..16384", e));
+    return size_t(mib) << 20;
+  }();
+  return bytes;
+}
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
@@ -247,7 +268,7 @@ CoAttentionCalibration measure_co_attention_rates(const AttnShape& sh, int cpu_t
   o.threads = cpu_threads;
   o.split_tokens = sh.split_tokens;
 
-  const size_t n_pages = std::max<size_t>(8, (kHistoryBytes + sh.page_bytes() - 1) / sh.page_bytes());
+  const size_t n_pages = std::max<size_t>(8, (calibration_history_bytes() + sh.page_bytes() - 1) / sh.page_bytes());
   Pinned history(n_pages * sh.page_bytes());
   bf16* h = static_cast<bf16*>(history.p);
   fill_history(h, n_pages * ks.page_elements());
