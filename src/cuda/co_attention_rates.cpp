@@ -34,9 +34,10 @@ constexpr int kCopySources = 8;  // 512 MiB of sources in turn: a source the cac
 
 // The calibration's bf16 history: 256 MiB, or ACTIVEKV_COATT_HISTORY_MIB
 // (64..16384; an A/B switch). On an H100 host (ab036f5) the probes priced the
-// CPU at 131 GB/s with the link busy where the sweep's steps then read 90-99
-// (bench/results/h100_bench_decode_cpu_share_sweep_ab036f5_run*.json): every
-// share at or past the planner's own was predicted 6-23 % short. The probes
+// CPU at 131 and 102 GB/s with the link busy (two runs) where the sweep's
+// steps then read 90-100 (bench/results/h100_bench_decode_cpu_share_sweep_
+// ab036f5_run*.json): shares at or past the planner's own were predicted up
+// to 23 % short. The probes
 // read 256 MiB a step, three times over (CPU pages and, by DMA, twice as many
 // streamed ones from the same pages); a last-level cache holding a share of
 // that would make exactly this error, which a larger history tells apart.
