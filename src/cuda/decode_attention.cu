@@ -88,7 +88,7 @@ namespace {
 using namespace detail;  // mma_util.cuh: cp.async, ldmatrix, mma, bf16 term split
 
 constexpr int kBlk = 16;     // tokens per mma block (k of P.V, 2 n-tiles of Q.K^T)
-constexpr int kRows = 8;     // query heads per KV head held in the mma M dimension (rows 8..15 unused)
+constexpr int kRows = 8;     // query heads per KV head in the mma M dimension (Q.K^T puts the mid query term in rows 8..15)
 
 // W warps per CTA, each with an ST-block cp.async ring:
 //   head_dim 64, 128: 4 warps x 3 stages;
