@@ -219,6 +219,10 @@ nlohmann::json record_json(const Record& r, int steps) {
 // traced to a rate from the JSON alone.
 nlohmann::json rates_json(const cuda::CoAttentionCalibration& c) {
   const route::CoAttentionRates& t = c.together;
+  nlohmann::json probes = nlohmann::json::array();
+  for (const cuda::CoAttentionProbe& p : c.probes)
+    probes.push_back({{"name", p.name}, {"cpu_bytes", p.cpu_bytes}, {"streamed_bytes", p.streamed_bytes},
+                      {"busy_ms", p.busy_ms}, {"idle_ms", p.idle_ms}, {"step_ms", p.step_ms}});
   return {{"link_alone_gbps", c.link_alone_gbps},
           {"link_with_cpu_gbps", t.link_gbps},
           {"cpu_bf16_alone_gbps", c.cpu_bf16_alone_gbps},
@@ -235,6 +239,9 @@ nlohmann::json rates_json(const cuda::CoAttentionCalibration& c) {
           {"resident_bf16_gbps", t.resident_bf16_gbps},
           {"resident_int8s_gbps", t.resident_int8s_gbps},
           {"calibration_history_bytes", c.history_bytes},
+          {"probes", probes},
+          {"probes_note", "per layer of the probe: the engine's co-attention steps the CPU rates and fixed costs "
+                          "were fitted through (small and large per format, then bf16 with the CPU the slower path)"},
           {"describe", c.describe()}};
 }
 

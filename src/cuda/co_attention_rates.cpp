@@ -347,12 +347,16 @@ CoAttentionCalibration measure_co_attention_rates(const AttnShape& sh, int cpu_t
   // the resident rate stays 0, "not measured" -- rather than failing the
   // whole calibration.
   const bool engine_int8s = sh.page_size % 16 == 0;
-  const EngineProbe bf16_small = probe_engine(sh, tables(false, small_n, 2 * small_n), o);
-  const EngineProbe bf16_large = probe_engine(sh, tables(false, large_n, 2 * large_n), o);
+  auto keep = [&c](const char* name, const EngineProbe& p) {
+    c.probes.push_back({name, p.cpu_bytes, p.streamed_bytes, p.busy_ms, p.idle_ms, p.step_ms});
+    return p;
+  };
+  const EngineProbe bf16_small = keep("bf16 small", probe_engine(sh, tables(false, small_n, 2 * small_n), o));
+  const EngineProbe bf16_large = keep("bf16 large", probe_engine(sh, tables(false, large_n, 2 * large_n), o));
   CpuFit bf16_fit = fit_cpu(bf16_small, bf16_large), int8s_fit{};
   if (engine_int8s) {
-    int8s_fit = fit_cpu(probe_engine(sh, tables(true, small_n, 2 * small_n), o),
-                        probe_engine(sh, tables(true, large_n, 2 * large_n), o));
+    const EngineProbe small = keep("int8s small", probe_engine(sh, tables(true, small_n, 2 * small_n), o));
+    int8s_fit = fit_cpu(small, keep("int8s large", probe_engine(sh, tables(true, large_n, 2 * large_n), o)));
   }
   // The round trip between layers, measured where the CPU is the slower
   // path (a quarter as many streamed pages as CPU pages): there the idle
@@ -360,7 +364,8 @@ CoAttentionCalibration measure_co_attention_rates(const AttnShape& sh, int cpu_t
   // above the link outlasts the CPU, so their idle is mostly the CPU waiting
   // for the link -- taken as the latency, it priced every CPU share ~1.5 ms a
   // layer too high (an H100 host at 32K: predicted 40.8 ms for 20.7 measured).
-  const EngineProbe bf16_cpu_bound = probe_engine(sh, tables(false, large_n, std::max<size_t>(1, large_n / 4)), o);
+  const EngineProbe bf16_cpu_bound =
+      keep("bf16 cpu-bound", probe_engine(sh, tables(false, large_n, std::max<size_t>(1, large_n / 4)), o));
   // A probe that timed nothing (no busy time) cannot price the CPU: the one-call rate, no fixed cost.
   if (!(bf16_fit.gbps > 0 && std::isfinite(bf16_fit.gbps))) bf16_fit = {c.cpu_bf16_alone_gbps, 0.0};
   if (!(int8s_fit.gbps > 0 && std::isfinite(int8s_fit.gbps))) int8s_fit = {c.cpu_int8s_alone_gbps, 0.0};

@@ -6,10 +6,11 @@
 //
 // Method. The link alone: 64 MiB cudaMemcpyAsync copies from 512 MiB of
 // pinned memory in turn, back to back on one stream, for `seconds`. The CPU
-// kernel alone (reported, not priced): one call after another over >= 256
-// MiB of random bf16 history (far past any last-level cache: a cached
-// working set reads faster than a real history), then over the same pages
-// encoded to int8s. The planner's rates come from the decode engine itself
+// kernel alone (reported, not priced): one call after another over 256 MiB
+// of random bf16 history (ACTIVEKV_COATT_HISTORY_MIB sets another size: a
+// cached working set reads faster than a real history, and whether 256 MiB
+// is far enough past the caches of the GPU hosts is being measured), then
+// over the same pages encoded to int8s. The planner's rates come from the decode engine itself
 // running co-attention steps (20 after 3 warm-up ones, steps apart): 4
 // layers, each with n CPU pages (distinct in every layer) and 2n streamed
 // bf16 pages, so that the link outlasts the CPU and the CPU always reads with
@@ -30,6 +31,7 @@
 // probes: 4 x 23 steps of 4 layers (estimated ~1 s for the 27B shape; not yet timed).
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "activekv/cuda/decode_attention.h"
@@ -37,6 +39,18 @@
 #include "activekv/route/co_attention_plan.h"
 
 namespace activekv::cuda {
+
+/// One engine probe of the calibration, as measured (per layer of the probe):
+/// kept so that a plan's error can be traced to the probes, not only to the
+/// rates fitted through them.
+struct CoAttentionProbe {
+  std::string name;           ///< "bf16 small", "bf16 large", "int8s small", "int8s large", "bf16 cpu-bound"
+  double cpu_bytes = 0;       ///< history bytes the CPU attended, per layer
+  double streamed_bytes = 0;  ///< bytes streamed over the link, per layer
+  double busy_ms = 0;         ///< the CPU inside its attention, per layer
+  double idle_ms = 0;         ///< between two layers' CPU tasks, per transition
+  double step_ms = 0;         ///< a step's wall time, per layer
+};
 
 struct CoAttentionCalibration {
   route::CoAttentionRates together;  ///< each path with the other busy, from the engine: what the planner uses
@@ -47,6 +61,7 @@ struct CoAttentionCalibration {
   double cpu_bf16_fixed_ms = 0;     ///< a bf16 layer task's cost beyond its bytes (the fit's intercept)
   double cpu_int8s_fixed_ms = 0;    ///< the same for int8s pages
   size_t history_bytes = 0;  ///< of the bf16 pages the CPU read (the int8s pages are their encoding)
+  std::vector<CoAttentionProbe> probes;  ///< the engine probes the rates were fitted through
   /// "link 55.2 GB/s alone, 51.0 with the CPU busy; CPU bf16 99.2 / 85.6, int8s 56.8 / 55.6 GB/s (...)"
   std::string describe() const;
 };
@@ -62,7 +77,7 @@ CoAttentionCalibration measure_co_attention_rates(const AttnShape& shape, int cp
 /// measure_co_attention_rates once per process for each (current device,
 /// shape, thread count, seconds): the rates are the machine's, and every
 /// sequence of a batch or server asks (each measurement pins 768 MiB: 256
-/// of history, 512 of copy sources; its time, estimated ~1 s, is not yet
+/// of history by default, 512 of copy sources; its time, estimated ~1 s, is not yet
 /// measured; and one run beside another sequence's decoding would
 /// measure contended rates). Thread-safe: a second caller waits for the
 /// first's measurement. A failed measurement is not kept (the next call tries
