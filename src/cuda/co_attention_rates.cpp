@@ -37,10 +37,10 @@ constexpr int kCopySources = 8;  // 512 MiB of sources in turn: a source the cac
 // CPU at 131 and 102 GB/s with the link busy (two runs) where the sweep's
 // steps then read 90-100 (bench/results/h100_bench_decode_cpu_share_sweep_
 // ab036f5_run*.json): shares at or past the planner's own were predicted up
-// to 23 % short. The probes
-// read 256 MiB a step, three times over (CPU pages and, by DMA, twice as many
-// streamed ones from the same pages); a last-level cache holding a share of
-// that would make exactly this error, which a larger history tells apart.
+// to 23 % short. The probes read 256 MiB a step, three times over (CPU pages
+// and, by DMA, twice as many streamed ones from the same pages); a last-level
+// cache holding a share of that would make exactly this error, which a larger
+// history tells apart (bench/gpu/coatt_history_ab.sh).
 size_t calibration_history_bytes() {
   static const size_t bytes = [] {
     const char* e = std::getenv("ACTIVEKV_COATT_HISTORY_MIB");

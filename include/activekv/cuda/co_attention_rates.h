@@ -7,11 +7,11 @@
 // Method. The link alone: 64 MiB cudaMemcpyAsync copies from 512 MiB of
 // pinned memory in turn, back to back on one stream, for `seconds`. The CPU
 // kernel alone (reported, not priced): one call after another over 256 MiB
-// of random bf16 history (ACTIVEKV_COATT_HISTORY_MIB sets another size: a
-// cached working set reads faster than a real history, and whether 256 MiB
-// is far enough past the caches of the GPU hosts is being measured), then
-// over the same pages encoded to int8s. The planner's rates come from the decode engine itself
-// running co-attention steps (20 after 3 warm-up ones, steps apart): 4
+// of random bf16 history (ACTIVEKV_COATT_HISTORY_MIB, 64..16384, sets
+// another size: a cached working set reads faster than a real history, and
+// whether 256 MiB is far enough past the GPU hosts' caches is not yet
+// measured), then over the same pages encoded to int8s. The planner's rates
+// come from the decode engine itself running co-attention steps (20 after 3 warm-up ones, steps apart): 4
 // layers, each with n CPU pages (distinct in every layer) and 2n streamed
 // bf16 pages, so that the link outlasts the CPU and the CPU always reads with
 // the link busy; n a quarter and all of the history over the 4 layers, for
@@ -71,7 +71,8 @@ struct CoAttentionCalibration {
 std::vector<route::PlanPage> plan_pages(const std::vector<PageRef>& table);
 
 /// Runs the measurement on the current device. Throws CudaError when the
-/// memory cannot be had, InvalidArgument for a bad shape or thread count.
+/// memory cannot be had, InvalidArgument for a bad shape or thread count or
+/// an ACTIVEKV_COATT_HISTORY_MIB that is not a whole number in 64..16384.
 CoAttentionCalibration measure_co_attention_rates(const AttnShape& shape, int cpu_threads, double seconds = 0.2);
 
 /// measure_co_attention_rates once per process for each (current device,
