@@ -11,9 +11,9 @@
 // another size: a cached working set reads faster than a real history, and
 // whether 256 MiB is far enough past the GPU hosts' caches is not yet
 // measured), then over the same pages encoded to int8s. The planner's rates
-// come from the decode engine itself running co-attention steps (20 after 3 warm-up ones, steps apart): 4
-// layers, each with n CPU pages (distinct in every layer) and 2n streamed
-// bf16 pages, so that the link outlasts the CPU and the CPU always reads with
+// come from the decode engine itself running co-attention steps (20 after 3
+// warm-up ones, steps apart): 4 layers, each with n CPU pages (distinct in
+// every layer) and 2n streamed bf16 pages, so that the link outlasts the CPU and the CPU always reads with
 // the link busy; n a quarter and all of the history over the 4 layers, for
 // bf16 and for int8s CPU pages. Per format, the CPU's busy time per layer
 // (DecodeEngine::CpuTiming) against its bytes gives a line: its slope is the
