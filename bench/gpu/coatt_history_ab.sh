@@ -2,8 +2,8 @@
 # Is the co-attention calibration's CPU rate an artefact of its history size?
 # Alternating ACTIVEKV_COATT_HISTORY_MIB settings (AKV_SIZES, default
 # "256 2048": Xeon hosts of this generation have 105-480 MiB of L3, so 1 GiB
-# may not be far enough past it), AKV_REPS times each (default 3), each a fresh process (a fresh
-# calibration): bench decode on the 27B shape at 128K, bf16, streamed, at CPU
+# may not be far enough past it), AKV_REPS times each (default 3), each a
+# fresh process (a fresh calibration): bench decode on the 27B shape at 128K, bf16, streamed, at CPU
 # share 0.7 (the CPU the longer path: its rate sets the step) and auto.
 # Writes OUT_DIR/coatt_history_ab.json ({commit, command, host_lscpu, runs, summary})
 # and prints per size the calibrated CPU rate with the link busy against the
@@ -44,7 +44,8 @@ for p in sorted(glob.glob(f"{w}/*.json")):
     measured = [float(m) for m in re.findall(r"busy [\d.]+ ms/step at ([\d.]+) GB/s", txt)]
     shared = [r for r in d["records"] if r.get("cpu_share") not in (None, 0)]
     for i, r in enumerate(shared):
-        # The CPU's bytes in the step over its busy time: what the planner's rate should have been.
+        # cpu_measured_gbps: the CPU's bytes in the step over its busy time (bench decode's text line,
+        # in the records' share order), what cpu_with_link_gbps should have been.
         rows.setdefault(mib, []).append({
             "run": name, "share": r["cpu_share"], "step_ms": r["step_ms"], "predicted_ms": r["predicted_ms"],
             "error_pct": 100 * r["prediction_error"], "cpu_with_link_gbps": rates["cpu_bf16_with_link_gbps"],

@@ -257,6 +257,9 @@ std::vector<Case> cases() {
       {AttnShape{1, 4, 256, 1024, 512, 0.f}, 1, {5000}, false},
       // Llama-2/3 / Qwen2-like head (d=128, GQA 4), 256-token pages, shuffled
       {AttnShape{2, 4, 128, 256, 128, 0.f}, 2, {1, 700, 1500}, true},
+      // Llama-3-8B-like head (d=128, GQA 8): every row of the Q.K^T mma's hi
+      // half holds a head (the packed form puts mid in rows 8..15)
+      {AttnShape{1, 8, 128, 128, 64, 0.f}, 1, {700}, false},
   };
 }
 
