@@ -12,6 +12,7 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 
@@ -123,8 +124,28 @@ struct ItemContext {
   detail::Int8sKernel int8s_kernel;
 };
 
-void run_bf16_item(const ItemContext& c, const PageRef& page, const Split& s, int g, float* scores, float* o,
-                   float* lse) {
+// Tokens of the next item whose rows a kernel prefetches: the two 32-token
+// blocks the AMX kernel's own prefetch (two blocks ahead) never reaches.
+constexpr int kNextTokens = 64;
+
+// The first rows of item (split s, KV head g) of `page`.
+detail::NextRows first_rows(const DecodeShape& shape, const PageRef& page, const Split& s, int g) {
+  const int d = shape.head_dim, n = std::min(s.n, kNextTokens);
+  if (page.int8s) {
+    const kv::Int8sHeadView hv = page.int8s->head(g);
+    return {reinterpret_cast<const char*>(hv.kq + size_t(s.tok0) * d),
+            reinterpret_cast<const char*>(hv.vq + size_t(s.tok0) * d), n * d};
+  }
+  const size_t plane = size_t(shape.page_size) * d;
+  const auto* base = reinterpret_cast<const uint16_t*>(page.bf16_page);
+  return {reinterpret_cast<const char*>(base + size_t(g) * plane + size_t(s.tok0) * d),
+          reinterpret_cast<const char*>(base + size_t(shape.n_kv_heads + g) * plane + size_t(s.tok0) * d),
+          2 * n * d};
+}
+
+// pv_tiles: the thread's AMX P.V scratch (null off AMX); next: the thread's next item's first rows.
+void run_bf16_item(const ItemContext& c, const PageRef& page, const Split& s, int g, float* scores,
+                   uint16_t* pv_tiles, detail::NextRows next, float* o, float* lse) {
   const int d = c.shape.head_dim, G = c.shape.group;
   const size_t plane = size_t(c.shape.page_size) * d;
   const auto* base = reinterpret_cast<const uint16_t*>(page.bf16_page);
@@ -136,6 +157,8 @@ void run_bf16_item(const ItemContext& c, const PageRef& page, const Split& s, in
   it.q_hi = c.q_hi + size_t(g) * G * d;
   it.q_lo = c.q_lo + size_t(g) * G * d;
   if (c.q_tiles != nullptr) it.q_tiles = c.q_tiles + size_t(g) * detail::amx_query_elems(d);
+  it.pv_tiles = pv_tiles;
+  it.next = next;
   c.bf16_kernel(it, G, d, c.scale, scores, o, lse);
 }
 
@@ -206,7 +229,7 @@ bool cpu_has_avx512_kernels() {
 }
 
 const char* kernels_name(const DecodeShape& shape, Isa isa) {
-  if (use_amx(shape, isa)) return "amx (bf16 q.k), avx512";
+  if (use_amx(shape, isa)) return "amx (bf16 q.k, P.V), avx512";
   return use_avx512(shape, isa) ? "avx512" : "portable";
 }
 
@@ -306,10 +329,18 @@ size_t attend_pages_splits(const DecodeShape& shape, std::span<const PageRef> pa
   // reaches the caller (the engine's CPU share keeps it for the step).
   ws.thread_f32.resize(size_t(threads));
   for (std::vector<float>& f32 : ws.thread_f32) f32.resize(std::max(size_t(G + 1) * split_cap, 3 * size_t(d)));
+  ws.thread_amx.resize(q_tiles != nullptr ? size_t(threads) : 0);
+  for (std::vector<uint16_t>& t : ws.thread_amx) t.resize(detail::amx_pv_scratch_elems(G, d, split_cap) + 32);
   const int n_items = int(splits.size()) * H;
+  std::atomic<int> next_item{0};
 #pragma omp parallel num_threads(threads)
   {
     std::vector<float>& f32 = ws.thread_f32[size_t(omp_get_thread_num())];
+    uint16_t* pv_tiles = nullptr;  // 64-byte aligned (tile loads and stores of whole rows)
+    if (ctx.q_tiles != nullptr) {
+      std::vector<uint16_t>& t = ws.thread_amx[size_t(omp_get_thread_num())];
+      pv_tiles = t.data() + (64 - reinterpret_cast<uintptr_t>(t.data()) % 64) % 64 / sizeof(uint16_t);
+    }
     // The AMX query of each KV head and the int8s query of each (page, KV
     // head) once, before their items.
     if (ctx.q_tiles != nullptr) {
@@ -323,10 +354,14 @@ size_t attend_pages_splits(const DecodeShape& shape, std::span<const PageRef> pa
       const size_t p = size_t(i / H);
       if (query_slot[p] >= 0) prepare_int8s_query(ctx, *pages[p].int8s, i % H, page_query(p, i % H), f32.data());
     }
-    // Items are independent and each is computed serially, so the schedule
-    // does not change a bit of the result.
-#pragma omp for schedule(dynamic, 1)
-    for (int item = 0; item < n_items; ++item) {
+    // Items are independent and each is computed serially, so the order
+    // and the thread that takes an item do not change a bit of the result.
+    // Each thread claims its next item before it starts this one (a shared
+    // counter: dynamic, as threads finish), so the kernel can prefetch the
+    // next item's first rows while it computes from the cache.
+    int item = next_item.fetch_add(1, std::memory_order_relaxed);
+    while (item < n_items) {
+      const int next = next_item.fetch_add(1, std::memory_order_relaxed);
       const Split& s = splits[size_t(item / H)];
       const int g = item % H;
       const PageRef& page = pages[s.page];
@@ -335,8 +370,12 @@ size_t attend_pages_splits(const DecodeShape& shape, std::span<const PageRef> pa
       if (page.int8s) {
         run_int8s_item(ctx, page, s, g, page_query(s.page, g), f32.data(), so, sl);
       } else {
-        run_bf16_item(ctx, page, s, g, f32.data(), so, sl);
+        const detail::NextRows hint =
+            next < n_items ? first_rows(shape, pages[splits[size_t(next / H)].page], splits[size_t(next / H)], next % H)
+                           : detail::NextRows{};
+        run_bf16_item(ctx, page, s, g, f32.data(), pv_tiles, hint, so, sl);
       }
+      item = next;
     }
   }
   return splits.size();

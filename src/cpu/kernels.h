@@ -9,12 +9,23 @@
 
 namespace activekv::cpu::detail {
 
+/// The first key and value rows of the thread's next item (`bytes` of each
+/// from k and v; none when 0): a kernel may prefetch them while it computes
+/// from the cache, so that the memory is busy then too.
+struct NextRows {
+  const char* k = nullptr;
+  const char* v = nullptr;
+  int bytes = 0;
+};
+
 /// bf16 item. k, v: [n][d] rows of the K and V planes (raw bf16 bits).
 /// q: [group][d] fp32; q_hi, q_lo: [group][d] its two bf16 terms (q_hi =
 /// bf16(q), q_lo = bf16(q - q_hi)), read by the AVX-512 and AMX kernels only.
 /// q_tiles: the two terms as pack_query_amx lays them out, 64-byte aligned
 /// (shared by every item of the KV head in a call); read by the AMX kernel
-/// only, which needs it.
+/// only, which needs it. pv_tiles: the AMX kernel's P.V scratch,
+/// amx_pv_scratch_elems(group, d, n) elements, 64-byte aligned, the
+/// thread's own (read and written by the AMX kernel only).
 struct Bf16Item {
   const uint16_t* k = nullptr;
   const uint16_t* v = nullptr;
@@ -23,6 +34,8 @@ struct Bf16Item {
   const uint16_t* q_hi = nullptr;
   const uint16_t* q_lo = nullptr;
   const uint16_t* q_tiles = nullptr;
+  uint16_t* pv_tiles = nullptr;
+  NextRows next;  ///< read by the AMX kernel only
 };
 
 /// int8s item. kq, vq: [n][d] codes; s: [n] key token scales; vscale: [d]
@@ -53,16 +66,28 @@ void int8s_item_avx512(const Int8sItem&, int group, int d, float* scores, float*
 void int8s_scores_avx512(const Int8sItem&, int group, int d, float* scores);
 /// The bf16 item's softmax and P.V from its scores [group][n] (scaled q.k).
 void bf16_finish_avx512(const Bf16Item&, int group, int d, float* scores, float* o, float* lse);
+/// The softmax alone: scores [group][n] (scaled q.k) become p = exp(s - m)
+/// in place; inv_l [group] = 1 / sum p, lse [group] = m + log(sum p).
+void softmax_rows_avx512(float* scores, int group, int n, float* inv_l, float* lse);
 
-// AMX (kernels_amx.cpp): bf16 q.k on the tile unit, then bf16_finish_avx512.
-// Call only where cpu_has_amx_kernels() (the OS has granted the tile state)
+// AMX (kernels_amx.cpp): bf16 q.k and P.V on the tile unit, the softmax by
+// softmax_rows_avx512. Call only where cpu_has_amx_kernels() (the OS has granted the tile state)
 // and d % 64 == 0, d <= 512, group in 1..8.
 void bf16_item_amx(const Bf16Item&, int group, int d, float scale, float* scores, float* o, float* lse);
 
-/// uint16 elements of one KV head's packed query (both terms, d / 32 chunks
-/// of 16 x 32), and the packing: `out` 64-byte aligned. The layout is
-/// kernels_amx.cpp's (the tile unit's VNNI layout, heads past `group` zero).
-inline constexpr size_t amx_query_elems(int d) { return size_t(2) * size_t(d / 32) * 16 * 32; }
+/// uint16 elements of the AMX P.V scratch of an item of n tokens: P as three
+/// bf16 terms [3 * group][n32], V in the tile unit's pair layout [d][n32]
+/// (n32 = n rounded up to 32 tokens), and four 1 KiB fp32 output tiles.
+inline constexpr size_t amx_pv_scratch_elems(int group, int d, int n) {
+  const size_t n32 = (size_t(n) + 31) / 32 * 32;
+  return (size_t(3) * group + size_t(d)) * n32 + 4 * 16 * 16 * 2;
+}
+
+/// uint16 elements of one KV head's packed query (d / 32 chunks of 16 x 32:
+/// both terms, head h's hi as column h and its lo as column group + h of
+/// each chunk's tile), and the packing: `out` 64-byte aligned. The layout is
+/// kernels_amx.cpp's (the tile unit's VNNI layout, columns past 2 * group zero).
+inline constexpr size_t amx_query_elems(int d) { return size_t(d / 32) * 16 * 32; }
 void pack_query_amx(const uint16_t* q_hi, const uint16_t* q_lo, int group, int d, uint16_t* out);
 
 // Portable (kernels_portable.cpp), AVX2 code generation where the CPU has it.

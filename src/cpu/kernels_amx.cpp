@@ -1,33 +1,48 @@
-// AMX scores for the bf16 CPU items (kernels.h): q.k on the tile unit, the
-// rest (softmax, P.V) by the AVX-512 kernel's code (bf16_finish_avx512).
-// Like kernels_avx512.cpp, the only TU compiled for AMX (the pragma below,
-// after the includes), using no C++ library templates; decode_attention.cpp
-// calls it only where cpu_has_amx_kernels().
+// AMX bf16 CPU items (kernels.h): q.k and P.V on the tile unit, the softmax
+// between them by the AVX-512 kernel's code (softmax_rows_avx512). Like
+// kernels_avx512.cpp, the only TU compiled for AMX (the pragma below, after
+// the includes), using no C++ library templates; decode_attention.cpp calls
+// it only where cpu_has_amx_kernels().
 //
 // Why: the AVX-512 item spends ~96 dpbf16 per key row (G = 6 heads x 8
-// chunks x 2 query terms) on q.k, which keeps a core below its share of the
-// host's read bandwidth. Here the key rows of a page are the A operand as
-// they lie -- 16 tokens x 32 channels of bf16, rows d * 2 bytes apart -- and
-// the query the B operand: S^T (16 tokens x 16 heads) += K_chunk . Q_chunk^T,
-// the query in the VNNI layout the tile unit wants (for each pair of
-// channels, every head's two values side by side), built once per KV head and
-// call by the caller (pack_query_amx; packed per item it took ~2 % of the
-// kernels' samples in a profile: perf, dev VM, 27B shape, 8K x 8 layers,
-// one thread). The query's two bf16 terms (hi + the rounding residual, as the AVX-512 kernel)
-// accumulate into the same fp32 tile. Heads past G are zero columns.
+// chunks x 2 query terms) on q.k and 96 fp32 FMAs per value row on P.V,
+// which keeps a core below its share of the host's read bandwidth.
 //
-// Two score tiles of 16 tokens each share every query tile load; a split's
-// last tokens (fewer than 32) are copied into a zeroed buffer first, so no
-// tile reads past the item's rows.
+// q.k: the key rows of a page are the A operand as they lie -- 16 tokens x
+// 32 channels of bf16, rows d * 2 bytes apart -- and the query the B
+// operand: S^T (16 tokens x 16 columns) += K_chunk . Q_chunk^T, the query in
+// the VNNI layout the tile unit wants (for each pair of channels, every
+// column's two values side by side), built once per KV head and call by the
+// caller (pack_query_amx; packed per item it took ~2 % of the kernels'
+// samples in a profile: perf, dev VM, 27B shape, 8K x 8 layers, one thread).
+// The query's two bf16 terms (hi + the rounding residual, as the AVX-512
+// kernel) are columns h and G + h of the one query tile, so one tile product
+// gives both terms' dots (half the products of a tile per term); a head's
+// score is their sum. Columns past 2G are zero. Two score tiles of 16 tokens
+// each share every query tile load; a split's last tokens (fewer than 32)
+// are copied into a zeroed buffer first, so no tile reads past the item's
+// rows. The score tiles come out token-major and are transposed in
+// registers to the softmax's head-major rows.
 //
-// int8s stays on the AVX-512 kernel: the same scheme with the codes
+// P.V: O (rows x 16 channels) += P (rows x 32 tokens) . V (32 tokens x 16
+// channels). P = exp(s - m) enters as three bf16 terms hi + mid + lo, each
+// the rounding residual of the one before, which sum to the fp32 p exactly
+// (8 + 8 + 8 significant bits; as the GPU decode kernel's P): rows
+// term * G + h, 3G rows in one or two A tiles. V is exact in bf16; the tile
+// unit wants it in token pairs (for each channel, tokens 2i and 2i + 1 side
+// by side), so each item's value rows are interleaved into the scratch once
+// (unpack of two rows: channel tiles hold channels in the unpack's order,
+// undone when the output tiles are read). The three terms' rows are summed
+// lo + mid + hi per head, in fixed order: the same bits run to run.
+//
+// int8s stays on the AVX-512 kernel: the q.k scheme with the codes
 // (tdpbssd on 64-channel rows, exact int32 dots, bitwise the dpbusd scores)
 // measured slower on the dev VM (3.07 against 2.61 ms per layer, 27B shape,
 // 8K, one thread), where the bf16 one measured 4.64-4.74 against 5.06-5.25.
 //
-// The tile configuration is loaded per item (another library may have
-// loaded its own) and the tiles are not released after: releasing per item
-// cost ~3 % there; the OpenMP workers keep the tile state (8 KiB more to
+// The tile configuration is loaded per item and phase (another library may
+// have loaded its own) and the tiles are not released after: releasing per
+// item cost ~3 % there; the OpenMP workers keep the tile state (8 KiB more to
 // save on a context switch).
 #include <immintrin.h>
 
@@ -37,7 +52,13 @@
 #include "kernels.h"
 
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512bf16,amx-tile,amx-bf16")
+// GCC 12's masked forms behind _mm512_unpack*, _mm512_shuffle_* and
+// _mm512_setzero_* start from _mm512_undefined_*: a false
+// -W(maybe-)uninitialized once inlined (as in kernels_avx512.cpp).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16,amx-tile,amx-bf16")
+#include "transpose16.h"  // after the pragma: compiled for this TU's target
 
 namespace activekv::cpu::detail {
 namespace {
@@ -47,10 +68,11 @@ constexpr int kTileBytes = 64;     // bytes per tile row: 16 fp32, 32 bf16
 constexpr int kMaxChunks = 16;     // head_dim <= 512 (32 channels a chunk)
 constexpr int kBlockTokens = 32;   // two score tiles
 
-/// The tile configuration (palette 1): tiles 0..5, 16 rows of 64 bytes each.
-///   0, 1: scores of tokens t0.. t0+15, t0+16.. t0+31 (fp32, column = head)
-///   2, 3: those tokens' key chunk (32 bf16 channels)
-///   4, 5: the query chunk's hi and lo terms (VNNI: row = channel pair)
+/// The q.k tile configuration (palette 1): tiles 0..7, 16 rows of 64 bytes each.
+///   0, 1: scores of tokens t0.. t0+15, t0+16.. t0+31 (fp32, column h: head
+///         h's hi term, G + h: its lo term)
+///   2, 3 (5, 6 for odd chunks): those tokens' key chunk (32 bf16 channels)
+///   4 (7): the query chunk, both terms (VNNI: row = channel pair)
 struct alignas(64) TileConfig {
   uint8_t palette = 1;
   uint8_t start_row = 0;
@@ -61,7 +83,7 @@ struct alignas(64) TileConfig {
 
 TileConfig make_config() {
   TileConfig c;
-  for (int t = 0; t < 6; ++t) {
+  for (int t = 0; t < 8; ++t) {
     c.colsb[t] = kTileBytes;
     c.rows[t] = kTileRows;
   }
@@ -91,53 +113,116 @@ Scratch& scratch() {
 /// its barrier).
 inline void scratch_written() { asm volatile("" ::: "memory"); }
 
-/// VNNI layout of one query term: tile row r of chunk c holds, for head h,
-/// channels 32c + 2r and 32c + 2r + 1 at uint16 offsets 2h and 2h + 1.
-void pack_term(const uint16_t* q, int group, int d, uint16_t* out) {
+/// VNNI layout of the query: tile row r of chunk c holds, for column j,
+/// channels 32c + 2r and 32c + 2r + 1 at uint16 offsets 2j and 2j + 1;
+/// column h < G is head h's hi term, G + h its lo term, the rest zero.
+void pack_terms(const uint16_t* q_hi, const uint16_t* q_lo, int group, int d, uint16_t* out) {
   const int nc = d / 32;
   for (int c = 0; c < nc; ++c) {
     uint16_t* t = out + size_t(c) * kTileRows * 32;
     std::memset(t, 0, sizeof(uint16_t) * kTileRows * 32);
-    for (int h = 0; h < group; ++h)
+    for (int j = 0; j < 2 * group; ++j) {
+      const uint16_t* q = (j < group ? q_hi : q_lo) + size_t(j % group) * d + 32 * c;
       for (int r = 0; r < kTileRows; ++r) {
-        t[r * 32 + 2 * h] = q[size_t(h) * d + 32 * c + 2 * r];
-        t[r * 32 + 2 * h + 1] = q[size_t(h) * d + 32 * c + 2 * r + 1];
+        t[r * 32 + 2 * j] = q[2 * r];
+        t[r * 32 + 2 * j + 1] = q[2 * r + 1];
       }
+    }
   }
 }
 
+/// One 32-token block ahead: its key and value rows (`bytes` each; none
+/// when 0), prefetched a share per chunk of the block being scored.
+struct Ahead {
+  const char* k = nullptr;
+  const char* v = nullptr;
+  int bytes = 0;
+};
+
 /// Scores of 32 key rows at k (row stride d bf16) into sc.s [32][16]; the
-/// query tiles at q: [2][d / 32][16 x 32] (pack_query_amx). The key rows of
-/// a block ahead (`ahead`, `ahead_bytes`; none when null) are prefetched a
-/// share per chunk, between the tile loads: all at once before the block,
-/// the core stalled on its fill buffers there (half the item's profile
-/// samples); spread, one thread on the dev VM, 27B shape, 8K x 8 layers,
-/// alternating runs: 3.89-3.99 against 4.10-4.13 ms per layer.
-void block_scores(const uint16_t* k, const uint16_t* q, int d, Scratch& sc, const char* ahead, int ahead_bytes) {
+/// query tiles at q: [d / 32][16 x 32] (pack_query_amx). The rows of a
+/// block ahead are prefetched a share per chunk, between the tile loads: all
+/// at once before the block, the core stalled on its fill buffers there
+/// (half the item's profile samples); spread, one thread on the dev VM, 27B
+/// shape, 8K x 8 layers, alternating runs: 3.89-3.99 against 4.10-4.13 ms
+/// per layer.
+void block_scores(const uint16_t* k, const uint16_t* q, int d, Scratch& sc, Ahead ahead) {
   const int nc = d / 32;
   const int stride = 2 * d;
-  const int per_chunk = (ahead_bytes / nc + 63) / 64 * 64;
+  const int per_chunk = (ahead.bytes / nc + 63) / 64 * 64;
   _tile_zero(0);
   _tile_zero(1);
   for (int c = 0; c < nc; ++c) {
-    for (int b = c * per_chunk; b < (c + 1) * per_chunk && b < ahead_bytes; b += 64) _mm_prefetch(ahead + b, _MM_HINT_T0);
-    _tile_loadd(2, k + 32 * c, stride);
-    _tile_loadd(3, k + size_t(kTileRows) * d + 32 * c, stride);
-    _tile_loadd(4, q + size_t(c) * kTileRows * 32, kTileBytes);
-    _tile_dpbf16ps(0, 2, 4);
-    _tile_dpbf16ps(1, 3, 4);
-    _tile_loadd(5, q + size_t(nc + c) * kTileRows * 32, kTileBytes);
-    _tile_dpbf16ps(0, 2, 5);
-    _tile_dpbf16ps(1, 3, 5);
+    for (int b = c * per_chunk; b < (c + 1) * per_chunk && b < ahead.bytes; b += 64) {
+      _mm_prefetch(ahead.k + b, _MM_HINT_T0);
+      _mm_prefetch(ahead.v + b, _MM_HINT_T0);
+    }
+    // Even and odd chunks use different tiles (there is no renaming of tile
+    // registers): the next chunk's loads issue while this chunk's products run.
+    if (c % 2 == 0) {
+      _tile_loadd(2, k + 32 * c, stride);
+      _tile_loadd(3, k + size_t(kTileRows) * d + 32 * c, stride);
+      _tile_loadd(4, q + size_t(c) * kTileRows * 32, kTileBytes);
+      _tile_dpbf16ps(0, 2, 4);
+      _tile_dpbf16ps(1, 3, 4);
+    } else {
+      _tile_loadd(5, k + 32 * c, stride);
+      _tile_loadd(6, k + size_t(kTileRows) * d + 32 * c, stride);
+      _tile_loadd(7, q + size_t(c) * kTileRows * 32, kTileBytes);
+      _tile_dpbf16ps(0, 5, 7);
+      _tile_dpbf16ps(1, 6, 7);
+    }
   }
   _tile_stored(0, sc.s, kTileBytes);
   _tile_stored(1, sc.s + kTileRows * 16, kTileBytes);
 }
 
-// Key rows this far ahead of the block being scored are prefetched.
+/// The value rows of one block, v [nt][d] bf16 (nt <= 32), into the pair
+/// layout P.V reads: vn [d / 16][16][32] for this block, channel tile j,
+/// token pair i holding (v[2i][c], v[2i + 1][c]) for its 16 channels c (a
+/// B tile, 1 KiB); rows past nt are zero. The 32 channels 32m.. of a row
+/// pair become channel tiles 2m (their unpacklo: channels 8L + 0..3 of each
+/// 128-bit lane L) and 2m + 1 (unpackhi: 8L + 4..7). A block's tiles are
+/// contiguous, so its stores fill whole lines of one 16 KiB stretch (d 256);
+/// packed right after the block's q.k, so the value rows stream in beside
+/// the keys and the loads overlap the tile unit.
+void pack_v_block(const uint16_t* v, int d, int nt, uint16_t* vn) {
+  const int nc = d / 32;
+  for (int i = 0; i < kTileRows; ++i) {
+    const int t0 = 2 * i, t1 = t0 + 1;
+    for (int m = 0; m < nc; ++m) {
+      const __m512i a = t0 < nt ? _mm512_loadu_si512(v + size_t(t0) * d + 32 * m) : _mm512_setzero_si512();
+      const __m512i b = t1 < nt ? _mm512_loadu_si512(v + size_t(t1) * d + 32 * m) : _mm512_setzero_si512();
+      _mm512_store_si512(vn + (size_t(2 * m) * kTileRows + i) * 32, _mm512_unpacklo_epi16(a, b));
+      _mm512_store_si512(vn + (size_t(2 * m + 1) * kTileRows + i) * 32, _mm512_unpackhi_epi16(a, b));
+    }
+  }
+}
+
+/// Head h's scores of a block (sc.s [32][16], token-major: hi term in
+/// column h, lo in G + h) -> scores[h][t0..t0 + nt), times `scale`: each
+/// 16-token half transposed in registers.
+void store_scores(const Scratch& sc, int group, int n, int t0, int nt, float scale, float* scores) {
+  const __m512 sv = _mm512_set1_ps(scale);
+  for (int half = 0; half * 16 < nt; ++half) {
+    const int live_n = nt - 16 * half < 16 ? nt - 16 * half : 16;
+    const __mmask16 live = live_n == 16 ? __mmask16(0xffff) : __mmask16((1u << live_n) - 1u);
+    __m512i x[16];
+    for (int r = 0; r < 16; ++r) x[r] = _mm512_load_si512(sc.s + (16 * half + r) * 16);
+    transpose16(x);  // x[j]: column j of the 16 tokens
+    for (int h = 0; h < group; ++h) {
+      const __m512 s = _mm512_add_ps(_mm512_castsi512_ps(x[h]), _mm512_castsi512_ps(x[group + h]));
+      _mm512_mask_storeu_ps(scores + size_t(h) * n + t0 + 16 * half, live, _mm512_mul_ps(s, sv));
+    }
+  }
+}
+
+// Rows this far ahead of the block being scored are prefetched.
 constexpr int kPrefetchBlocks = 2;
 
-void bf16_scores_amx(const Bf16Item& it, int group, int d, float scale, float* scores) {
+/// Scores [group][n] (scaled q.k) of the item, and its value rows packed
+/// into vn ([n32 / 32][d / 16][16][32], pack_v_block per block) on the way.
+void bf16_scores_amx(const Bf16Item& it, int group, int d, float scale, float* scores, uint16_t* vn) {
   static const TileConfig cfg = make_config();
   _tile_loadconfig(&cfg);
   Scratch& sc = scratch();
@@ -146,37 +231,179 @@ void bf16_scores_amx(const Bf16Item& it, int group, int d, float scale, float* s
   for (int t0 = 0; t0 < n; t0 += kBlockTokens) {
     const int nt = n - t0 < kBlockTokens ? n - t0 : kBlockTokens;
     const uint16_t* k = it.k + size_t(t0) * d;
-    const char* ahead_p = nullptr;
-    int ahead_bytes = 0;
+    Ahead ahead;
     if (nt < kBlockTokens) {  // the tail: zero rows past the item
       std::memcpy(sc.tail, k, size_t(nt) * d * 2);
       std::memset(sc.tail + size_t(nt) * d, 0, size_t(kBlockTokens - nt) * d * 2);
       k = sc.tail;
       scratch_written();
     } else {
-      const int ahead = t0 + kPrefetchBlocks * kBlockTokens;
-      const int n_ahead = n - ahead < kBlockTokens ? n - ahead : kBlockTokens;
+      const int t_ahead = t0 + kPrefetchBlocks * kBlockTokens;
+      const int n_ahead = n - t_ahead < kBlockTokens ? n - t_ahead : kBlockTokens;
       if (n_ahead > 0) {
-        ahead_p = reinterpret_cast<const char*>(it.k + size_t(ahead) * d);
-        ahead_bytes = n_ahead * d * 2;
+        ahead.k = reinterpret_cast<const char*>(it.k + size_t(t_ahead) * d);
+        ahead.v = reinterpret_cast<const char*>(it.v + size_t(t_ahead) * d);
+        ahead.bytes = n_ahead * d * 2;
       }
     }
-    block_scores(k, q, d, sc, ahead_p, ahead_bytes);
-    for (int i = 0; i < nt; ++i)
-      for (int h = 0; h < group; ++h) scores[size_t(h) * n + t0 + i] = sc.s[i * 16 + h] * scale;
+    block_scores(k, q, d, sc, ahead);
+    pack_v_block(it.v + size_t(t0) * d, d, nt, vn + size_t(t0) * d);
+    scratch_written();  // the score tiles' stores before store_scores' vector loads
+    store_scores(sc, group, n, t0, nt, scale, scores);
+  }
+}
+
+// ---- P.V -------------------------------------------------------------------
+
+/// P.V tile configuration for G heads (R = 3G rows of P terms):
+///   0, 1: P rows 0..15 and 16..R-1 (bf16, 32 tokens a row); 1 unused when R <= 16
+///   2, 3: V channel tiles 2m and 2m + 1 of a 32-channel chunk m (16 token pairs x 16 channels)
+///   4 + 2a + b: O rows of P tile a, channel tile b (fp32)
+struct PvConfigs {
+  TileConfig by_group[9];
+};
+PvConfigs make_pv_configs() {
+  PvConfigs p;
+  for (int g = 1; g <= 8; ++g) {
+    TileConfig& c = p.by_group[g];
+    for (int a = 0; a < 2; ++a) {
+      const int rows = 3 * g - 16 * a > 16 ? 16 : 3 * g - 16 * a;
+      if (rows <= 0) continue;
+      c.rows[a] = c.rows[4 + 2 * a] = c.rows[5 + 2 * a] = uint8_t(rows);
+      c.colsb[a] = c.colsb[4 + 2 * a] = c.colsb[5 + 2 * a] = kTileBytes;
+    }
+    c.rows[2] = c.rows[3] = kTileRows;
+    c.colsb[2] = c.colsb[3] = kTileBytes;
+  }
+  return p;
+}
+
+inline __m512 widen_bf16(__m256bh x) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)x), 16));  // exact
+}
+
+/// P [G][n] fp32 -> pt [3][G][n32] bf16 terms: hi = bf16(p), mid = bf16(p -
+/// hi), lo = bf16(p - hi - mid), each residual exact in fp32; zero past n.
+void pack_p_terms(const float* p, int group, int n, int n32, uint16_t* pt) {
+  for (int h = 0; h < group; ++h) {
+    for (int t = 0; t < n32; t += 16) {
+      const __mmask16 live = n - t >= 16 ? __mmask16(0xffff) : n > t ? __mmask16((1u << (n - t)) - 1u) : 0;
+      const __m512 x = _mm512_maskz_loadu_ps(live, p + size_t(h) * n + t);
+      const __m256bh hi = _mm512_cvtneps_pbh(x);
+      const __m512 r1 = _mm512_sub_ps(x, widen_bf16(hi));
+      const __m256bh mid = _mm512_cvtneps_pbh(r1);
+      const __m256bh lo = _mm512_cvtneps_pbh(_mm512_sub_ps(r1, widen_bf16(mid)));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(pt + (size_t(h)) * n32 + t), (__m256i)hi);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(pt + (size_t(group) + h) * n32 + t), (__m256i)mid);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(pt + (size_t(2 * group) + h) * n32 + t), (__m256i)lo);
+    }
+  }
+}
+
+/// Output tiles of chunk m (cs: tile 4 + t at cs + 256 t) -> o[h][32m..32m+31]
+/// for each head: its three terms' rows summed lo + mid + hi, the channels
+/// put back in order, times 1 / l.
+void store_chunk(const float* cs, int group, int d, int m, const float* inv_l, float* o) {
+  // Output channels 0..15 of the chunk: lo-tile columns 0..3, hi 0..3, lo 4..7, hi 4..7; 16..31 the next eight.
+  const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i second = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+  for (int h = 0; h < group; ++h) {
+    __m512 sum[2];
+    for (int b = 0; b < 2; ++b) {
+      __m512 acc = _mm512_setzero_ps();
+      for (int term = 2; term >= 0; --term) {
+        const int r = term * group + h;
+        acc = _mm512_add_ps(acc, _mm512_load_ps(cs + (2 * (r / 16) + b) * 256 + (r % 16) * 16));
+      }
+      sum[b] = acc;
+    }
+    const __m512 inv = _mm512_set1_ps(inv_l[h]);
+    float* out = o + size_t(h) * d + 32 * m;
+    _mm512_storeu_ps(out, _mm512_mul_ps(_mm512_permutex2var_ps(sum[0], first, sum[1]), inv));
+    _mm512_storeu_ps(out + 16, _mm512_mul_ps(_mm512_permutex2var_ps(sum[0], second, sum[1]), inv));
+  }
+}
+
+/// O = P.V / l on the tile unit, NA P tiles (1: 3G <= 16 rows, 2: more).
+template <int NA>
+void pv_tiles(const uint16_t* pt, const uint16_t* vn, int group, int d, int n32, const float* inv_l, float* cs,
+              NextRows next, float* o) {
+  const int p_stride = 2 * n32;  // bytes between P rows
+  // The next item's first rows, prefetched a share per tile step.
+  const int next_lines = (next.bytes + 63) / 64, steps = d / 32 * (n32 / 32);
+  const int lines_per = (next_lines + steps - 1) / steps;
+  int next_done = 0;
+  const size_t block = size_t(32) * d;  // uint16 per block of packed value rows
+  for (int m = 0; m < d / 32; ++m) {
+    const uint16_t* b0 = vn + size_t(2 * m) * kTileRows * 32;  // block 0's channel tiles 2m, 2m + 1
+    const uint16_t* b1 = b0 + kTileRows * 32;
+    _tile_zero(4);
+    _tile_zero(5);
+    if constexpr (NA == 2) {
+      _tile_zero(6);
+      _tile_zero(7);
+    }
+    for (int s = 0; s < n32 / 32; ++s) {
+      if (next_lines > 0) {  // a share of the next item's first rows, into L2 (not needed before it starts)
+        for (int l = 0; l < lines_per && next_done < next_lines; ++l, ++next_done) {
+          _mm_prefetch(next.k + 64 * next_done, _MM_HINT_T1);
+          _mm_prefetch(next.v + 64 * next_done, _MM_HINT_T1);
+        }
+      }
+      _tile_loadd(0, pt + 32 * s, p_stride);
+      _tile_loadd(2, b0 + size_t(s) * block, kTileBytes);
+      _tile_loadd(3, b1 + size_t(s) * block, kTileBytes);
+      _tile_dpbf16ps(4, 0, 2);
+      _tile_dpbf16ps(5, 0, 3);
+      if constexpr (NA == 2) {
+        _tile_loadd(1, pt + size_t(16) * n32 + 32 * s, p_stride);
+        _tile_dpbf16ps(6, 1, 2);
+        _tile_dpbf16ps(7, 1, 3);
+      }
+    }
+    _tile_stored(4, cs, kTileBytes);
+    _tile_stored(5, cs + 256, kTileBytes);
+    if constexpr (NA == 2) {
+      _tile_stored(6, cs + 512, kTileBytes);
+      _tile_stored(7, cs + 768, kTileBytes);
+    }
+    scratch_written();  // the tile stores before the vector loads of store_chunk
+    store_chunk(cs, group, d, m, inv_l, o);
+  }
+}
+
+/// O = P.V / l: p [group][n] the softmax's exp(s - m), vn the packed value
+/// rows (bf16_scores_amx); pt and cs the scratch for P's terms and the output tiles.
+void bf16_pv_amx(const Bf16Item& it, int group, int d, const float* p, const float* inv_l, const uint16_t* vn,
+                 uint16_t* pt, float* cs, float* o) {
+  static const PvConfigs cfg = make_pv_configs();
+  const int n32 = (it.n + 31) / 32 * 32;
+  pack_p_terms(p, group, it.n, n32, pt);
+  scratch_written();
+  _tile_loadconfig(&cfg.by_group[group]);
+  if (3 * group > 16) {
+    pv_tiles<2>(pt, vn, group, d, n32, inv_l, cs, it.next, o);
+  } else {
+    pv_tiles<1>(pt, vn, group, d, n32, inv_l, cs, it.next, o);
   }
 }
 
 }  // namespace
 
 void pack_query_amx(const uint16_t* q_hi, const uint16_t* q_lo, int group, int d, uint16_t* out) {
-  pack_term(q_hi, group, d, out);
-  pack_term(q_lo, group, d, out + amx_query_elems(d) / 2);
+  pack_terms(q_hi, q_lo, group, d, out);
 }
 
 void bf16_item_amx(const Bf16Item& it, int group, int d, float scale, float* scores, float* o, float* lse) {
-  bf16_scores_amx(it, group, d, scale, scores);
-  bf16_finish_avx512(it, group, d, scores, o, lse);
+  // The scratch (kernels.h: amx_pv_scratch_elems): P's terms, the value rows, the output tiles.
+  const int n32 = (it.n + 31) / 32 * 32;
+  uint16_t* pt = it.pv_tiles;
+  uint16_t* vn = pt + size_t(3 * group) * n32;
+  float* cs = reinterpret_cast<float*>(vn + size_t(d) * n32);
+  bf16_scores_amx(it, group, d, scale, scores, vn);
+  float inv_l[8];
+  softmax_rows_avx512(scores, group, it.n, inv_l, lse);
+  bf16_pv_amx(it, group, d, scores, inv_l, vn, pt, cs, o);
 }
 
 }  // namespace activekv::cpu::detail

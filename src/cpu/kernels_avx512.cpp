@@ -26,6 +26,7 @@
 // -Wmaybe-uninitialized in every caller.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx512vnni,fma")
+#include "transpose16.h"  // after the pragma: compiled for this TU's target
 
 namespace activekv::cpu::detail {
 namespace {
@@ -99,6 +100,19 @@ inline float softmax_row(float* s, int n, float& m_out) {
   return _mm512_reduce_add_ps(lv);
 }
 
+}  // namespace
+
+void softmax_rows_avx512(float* scores, int group, int n, float* inv_l, float* lse) {
+  for (int h = 0; h < group; ++h) {
+    float m;
+    const float l = softmax_row(scores + size_t(h) * n, n, m);
+    inv_l[h] = 1.0f / l;
+    lse[h] = m + __builtin_logf(l);
+  }
+}
+
+namespace {
+
 // Asks for every cache line of `bytes` bytes at p.
 inline void prefetch_bytes(const void* p, int bytes) {
   for (int b = 0; b < bytes; b += 64) _mm_prefetch(static_cast<const char*>(p) + b, _MM_HINT_T0);
@@ -170,12 +184,7 @@ inline void pv(const Rows& rows, int n, int d, const float* p, const float* inv_
 template <int G, class Rows>
 inline void finish(const Rows& rows, int n, int d, float* scores, const float* vscale, float* o, float* lse) {
   float inv_l[G];
-  for (int h = 0; h < G; ++h) {
-    float m;
-    const float l = softmax_row(scores + size_t(h) * n, n, m);
-    inv_l[h] = 1.0f / l;
-    lse[h] = m + __builtin_logf(l);
-  }
+  softmax_rows_avx512(scores, G, n, inv_l, lse);
   // Registers: G*NV accumulators + NV row blocks <= 32.
   if constexpr (G <= 6) {
     pv<G, 4>(rows, n, d, scores, inv_l, vscale, o);
@@ -220,32 +229,6 @@ template <int G>
 void bf16_item(const Bf16Item& it, int d, float scale, float* scores, float* o, float* lse) {
   bf16_scores<G>(it, d, scale, scores);
   finish<G>(Bf16Rows{it.v, d}, it.n, d, scores, nullptr, o, lse);
-}
-
-// 16x16 transpose of 32-bit elements: on return x[j] lane r = x[r] lane j
-// (as given). Within 128-bit lanes (unpack 32 then 64), then across them (a
-// 4x4 transpose of the 128-bit lanes of each group of four).
-inline void transpose16(__m512i (&x)[16]) {
-  __m512i t[16], u[16];
-  for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_epi32(x[2 * i], x[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_epi32(x[2 * i], x[2 * i + 1]);
-  }
-  for (int i = 0; i < 4; ++i) {  // u[4i + e]: element 4L + e of rows 4i..4i+3, in 128-bit lane L
-    u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-    u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-    u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-    u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-  }
-  for (int e = 0; e < 4; ++e) {
-    const __m512i v0 = _mm512_shuffle_i32x4(u[e], u[4 + e], 0x44), v1 = _mm512_shuffle_i32x4(u[e], u[4 + e], 0xEE);
-    const __m512i v2 = _mm512_shuffle_i32x4(u[8 + e], u[12 + e], 0x44);
-    const __m512i v3 = _mm512_shuffle_i32x4(u[8 + e], u[12 + e], 0xEE);
-    x[e] = _mm512_shuffle_i32x4(v0, v2, 0x88);
-    x[4 + e] = _mm512_shuffle_i32x4(v0, v2, 0xDD);
-    x[8 + e] = _mm512_shuffle_i32x4(v1, v3, 0x88);
-    x[12 + e] = _mm512_shuffle_i32x4(v1, v3, 0xDD);
-  }
 }
 
 inline int32_t load_i32(const int8_t* p) {

@@ -263,6 +263,58 @@ TEST(CpuAttention, HybridPageListMatchesReference) {
   }
 }
 
+// The AMX kernel's P.V takes P as three bf16 terms (hi + mid + lo, exact for
+// an fp32 p) on the tile unit. A peaked softmax (the query scaled 8x: the
+// weights span many orders of magnitude) against fp64, every kernel. The
+// query is rounded to bf16 so that its second term is zero: the error left
+// is the softmax's and P.V's (with a full fp32 query the two-term query's
+// residual, amplified 8x, dominates: 1.6e-5 for AVX-512 and AMX alike).
+// Measured on the dev VM (Xeon, AMX): max relative error portable 7.7e-7,
+// AVX-512 8.9e-7, AMX 1.15e-6; bound ~3x. (P as one bf16 term measured
+// 9.7e-4 here, two terms 1.5e-6: the bound catches the first, not the second.)
+TEST(CpuAttention, PeakedSoftmaxKeepsFp32Precision) {
+  double worst[4] = {0, 0, 0, 0};
+  for (const int G : {1, 5, 6, 8}) {  // one P tile (3G <= 16) and two
+    Case c = make_case(700, 2, G, 256, 256, uint32_t(40 + G));
+    for (float& x : c.q) x = bf16_to_f32(f32_to_bf16(8.0f * x));
+    const auto pages = page_list(c, kAllBf16);
+    const auto ref = reference(c, pages);
+    for (const Isa isa : isas()) {
+      cpu::CpuAttentionOptions opt;
+      opt.isa = isa;
+      const double err = attention::own_format_error(cpu::attend_pages(c.shape, pages, c.q.data(), opt), ref);
+      worst[int(isa)] = std::max(worst[int(isa)], err);
+      EXPECT_LE(err, 3e-6) << "G " << G << " " << cpu::isa_name(isa);
+    }
+  }
+  std::printf("peaked softmax, max relative error vs fp64: portable %.3g, avx512 %.3g, amx %.3g (0: not run here)\n",
+              worst[int(Isa::portable)], worst[int(Isa::avx512)], worst[int(Isa::amx)]);
+}
+
+// Rows past the tokens a page list attends may hold anything (a page being
+// filled; the GPU tests put NaN there): no kernel may read them. NaN in every
+// K and V row past n_tokens must give the bits of zeros there.
+TEST(CpuAttention, RowsPastTheAttendedTokensAreNeverRead) {
+  for (const int n : {1, 31, 33, 200}) {  // tails of the AMX kernel's 32-token blocks and its token pairs
+    const Case c = make_case(n, 2, 6, 128, 256, uint32_t(60 + n));
+    std::vector<bf16> poisoned = c.bf16_pages[0];
+    const size_t plane = size_t(c.shape.page_size) * c.shape.head_dim;
+    for (size_t p = 0; p < size_t(2 * c.shape.n_kv_heads); ++p)
+      for (size_t i = size_t(n) * c.shape.head_dim; i < plane; ++i) poisoned[p * plane + i] = bf16{0x7fc0};  // NaN
+    const std::vector<cpu::PageRef> clean{cpu::PageRef::from_bf16(c.bf16_pages[0].data(), n)};
+    const std::vector<cpu::PageRef> dirty{cpu::PageRef::from_bf16(poisoned.data(), n)};
+    for (const Isa isa : isas()) {
+      cpu::CpuAttentionOptions opt;
+      opt.isa = isa;
+      opt.split_tokens = 96;
+      const attention::Partial a = cpu::attend_pages(c.shape, clean, c.q.data(), opt);
+      EXPECT_TRUE(bitwise_equal(a, cpu::attend_pages(c.shape, dirty, c.q.data(), opt)))
+          << "n " << n << " " << cpu::isa_name(isa);
+      for (const float x : a.o) ASSERT_TRUE(std::isfinite(x));
+    }
+  }
+}
+
 TEST(CpuAttention, ThreadCountDoesNotChangeABit) {
   const Case c = make_case(4099, 4, 6, 128, 1024, 11);
   for (const bool int8s : {false, true}) {

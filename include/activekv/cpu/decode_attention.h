@@ -110,6 +110,7 @@ struct CpuAttentionWorkspace {
   std::vector<std::vector<float>> thread_f32;  ///< per thread: scores and token scales of an item
   std::vector<uint16_t> q_bf16;                ///< [2][n_q_heads][head_dim] the bf16 query terms
   std::vector<uint16_t> q_amx;                 ///< AMX: per KV head, both terms as the tile unit reads them
+  std::vector<std::vector<uint16_t>> thread_amx;  ///< AMX: per thread, an item's P terms and V rows as the tile unit reads them
   std::vector<int> query_slot;                 ///< per page: its int8s query slot, -1 for none
   std::vector<int8_t> query_i8;                ///< per (int8s page, KV head): [2][group][head_dim] query codes
   std::vector<float> query_f32;                ///< per (int8s page, KV head): [group] row scales, [head_dim] value scales
