@@ -61,12 +61,12 @@ void check(const DecodeShape& shape, std::span<const PageRef> pages, const CpuAt
   }
 }
 
-/// Whether bf16 q.k runs on AMX tiles (on top of the AVX-512 kernels).
+/// Whether the AMX kernels run (q.k and P.V on the tile unit; on top of the AVX-512 kernels).
 bool use_amx(const DecodeShape& shape, Isa isa) {
   const bool shape_ok = shape.head_dim % 64 == 0 && shape.head_dim <= 512 && shape.group <= 8;
   if (isa == Isa::amx) {
     if (!cpu_has_amx_kernels())
-      throw InvalidArgument("cpu attention: this CPU or OS gives no AMX tiles (AMX-TILE, AMX-BF16 and the tile state)");
+      throw InvalidArgument("cpu attention: this CPU or OS gives no AMX tiles (AMX-TILE, AMX-BF16, AMX-INT8 and the tile state)");
     if (!shape_ok) {
       throw InvalidArgument(fmt::format("cpu attention: the AMX kernel needs head_dim % 64 == 0, head_dim <= 512 and "
                                         "group <= 8 (head_dim {}, group {})", shape.head_dim, shape.group));
@@ -187,7 +187,7 @@ void prepare_int8s_query(const ItemContext& c, const kv::Int8sPageView& page, in
 
 // f32 scratch: [G * split] scores, then [split] token scales.
 void run_int8s_item(const ItemContext& c, const PageRef& page, const Split& s, int g, PageQuery pq, float* f32,
-                    float* o, float* lse) {
+                    uint16_t* pv_tiles, detail::NextRows next, float* o, float* lse) {
   const int d = c.shape.head_dim, G = c.shape.group;
   const kv::Int8sHeadView hv = page.int8s->head(g);
   float* scores = f32;
@@ -203,6 +203,8 @@ void run_int8s_item(const ItemContext& c, const PageRef& page, const Split& s, i
   it.qq_lo = pq.i8 + size_t(G) * d;
   it.row_scale = pq.f32;
   it.terms = c.terms;
+  it.pv_tiles = pv_tiles;
+  it.next = next;
   c.int8s_kernel(it, G, d, scores, o, lse);
 }
 
@@ -229,7 +231,7 @@ bool cpu_has_avx512_kernels() {
 }
 
 const char* kernels_name(const DecodeShape& shape, Isa isa) {
-  if (use_amx(shape, isa)) return "amx (bf16 q.k, P.V), avx512";
+  if (use_amx(shape, isa)) return "amx (q.k, P.V), avx512";
   return use_avx512(shape, isa) ? "avx512" : "portable";
 }
 
@@ -239,8 +241,8 @@ bool cpu_has_amx_kernels() {
     if (!cpu_has_avx512_kernels()) return false;
     unsigned a = 0, b = 0, c = 0, d = 0;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-    const bool amx_bf16 = (d >> 22) & 1u, amx_tile = (d >> 24) & 1u;
-    if (!amx_bf16 || !amx_tile) return false;
+    const bool amx_bf16 = (d >> 22) & 1u, amx_tile = (d >> 24) & 1u, amx_int8 = (d >> 25) & 1u;
+    if (!amx_bf16 || !amx_tile || !amx_int8) return false;
     // Linux keeps the 8 KiB tile state off until a process asks for it.
     constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
     return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
@@ -306,7 +308,9 @@ size_t attend_pages_splits(const DecodeShape& shape, std::span<const PageRef> pa
                         amx      ? detail::bf16_item_amx
                         : avx512 ? detail::bf16_item_avx512
                                  : bf16_portable,
-                        avx512 ? detail::int8s_item_avx512 : int8s_portable};  // AMX: bf16 only (kernels_amx.cpp)
+                        amx      ? detail::int8s_item_amx
+                        : avx512 ? detail::int8s_item_avx512
+                                 : int8s_portable};
 
   // Per-page int8s query slots: page p's (page, KV head) g at query_slot[p] * H + g.
   std::vector<int>& query_slot = ws.query_slot;
@@ -329,7 +333,7 @@ size_t attend_pages_splits(const DecodeShape& shape, std::span<const PageRef> pa
   // reaches the caller (the engine's CPU share keeps it for the step).
   ws.thread_f32.resize(size_t(threads));
   for (std::vector<float>& f32 : ws.thread_f32) f32.resize(std::max(size_t(G + 1) * split_cap, 3 * size_t(d)));
-  ws.thread_amx.resize(q_tiles != nullptr ? size_t(threads) : 0);
+  ws.thread_amx.resize(amx ? size_t(threads) : 0);
   for (std::vector<uint16_t>& t : ws.thread_amx) t.resize(detail::amx_pv_scratch_elems(G, d, split_cap) + 32);
   const int n_items = int(splits.size()) * H;
   std::atomic<int> next_item{0};
@@ -337,7 +341,7 @@ size_t attend_pages_splits(const DecodeShape& shape, std::span<const PageRef> pa
   {
     std::vector<float>& f32 = ws.thread_f32[size_t(omp_get_thread_num())];
     uint16_t* pv_tiles = nullptr;  // 64-byte aligned (tile loads and stores of whole rows)
-    if (ctx.q_tiles != nullptr) {
+    if (amx) {
       std::vector<uint16_t>& t = ws.thread_amx[size_t(omp_get_thread_num())];
       pv_tiles = t.data() + (64 - reinterpret_cast<uintptr_t>(t.data()) % 64) % 64 / sizeof(uint16_t);
     }
@@ -367,12 +371,12 @@ size_t attend_pages_splits(const DecodeShape& shape, std::span<const PageRef> pa
       const PageRef& page = pages[s.page];
       float* so = split_o + (size_t(item / H) * nq + size_t(g) * G) * d;
       float* sl = split_lse + size_t(item / H) * nq + size_t(g) * G;
+      const detail::NextRows hint =
+          next < n_items ? first_rows(shape, pages[splits[size_t(next / H)].page], splits[size_t(next / H)], next % H)
+                         : detail::NextRows{};
       if (page.int8s) {
-        run_int8s_item(ctx, page, s, g, page_query(s.page, g), f32.data(), so, sl);
+        run_int8s_item(ctx, page, s, g, page_query(s.page, g), f32.data(), pv_tiles, hint, so, sl);
       } else {
-        const detail::NextRows hint =
-            next < n_items ? first_rows(shape, pages[splits[size_t(next / H)].page], splits[size_t(next / H)], next % H)
-                           : detail::NextRows{};
         run_bf16_item(ctx, page, s, g, f32.data(), pv_tiles, hint, so, sl);
       }
       item = next;

@@ -52,6 +52,8 @@ struct Int8sItem {
   const int8_t* qq_lo = nullptr;
   const float* row_scale = nullptr;
   int terms = 2;
+  uint16_t* pv_tiles = nullptr;  ///< as Bf16Item's: the AMX kernel's scratch
+  NextRows next;                 ///< read by the AMX kernel only
 };
 
 /// scores: scratch of group * n floats.
@@ -70,10 +72,15 @@ void bf16_finish_avx512(const Bf16Item&, int group, int d, float* scores, float*
 /// in place; inv_l [group] = 1 / sum p, lse [group] = m + log(sum p).
 void softmax_rows_avx512(float* scores, int group, int n, float* inv_l, float* lse);
 
-// AMX (kernels_amx.cpp): bf16 q.k and P.V on the tile unit, the softmax by
+// AMX (kernels_amx.cpp): q.k and P.V on the tile unit, the softmax by
 // softmax_rows_avx512. Call only where cpu_has_amx_kernels() (the OS has granted the tile state)
 // and d % 64 == 0, d <= 512, group in 1..8.
 void bf16_item_amx(const Bf16Item&, int group, int d, float scale, float* scores, float* o, float* lse);
+/// int8s on AMX (also AMX-INT8): q.k by tdpbssd, the softmax, P.V with the
+/// value codes widened to bf16 (exact). Same conditions as bf16_item_amx.
+void int8s_item_amx(const Int8sItem&, int group, int d, float* scores, float* o, float* lse);
+/// Its scores alone, [group][n]: bitwise the reference's (the bitwise test).
+void int8s_scores_amx(const Int8sItem&, int group, int d, float* scores);
 
 /// uint16 elements of the AMX P.V scratch of an item of n tokens: P as three
 /// bf16 terms [3 * group][n32], V in the tile unit's pair layout [d][n32]

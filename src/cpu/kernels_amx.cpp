@@ -1,8 +1,8 @@
-// AMX bf16 CPU items (kernels.h): q.k and P.V on the tile unit, the softmax
-// between them by the AVX-512 kernel's code (softmax_rows_avx512). Like
-// kernels_avx512.cpp, the only TU compiled for AMX (the pragma below, after
-// the includes), using no C++ library templates; decode_attention.cpp calls
-// it only where cpu_has_amx_kernels().
+// AMX CPU items (kernels.h): q.k and P.V of bf16 and int8s items on the tile
+// unit, the softmax between them by the AVX-512 kernel's code
+// (softmax_rows_avx512). Like kernels_avx512.cpp, the only TU compiled for
+// AMX (the pragma below, after the includes), using no C++ library
+// templates; decode_attention.cpp calls it only where cpu_has_amx_kernels().
 //
 // Why: the AVX-512 item spends ~96 dpbf16 per key row (G = 6 heads x 8
 // chunks x 2 query terms) on q.k and 96 fp32 FMAs per value row on P.V,
@@ -35,10 +35,14 @@
 // undone when the output tiles are read). The three terms' rows are summed
 // lo + mid + hi per head, in fixed order: the same bits run to run.
 //
-// int8s stays on the AVX-512 kernel: the q.k scheme with the codes
-// (tdpbssd on 64-channel rows, exact int32 dots, bitwise the dpbusd scores)
-// measured slower on the dev VM (3.07 against 2.61 ms per layer, 27B shape,
-// 8K, one thread), where the bf16 one measured 4.64-4.74 against 5.06-5.25.
+// int8s: the same item with the codes -- q.k by tdpbssd on 64-channel
+// key-code rows against the int8 query terms (columns h and G + h), exact
+// int32 dots turned into scores by the reference's float arithmetic lane by
+// lane (bitwise the reference's), the value codes widened to bf16 (exact:
+// 8-bit integers) as they are packed, the page's value scale applied per
+// channel as the output tiles are read. (An earlier tdpbssd q.k, two query
+// tiles and a scalar score copy, measured slower than the AVX-512 dpbusd
+// kernel: 3.07 against 2.61 ms per layer, 27B shape, 8K, one thread.)
 //
 // The tile configuration is loaded per item and phase (another library may
 // have loaded its own) and the tiles are not released after: releasing per
@@ -57,7 +61,7 @@
 // -W(maybe-)uninitialized once inlined (as in kernels_avx512.cpp).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16,amx-tile,amx-bf16")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16,amx-int8")
 #include "transpose16.h"  // after the pragma: compiled for this TU's target
 
 namespace activekv::cpu::detail {
@@ -90,12 +94,13 @@ TileConfig make_config() {
   return c;
 }
 
-/// Per thread: the zero-padded tail rows and the score tiles (34 KiB: on the
+/// Per thread: the zero-padded tail rows, the score tiles and the int8s query (42 KiB: on the
 /// heap, at a thread's first item -- as static TLS it came out of every
 /// thread's stack, AMX or not).
 struct Scratch {
   alignas(64) uint16_t tail[kBlockTokens * 32 * kMaxChunks];
-  alignas(64) float s[kBlockTokens * 16];
+  alignas(64) float s[kBlockTokens * 16];                  // int32 dots for int8s
+  alignas(64) int8_t q8[kMaxChunks / 2 * kTileRows * 64];  // int8s: the item's query tiles
 };
 Scratch& scratch() {
   thread_local Scratch* s = nullptr;
@@ -199,6 +204,27 @@ void pack_v_block(const uint16_t* v, int d, int nt, uint16_t* vn) {
   }
 }
 
+/// The int8s form of pack_v_block: value codes v [nt][d] int8, widened to
+/// bf16 (exact: integers of at most 8 bits), in the same pair layout.
+inline __m512i widen32(const int8_t* row) {  // 32 codes -> 32 bf16, in order
+  const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row))));
+  const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 16))));
+  return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+}
+
+void pack_v_codes_block(const int8_t* v, int d, int nt, uint16_t* vn) {
+  const int nc = d / 32;
+  for (int i = 0; i < kTileRows; ++i) {
+    const int t0 = 2 * i, t1 = t0 + 1;
+    for (int m = 0; m < nc; ++m) {
+      const __m512i a = t0 < nt ? widen32(v + size_t(t0) * d + 32 * m) : _mm512_setzero_si512();
+      const __m512i b = t1 < nt ? widen32(v + size_t(t1) * d + 32 * m) : _mm512_setzero_si512();
+      _mm512_store_si512(vn + (size_t(2 * m) * kTileRows + i) * 32, _mm512_unpacklo_epi16(a, b));
+      _mm512_store_si512(vn + (size_t(2 * m + 1) * kTileRows + i) * 32, _mm512_unpackhi_epi16(a, b));
+    }
+  }
+}
+
 /// Head h's scores of a block (sc.s [32][16], token-major: hi term in
 /// column h, lo in G + h) -> scores[h][t0..t0 + nt), times `scale`: each
 /// 16-token half transposed in registers.
@@ -253,6 +279,113 @@ void bf16_scores_amx(const Bf16Item& it, int group, int d, float scale, float* s
   }
 }
 
+// ---- int8s q.k ---------------------------------------------------------------
+
+/// The item's int8s query as tdpbssd's B operand: tile row r of chunk c (64
+/// channels) holds, for column j, channels 64c + 4r .. 64c + 4r + 3 at bytes
+/// 4j .. 4j + 3; column h < G is head h's first term (qq), G + h its second
+/// (qq_lo; zero with one term), the rest zero. Per item: the query is per
+/// (page, KV head), and this is ~3 KiB of stores against the item's ~64 KiB
+/// of key codes.
+void pack_int8s_query(const Int8sItem& it, int group, int d, int8_t* out) {
+  const int nc = d / 64;
+  std::memset(out, 0, size_t(nc) * kTileRows * 64);
+  const int cols = (it.terms == 2 ? 2 : 1) * group;
+  for (int c = 0; c < nc; ++c) {
+    int8_t* t = out + size_t(c) * kTileRows * 64;
+    for (int j = 0; j < cols; ++j) {
+      const int8_t* q = (j < group ? it.qq : it.qq_lo) + size_t(j % group) * d + 64 * c;
+      for (int r = 0; r < kTileRows; ++r) std::memcpy(t + r * 64 + 4 * j, q + 4 * r, 4);
+    }
+  }
+}
+
+/// Exact int32 dots of 32 key-code rows at k (row stride d bytes) with the
+/// query tiles at q into sc.s ([32][16] int32); the rows of a block ahead
+/// prefetched as in block_scores.
+void int8s_block_dots(const int8_t* k, const int8_t* q, int d, Scratch& sc, Ahead ahead) {
+  const int nc = d / 64;
+  const int per_chunk = (ahead.bytes / nc + 63) / 64 * 64;
+  _tile_zero(0);
+  _tile_zero(1);
+  for (int c = 0; c < nc; ++c) {
+    for (int b = c * per_chunk; b < (c + 1) * per_chunk && b < ahead.bytes; b += 64) {
+      _mm_prefetch(ahead.k + b, _MM_HINT_T0);
+      _mm_prefetch(ahead.v + b, _MM_HINT_T0);
+    }
+    if (c % 2 == 0) {  // even and odd chunks in different tiles, as block_scores
+      _tile_loadd(2, k + 64 * c, d);
+      _tile_loadd(3, k + size_t(kTileRows) * d + 64 * c, d);
+      _tile_loadd(4, q + size_t(c) * kTileRows * 64, kTileBytes);
+      _tile_dpbssd(0, 2, 4);
+      _tile_dpbssd(1, 3, 4);
+    } else {
+      _tile_loadd(5, k + 64 * c, d);
+      _tile_loadd(6, k + size_t(kTileRows) * d + 64 * c, d);
+      _tile_loadd(7, q + size_t(c) * kTileRows * 64, kTileBytes);
+      _tile_dpbssd(0, 5, 7);
+      _tile_dpbssd(1, 6, 7);
+    }
+  }
+  _tile_stored(0, sc.s, kTileBytes);
+  _tile_stored(1, sc.s + kTileRows * 16, kTileBytes);
+}
+
+/// A block's int8s scores from its dots (sc.s, token-major: first term in
+/// column h, second in G + h), with the reference's float arithmetic
+/// (attention_int8s.cpp) lane by lane: ((dot + dot_lo / 127) * s_t) *
+/// row_scale[h] -- the integer dots being exact, bitwise the reference's scores.
+void store_int8s_scores(const Scratch& sc, const Int8sItem& it, int group, int t0, int nt, float* scores) {
+  for (int half = 0; half * 16 < nt; ++half) {
+    const int live_n = nt - 16 * half < 16 ? nt - 16 * half : 16;
+    const __mmask16 live = live_n == 16 ? __mmask16(0xffff) : __mmask16((1u << live_n) - 1u);
+    __m512i x[16];
+    for (int r = 0; r < 16; ++r) x[r] = _mm512_load_si512(sc.s + (16 * half + r) * 16);
+    transpose16(x);  // x[j]: column j of the 16 tokens
+    const __m512 tok = _mm512_maskz_loadu_ps(live, it.s + t0 + 16 * half);
+    for (int h = 0; h < group; ++h) {
+      __m512 dot = _mm512_cvtepi32_ps(x[h]);
+      if (it.terms == 2) dot = _mm512_add_ps(dot, _mm512_div_ps(_mm512_cvtepi32_ps(x[group + h]), _mm512_set1_ps(127.0f)));
+      const __m512 s = _mm512_mul_ps(_mm512_mul_ps(dot, tok), _mm512_set1_ps(it.row_scale[h]));
+      _mm512_mask_storeu_ps(scores + size_t(h) * it.n + t0 + 16 * half, live, s);
+    }
+  }
+}
+
+/// int8s scores [group][n] on the tile unit, and (vn not null) the item's
+/// value codes packed for P.V on the way (pack_v_codes_block).
+void int8s_scores_tiles(const Int8sItem& it, int group, int d, float* scores, uint16_t* vn) {
+  static const TileConfig cfg = make_config();
+  _tile_loadconfig(&cfg);
+  Scratch& sc = scratch();
+  pack_int8s_query(it, group, d, sc.q8);
+  const int n = it.n;
+  for (int t0 = 0; t0 < n; t0 += kBlockTokens) {
+    const int nt = n - t0 < kBlockTokens ? n - t0 : kBlockTokens;
+    const int8_t* k = it.kq + size_t(t0) * d;
+    Ahead ahead;
+    if (nt < kBlockTokens) {  // the tail: zero rows past the item
+      auto* tail = reinterpret_cast<int8_t*>(sc.tail);
+      std::memcpy(tail, k, size_t(nt) * d);
+      std::memset(tail + size_t(nt) * d, 0, size_t(kBlockTokens - nt) * d);
+      k = tail;
+    } else {
+      const int t_ahead = t0 + kPrefetchBlocks * kBlockTokens;
+      const int n_ahead = n - t_ahead < kBlockTokens ? n - t_ahead : kBlockTokens;
+      if (n_ahead > 0) {
+        ahead.k = reinterpret_cast<const char*>(it.kq + size_t(t_ahead) * d);
+        ahead.v = reinterpret_cast<const char*>(it.vq + size_t(t_ahead) * d);
+        ahead.bytes = n_ahead * d;
+      }
+    }
+    scratch_written();  // the query and tail stores before the tile loads
+    int8s_block_dots(k, sc.q8, d, sc, ahead);
+    if (vn != nullptr) pack_v_codes_block(it.vq + size_t(t0) * d, d, nt, vn + size_t(t0) * d);
+    scratch_written();  // the dot tiles' stores before the vector loads
+    store_int8s_scores(sc, it, group, t0, nt, scores);
+  }
+}
+
 // ---- P.V -------------------------------------------------------------------
 
 /// P.V tile configuration for G heads (R = 3G rows of P terms):
@@ -302,8 +435,8 @@ void pack_p_terms(const float* p, int group, int n, int n32, uint16_t* pt) {
 
 /// Output tiles of chunk m (cs: tile 4 + t at cs + 256 t) -> o[h][32m..32m+31]
 /// for each head: its three terms' rows summed lo + mid + hi, the channels
-/// put back in order, times 1 / l.
-void store_chunk(const float* cs, int group, int d, int m, const float* inv_l, float* o) {
+/// put back in order, times the value scales (int8s; none for bf16), times 1 / l.
+void store_chunk(const float* cs, int group, int d, int m, const float* inv_l, const float* vscale, float* o) {
   // Output channels 0..15 of the chunk: lo-tile columns 0..3, hi 0..3, lo 4..7, hi 4..7; 16..31 the next eight.
   const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
   const __m512i second = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
@@ -319,15 +452,20 @@ void store_chunk(const float* cs, int group, int d, int m, const float* inv_l, f
     }
     const __m512 inv = _mm512_set1_ps(inv_l[h]);
     float* out = o + size_t(h) * d + 32 * m;
-    _mm512_storeu_ps(out, _mm512_mul_ps(_mm512_permutex2var_ps(sum[0], first, sum[1]), inv));
-    _mm512_storeu_ps(out + 16, _mm512_mul_ps(_mm512_permutex2var_ps(sum[0], second, sum[1]), inv));
+    __m512 x0 = _mm512_permutex2var_ps(sum[0], first, sum[1]), x1 = _mm512_permutex2var_ps(sum[0], second, sum[1]);
+    if (vscale != nullptr) {  // SPEC 3.3: the page's value scale once per channel, as the AVX-512 kernel
+      x0 = _mm512_mul_ps(_mm512_loadu_ps(vscale + 32 * m), x0);
+      x1 = _mm512_mul_ps(_mm512_loadu_ps(vscale + 32 * m + 16), x1);
+    }
+    _mm512_storeu_ps(out, _mm512_mul_ps(x0, inv));
+    _mm512_storeu_ps(out + 16, _mm512_mul_ps(x1, inv));
   }
 }
 
 /// O = P.V / l on the tile unit, NA P tiles (1: 3G <= 16 rows, 2: more).
 template <int NA>
-void pv_tiles(const uint16_t* pt, const uint16_t* vn, int group, int d, int n32, const float* inv_l, float* cs,
-              NextRows next, float* o) {
+void pv_tiles(const uint16_t* pt, const uint16_t* vn, int group, int d, int n32, const float* inv_l,
+              const float* vscale, float* cs, NextRows next, float* o) {
   const int p_stride = 2 * n32;  // bytes between P rows
   // The next item's first rows, prefetched a share per tile step.
   const int next_lines = (next.bytes + 63) / 64, steps = d / 32 * (n32 / 32);
@@ -368,23 +506,37 @@ void pv_tiles(const uint16_t* pt, const uint16_t* vn, int group, int d, int n32,
       _tile_stored(7, cs + 768, kTileBytes);
     }
     scratch_written();  // the tile stores before the vector loads of store_chunk
-    store_chunk(cs, group, d, m, inv_l, o);
+    store_chunk(cs, group, d, m, inv_l, vscale, o);
   }
 }
 
-/// O = P.V / l: p [group][n] the softmax's exp(s - m), vn the packed value
-/// rows (bf16_scores_amx); pt and cs the scratch for P's terms and the output tiles.
-void bf16_pv_amx(const Bf16Item& it, int group, int d, const float* p, const float* inv_l, const uint16_t* vn,
-                 uint16_t* pt, float* cs, float* o) {
+/// Where an item's AMX scratch lies (kernels.h: amx_pv_scratch_elems): P's
+/// terms [3G][n32], the packed value rows [n32 / 32][d / 16][16][32], the
+/// output tiles.
+struct PvScratch {
+  int n32;
+  uint16_t* pt;
+  uint16_t* vn;
+  float* cs;
+  PvScratch(uint16_t* base, int group, int d, int n)
+      : n32((n + 31) / 32 * 32),
+        pt(base),
+        vn(base + size_t(3 * group) * n32),
+        cs(reinterpret_cast<float*>(vn + size_t(d) * n32)) {}
+};
+
+/// O = (vscale *) P.V / l: p [group][n] the softmax's exp(s - m), the value
+/// rows already packed into sc.vn.
+void pv_amx(const PvScratch& sc, int n, int group, int d, const float* p, const float* inv_l, const float* vscale,
+            NextRows next, float* o) {
   static const PvConfigs cfg = make_pv_configs();
-  const int n32 = (it.n + 31) / 32 * 32;
-  pack_p_terms(p, group, it.n, n32, pt);
+  pack_p_terms(p, group, n, sc.n32, sc.pt);
   scratch_written();
   _tile_loadconfig(&cfg.by_group[group]);
   if (3 * group > 16) {
-    pv_tiles<2>(pt, vn, group, d, n32, inv_l, cs, it.next, o);
+    pv_tiles<2>(sc.pt, sc.vn, group, d, sc.n32, inv_l, vscale, sc.cs, next, o);
   } else {
-    pv_tiles<1>(pt, vn, group, d, n32, inv_l, cs, it.next, o);
+    pv_tiles<1>(sc.pt, sc.vn, group, d, sc.n32, inv_l, vscale, sc.cs, next, o);
   }
 }
 
@@ -395,15 +547,23 @@ void pack_query_amx(const uint16_t* q_hi, const uint16_t* q_lo, int group, int d
 }
 
 void bf16_item_amx(const Bf16Item& it, int group, int d, float scale, float* scores, float* o, float* lse) {
-  // The scratch (kernels.h: amx_pv_scratch_elems): P's terms, the value rows, the output tiles.
-  const int n32 = (it.n + 31) / 32 * 32;
-  uint16_t* pt = it.pv_tiles;
-  uint16_t* vn = pt + size_t(3 * group) * n32;
-  float* cs = reinterpret_cast<float*>(vn + size_t(d) * n32);
-  bf16_scores_amx(it, group, d, scale, scores, vn);
+  const PvScratch sc(it.pv_tiles, group, d, it.n);
+  bf16_scores_amx(it, group, d, scale, scores, sc.vn);
   float inv_l[8];
   softmax_rows_avx512(scores, group, it.n, inv_l, lse);
-  bf16_pv_amx(it, group, d, scores, inv_l, vn, pt, cs, o);
+  pv_amx(sc, it.n, group, d, scores, inv_l, nullptr, it.next, o);
+}
+
+void int8s_scores_amx(const Int8sItem& it, int group, int d, float* scores) {
+  int8s_scores_tiles(it, group, d, scores, nullptr);
+}
+
+void int8s_item_amx(const Int8sItem& it, int group, int d, float* scores, float* o, float* lse) {
+  const PvScratch sc(it.pv_tiles, group, d, it.n);
+  int8s_scores_tiles(it, group, d, scores, sc.vn);
+  float inv_l[8];
+  softmax_rows_avx512(scores, group, it.n, inv_l, lse);
+  pv_amx(sc, it.n, group, d, scores, inv_l, it.vscale, it.next, o);
 }
 
 }  // namespace activekv::cpu::detail

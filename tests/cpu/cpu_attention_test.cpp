@@ -193,6 +193,13 @@ TEST(CpuAttention, Int8sScoresAreBitwiseTheReference) {
           ASSERT_EQ(std::memcmp(ref.data(), got.data(), m * sizeof(float)), 0)
               << "d " << d << " G " << G << " terms " << terms << " n " << n;
           for (size_t i = m; i < m + 16; ++i) ASSERT_EQ(got[i], -7.f) << "written past the scores: n " << n;
+          if (cpu::cpu_has_amx_kernels()) {  // the tile unit's exact int32 dots (tdpbssd), same float arithmetic
+            std::fill(got.begin(), got.end(), -7.f);
+            cpu::detail::int8s_scores_amx(it, G, d, got.data());
+            ASSERT_EQ(std::memcmp(ref.data(), got.data(), m * sizeof(float)), 0)
+                << "AMX: d " << d << " G " << G << " terms " << terms << " n " << n;
+            for (size_t i = m; i < m + 16; ++i) ASSERT_EQ(got[i], -7.f) << "AMX wrote past the scores: n " << n;
+          }
           ++cases;
         }
   EXPECT_EQ(cases, 3 * 8 * 2 * 6);

@@ -52,15 +52,15 @@ enum class Isa {
   automatic,  ///< AMX where usable, else AVX-512 (BF16, VNNI) when the CPU has it and the shape allows, else portable
   avx512,     ///< AVX-512; InvalidArgument if the CPU or the shape does not allow it
   portable,   ///< the portable C++ kernels (the fallback; also for comparisons)
-  amx,        ///< AVX-512 with bf16 q.k on AMX tiles; InvalidArgument if the CPU, the OS or the shape does not allow it
+  amx,        ///< AVX-512 with q.k and P.V on AMX tiles; InvalidArgument if the CPU, the OS or the shape does not allow it
 };
 
 /// "avx512" / "portable" / "amx" / "automatic".
 const char* isa_name(Isa isa);
 /// True if this CPU has AVX-512F/BW/VL, AVX512_BF16 and AVX512_VNNI.
 bool cpu_has_avx512_kernels();
-/// True if cpu_has_avx512_kernels() and the CPU has AMX-TILE and AMX-BF16
-/// and Linux granted this process the tile state (arch_prctl
+/// True if cpu_has_avx512_kernels() and the CPU has AMX-TILE, AMX-BF16 and
+/// AMX-INT8 and Linux granted this process the tile state (arch_prctl
 /// ARCH_REQ_XCOMP_PERM, asked once, on the first call). Asking has a
 /// process-wide effect: Linux then wants larger signal stacks (a later
 /// sigaltstack of the old minimum size fails); where one too small is
