@@ -753,7 +753,7 @@ int run_bench_decode(const BenchDecodeOptions& opt) {
                 r.predicted_link_ms = p.link_ms;
                 r.predicted_cpu_ms = p.cpu_ms;
               }
-              if (share > 0 && !ref.empty()) {
+              if (n_cpu > 0 && !ref.empty()) {  // CPU partials (a share, or auto's): fp32 order, not the same bits
                 r.max_rel_diff_vs_resident = max_row_rel_diff(t.first, ref, sh.head_dim);
               } else if (streamed && !ref.empty()) {
                 r.bitwise_equal_resident = same_bits(ref, t.first);

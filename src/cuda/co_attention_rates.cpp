@@ -40,7 +40,10 @@ constexpr int kCopySources = 8;  // 512 MiB of sources in turn: a source the cac
 // to 23 % short. The probes read 256 MiB a step, three times over (CPU pages
 // and, by DMA, twice as many streamed ones from the same pages); a last-level
 // cache holding a share of that would make exactly this error, which a larger
-// history tells apart (bench/gpu/coatt_history_ab.sh).
+// history tells apart (bench/gpu/coatt_history_ab.sh). It did not, on another
+// H100 host at 160e8d3 (h100_coatt_history_ab_160e8d3.json): 256 MiB predicted
+// within 5 %, 2 GiB 1-9 % over; the rate's spread between fresh processes
+// (67-104 GB/s) is the larger error (docs/co-attention.md).
 size_t calibration_history_bytes() {
   static const size_t bytes = [] {
     const char* e = std::getenv("ACTIVEKV_COATT_HISTORY_MIB");
