@@ -71,12 +71,13 @@ CoAttentionPlan walk(std::span<const PlanPage> layer, int n_layers, const CoAtte
   best.resident_ms = L * resident_ms;
   best.link_ms = L * ms(streamed, link_alone_gbps);
   best.link_only_ms = best.predicted_ms = std::max(best.link_ms, best.resident_ms);  // zero CPU pages
-  double link_bytes = streamed, cpu_ms = rates.cpu_layer_latency_ms;
+  double link_bytes = streamed, cpu_ms = rates.cpu_layer_latency_ms, bf16_bytes = 0, int8s_bytes = 0;
   size_t taken = 0;
   for (const PlanPage& p : layer) {
     if (p.resident || p.kind == PlanPage::other) continue;
     link_bytes -= double(p.bytes);
     cpu_ms += ms(double(p.bytes), p.kind == PlanPage::bf16 ? rates.cpu_bf16_gbps : rates.cpu_int8s_gbps);
+    (p.kind == PlanPage::bf16 ? bf16_bytes : int8s_bytes) += double(p.bytes);
     ++taken;
     const double link_ms = link_layer_ms(link_bytes, cpu_ms, rates.link_gbps, link_alone_gbps);
     const double step = L * std::max({link_ms, resident_ms, cpu_ms});
@@ -85,6 +86,8 @@ CoAttentionPlan walk(std::span<const PlanPage> layer, int n_layers, const CoAtte
       best.link_ms = L * link_ms;
       best.cpu_ms = L * cpu_ms;
       best.predicted_ms = step;
+      best.cpu_bf16_bytes = bf16_bytes;
+      best.cpu_int8s_bytes = int8s_bytes;
     }
   }
   best.share = layer.empty() ? 0.0 : double(best.cpu_pages) / double(layer.size());

@@ -266,6 +266,10 @@ int32_t GpuSequence::Impl::finish_chunk(const Step& st) {
     stats.graph_steps += st.graph;
     count_decode_step(st.figures);
     st.route.add_to(stats);
+    if (history->learns_cpu_rate()) {  // --cpu-share auto: the next plans price the CPU as it ran
+      history->observe_cpu(engine->cpu_timing());
+      engine->reset_cpu_timing();
+    }
   }
   history->committed();  // schedules conversion of pages that became full
   return next;

@@ -83,6 +83,7 @@ HistoryView::HistoryView(kv::SequenceKv& seq, const std::vector<int>& windows, i
   if (opt.cpu_share < 0 && !gpu_placement()) {  // co-attention, auto: the planner's rates, measured once
     const int threads = opt.cpu_threads > 0 ? opt.cpu_threads : std::max(1, int(std::thread::hardware_concurrency()) - 1);
     calibration_ = cuda::co_attention_rates_once(attn, threads, 0.1);  // the machine's: once per process
+    cpu_feedback_.emplace(calibration_->together, calibration_->cpu_bf16_fixed_ms, calibration_->cpu_int8s_fixed_ms);
     stats.co_attention = calibration_->describe();
   }
   if (conversions_of) {
@@ -444,10 +445,12 @@ void HistoryView::share_with_cpu(int layer, std::vector<cuda::PageRef>& table) {
     n = std::min(table.size() - 1, size_t(std::lround(opt_.cpu_share * double(table.size()))));
   } else {
     if (layer == 0) {
-      const route::CoAttentionPlan plan = route::plan_co_attention(
-          cuda::plan_pages(table), seq_.shape().n_layers, calibration_->together, calibration_->link_alone_gbps);
-      cpu_pages_ = plan.cpu_pages;
-      stats_.co_attention = calibration_->describe() + "; last step: " + plan.describe();
+      last_plan_ = route::plan_co_attention(cuda::plan_pages(table), seq_.shape().n_layers, cpu_feedback_->rates(),
+                                            calibration_->link_alone_gbps);
+      cpu_pages_ = last_plan_.cpu_pages;
+      const std::string learnt = cpu_feedback_->describe();
+      stats_.co_attention =
+          calibration_->describe() + (learnt.empty() ? "" : "; " + learnt) + "; last step: " + last_plan_.describe();
     }
     n = cpu_pages_;
   }
@@ -461,6 +464,10 @@ void HistoryView::share_with_cpu(int layer, std::vector<cuda::PageRef>& table) {
     r.cpu = true;
     ++given;
   }
+}
+
+void HistoryView::observe_cpu(const cuda::DecodeEngine::CpuTiming& t) {
+  if (cpu_feedback_) cpu_feedback_->observe(t.busy_ms, double(t.bytes), t.layers, last_plan_);
 }
 
 const void* const* HistoryView::device_pages(int layer, int64_t n_tokens) const {

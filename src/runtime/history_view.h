@@ -27,6 +27,7 @@
 #include "activekv/convert/compressed_history.h"
 #include "activekv/cuda/co_attention_rates.h"
 #include "activekv/cuda/decode_engine.h"
+#include "activekv/route/cpu_rate_feedback.h"
 #include "activekv/cuda/device_pages.h"
 #include "activekv/cuda/kv_write.h"
 #include "activekv/cuda/patch.h"
@@ -96,6 +97,11 @@ class HistoryView {
   cuda::KvSlot kv_slot(int layer, int64_t pos) const;
   /// The attention shape of this history's pages (page size, heads, head_dim).
   const cuda::AttnShape& attn_shape() const { return attn_; }
+  /// With `--cpu-share auto`: whether the planner learns the CPU's rate from
+  /// the steps, and a measured interval of the engine's CPU layer tasks to
+  /// learn it from (route/cpu_rate_feedback.h); the next step's plan uses it.
+  bool learns_cpu_rate() const { return cpu_feedback_.has_value(); }
+  void observe_cpu(const cuda::DecodeEngine::CpuTiming& t);
   /// The engine's page tables for a step over `n_tokens` tokens, one per model
   /// layer: a global layer's along the route (uploading, with gpu placement,
   /// published encoded pages not yet on the GPU; what it reads is added to
@@ -185,6 +191,8 @@ class HistoryView {
   std::vector<size_t> dirty_;  // entries of tables_host_ changed since the last submit
   cuda::PatchBuffer patches_;
   std::optional<cuda::CoAttentionCalibration> calibration_;  // cpu_share auto, host placement
+  std::optional<route::CpuRateFeedback> cpu_feedback_;        // auto: the CPU rates corrected by the steps
+  route::CoAttentionPlan last_plan_;                          // auto: the plan of the last step built
   size_t cpu_pages_ = 0;                                      // auto: this step's CPU pages per layer
 };
 

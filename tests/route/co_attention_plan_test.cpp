@@ -45,6 +45,8 @@ TEST(CoAttentionPlan, Int8sPagesArePricedAtTheirOwnRate) {
   const CoAttentionRates r{50, 60, 20, 15};
   const CoAttentionPlan p = plan_co_attention(layer, 1, r, 55);
   EXPECT_EQ(p.cpu_pages, 20u);  // 50 pages / 50 = 20 pages / 20
+  EXPECT_DOUBLE_EQ(p.cpu_int8s_bytes, 20.0 * (kPage / 2));  // what the CPU reads, per format
+  EXPECT_DOUBLE_EQ(p.cpu_bf16_bytes, 0.0);
 }
 
 TEST(CoAttentionPlan, LeavesPagesTheCpuCannotReadAndResidentPagesAlone) {

@@ -63,6 +63,8 @@ struct CoAttentionPlan {
   double predicted_ms = 0;     ///< max(link, cpu) per layer, summed over layers
   double link_only_ms = 0;     ///< the same step with no CPU share, at the rate the link reaches alone
                                ///< (and the resident pages' time, when that is longer)
+  double cpu_bf16_bytes = 0;   ///< per layer: the bytes of the CPU's bf16 pages
+  double cpu_int8s_bytes = 0;  ///< per layer: the bytes of the CPU's int8s pages
   std::string describe() const;  ///< "CPU 31 of 64 pages (48 %): link 40.1 ms, CPU 39.8 ms -> 40.1 ms"
 };
 
