@@ -144,16 +144,21 @@ struct Ahead {
   int bytes = 0;
 };
 
-/// Scores of 32 key rows at k (row stride d bf16) into sc.s [32][16]; the
-/// query tiles at q: [d / 32][16 x 32] (pack_query_amx). The rows of a
-/// block ahead are prefetched a share per chunk, between the tile loads: all
-/// at once before the block, the core stalled on its fill buffers there
-/// (half the item's profile samples); spread, one thread on the dev VM, 27B
-/// shape, 8K x 8 layers, alternating runs: 3.89-3.99 against 4.10-4.13 ms
-/// per layer.
-void block_scores(const uint16_t* k, const uint16_t* q, int d, Scratch& sc, Ahead ahead) {
-  const int nc = d / 32;
-  const int stride = 2 * d;
+/// Dots of 32 key rows at k (row stride `d` elements) with the query tiles
+/// at q ([d * sizeof(T) / 64][16 x 64 bytes], pack_query_amx or
+/// pack_int8s_query) into sc.s [32][16]: T = uint16_t (bf16 keys, fp32 dots
+/// by tdpbf16ps, 32 channels a chunk) or int8_t (key codes, exact int32 dots
+/// by tdpbssd, 64 channels a chunk). The rows of a block ahead are
+/// prefetched a share per chunk, between the tile loads: all at once before
+/// the block, the core stalled on its fill buffers there (half the item's
+/// profile samples); spread, one thread on the dev VM, 27B shape, 8K x 8
+/// layers, alternating runs: 3.89-3.99 against 4.10-4.13 ms per layer.
+template <class T>
+void block_dots(const T* k, const void* q, int d, Scratch& sc, Ahead ahead) {
+  constexpr int per_chunk_elems = kTileBytes / int(sizeof(T));
+  const int nc = d / per_chunk_elems;
+  const int stride = d * int(sizeof(T));
+  const auto* qb = static_cast<const char*>(q);
   const int per_chunk = (ahead.bytes / nc + 63) / 64 * 64;
   _tile_zero(0);
   _tile_zero(1);
@@ -162,121 +167,137 @@ void block_scores(const uint16_t* k, const uint16_t* q, int d, Scratch& sc, Ahea
       _mm_prefetch(ahead.k + b, _MM_HINT_T0);
       _mm_prefetch(ahead.v + b, _MM_HINT_T0);
     }
+    const T* kc = k + per_chunk_elems * c;
+    const char* qc = qb + size_t(c) * kTileRows * kTileBytes;
     // Even and odd chunks use different tiles (there is no renaming of tile
     // registers): the next chunk's loads issue while this chunk's products run.
     if (c % 2 == 0) {
-      _tile_loadd(2, k + 32 * c, stride);
-      _tile_loadd(3, k + size_t(kTileRows) * d + 32 * c, stride);
-      _tile_loadd(4, q + size_t(c) * kTileRows * 32, kTileBytes);
-      _tile_dpbf16ps(0, 2, 4);
-      _tile_dpbf16ps(1, 3, 4);
+      _tile_loadd(2, kc, stride);
+      _tile_loadd(3, kc + size_t(kTileRows) * d, stride);
+      _tile_loadd(4, qc, kTileBytes);
+      if constexpr (sizeof(T) == 2) {  // (GCC's tile intrinsics paste their tile numbers into the asm: literals)
+        _tile_dpbf16ps(0, 2, 4);
+        _tile_dpbf16ps(1, 3, 4);
+      } else {
+        _tile_dpbssd(0, 2, 4);
+        _tile_dpbssd(1, 3, 4);
+      }
     } else {
-      _tile_loadd(5, k + 32 * c, stride);
-      _tile_loadd(6, k + size_t(kTileRows) * d + 32 * c, stride);
-      _tile_loadd(7, q + size_t(c) * kTileRows * 32, kTileBytes);
-      _tile_dpbf16ps(0, 5, 7);
-      _tile_dpbf16ps(1, 6, 7);
+      _tile_loadd(5, kc, stride);
+      _tile_loadd(6, kc + size_t(kTileRows) * d, stride);
+      _tile_loadd(7, qc, kTileBytes);
+      if constexpr (sizeof(T) == 2) {
+        _tile_dpbf16ps(0, 5, 7);
+        _tile_dpbf16ps(1, 6, 7);
+      } else {
+        _tile_dpbssd(0, 5, 7);
+        _tile_dpbssd(1, 6, 7);
+      }
     }
   }
   _tile_stored(0, sc.s, kTileBytes);
   _tile_stored(1, sc.s + kTileRows * 16, kTileBytes);
 }
 
-/// The value rows of one block, v [nt][d] bf16 (nt <= 32), into the pair
-/// layout P.V reads: vn [d / 16][16][32] for this block, channel tile j,
-/// token pair i holding (v[2i][c], v[2i + 1][c]) for its 16 channels c (a
-/// B tile, 1 KiB); rows past nt are zero. The 32 channels 32m.. of a row
-/// pair become channel tiles 2m (their unpacklo: channels 8L + 0..3 of each
-/// 128-bit lane L) and 2m + 1 (unpackhi: 8L + 4..7). A block's tiles are
-/// contiguous, so its stores fill whole lines of one 16 KiB stretch (d 256);
-/// packed right after the block's q.k, so the value rows stream in beside
-/// the keys and the loads overlap the tile unit.
-void pack_v_block(const uint16_t* v, int d, int nt, uint16_t* vn) {
-  const int nc = d / 32;
-  for (int i = 0; i < kTileRows; ++i) {
-    const int t0 = 2 * i, t1 = t0 + 1;
-    for (int m = 0; m < nc; ++m) {
-      const __m512i a = t0 < nt ? _mm512_loadu_si512(v + size_t(t0) * d + 32 * m) : _mm512_setzero_si512();
-      const __m512i b = t1 < nt ? _mm512_loadu_si512(v + size_t(t1) * d + 32 * m) : _mm512_setzero_si512();
-      _mm512_store_si512(vn + (size_t(2 * m) * kTileRows + i) * 32, _mm512_unpacklo_epi16(a, b));
-      _mm512_store_si512(vn + (size_t(2 * m + 1) * kTileRows + i) * 32, _mm512_unpackhi_epi16(a, b));
-    }
-  }
-}
-
-/// The int8s form of pack_v_block: value codes v [nt][d] int8, widened to
-/// bf16 (exact: integers of at most 8 bits), in the same pair layout.
-inline __m512i widen32(const int8_t* row) {  // 32 codes -> 32 bf16, in order
+/// 32 channels of a value row as bf16, in order: bf16 values as they are;
+/// int8 codes widened (exact: integers of at most 8 bits).
+inline __m512i row32(const uint16_t* row) { return _mm512_loadu_si512(row); }
+inline __m512i row32(const int8_t* row) {
   const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row))));
   const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 16))));
   return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
 }
 
-void pack_v_codes_block(const int8_t* v, int d, int nt, uint16_t* vn) {
+/// The value rows of one block, v [nt][d] (bf16 values or int8 codes; nt <=
+/// 32), into the pair layout P.V reads: vn [d / 16][16][32] bf16 for this
+/// block, channel tile j, token pair i holding (v[2i][c], v[2i + 1][c]) for
+/// its 16 channels c (a B tile, 1 KiB); rows past nt are zero. The 32
+/// channels 32m.. of a row pair become channel tiles 2m (their unpacklo:
+/// channels 8L + 0..3 of each 128-bit lane L) and 2m + 1 (unpackhi: 8L +
+/// 4..7). A block's tiles are contiguous, so its stores fill whole lines of
+/// one 16 KiB stretch (d 256); packed right after the block's q.k, so the
+/// value rows stream in beside the keys and the loads overlap the tile unit.
+template <class T>
+void pack_v_block(const T* v, int d, int nt, uint16_t* vn) {
   const int nc = d / 32;
   for (int i = 0; i < kTileRows; ++i) {
     const int t0 = 2 * i, t1 = t0 + 1;
     for (int m = 0; m < nc; ++m) {
-      const __m512i a = t0 < nt ? widen32(v + size_t(t0) * d + 32 * m) : _mm512_setzero_si512();
-      const __m512i b = t1 < nt ? widen32(v + size_t(t1) * d + 32 * m) : _mm512_setzero_si512();
+      const __m512i a = t0 < nt ? row32(v + size_t(t0) * d + 32 * m) : _mm512_setzero_si512();
+      const __m512i b = t1 < nt ? row32(v + size_t(t1) * d + 32 * m) : _mm512_setzero_si512();
       _mm512_store_si512(vn + (size_t(2 * m) * kTileRows + i) * 32, _mm512_unpacklo_epi16(a, b));
       _mm512_store_si512(vn + (size_t(2 * m + 1) * kTileRows + i) * 32, _mm512_unpackhi_epi16(a, b));
     }
   }
 }
 
-/// Head h's scores of a block (sc.s [32][16], token-major: hi term in
-/// column h, lo in G + h) -> scores[h][t0..t0 + nt), times `scale`: each
-/// 16-token half transposed in registers.
-void store_scores(const Scratch& sc, int group, int n, int t0, int nt, float scale, float* scores) {
-  const __m512 sv = _mm512_set1_ps(scale);
+/// A block's dots (sc.s [32][16], token-major) a 16-token half at a time,
+/// transposed in registers: write(x, t, live) gets x[j] = column j of the
+/// item's tokens t..t + 15, `live` those of them in the block.
+template <class Write>
+void for_each_half(const Scratch& sc, int t0, int nt, Write write) {
   for (int half = 0; half * 16 < nt; ++half) {
     const int live_n = nt - 16 * half < 16 ? nt - 16 * half : 16;
     const __mmask16 live = live_n == 16 ? __mmask16(0xffff) : __mmask16((1u << live_n) - 1u);
     __m512i x[16];
     for (int r = 0; r < 16; ++r) x[r] = _mm512_load_si512(sc.s + (16 * half + r) * 16);
-    transpose16(x);  // x[j]: column j of the 16 tokens
-    for (int h = 0; h < group; ++h) {
-      const __m512 s = _mm512_add_ps(_mm512_castsi512_ps(x[h]), _mm512_castsi512_ps(x[group + h]));
-      _mm512_mask_storeu_ps(scores + size_t(h) * n + t0 + 16 * half, live, _mm512_mul_ps(s, sv));
-    }
+    transpose16(x);
+    write(x, t0 + 16 * half, live);
   }
 }
 
 // Rows this far ahead of the block being scored are prefetched.
 constexpr int kPrefetchBlocks = 2;
 
-/// Scores [group][n] (scaled q.k) of the item, and its value rows packed
-/// into vn ([n32 / 32][d / 16][16][32], pack_v_block per block) on the way.
-void bf16_scores_amx(const Bf16Item& it, int group, int d, float scale, float* scores, uint16_t* vn) {
+/// The q.k pass of an item of n tokens (key rows k, value rows v: [n][d] of
+/// T, bf16 or int8 codes; q: its query tiles): per 32-token block the dots
+/// (block_dots; a last block of fewer rows through a zeroed copy, so no tile
+/// reads past the item), the block's value rows packed into vn ([n32 / 32]
+/// [d / 16][16][32], pack_v_block; none when null), then write(x, t, live)
+/// per 16-token half of the dots (for_each_half).
+template <class T, class Write>
+void score_blocks(const T* k_rows, const T* v_rows, int n, int d, const void* q, uint16_t* vn, Write write) {
   static const TileConfig cfg = make_config();
   _tile_loadconfig(&cfg);
   Scratch& sc = scratch();
-  const uint16_t* q = it.q_tiles;  // packed by the caller, once per KV head (kernels.h)
-  const int n = it.n;
+  const size_t row_bytes = size_t(d) * sizeof(T);
   for (int t0 = 0; t0 < n; t0 += kBlockTokens) {
     const int nt = n - t0 < kBlockTokens ? n - t0 : kBlockTokens;
-    const uint16_t* k = it.k + size_t(t0) * d;
+    const T* k = k_rows + size_t(t0) * d;
     Ahead ahead;
     if (nt < kBlockTokens) {  // the tail: zero rows past the item
-      std::memcpy(sc.tail, k, size_t(nt) * d * 2);
-      std::memset(sc.tail + size_t(nt) * d, 0, size_t(kBlockTokens - nt) * d * 2);
-      k = sc.tail;
-      scratch_written();
+      auto* tail = reinterpret_cast<T*>(sc.tail);
+      std::memcpy(tail, k, size_t(nt) * row_bytes);
+      std::memset(tail + size_t(nt) * d, 0, size_t(kBlockTokens - nt) * row_bytes);
+      k = tail;
     } else {
       const int t_ahead = t0 + kPrefetchBlocks * kBlockTokens;
       const int n_ahead = n - t_ahead < kBlockTokens ? n - t_ahead : kBlockTokens;
       if (n_ahead > 0) {
-        ahead.k = reinterpret_cast<const char*>(it.k + size_t(t_ahead) * d);
-        ahead.v = reinterpret_cast<const char*>(it.v + size_t(t_ahead) * d);
-        ahead.bytes = n_ahead * d * 2;
+        ahead.k = reinterpret_cast<const char*>(k_rows + size_t(t_ahead) * d);
+        ahead.v = reinterpret_cast<const char*>(v_rows + size_t(t_ahead) * d);
+        ahead.bytes = int(size_t(n_ahead) * row_bytes);
       }
     }
-    block_scores(k, q, d, sc, ahead);
-    pack_v_block(it.v + size_t(t0) * d, d, nt, vn + size_t(t0) * d);
-    scratch_written();  // the score tiles' stores before store_scores' vector loads
-    store_scores(sc, group, n, t0, nt, scale, scores);
+    scratch_written();  // the query's and the tail's stores before the tile loads
+    block_dots(k, q, d, sc, ahead);
+    if (vn != nullptr) pack_v_block(v_rows + size_t(t0) * d, d, nt, vn + size_t(t0) * d);
+    scratch_written();  // the dot tiles' stores before the vector loads
+    for_each_half(sc, t0, nt, write);
   }
+}
+
+/// bf16 scores [group][n] (scaled q.k: a head's two query terms, columns h
+/// and G + h, summed), the value rows packed into vn on the way.
+void bf16_scores_amx(const Bf16Item& it, int group, int d, float scale, float* scores, uint16_t* vn) {
+  const __m512 sv = _mm512_set1_ps(scale);
+  // The query tiles: packed by the caller, once per KV head (kernels.h).
+  score_blocks(it.k, it.v, it.n, d, it.q_tiles, vn, [&](const __m512i* x, int t, __mmask16 live) {
+    for (int h = 0; h < group; ++h) {
+      const __m512 s = _mm512_add_ps(_mm512_castsi512_ps(x[h]), _mm512_castsi512_ps(x[group + h]));
+      _mm512_mask_storeu_ps(scores + size_t(h) * it.n + t, live, _mm512_mul_ps(s, sv));
+    }
+  });
 }
 
 // ---- int8s q.k ---------------------------------------------------------------
@@ -300,90 +321,23 @@ void pack_int8s_query(const Int8sItem& it, int group, int d, int8_t* out) {
   }
 }
 
-/// Exact int32 dots of 32 key-code rows at k (row stride d bytes) with the
-/// query tiles at q into sc.s ([32][16] int32); the rows of a block ahead
-/// prefetched as in block_scores.
-void int8s_block_dots(const int8_t* k, const int8_t* q, int d, Scratch& sc, Ahead ahead) {
-  const int nc = d / 64;
-  const int per_chunk = (ahead.bytes / nc + 63) / 64 * 64;
-  _tile_zero(0);
-  _tile_zero(1);
-  for (int c = 0; c < nc; ++c) {
-    for (int b = c * per_chunk; b < (c + 1) * per_chunk && b < ahead.bytes; b += 64) {
-      _mm_prefetch(ahead.k + b, _MM_HINT_T0);
-      _mm_prefetch(ahead.v + b, _MM_HINT_T0);
-    }
-    if (c % 2 == 0) {  // even and odd chunks in different tiles, as block_scores
-      _tile_loadd(2, k + 64 * c, d);
-      _tile_loadd(3, k + size_t(kTileRows) * d + 64 * c, d);
-      _tile_loadd(4, q + size_t(c) * kTileRows * 64, kTileBytes);
-      _tile_dpbssd(0, 2, 4);
-      _tile_dpbssd(1, 3, 4);
-    } else {
-      _tile_loadd(5, k + 64 * c, d);
-      _tile_loadd(6, k + size_t(kTileRows) * d + 64 * c, d);
-      _tile_loadd(7, q + size_t(c) * kTileRows * 64, kTileBytes);
-      _tile_dpbssd(0, 5, 7);
-      _tile_dpbssd(1, 6, 7);
-    }
-  }
-  _tile_stored(0, sc.s, kTileBytes);
-  _tile_stored(1, sc.s + kTileRows * 16, kTileBytes);
-}
-
-/// A block's int8s scores from its dots (sc.s, token-major: first term in
-/// column h, second in G + h), with the reference's float arithmetic
-/// (attention_int8s.cpp) lane by lane: ((dot + dot_lo / 127) * s_t) *
-/// row_scale[h] -- the integer dots being exact, bitwise the reference's scores.
-void store_int8s_scores(const Scratch& sc, const Int8sItem& it, int group, int t0, int nt, float* scores) {
-  for (int half = 0; half * 16 < nt; ++half) {
-    const int live_n = nt - 16 * half < 16 ? nt - 16 * half : 16;
-    const __mmask16 live = live_n == 16 ? __mmask16(0xffff) : __mmask16((1u << live_n) - 1u);
-    __m512i x[16];
-    for (int r = 0; r < 16; ++r) x[r] = _mm512_load_si512(sc.s + (16 * half + r) * 16);
-    transpose16(x);  // x[j]: column j of the 16 tokens
-    const __m512 tok = _mm512_maskz_loadu_ps(live, it.s + t0 + 16 * half);
+/// int8s scores [group][n] on the tile unit, and (vn not null) the item's
+/// value codes packed for P.V on the way. The dots (first query term in
+/// column h, second in G + h) are exact; the scores take the reference's
+/// float arithmetic (attention_int8s.cpp) lane by lane, ((dot + dot_lo /
+/// 127) * s_t) * row_scale[h]: bitwise the reference's scores.
+void int8s_scores_tiles(const Int8sItem& it, int group, int d, float* scores, uint16_t* vn) {
+  Scratch& sc = scratch();
+  pack_int8s_query(it, group, d, sc.q8);
+  score_blocks(it.kq, it.vq, it.n, d, sc.q8, vn, [&](const __m512i* x, int t, __mmask16 live) {
+    const __m512 tok = _mm512_maskz_loadu_ps(live, it.s + t);
     for (int h = 0; h < group; ++h) {
       __m512 dot = _mm512_cvtepi32_ps(x[h]);
       if (it.terms == 2) dot = _mm512_add_ps(dot, _mm512_div_ps(_mm512_cvtepi32_ps(x[group + h]), _mm512_set1_ps(127.0f)));
       const __m512 s = _mm512_mul_ps(_mm512_mul_ps(dot, tok), _mm512_set1_ps(it.row_scale[h]));
-      _mm512_mask_storeu_ps(scores + size_t(h) * it.n + t0 + 16 * half, live, s);
+      _mm512_mask_storeu_ps(scores + size_t(h) * it.n + t, live, s);
     }
-  }
-}
-
-/// int8s scores [group][n] on the tile unit, and (vn not null) the item's
-/// value codes packed for P.V on the way (pack_v_codes_block).
-void int8s_scores_tiles(const Int8sItem& it, int group, int d, float* scores, uint16_t* vn) {
-  static const TileConfig cfg = make_config();
-  _tile_loadconfig(&cfg);
-  Scratch& sc = scratch();
-  pack_int8s_query(it, group, d, sc.q8);
-  const int n = it.n;
-  for (int t0 = 0; t0 < n; t0 += kBlockTokens) {
-    const int nt = n - t0 < kBlockTokens ? n - t0 : kBlockTokens;
-    const int8_t* k = it.kq + size_t(t0) * d;
-    Ahead ahead;
-    if (nt < kBlockTokens) {  // the tail: zero rows past the item
-      auto* tail = reinterpret_cast<int8_t*>(sc.tail);
-      std::memcpy(tail, k, size_t(nt) * d);
-      std::memset(tail + size_t(nt) * d, 0, size_t(kBlockTokens - nt) * d);
-      k = tail;
-    } else {
-      const int t_ahead = t0 + kPrefetchBlocks * kBlockTokens;
-      const int n_ahead = n - t_ahead < kBlockTokens ? n - t_ahead : kBlockTokens;
-      if (n_ahead > 0) {
-        ahead.k = reinterpret_cast<const char*>(it.kq + size_t(t_ahead) * d);
-        ahead.v = reinterpret_cast<const char*>(it.vq + size_t(t_ahead) * d);
-        ahead.bytes = n_ahead * d;
-      }
-    }
-    scratch_written();  // the query and tail stores before the tile loads
-    int8s_block_dots(k, sc.q8, d, sc, ahead);
-    if (vn != nullptr) pack_v_codes_block(it.vq + size_t(t0) * d, d, nt, vn + size_t(t0) * d);
-    scratch_written();  // the dot tiles' stores before the vector loads
-    store_int8s_scores(sc, it, group, t0, nt, scores);
-  }
+  });
 }
 
 // ---- P.V -------------------------------------------------------------------
