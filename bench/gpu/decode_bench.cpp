@@ -19,6 +19,7 @@
 #include "activekv/cuda/decode_engine.h"
 #include "activekv/cuda/device_pages.h"
 #include "activekv/cuda/sharded_engine.h"
+#include "activekv/route/cpu_rate_feedback.h"
 #include "bandwidth.h"
 #include "bench_pages.h"
 #include "bench_util.h"
@@ -59,6 +60,8 @@ struct Record {
   double cpu_share = 0;
   bool auto_share = false;  // the planner chose the share (--cpu-share auto)
   double planned_ms = 0;    // its predicted step
+  double cpu_rate_scale = 1;  // auto: the measured CPU speed over the calibrated one the plan used
+  int feedback_rounds = 0;    // auto: the rounds of steps that measured it
   // The co-attention model's parts of predicted_ms (a CPU share with the
   // rates measured): the link's and the CPU's time per step.
   std::optional<double> predicted_link_ms, predicted_cpu_ms;
@@ -209,6 +212,8 @@ nlohmann::json record_json(const Record& r, int steps) {
       j["cpu_share_auto"] = true;
       j["planned_ms"] = r.planned_ms;
       j["plan_error"] = (r.planned_ms - r.step_ms) / r.step_ms;
+      j["cpu_rate_scale"] = r.cpu_rate_scale;
+      j["cpu_feedback_rounds"] = r.feedback_rounds;
     }
   }
   return j;
@@ -542,6 +547,31 @@ void apply_cpu_pages(std::vector<SeqPages>& tables, size_t n, const Int8sViews& 
     }
 }
 
+// --cpu-share auto as the runtime runs it (history_view.cpp): `rounds`
+// rounds of 2 steps at the plan so far, each correcting the CPU rates from
+// the engine's measured CPU tasks, then planning again. Leaves the engine
+// on the last round's tables; returns the final plan.
+route::CoAttentionPlan learn_cpu_rate(ShardedDecodeEngine& eng, const std::vector<SeqPages>& placed,
+                                      const Int8sViews& views, route::CoAttentionPlan plan, route::CpuRateFeedback& fb,
+                                      int n_layers, int rounds, double link_alone_gbps, const DevBuf& q,
+                                      const DevBuf& out) {
+  const std::vector<route::PlanPage> layer = cuda::plan_pages(placed[0].tables[0]);
+  for (int round = 0; round < rounds; ++round) {
+    std::vector<SeqPages> tables = placed;
+    apply_cpu_pages(tables, plan.cpu_pages, views);
+    eng.update(tables);
+    eng.engine(0).reset_cpu_timing();
+    for (int i = 0; i < 2; ++i) {
+      eng.enqueue_step(q.as<float>(), out.as<float>(), nullptr);
+      eng.synchronize();
+    }
+    const DecodeEngine::CpuTiming t = eng.engine(0).cpu_timing();
+    fb.observe(t.busy_ms, double(t.bytes), t.layers, plan);
+    plan = route::plan_co_attention(layer, n_layers, fb.rates(), link_alone_gbps);
+  }
+  return plan;
+}
+
 }  // namespace
 
 int run_bench_decode(const BenchDecodeOptions& opt) {
@@ -679,9 +709,22 @@ int run_bench_decode(const BenchDecodeOptions& opt) {
             for (double share : shares) {
               std::vector<SeqPages> tables = placed;
               std::optional<route::CoAttentionPlan> plan;
-              if (share == kAutoShare)  // sequences alike: one plan, applied to each
+              std::optional<route::CpuRateFeedback> feedback;  // auto: the CPU rates the steps measured
+              if (share == kAutoShare) {  // sequences alike: one plan, applied to each
                 plan = route::plan_co_attention(cuda::plan_pages(placed[0].tables[0]), opt.n_layers, calibration->together,
                                                 calibration->link_alone_gbps);
+                if (opt.cpu_feedback_rounds > 0 && shards.size() == 1) {
+                  feedback.emplace(calibration->together, calibration->cpu_bf16_fixed_ms, calibration->cpu_int8s_fixed_ms);
+                  try {
+                    plan = learn_cpu_rate(eng, placed, views, *plan, *feedback, opt.n_layers, opt.cpu_feedback_rounds,
+                                          calibration->link_alone_gbps, q, out);
+                  } catch (const CudaError& e) {
+                    std::printf("  skip %s %s depth %lld batch %d: %s\n", format.c_str(), mode_label(mode, share).c_str(),
+                                static_cast<long long>(ctx), batch, e.what());
+                    continue;
+                  }
+                }
+              }
               const size_t n_cpu = plan ? plan->cpu_pages : pages_for_share(share, placed[0].tables[0].size());
               apply_cpu_pages(tables, n_cpu, views);
               std::vector<std::vector<SeqPages>> per_shard;  // (a CPU share: one shard only, check_options)
@@ -708,7 +751,12 @@ int run_bench_decode(const BenchDecodeOptions& opt) {
               if (plan) {
                 r.cpu_share = plan->share;
                 r.planned_ms = plan->predicted_ms;
-                std::printf("  plan: %s\n", plan->describe().c_str());
+                if (feedback) {
+                  r.cpu_rate_scale = feedback->scale();
+                  r.feedback_rounds = opt.cpu_feedback_rounds;
+                }
+                std::printf("  plan: %s%s\n", plan->describe().c_str(),
+                            feedback ? ("; " + feedback->describe()).c_str() : "");
               }
               r.cpu_bytes_per_step = eng.engine(0).cpu_bytes_per_step();
               r.cpu_timing = eng.engine(0).cpu_timing();
@@ -747,7 +795,7 @@ int run_bench_decode(const BenchDecodeOptions& opt) {
               r.predicted_ms = predict_ms(profiles, eng, opt.n_layers, splits);
               if (calibration && share != 0) {  // the co-attention model: link and CPU side by side
                 const route::CoAttentionPlan p = route::predict_co_attention(
-                    cuda::plan_pages(placed[0].tables[0]), opt.n_layers, calibration->together,
+                    cuda::plan_pages(placed[0].tables[0]), opt.n_layers, feedback ? feedback->rates() : calibration->together,
                     calibration->link_alone_gbps, n_cpu);
                 r.predicted_ms = p.predicted_ms;
                 r.predicted_link_ms = p.link_ms;

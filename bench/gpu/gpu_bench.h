@@ -102,6 +102,11 @@ struct BenchDecodeOptions {
   /// reference. -1: auto (route::plan_co_attention over rates measured at start).
   std::vector<double> cpu_shares{0.0};
   int cpu_threads = 0;  ///< CPU kernel threads; 0 = hardware concurrency - 1
+  /// auto, as the runtime runs it: this many rounds of a few steps at the
+  /// plan so far, each correcting the CPU rates from the engine's measured
+  /// CPU tasks (route/cpu_rate_feedback.h) and planning again, before the
+  /// timed steps; 0: the calibration's plan alone (the check of the calibration).
+  int cpu_feedback_rounds = 3;
   std::string json_path = "bench_decode.json";
   std::string profile_path = "profile.json";  ///< calibrated in-process and written here ("" = don't write)
   Provenance provenance;  ///< recorded in the JSON and the profile

@@ -31,6 +31,11 @@ void add_bench_decode(CLI::App& app, std::function<int()>& run) {
       ->transform([](std::string v) { return v == "auto" ? std::string("-1") : v; }, "", "auto")
       ->capture_default_str();
   dec->add_option("--cpu-threads", o->cpu_threads, "CPU attention threads (0 = hardware - 1)")->capture_default_str();
+  dec->add_option("--cpu-feedback-rounds", o->cpu_feedback_rounds,
+                  "auto: rounds of steps that correct the CPU rates from measured steps before the timed ones, as "
+                  "the runtime does (0 = the calibration's plan alone)")
+      ->check(CLI::Range(0, 100))
+      ->capture_default_str();
   dec->add_option("--recent-pages", o->recent_pages, "hybrid: full pages kept exact before the tail")->capture_default_str();
   dec->add_option("--query-terms", o->int8s.query_terms, "int8s kernel: int8 terms of the query (1 = SPEC as written)")->capture_default_str();
   dec->add_flag("!--no-skip-unit-rescale", o->int8s.skip_unit_rescale,
