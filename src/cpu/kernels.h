@@ -66,8 +66,6 @@ void bf16_item_avx512(const Bf16Item&, int group, int d, float scale, float* sco
 void int8s_item_avx512(const Int8sItem&, int group, int d, float* scores, float* o, float* lse);
 /// The int8s item's scores alone, [group][n] (what int8s_item_avx512 softmaxes): for the bitwise test.
 void int8s_scores_avx512(const Int8sItem&, int group, int d, float* scores);
-/// The bf16 item's softmax and P.V from its scores [group][n] (scaled q.k).
-void bf16_finish_avx512(const Bf16Item&, int group, int d, float* scores, float* o, float* lse);
 /// The softmax alone: scores [group][n] (scaled q.k) become p = exp(s - m)
 /// in place; inv_l [group] = 1 / sum p, lse [group] = m + log(sum p).
 void softmax_rows_avx512(float* scores, int group, int n, float* inv_l, float* lse);

@@ -320,20 +320,6 @@ void bf16_item_avx512(const Bf16Item& it, int group, int d, float scale, float* 
   }
 }
 
-void bf16_finish_avx512(const Bf16Item& it, int group, int d, float* scores, float* o, float* lse) {
-  const Bf16Rows rows{it.v, d};
-  switch (group) {
-    case 1: return finish<1>(rows, it.n, d, scores, nullptr, o, lse);
-    case 2: return finish<2>(rows, it.n, d, scores, nullptr, o, lse);
-    case 3: return finish<3>(rows, it.n, d, scores, nullptr, o, lse);
-    case 4: return finish<4>(rows, it.n, d, scores, nullptr, o, lse);
-    case 5: return finish<5>(rows, it.n, d, scores, nullptr, o, lse);
-    case 6: return finish<6>(rows, it.n, d, scores, nullptr, o, lse);
-    case 7: return finish<7>(rows, it.n, d, scores, nullptr, o, lse);
-    default: return finish<8>(rows, it.n, d, scores, nullptr, o, lse);
-  }
-}
-
 void int8s_scores_avx512(const Int8sItem& it, int group, int d, float* scores) {
   auto run = [&]<int G>() {
     if (it.terms == 2) int8s_scores<G, 2>(it, d, scores);
