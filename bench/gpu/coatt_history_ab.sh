@@ -14,6 +14,9 @@ set -uo pipefail
 OUT=${1:?usage: coatt_history_ab.sh OUT_DIR [ACTIVEKV]}
 AKV=${2:-build-device/bin/activekv}
 [ -x "$AKV" ] || { echo "coatt_history_ab.sh: $AKV is not an executable" >&2; exit 2; }
+# The Debian libraries scripts/device_run.sh unpacked (its exports do not reach this shell).
+PFX=/tmp/akv-prefix/usr/lib/x86_64-linux-gnu
+[ -d "$PFX" ] && export LD_LIBRARY_PATH=$PFX:$PFX/openblas-openmp${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 ARGS="--contexts 128k --batches 1 --kv-format bf16 --modes streamed --cpu-share 0.7,auto --cpu-threads ${AKV_THREADS:-15} --steps 4 --warmup 1"
 W=$(mktemp -d)
 rc=0
