@@ -122,8 +122,16 @@ int main(int argc, char** argv) {
   // Argument errors in the form of every other error: one line, named by the
   // flag -- by both its names where it has a short one (CLI11 says
   // "--n-depth" where the user typed -d, as the README does).
+  // The hint names the command whose --help lists the options (the top
+  // level's lists only the commands; `activekv -n 5` is generate's).
   app.failure_message([](const CLI::App* a, const CLI::Error& e) {
-    return fmt::format("activekv: error: {} (--help lists the options)\n", activekv::cli::name_both(*a, e.what()));
+    std::string command = "activekv";
+    for (const CLI::App* cur = a; !cur->get_subcommands().empty();) {
+      cur = cur->get_subcommands().front();
+      command += " " + cur->get_name();
+    }
+    return fmt::format("activekv: error: {} (`{} --help` lists the options)\n", activekv::cli::name_both(*a, e.what()),
+                       command);
   });
   CLI11_PARSE(app, argc, argv);
   try {
