@@ -447,12 +447,11 @@ void HistoryView::share_with_cpu(int layer, std::vector<cuda::PageRef>& table) {
     if (layer == 0) {
       last_plan_ = route::plan_co_attention(cuda::plan_pages(table), seq_.shape().n_layers, cpu_feedback_->rates(),
                                             calibration_->link_alone_gbps);
-      cpu_pages_ = last_plan_.cpu_pages;
       const std::string learnt = cpu_feedback_->describe();
       stats_.co_attention =
           calibration_->describe() + (learnt.empty() ? "" : "; " + learnt) + "; last step: " + last_plan_.describe();
     }
-    n = cpu_pages_;
+    n = last_plan_.cpu_pages;
   }
   for (size_t p = 0, given = 0; p < table.size() && given < n; ++p) {
     cuda::PageRef& r = table[p];

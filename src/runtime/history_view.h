@@ -27,11 +27,11 @@
 #include "activekv/convert/compressed_history.h"
 #include "activekv/cuda/co_attention_rates.h"
 #include "activekv/cuda/decode_engine.h"
-#include "activekv/route/cpu_rate_feedback.h"
 #include "activekv/cuda/device_pages.h"
 #include "activekv/cuda/kv_write.h"
 #include "activekv/cuda/patch.h"
 #include "activekv/cuda/prefill.h"
+#include "activekv/route/cpu_rate_feedback.h"
 #include "activekv/kv/page_store.h"
 #include "activekv/route/prefill_plan.h"
 #include "activekv/route/residency.h"
@@ -192,8 +192,7 @@ class HistoryView {
   cuda::PatchBuffer patches_;
   std::optional<cuda::CoAttentionCalibration> calibration_;  // cpu_share auto, host placement
   std::optional<route::CpuRateFeedback> cpu_feedback_;        // auto: the CPU rates corrected by the steps
-  route::CoAttentionPlan last_plan_;                          // auto: the plan of the last step built
-  size_t cpu_pages_ = 0;                                      // auto: this step's CPU pages per layer
+  route::CoAttentionPlan last_plan_;                          // auto: the last step's plan (its CPU pages per layer)
 };
 
 }  // namespace activekv::runtime

@@ -8,9 +8,9 @@
 // pinned memory in turn, back to back on one stream, for `seconds`. The CPU
 // kernel alone (reported, not priced): one call after another over 256 MiB
 // of random bf16 history (ACTIVEKV_COATT_HISTORY_MIB, 64..16384, sets
-// another size: a cached working set reads faster than a real history, and
-// whether 256 MiB is far enough past the GPU hosts' caches is not yet
-// measured), then over the same pages encoded to int8s. The planner's rates
+// another size: a cached working set reads faster than a real history; on
+// an H100 host with 105 MiB of L3, 256 MiB predicted as well as 2 GiB:
+// h100_coatt_history_ab_160e8d3.json), then over the same pages encoded to int8s. The planner's rates
 // come from the decode engine itself running co-attention steps (20 after 3
 // warm-up ones, steps apart): 4 layers, each with n CPU pages (distinct in
 // every layer) and 2n streamed bf16 pages, so that the link outlasts the CPU and the CPU always reads with
