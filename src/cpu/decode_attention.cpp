@@ -371,9 +371,10 @@ size_t attend_pages_splits(const DecodeShape& shape, std::span<const PageRef> pa
       const PageRef& page = pages[s.page];
       float* so = split_o + (size_t(item / H) * nq + size_t(g) * G) * d;
       float* sl = split_lse + size_t(item / H) * nq + size_t(g) * G;
-      const detail::NextRows hint =
-          next < n_items ? first_rows(shape, pages[splits[size_t(next / H)].page], splits[size_t(next / H)], next % H)
-                         : detail::NextRows{};
+      const detail::NextRows hint =  // read by the AMX kernels only
+          amx && next < n_items
+              ? first_rows(shape, pages[splits[size_t(next / H)].page], splits[size_t(next / H)], next % H)
+              : detail::NextRows{};
       if (page.int8s) {
         run_int8s_item(ctx, page, s, g, page_query(s.page, g), f32.data(), pv_tiles, hint, so, sl);
       } else {

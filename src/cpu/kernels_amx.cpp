@@ -118,23 +118,6 @@ Scratch& scratch() {
 /// its barrier).
 inline void scratch_written() { asm volatile("" ::: "memory"); }
 
-/// VNNI layout of the query: tile row r of chunk c holds, for column j,
-/// channels 32c + 2r and 32c + 2r + 1 at uint16 offsets 2j and 2j + 1;
-/// column h < G is head h's hi term, G + h its lo term, the rest zero.
-void pack_terms(const uint16_t* q_hi, const uint16_t* q_lo, int group, int d, uint16_t* out) {
-  const int nc = d / 32;
-  for (int c = 0; c < nc; ++c) {
-    uint16_t* t = out + size_t(c) * kTileRows * 32;
-    std::memset(t, 0, sizeof(uint16_t) * kTileRows * 32);
-    for (int j = 0; j < 2 * group; ++j) {
-      const uint16_t* q = (j < group ? q_hi : q_lo) + size_t(j % group) * d + 32 * c;
-      for (int r = 0; r < kTileRows; ++r) {
-        t[r * 32 + 2 * j] = q[2 * r];
-        t[r * 32 + 2 * j + 1] = q[2 * r + 1];
-      }
-    }
-  }
-}
 
 /// One 32-token block ahead: its key and value rows (`bytes` each; none
 /// when 0), prefetched a share per chunk of the block being scored.
@@ -496,8 +479,22 @@ void pv_amx(const PvScratch& sc, int n, int group, int d, const float* p, const 
 
 }  // namespace
 
+/// VNNI layout of the query: tile row r of chunk c holds, for column j,
+/// channels 32c + 2r and 32c + 2r + 1 at uint16 offsets 2j and 2j + 1;
+/// column h < G is head h's hi term, G + h its lo term, the rest zero.
 void pack_query_amx(const uint16_t* q_hi, const uint16_t* q_lo, int group, int d, uint16_t* out) {
-  pack_terms(q_hi, q_lo, group, d, out);
+  const int nc = d / 32;
+  for (int c = 0; c < nc; ++c) {
+    uint16_t* t = out + size_t(c) * kTileRows * 32;
+    std::memset(t, 0, sizeof(uint16_t) * kTileRows * 32);
+    for (int j = 0; j < 2 * group; ++j) {
+      const uint16_t* q = (j < group ? q_hi : q_lo) + size_t(j % group) * d + 32 * c;
+      for (int r = 0; r < kTileRows; ++r) {
+        t[r * 32 + 2 * j] = q[2 * r];
+        t[r * 32 + 2 * j + 1] = q[2 * r + 1];
+      }
+    }
+  }
 }
 
 void bf16_item_amx(const Bf16Item& it, int group, int d, float scale, float* scores, float* o, float* lse) {
