@@ -236,9 +236,8 @@ nlohmann::json rates_json(const cuda::CoAttentionCalibration& c) {
           {"cpu_int8s_with_link_gbps", t.cpu_int8s_gbps},
           {"cpu_threads", t.cpu_threads},
           {"cpu_layer_latency_ms", t.cpu_layer_latency_ms},
-          {"cpu_layer_idle_ms", c.cpu_layer_idle_ms},
-          {"cpu_bf16_fixed_ms", c.cpu_bf16_fixed_ms},
-          {"cpu_int8s_fixed_ms", c.cpu_int8s_fixed_ms},
+          {"cpu_bf16_fixed_ms", t.cpu_bf16_task_ms},
+          {"cpu_int8s_fixed_ms", t.cpu_int8s_task_ms},
           {"rates_note", "cpu_*_with_link and link_with_cpu: the decode engine's co-attention steps (a line through "
                          "two probe sizes); cpu_*_alone: one kernel call over the whole history, not priced"},
           {"resident_bf16_gbps", t.resident_bf16_gbps},
@@ -714,7 +713,7 @@ int run_bench_decode(const BenchDecodeOptions& opt) {
                 plan = route::plan_co_attention(cuda::plan_pages(placed[0].tables[0]), opt.n_layers, calibration->together,
                                                 calibration->link_alone_gbps);
                 if (opt.cpu_feedback_rounds > 0 && shards.size() == 1) {
-                  feedback.emplace(calibration->together, calibration->cpu_bf16_fixed_ms, calibration->cpu_int8s_fixed_ms);
+                  feedback.emplace(calibration->together);
                   try {
                     plan = learn_cpu_rate(eng, placed, views, *plan, *feedback, opt.n_layers, opt.cpu_feedback_rounds,
                                           calibration->link_alone_gbps, q, out);

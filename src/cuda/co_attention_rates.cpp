@@ -255,12 +255,12 @@ std::vector<route::PlanPage> plan_pages(const std::vector<PageRef>& table) {
 std::string CoAttentionCalibration::describe() const {
   return fmt::format("link {:.1f} GB/s alone, {:.1f} with the CPU busy; CPU bf16 {:.1f} / {:.1f}, int8s {:.1f} / {:.1f} "
                      "GB/s (one call alone / the engine's layer tasks with the link busy; {} threads, {:.0f} MiB of "
-                     "history); CPU layer latency {:.3f} ms (idle {:.3f}, fixed bf16 {:.3f}, int8s {:.3f}); "
+                     "history); CPU round trip between layers {:.3f} ms, a task's fixed cost bf16 {:.3f}, int8s {:.3f} ms; "
                      "GPU resident bf16 {:.0f}, int8s {:.0f} GB/s",
                      link_alone_gbps, together.link_gbps, cpu_bf16_alone_gbps, together.cpu_bf16_gbps,
                      cpu_int8s_alone_gbps, together.cpu_int8s_gbps, together.cpu_threads,
-                     double(history_bytes) / double(1 << 20), together.cpu_layer_latency_ms, cpu_layer_idle_ms,
-                     cpu_bf16_fixed_ms, cpu_int8s_fixed_ms, together.resident_bf16_gbps, together.resident_int8s_gbps);
+                     double(history_bytes) / double(1 << 20), together.cpu_layer_latency_ms,
+                     together.cpu_bf16_task_ms, together.cpu_int8s_task_ms, together.resident_bf16_gbps, together.resident_int8s_gbps);
 }
 
 CoAttentionCalibration measure_co_attention_rates(const AttnShape& sh, int cpu_threads, double seconds) {
@@ -374,13 +374,11 @@ CoAttentionCalibration measure_co_attention_rates(const AttnShape& sh, int cpu_t
   if (!(int8s_fit.gbps > 0 && std::isfinite(int8s_fit.gbps))) int8s_fit = {c.cpu_int8s_alone_gbps, 0.0};
   c.together.cpu_bf16_gbps = bf16_fit.gbps;
   c.together.cpu_int8s_gbps = int8s_fit.gbps;
-  c.cpu_bf16_fixed_ms = bf16_fit.fixed_ms;
-  c.cpu_int8s_fixed_ms = int8s_fit.fixed_ms;
-  c.cpu_layer_idle_ms = bf16_cpu_bound.idle_ms;
-  // One fixed cost per layer task for both formats (the planner's): the
-  // round trip between layers plus the mean of the two fits' fixed parts.
-  c.together.cpu_layer_latency_ms =
-      c.cpu_layer_idle_ms + (engine_int8s ? 0.5 * (bf16_fit.fixed_ms + int8s_fit.fixed_ms) : bf16_fit.fixed_ms);
+  // The round trip is the layer latency; each format's intercept its task
+  // cost (mixed by bytes in the planner and the feedback alike).
+  c.together.cpu_layer_latency_ms = bf16_cpu_bound.idle_ms;
+  c.together.cpu_bf16_task_ms = bf16_fit.fixed_ms;
+  c.together.cpu_int8s_task_ms = engine_int8s ? int8s_fit.fixed_ms : bf16_fit.fixed_ms;
   c.together.link_gbps = link_with_cpu(bf16_large, c.link_alone_gbps);
   {  // the same pages resident on the GPU (HBM time: the planner's price of a resident page)
     std::vector<PageRef> bf16_table, int8s_table;

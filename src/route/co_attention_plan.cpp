@@ -18,11 +18,17 @@ void CoAttentionRates::validate() const {
   positive(link_gbps, "the link");
   positive(cpu_bf16_gbps, "the CPU over bf16 pages");
   positive(cpu_int8s_gbps, "the CPU over int8s pages");
-  if (!(cpu_layer_latency_ms >= 0 && std::isfinite(cpu_layer_latency_ms)))
-    throw InvalidArgument(fmt::format("co-attention rates: a CPU layer latency of {} ms", cpu_layer_latency_ms));
+  for (const auto& [v, what] : {std::pair{cpu_layer_latency_ms, "CPU layer latency"},
+                                 std::pair{cpu_bf16_task_ms, "bf16 CPU task cost"},
+                                 std::pair{cpu_int8s_task_ms, "int8s CPU task cost"}})
+    if (!(v >= 0 && std::isfinite(v))) throw InvalidArgument(fmt::format("co-attention rates: a {} of {} ms", what, v));
   for (const double r : {resident_bf16_gbps, resident_int8s_gbps})
     if (!(r >= 0 && std::isfinite(r)))
       throw InvalidArgument(fmt::format("co-attention rates: a resident rate of {} GB/s (0: not measured)", r));
+}
+
+double CoAttentionRates::cpu_task_ms(double b16, double b8) const {
+  return b16 + b8 > 0 ? (b16 * cpu_bf16_task_ms + b8 * cpu_int8s_task_ms) / (b16 + b8) : 0.0;
 }
 
 std::string CoAttentionPlan::describe() const {
@@ -71,13 +77,14 @@ CoAttentionPlan walk(std::span<const PlanPage> layer, int n_layers, const CoAtte
   best.resident_ms = L * resident_ms;
   best.link_ms = L * ms(streamed, link_alone_gbps);
   best.link_only_ms = best.predicted_ms = std::max(best.link_ms, best.resident_ms);  // zero CPU pages
-  double link_bytes = streamed, cpu_ms = rates.cpu_layer_latency_ms, bf16_bytes = 0, int8s_bytes = 0;
+  double link_bytes = streamed, read_ms = 0, bf16_bytes = 0, int8s_bytes = 0;
   size_t taken = 0;
   for (const PlanPage& p : layer) {
     if (p.resident || p.kind == PlanPage::other) continue;
     link_bytes -= double(p.bytes);
-    cpu_ms += ms(double(p.bytes), p.kind == PlanPage::bf16 ? rates.cpu_bf16_gbps : rates.cpu_int8s_gbps);
+    read_ms += ms(double(p.bytes), p.kind == PlanPage::bf16 ? rates.cpu_bf16_gbps : rates.cpu_int8s_gbps);
     (p.kind == PlanPage::bf16 ? bf16_bytes : int8s_bytes) += double(p.bytes);
+    const double cpu_ms = rates.cpu_layer_latency_ms + rates.cpu_task_ms(bf16_bytes, int8s_bytes) + read_ms;
     ++taken;
     const double link_ms = link_layer_ms(link_bytes, cpu_ms, rates.link_gbps, link_alone_gbps);
     const double step = L * std::max({link_ms, resident_ms, cpu_ms});

@@ -11,11 +11,8 @@
 
 namespace activekv::route {
 
-CpuRateFeedback::CpuRateFeedback(const CoAttentionRates& calibrated, double bf16_fixed_ms, double int8s_fixed_ms)
-    : calibrated_(calibrated), bf16_fixed_ms_(bf16_fixed_ms), int8s_fixed_ms_(int8s_fixed_ms) {
+CpuRateFeedback::CpuRateFeedback(const CoAttentionRates& calibrated) : calibrated_(calibrated) {
   calibrated_.validate();
-  if (!(bf16_fixed_ms >= 0 && std::isfinite(bf16_fixed_ms) && int8s_fixed_ms >= 0 && std::isfinite(int8s_fixed_ms)))
-    throw InvalidArgument(fmt::format("co-attention feedback: fixed task costs of {} / {} ms", bf16_fixed_ms, int8s_fixed_ms));
 }
 
 void CpuRateFeedback::observe(double busy_ms, double bytes, size_t tasks, const CoAttentionPlan& plan) {
@@ -24,7 +21,7 @@ void CpuRateFeedback::observe(double busy_ms, double bytes, size_t tasks, const 
   // The plan's mix prices a byte at the calibrated rates, and a task's fixed cost.
   const double share16 = b16 / (b16 + b8);
   const double ms_per_byte = (share16 / calibrated_.cpu_bf16_gbps + (1 - share16) / calibrated_.cpu_int8s_gbps) / 1e6;
-  const double fixed_ms = share16 * bf16_fixed_ms_ + (1 - share16) * int8s_fixed_ms_;
+  const double fixed_ms = calibrated_.cpu_task_ms(b16, b8);
   const double variable_ms = busy_ms - fixed_ms * double(tasks);
   if (!(variable_ms > 0)) return;
   const double sample = std::clamp(bytes * ms_per_byte / variable_ms, 0.25, 4.0);

@@ -83,7 +83,7 @@ HistoryView::HistoryView(kv::SequenceKv& seq, const std::vector<int>& windows, i
   if (opt.cpu_share < 0 && !gpu_placement()) {  // co-attention, auto: the planner's rates, measured once
     const int threads = opt.cpu_threads > 0 ? opt.cpu_threads : std::max(1, int(std::thread::hardware_concurrency()) - 1);
     calibration_ = cuda::co_attention_rates_once(attn, threads, 0.1);  // the machine's: once per process
-    cpu_feedback_.emplace(calibration_->together, calibration_->cpu_bf16_fixed_ms, calibration_->cpu_int8s_fixed_ms);
+    cpu_feedback_.emplace(calibration_->together);
     stats.co_attention = calibration_->describe();
   }
   if (conversions_of) {

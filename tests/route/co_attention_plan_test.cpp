@@ -111,6 +111,25 @@ TEST(CoAttentionPlan, TheCpuLatencyIsPaidOncePerLayerAndCanMakeSharingNotPay) {
   EXPECT_NEAR(p.cpu_ms, 16 * (0.5 + double(p.cpu_pages) * double(kPage) / 50e6), 1e-9);
 }
 
+// A task's fixed cost by format, mixed by the CPU's bytes (the feedback
+// subtracts the same before it weighs the CPU's speed: cpu_rate_feedback.h).
+TEST(CoAttentionPlan, EachFormatsTaskCostIsMixedByItsCpuBytes) {
+  CoAttentionRates r{50, 50, 40, 15};
+  r.cpu_layer_latency_ms = 0.1;
+  r.cpu_bf16_task_ms = 0.3;
+  r.cpu_int8s_task_ms = 0.1;
+  std::vector<PlanPage> layer = pages(8);  // bf16 pages, then int8s pages of half the bytes
+  for (const PlanPage& p : pages(8, PlanPage::int8s, kPage / 2)) layer.push_back(p);
+  const double page_ms = double(kPage) / 1e6;
+  // Only bf16 pages: the bf16 task cost.
+  EXPECT_NEAR(predict_co_attention(layer, 1, r, 50, 4).cpu_ms, 0.1 + 0.3 + 4 * page_ms / 50, 1e-12);
+  // 8 bf16 pages (8 units of bytes) and 8 int8s (4 units): (8 x 0.3 + 4 x 0.1) / 12.
+  EXPECT_NEAR(predict_co_attention(layer, 1, r, 50, 16).cpu_ms,
+              0.1 + (8 * 0.3 + 4 * 0.1) / 12 + 8 * page_ms / 50 + 8 * 0.5 * page_ms / 40, 1e-12);
+  r.cpu_int8s_task_ms = -1;
+  EXPECT_THROW(plan_co_attention(layer, 1, r, 50), InvalidArgument);
+}
+
 TEST(CoAttentionPlan, BadRatesNameTheirPath) {
   for (const CoAttentionRates r : {CoAttentionRates{0, 1, 1, 1}, CoAttentionRates{1, -1, 1, 1},
                                    CoAttentionRates{1, 1, std::nan(""), 1}}) {

@@ -26,9 +26,16 @@ CoAttentionPlan plan_of(double b16, double b8) {
 // ms for `bytes` at `gbps`.
 double ms(double bytes, double gbps) { return bytes / (gbps * 1e6); }
 
+// `r` with the task costs a calibration fitted.
+CoAttentionRates with_tasks(CoAttentionRates r, double bf16_ms, double int8s_ms) {
+  r.cpu_bf16_task_ms = bf16_ms;
+  r.cpu_int8s_task_ms = int8s_ms;
+  return r;
+}
+
 TEST(CpuRateFeedback, AFasterCpuThanCalibratedScalesBothRates) {
   const CoAttentionRates cal{45, 60, 40, 15, 0.3};
-  CpuRateFeedback f(cal, 0.1, 0.2);
+  CpuRateFeedback f(with_tasks(cal, 0.1, 0.2));
   EXPECT_DOUBLE_EQ(f.scale(), 1.0);
   EXPECT_TRUE(f.describe().empty());
   // 16 bf16 tasks of 64 MiB that ran at 90 GB/s, each with its 0.1 ms fixed cost.
@@ -48,7 +55,7 @@ TEST(CpuRateFeedback, AFasterCpuThanCalibratedScalesBothRates) {
 
 TEST(CpuRateFeedback, AMixOfFormatsIsPricedAtEachFormatsRate) {
   const CoAttentionRates cal{45, 60, 40, 15, 0.3};
-  CpuRateFeedback f(cal, 0.0, 0.0);
+  CpuRateFeedback f(cal);
   // Half the bytes bf16, half int8s: at the calibrated rates a byte costs
   // (0.5 / 60 + 0.5 / 40) / 1e6 ms; measured exactly that -> scale 1.
   const double bytes = 1e9;
@@ -58,7 +65,7 @@ TEST(CpuRateFeedback, AMixOfFormatsIsPricedAtEachFormatsRate) {
 
 TEST(CpuRateFeedback, IgnoresWhatCannotBeWeighedAndClampsWildSamples) {
   const CoAttentionRates cal{45, 60, 40, 15, 0.3};
-  CpuRateFeedback f(cal, 0.5, 0.5);
+  CpuRateFeedback f(with_tasks(cal, 0.5, 0.5));
   const double bytes = 1e9;
   f.observe(ms(bytes, 60), bytes, CpuRateFeedback::kMinTasks - 1, plan_of(1e6, 0));  // too few tasks
   f.observe(ms(bytes, 60), bytes, 8, plan_of(0, 0));                                  // no CPU pages planned
@@ -68,17 +75,17 @@ TEST(CpuRateFeedback, IgnoresWhatCannotBeWeighedAndClampsWildSamples) {
   EXPECT_DOUBLE_EQ(f.scale(), 1.0);
   f.observe(8 * 0.5 + ms(bytes, 6000), bytes, 8, plan_of(1e6, 0));  // 100x the calibration: clamped
   EXPECT_DOUBLE_EQ(f.scale(), 4.0);
-  EXPECT_THROW(CpuRateFeedback(CoAttentionRates{45, 0, 40, 15}, 0, 0), InvalidArgument);
-  EXPECT_THROW(CpuRateFeedback(cal, -1, 0), InvalidArgument);
+  EXPECT_THROW(CpuRateFeedback(CoAttentionRates{45, 0, 40, 15}), InvalidArgument);
+  EXPECT_THROW(CpuRateFeedback(with_tasks(cal, -1, 0)), InvalidArgument);
 }
 
 TEST(CpuRateFeedback, ThePlanMovesToTheMeasuredBalance) {
   // Calibrated CPU 67 GB/s against a link of 48 busy, 55 alone (the H100
   // host's sweep, 160e8d3), where the steps' CPU read at 100.
   const std::vector<PlanPage> layer(129, PlanPage{kPage, PlanPage::bf16, false});
-  const CoAttentionRates cal{47.8, 67.2, 60.5, 15, 0.26};
+  const CoAttentionRates cal = with_tasks({47.8, 67.2, 60.5, 15, 0.12}, 0.14, 0.2);
   const CoAttentionPlan first = plan_co_attention(layer, 16, cal, 54.8);
-  CpuRateFeedback f(cal, 0.14, 0.2);
+  CpuRateFeedback f(cal);
   const double bytes = 16 * first.cpu_bf16_bytes;
   EXPECT_DOUBLE_EQ(first.cpu_bf16_bytes, double(first.cpu_pages) * kPage);
   f.observe(ms(bytes, 100) + 16 * 0.14, bytes, 16, first);

@@ -21,8 +21,8 @@
 // a5be516, the engine read bf16 at 50-79 GB/s where one call read 99-104, and
 // the kernel alone had priced the plans 0.2-29 % low. The CPU layer latency is
 // the idle time between layers (partials up, the GPU's wait and merge, the
-// next q down, the host function and its threads starting) plus the mean of
-// the two fixed costs. The link's rate with the CPU busy is solved from the
+// next q down, the host function starting); each format's intercept is its
+// task cost (the planner mixes them by bytes, as the feedback does). The link's rate with the CPU busy is solved from the
 // large bf16 probe's step time with the planner's two-phase model (the link
 // at that rate while the CPU reads, alone after). The GPU over resident pages
 // (the planner's price of a page with a device copy): the decode engine over
@@ -57,9 +57,6 @@ struct CoAttentionCalibration {
   double link_alone_gbps = 0;
   double cpu_bf16_alone_gbps = 0;   ///< the CPU kernel alone, one call over the whole history (not priced)
   double cpu_int8s_alone_gbps = 0;  ///< the same over the int8s encoding (not priced)
-  double cpu_layer_idle_ms = 0;     ///< between two layers' CPU tasks, per transition, in a probe where the CPU is the slower path: the round trip (part of the latency)
-  double cpu_bf16_fixed_ms = 0;     ///< a bf16 layer task's cost beyond its bytes (the fit's intercept)
-  double cpu_int8s_fixed_ms = 0;    ///< the same for int8s pages
   size_t history_bytes = 0;  ///< of the bf16 pages the CPU read (the int8s pages are their encoding)
   std::vector<CoAttentionProbe> probes;  ///< the engine probes the rates were fitted through
   /// "link 55.2 GB/s alone, 51.0 with the CPU busy; CPU bf16 99.2 / 85.6, int8s 56.8 / 55.6 GB/s (...)"

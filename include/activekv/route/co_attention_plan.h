@@ -5,7 +5,8 @@
 // Model. Per layer and decode step the two paths run side by side and the
 // layer's merge waits for both, so a layer costs
 //     max(GPU path, CPU)
-//     CPU      = CPU latency + sum over kinds of CPU bytes / CPU rate
+//     CPU      = CPU latency + task cost + sum over kinds of CPU bytes / CPU rate
+//                (task cost: the formats' fixed costs mixed by their CPU bytes)
 //     GPU path = max(link, sum over kinds of resident bytes / resident rate)
 //     link     = link bytes / busy link rate, if the link is done within the CPU's time; else
 //                CPU + (link bytes - CPU x busy link rate) / link rate alone
@@ -33,18 +34,26 @@ struct CoAttentionRates {
   double cpu_bf16_gbps = 0;   ///< CPU attention over bf16 pages (bytes of K and V read)
   double cpu_int8s_gbps = 0;  ///< CPU attention over int8s pages (codes and token scales)
   int cpu_threads = 0;        ///< the thread count they were measured with
-  /// Fixed cost of a layer's CPU share, paid when it has any page: the round
-  /// trip between layers -- the partials up, the GPU's merge, the next q
-  /// down, the host function and its thread team starting (ms).
+  /// Fixed cost of a layer's CPU share outside its attention, paid when it
+  /// has any page: the round trip between layers -- the partials up, the
+  /// GPU's merge, the next q down, the host function starting (ms).
   double cpu_layer_latency_ms = 0;
   /// GPU attention over resident pages, bytes of history read per second
   /// (HBM), bf16 (lossless13 too: unpacked to bf16) and int8s; 0 = not
   /// measured: resident pages are priced at nothing, as before they were.
   double resident_bf16_gbps = 0;
   double resident_int8s_gbps = 0;
+  /// A layer task's cost beyond its bytes, inside its attention (its threads
+  /// starting, the wait for the last item), over bf16 and int8s pages (ms);
+  /// a task over both formats costs their mix by bytes. The same costs the
+  /// feedback subtracts before it weighs the CPU's speed (cpu_rate_feedback.h).
+  double cpu_bf16_task_ms = 0;
+  double cpu_int8s_task_ms = 0;
   /// Throws InvalidArgument naming a rate that is not positive and finite
-  /// (a resident rate: negative or not finite).
+  /// (a resident rate or a cost: negative or not finite).
   void validate() const;
+  /// The fixed cost of a task over b16 bytes of bf16 and b8 of int8s pages.
+  double cpu_task_ms(double b16, double b8) const;
 };
 
 /// One page of a layer, oldest first, as the planner sees it.

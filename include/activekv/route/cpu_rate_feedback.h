@@ -20,11 +20,11 @@ namespace activekv::route {
 
 class CpuRateFeedback {
  public:
-  /// calibrated: the rates measured at start (validated: InvalidArgument as
-  /// CoAttentionRates::validate). bf16_fixed_ms, int8s_fixed_ms: a layer
-  /// task's cost beyond its bytes, per format (the calibration's intercepts;
-  /// >= 0, else InvalidArgument).
-  CpuRateFeedback(const CoAttentionRates& calibrated, double bf16_fixed_ms, double int8s_fixed_ms);
+  /// calibrated: the rates measured at start, with the task costs the
+  /// planner prices (cpu_bf16_task_ms, cpu_int8s_task_ms: subtracted from a
+  /// measured busy time before its bytes are weighed). InvalidArgument as
+  /// CoAttentionRates::validate.
+  explicit CpuRateFeedback(const CoAttentionRates& calibrated);
 
   /// One measured interval of CPU layer tasks: their busy time summed (ms),
   /// the history bytes they read, how many ran, and the plan they ran (its
@@ -47,7 +47,6 @@ class CpuRateFeedback {
 
  private:
   CoAttentionRates calibrated_;
-  double bf16_fixed_ms_, int8s_fixed_ms_;
   double scale_ = 1.0;
   size_t n_ = 0;
 };
