@@ -399,25 +399,42 @@ void attend_pages(const DecodeShape& shape, std::span<const PageRef> pages, cons
   ws.split_o.resize(n_splits * nq * d);
   ws.split_lse.resize(n_splits * nq);
   attend_pages_splits(shape, pages, q, opt, ws, ws.split_o.data(), ws.split_lse.data());
-  const int threads = opt.threads > 0 ? opt.threads : omp_get_max_threads();
-  // Merge each query head's split partials in token order (SPEC §4).
-#pragma omp parallel num_threads(threads)
-  {
-    std::vector<const float*> so(n_splits);
-    std::vector<float> sl(n_splits);
-#pragma omp for schedule(static)
-    for (int h = 0; h < nq; ++h) {
-      for (size_t i = 0; i < n_splits; ++i) {
-        so[i] = ws.split_o.data() + (i * nq + size_t(h)) * d;
-        sl[i] = ws.split_lse[i * nq + size_t(h)];
-      }
-      if (n_splits == 1) {  // one split: its partial unchanged
-        std::copy(so[0], so[0] + d, o + size_t(h) * d);
-        lse[h] = sl[0];
-      } else {
-        lse[h] = attention::merge_states(so, sl, d, o + size_t(h) * d);
-      }
+  const SplitRange all{0, n_splits};
+  merge_split_ranges(shape, {&all, 1}, ws.split_o.data(), ws.split_lse.data(), opt.threads, ws);
+  std::copy(ws.split_o.begin(), ws.split_o.begin() + ptrdiff_t(nq) * d, o);
+  std::copy(ws.split_lse.begin(), ws.split_lse.begin() + nq, lse);
+}
+
+void merge_split_ranges(const DecodeShape& shape, std::span<const SplitRange> ranges, float* split_o,
+                        float* split_lse, int threads, CpuAttentionWorkspace& ws) {
+  shape.validate();
+  const size_t d = size_t(shape.head_dim), nq = size_t(shape.n_q_heads());
+  size_t most = 0;
+  for (const SplitRange& r : ranges) most = std::max(most, r.count);
+  if (most < 2) return;  // nothing to merge
+  const int n_tasks = int(ranges.size() * nq);
+  threads = std::min(threads > 0 ? threads : omp_get_max_threads(), n_tasks);
+  // Scratch sized here: an exception cannot leave the parallel region.
+  ws.thread_merge.resize(size_t(threads));
+  for (CpuAttentionWorkspace::MergeScratch& m : ws.thread_merge) {
+    m.o.resize(most);
+    m.lse.resize(most);
+    m.out.resize(d);
+  }
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int t = 0; t < n_tasks; ++t) {
+    const SplitRange& r = ranges[size_t(t) / nq];
+    if (r.count < 2) continue;
+    const size_t h = size_t(t) % nq;
+    CpuAttentionWorkspace::MergeScratch& m = ws.thread_merge[size_t(omp_get_thread_num())];
+    for (size_t i = 0; i < r.count; ++i) {
+      m.o[i] = split_o + ((r.first + i) * nq + h) * d;
+      m.lse[i] = split_lse[(r.first + i) * nq + h];
     }
+    // Into scratch first: the first row is one of the inputs.
+    const float l = attention::merge_states({m.o.data(), r.count}, {m.lse.data(), r.count}, int(d), m.out.data());
+    std::copy(m.out.begin(), m.out.end(), split_o + (r.first * nq + h) * d);
+    split_lse[r.first * nq + h] = l;
   }
 }
 

@@ -3,6 +3,7 @@
 #include "cpu_share.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <limits>
 #include <string>
 
@@ -37,6 +38,11 @@ CpuShare::CpuShare(const AttnShape& shape, const cpu::CpuAttentionOptions& opt) 
   if (opt_.split_tokens != shape_.split_tokens)
     throw InvalidArgument("CpuShare: CPU splits of " + std::to_string(opt_.split_tokens) + " tokens, the engine's are " +
                           std::to_string(shape_.split_tokens));
+  if (const char* e = std::getenv("ACTIVEKV_CPU_PARTIALS"); e && *e) {
+    if (std::string(e) != "splits" && std::string(e) != "merged")
+      throw InvalidArgument(std::string("ACTIVEKV_CPU_PARTIALS is '") + e + "': 'merged' (the default) or 'splits'");
+    merge_runs_ = std::string(e) == "merged";
+  }
   AKV_CUDA(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
   AKV_CUDA(cudaEventCreateWithFlags(&q_ready_, cudaEventDisableTiming));
   AKV_CUDA(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
@@ -100,7 +106,8 @@ void CpuShare::start_layer(int layer, const float* q, Partials parts, cudaStream
   PartialRuns runs;
   for (size_t i = 0; i < w.runs.size(); ++i) {
     const CpuLayerWork::Run& r = w.runs[i];
-    runs.run[runs.n++] = PartialRun{int64_t(r.seq) * parts.max_splits + r.split0, int64_t(r.stage_row), r.count};
+    runs.run[runs.n++] =
+        PartialRun{int64_t(r.seq) * parts.max_splits + r.split0, int64_t(r.stage_row), r.count, merge_runs_ ? 1 : r.count};
     if (runs.n == PartialRuns::kMax || i + 1 == w.runs.size()) {
       launch_gather_partials(runs, dev_stage_o_, dev_stage_lse_, parts, int(nq * hd), int(nq), side_);
       runs.n = 0;
@@ -126,6 +133,11 @@ void CpuShare::run(const CpuLayerWork& w, int layer) noexcept {
     for (const CpuLayerWork::Seq& s : w.seqs)
       cpu::attend_pages_splits(ds, s.pages, q_host_ + size_t(s.seq) * nq * hd, opt_, ws_,
                                stage_o_ + s.stage_row * nq * hd, stage_lse_ + s.stage_row * nq);
+    if (merge_runs_) {
+      ranges_.clear();
+      for (const CpuLayerWork::Run& r : w.runs) ranges_.push_back({r.stage_row, size_t(r.count)});
+      cpu::merge_split_ranges(ds, ranges_, stage_o_, stage_lse_, opt_.threads, ws_);
+    }
   } catch (...) {
     // Poison what the merge will read, and keep the error for synchronize().
     std::fill(stage_o_, stage_o_ + w.rows * nq * hd, std::numeric_limits<float>::quiet_NaN());

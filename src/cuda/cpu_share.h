@@ -9,14 +9,21 @@
 // Per layer, on a side stream, ordered by two events and nothing else:
 //   compute: ... q of layer l ready --(event)--> side: copy q device -> pinned
 //   side:    host function: the CPU attends layer l's CPU pages (OpenMP)
-//   side:    a small kernel reads the partials in mapped pinned memory and
-//            writes them to their split slots on the device
+//            and merges each run of consecutive splits into one partial
+//   side:    a small kernel reads those partials in mapped pinned memory and
+//            writes them to their runs' first split slots on the device (the
+//            run's other slots: empty, LSE = -inf)
 //   side:    --(event)--> compute waits just before layer l's merge
 // Why a kernel and not cudaMemcpyAsync: host -> device copies queue on the
 // copy engine behind the streamed pages' copies (tens of MiB each). Measured
 // on the H200 at c9cec5f (bench decode, bf16 streamed + CPU share): the CPU
 // idled 0.30 ms (32K) and 0.68 ms (128K) per layer transition in a step,
 // against 0.07 ms for the same round trip with no page copies in flight.
+// Why merge on the host: the kernel's reads cross the bus too, one row of
+// n_q_heads x head_dim floats per split (24 KiB for the 27B shape; 4.4 MiB a
+// layer at 128K with 70 % on the CPU), on the CPU's critical path between
+// layers. Merged, a run sends one row. ACTIVEKV_CPU_PARTIALS=splits sends
+// every split's row as before (an A/B switch for that measurement).
 // The GPU's jobs of layer l (streamed and resident) run meanwhile; the host
 // thread that enqueues never waits. The host function runs on the CUDA
 // driver's callback thread and makes no CUDA call; an exception there is kept
@@ -115,6 +122,8 @@ class CpuShare {
   const float* dev_stage_lse_ = nullptr;
   size_t cap_seq_ = 0, cap_rows_ = 0;
   cpu::CpuAttentionWorkspace ws_;  // used by the host functions only (one at a time: one side stream)
+  std::vector<cpu::SplitRange> ranges_;  // the host functions' runs as merge ranges
+  bool merge_runs_ = true;               // false: ACTIVEKV_CPU_PARTIALS=splits
   std::mutex error_mutex_;
   std::exception_ptr error_;
   mutable std::mutex timing_mutex_;

@@ -391,6 +391,47 @@ TEST(CpuAttention, UnmergedSplitsAreTheCallsPartialsInTokenOrder) {
   EXPECT_TRUE(bitwise_equal(cpu::attend_pages(c.shape, pages, c.q.data(), opt), attention::merge(rows)));
 }
 
+TEST(CpuAttention, SplitRangesMergeInPlaceAsTheirPartialsWould) {
+  // merge_split_ranges is what the engine's CPU share sends instead of every
+  // split (cuda/cpu_share.h): each range's first row becomes, bitwise, the
+  // SPEC §4 merge of the range's rows in token order, whatever the thread
+  // count; a one-row range and the rows past each range's first stay as
+  // they were.
+  const Case c = make_case(2600, 2, 3, 64, 1024, 19);
+  const auto pages = page_list(c, [](int p) { return p == 2; });
+  cpu::CpuAttentionOptions opt;
+  opt.split_tokens = 256;
+  const size_t n = cpu::count_splits(pages, opt.split_tokens);
+  ASSERT_EQ(n, size_t(4 + 4 + 3));
+  const int nq = c.shape.n_q_heads(), d = c.shape.head_dim;
+  std::vector<float> so(n * nq * d), sl(n * nq);
+  cpu::CpuAttentionWorkspace ws;
+  cpu::attend_pages_splits(c.shape, pages, c.q.data(), opt, ws, so.data(), sl.data());
+  auto row = [&](const std::vector<float>& o, const std::vector<float>& l, size_t i) {
+    attention::Partial p(1, nq, d);
+    std::memcpy(p.o.data(), o.data() + i * nq * d, size_t(nq) * d * 4);
+    std::memcpy(p.lse.data(), l.data() + i * nq, size_t(nq) * 4);
+    return p;
+  };
+  const std::vector<cpu::SplitRange> ranges{{0, 3}, {3, 1}, {4, 7}};
+  for (int threads : {1, 2, 5}) {
+    std::vector<float> mo = so, ml = sl;
+    cpu::merge_split_ranges(c.shape, ranges, mo.data(), ml.data(), threads, ws);
+    for (const cpu::SplitRange& r : ranges) {
+      std::vector<attention::Partial> rows;
+      for (size_t i = r.first; i < r.first + r.count; ++i) rows.push_back(row(so, sl, i));
+      EXPECT_TRUE(bitwise_equal(attention::merge(rows), row(mo, ml, r.first))) << "range at " << r.first << ", "
+                                                                                << threads << " threads";
+      for (size_t i = r.first + 1; i < r.first + r.count; ++i)
+        EXPECT_TRUE(bitwise_equal(row(so, sl, i), row(mo, ml, i))) << "row " << i << " changed";
+    }
+  }
+  // One range over every split is the one call's result.
+  const cpu::SplitRange all{0, n};
+  cpu::merge_split_ranges(c.shape, {&all, 1}, so.data(), sl.data(), 3, ws);
+  EXPECT_TRUE(bitwise_equal(cpu::attend_pages(c.shape, pages, c.q.data(), opt), row(so, sl, 0)));
+}
+
 TEST(CpuAttention, EmptyAndBadInput) {
   const Case c = make_case(300, 2, 2, 64, 256, 17);
   auto pages = page_list(c, kAllBf16);

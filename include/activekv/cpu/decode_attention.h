@@ -114,6 +114,11 @@ struct CpuAttentionWorkspace {
   std::vector<int> query_slot;                 ///< per page: its int8s query slot, -1 for none
   std::vector<int8_t> query_i8;                ///< per (int8s page, KV head): [2][group][head_dim] query codes
   std::vector<float> query_f32;                ///< per (int8s page, KV head): [group] row scales, [head_dim] value scales
+  struct MergeScratch {
+    std::vector<const float*> o;  ///< a range's O rows of one head
+    std::vector<float> lse, out;  ///< their LSE; the merged row before it is written back
+  };
+  std::vector<MergeScratch> thread_merge;      ///< merge_split_ranges: per thread
 };
 
 /// Attention of one query step over `pages` (token order) of one layer.
@@ -140,6 +145,24 @@ size_t count_splits(std::span<const PageRef> pages, int split_tokens);
 size_t attend_pages_splits(const DecodeShape& shape, std::span<const PageRef> pages, const float* q,
                            const CpuAttentionOptions& opt, CpuAttentionWorkspace& ws, float* split_o,
                            float* split_lse);
+
+/// Consecutive split partials of one sequence: rows [first, first + count)
+/// of attend_pages_splits' output.
+struct SplitRange {
+  size_t first = 0;
+  size_t count = 0;
+};
+
+/// Merges each range's partials into the range's first row, in place, in
+/// token order (SPEC §4: attention::merge_states per query head; a range of
+/// one row is left as it is). split_o [rows][n_q_heads][head_dim], split_lse
+/// [rows][n_q_heads] as attend_pages_splits writes them; rows past `first`
+/// keep their old values. One (range, head) per task, each merged serially:
+/// the bits do not depend on `threads` (0 = omp_get_max_threads()). Why:
+/// the engine's CPU share sends one row per range across the bus instead of
+/// one per split (cuda/cpu_share.h). Throws InvalidArgument for a bad shape.
+void merge_split_ranges(const DecodeShape& shape, std::span<const SplitRange> ranges, float* split_o,
+                        float* split_lse, int threads, CpuAttentionWorkspace& ws);
 
 /// Same, returning a one-row Partial (O [1][n_q_heads][head_dim], LSE [1][n_q_heads]).
 attention::Partial attend_pages(const DecodeShape& shape, std::span<const PageRef> pages, const float* q,
