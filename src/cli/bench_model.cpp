@@ -146,6 +146,7 @@ BenchRow run_tg(BenchSession& s, const ModelBenchArgs& a, const BenchDevice& dev
     enqueue_s += s.enqueue_seconds() - e0;
   }
   row.enqueue_ms_per_token = 1e3 * enqueue_s / double(a.reps) / row.n_tokens;
+  row.co_attention = s.co_attention();
   row.history_bytes_per_token = bytes / double(a.reps) / row.n_tokens;
   row.resident_bytes_per_token = resident / double(a.reps) / row.n_tokens;
   // The weights' link at the probes' mean where the device probes (the CPU:
@@ -211,6 +212,7 @@ void run_rows(const ModelBenchArgs& a, const BenchDevice& dev, int vocab, std::v
           rows.push_back(run_tg(*s, a, dev, row, tokens));
           check_finite(*s, rows.back(), where);
           bench_stage(fmt::format("{}: {} {:.2f} t/s", where, rows.back().label(), rows.back().tps_mean()));
+          if (!rows.back().co_attention.empty()) bench_stage(fmt::format("{}: co-attention {}", where, rows.back().co_attention));
         }
         for (int p : a.prompts) {
           if (p == 0) continue;

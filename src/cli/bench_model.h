@@ -106,6 +106,9 @@ class BenchSession {
   virtual std::string plan() const { return {}; }
   /// The host CPU's share of the streamed pages (co-attention; -1 auto; 0: none, and on the CPU).
   virtual double cpu_share() const { return 0; }
+  /// --cpu-share auto on the GPU: the calibrated rates and the last step's
+  /// plan with the feedback's correction (RuntimeStats::co_attention); empty elsewhere.
+  virtual std::string co_attention() const { return {}; }
   /// GPU: host seconds all decode steps so far spent enqueuing their work
   /// (RuntimeStats::decode_enqueue_s); the CPU: 0 (nothing is enqueued).
   virtual double enqueue_seconds() const { return 0; }
@@ -198,6 +201,7 @@ struct BenchRow {
   double resident_bytes_per_token = 0; ///< tg, partial placement: read in place on the GPU (HBM) per token
   std::string requested;       ///< --kv-placement as given (placement: what the session ran)
   std::string plan;            ///< the session's plan line (BenchSession::plan)
+  std::string co_attention;    ///< tg with --cpu-share auto: the planner's rates and its plan after the timed steps
   double floor_ms = 0;         ///< tg: weight + history bytes over the measured bandwidths (0: none)
   double floor_gbps = 0;       ///< tg: the weights' link GB/s the floor used: the probes' mean, else weight_gbps
   std::vector<double> probe_gbps;  ///< tg with BenchDevice::probe_gbps: GB/s before and after each repetition, in order

@@ -40,6 +40,7 @@ class GpuSession final : public BenchSession {
   std::string placement() const override { return route::placement_name(rt_.stats().placement.placement); }
   std::string plan() const override { return plan_; }
   double cpu_share() const override { return cpu_share_; }
+  std::string co_attention() const override { return rt_.stats().co_attention; }
   std::vector<float> last_logits() const override { return rt_.last_logits(); }
 
  private:

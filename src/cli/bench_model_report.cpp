@@ -165,6 +165,7 @@ nlohmann::json single_rows(const BenchRun& run) {
                     {"plan", r.plan},
                     {"resident_bytes_per_token", opt(r.kind == "tg" && r.placement == "partial", r.resident_bytes_per_token)},
                     {"cpu_share", r.cpu_share < 0 ? nlohmann::json("auto") : nlohmann::json(r.cpu_share)},
+                    {"co_attention", r.co_attention.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.co_attention)},
                     {"reps_ms", r.ms},
                     {"reps_tokens_per_s", tps_of(r)},
                     {"reps_depth_start", r.depth_start},

@@ -1,12 +1,13 @@
 // GPU test of the CPU share's partial gather (src/cuda/cpu_partials.h): the
 // kernel that moves the CPU's partials from mapped pinned staging into the
-// engine's split slots must copy every float of every run bit for bit and
-// write nothing else. Its reference is the copy the host makes of the same
-// runs. Labelled `gpu`. Not yet run on a GPU: written after the session's
-// last H200 run (2026-12-01); it compiles and skips here.
+// engine's split slots must copy every float of every run's rows read bit
+// for bit, mark a run's other slots empty (LSE -inf: runs the CPU merged into
+// their first row), and write nothing else. Its reference is the copy the
+// host makes of the same runs. Labelled `gpu`.
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "../../src/cuda/cpu_partials.h"
@@ -34,15 +35,16 @@ TEST(CpuPartialGather, CopiesEveryRunBitwiseAndNothingElse) {
   // Three sequences of 64 split slots. 35 runs of 1-4 rows that never share a
   // slot (as the engine's: each split slot has one writer), the first slot of
   // sequence 0 and the last slots of sequence 2 among them: two launches.
+  // Every other run merged (one row read), the rest read whole.
   std::vector<PartialRun> runs;
   int src = 0;
   for (int k = 0; k < 34; ++k) {
     const int count = 1 + k % 4;
     if (src + count > stage_rows) src = 0;
-    runs.push_back({int64_t((k % 3) * 64 + (k / 3) * 5), int64_t(src), count});
+    runs.push_back({int64_t((k % 3) * 64 + (k / 3) * 5), int64_t(src), count, k % 2 ? 1 : count});
     src += count;
   }
-  runs.push_back({3 * 64 - 4, 30, 4});
+  runs.push_back({3 * 64 - 4, 30, 4, 1});
   DeviceArray<float> part_o(size_t(slots) * row), part_lse(size_t(slots) * nq);
   part_o.poison();
   part_lse.poison();
@@ -59,8 +61,10 @@ TEST(CpuPartialGather, CopiesEveryRunBitwiseAndNothingElse) {
   std::memset(want_o.data(), 0xFF, want_o.size() * 4);
   std::memset(want_lse.data(), 0xFF, want_lse.size() * 4);
   for (const PartialRun& r : runs) {
-    std::memcpy(&want_o[size_t(r.dst_row) * row], stage_o + size_t(r.src_row) * row, size_t(r.count) * row * 4);
-    std::memcpy(&want_lse[size_t(r.dst_row) * nq], stage_lse + size_t(r.src_row) * nq, size_t(r.count) * nq * 4);
+    std::memcpy(&want_o[size_t(r.dst_row) * row], stage_o + size_t(r.src_row) * row, size_t(r.read) * row * 4);
+    std::memcpy(&want_lse[size_t(r.dst_row) * nq], stage_lse + size_t(r.src_row) * nq, size_t(r.read) * nq * 4);
+    for (size_t i = size_t(r.read) * nq; i < size_t(r.count) * nq; ++i)
+      want_lse[size_t(r.dst_row) * nq + i] = -std::numeric_limits<float>::infinity();
   }
   const std::vector<float> got_o = part_o.download(), got_lse = part_lse.download();
   EXPECT_EQ(std::memcmp(got_o.data(), want_o.data(), want_o.size() * 4), 0) << "partial O differs from the runs' copy";
