@@ -60,7 +60,7 @@ struct Record {
   double cpu_share = 0;
   bool auto_share = false;  // the planner chose the share (--cpu-share auto)
   double planned_ms = 0;    // its predicted step
-  double cpu_rate_scale = 1;  // auto: the measured CPU speed over the calibrated one the plan used
+  double cpu_rate_scale = 1;  // the CPU rates of the prediction over the calibrated ones (auto's feedback)
   int feedback_rounds = 0;    // auto: the rounds of steps that measured it
   // The co-attention model's parts of predicted_ms (a CPU share with the
   // rates measured): the link's and the CPU's time per step.
@@ -204,7 +204,9 @@ nlohmann::json record_json(const Record& r, int steps) {
       j["cpu_layer_tasks_per_step"] = double(c.layers) / double(c.steps);
     }
     j["predicted_ms_note"] = "with --cpu-share auto in the run: route::predict_co_attention over the rates "
-                             "measured at start; else the GPU side's transfer model only";
+                             "measured at start, with the CPU rates scaled by cpu_rate_scale (the auto row's "
+                             "feedback, which runs before the fixed shares of its depth and format); else the GPU "
+                             "side's transfer model only";
     if (r.max_rel_diff_vs_resident) j["max_rel_diff_vs_resident"] = *r.max_rel_diff_vs_resident;
     if (r.predicted_link_ms) j["predicted_link_ms"] = *r.predicted_link_ms;
     if (r.predicted_cpu_ms) j["predicted_cpu_ms"] = *r.predicted_cpu_ms;
@@ -212,9 +214,9 @@ nlohmann::json record_json(const Record& r, int steps) {
       j["cpu_share_auto"] = true;
       j["planned_ms"] = r.planned_ms;
       j["plan_error"] = (r.planned_ms - r.step_ms) / r.step_ms;
-      j["cpu_rate_scale"] = r.cpu_rate_scale;
       j["cpu_feedback_rounds"] = r.feedback_rounds;
     }
+    if (r.predicted_cpu_ms) j["cpu_rate_scale"] = r.cpu_rate_scale;
   }
   return j;
 }
@@ -646,6 +648,10 @@ int run_bench_decode(const BenchDecodeOptions& opt) {
   std::vector<double> shares{0.0};
   for (double f : opt.cpu_shares)
     if (f != 0 && std::find(shares.begin(), shares.end(), f) == shares.end()) shares.push_back(f);
+  // auto right after 0: the CPU rates its steps measured then price the
+  // fixed shares' predictions too (the planner's model with the rates it plans with).
+  if (auto a = std::find(shares.begin(), shares.end(), kAutoShare); a != shares.end())
+    std::rotate(shares.begin() + 1, a, a + 1);
   std::optional<cuda::CoAttentionCalibration> calibration;
   if (std::find(shares.begin(), shares.end(), kAutoShare) != shares.end()) {
     const int cpu_threads = opt.cpu_threads > 0 ? opt.cpu_threads : std::max(1, threads - 1);
@@ -705,10 +711,10 @@ int run_bench_decode(const BenchDecodeOptions& opt) {
                           static_cast<long long>(ctx), batch, e.what());
               continue;
             }
+            std::optional<route::CpuRateFeedback> feedback;  // auto's: the CPU rates its steps measured
             for (double share : shares) {
               std::vector<SeqPages> tables = placed;
               std::optional<route::CoAttentionPlan> plan;
-              std::optional<route::CpuRateFeedback> feedback;  // auto: the CPU rates the steps measured
               if (share == kAutoShare) {  // sequences alike: one plan, applied to each
                 plan = route::plan_co_attention(cuda::plan_pages(placed[0].tables[0]), opt.n_layers, calibration->together,
                                                 calibration->link_alone_gbps);
@@ -750,10 +756,6 @@ int run_bench_decode(const BenchDecodeOptions& opt) {
               if (plan) {
                 r.cpu_share = plan->share;
                 r.planned_ms = plan->predicted_ms;
-                if (feedback) {
-                  r.cpu_rate_scale = feedback->scale();
-                  r.feedback_rounds = opt.cpu_feedback_rounds;
-                }
                 std::printf("  plan: %s%s\n", plan->describe().c_str(),
                             feedback ? ("; " + feedback->describe()).c_str() : "");
               }
@@ -799,6 +801,8 @@ int run_bench_decode(const BenchDecodeOptions& opt) {
                 r.predicted_ms = p.predicted_ms;
                 r.predicted_link_ms = p.link_ms;
                 r.predicted_cpu_ms = p.cpu_ms;
+                if (feedback) r.cpu_rate_scale = feedback->scale();
+                if (plan && feedback) r.feedback_rounds = opt.cpu_feedback_rounds;
               }
               if (n_cpu > 0 && !ref.empty()) {  // CPU partials (a share, or auto's): fp32 order, not the same bits
                 r.max_rel_diff_vs_resident = max_row_rel_diff(t.first, ref, sh.head_dim);
