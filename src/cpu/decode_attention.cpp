@@ -66,7 +66,7 @@ bool use_amx(const DecodeShape& shape, Isa isa) {
   const bool shape_ok = shape.head_dim % 64 == 0 && shape.head_dim <= 512 && shape.group <= 8;
   if (isa == Isa::amx) {
     if (!cpu_has_amx_kernels())
-      throw InvalidArgument("cpu attention: this CPU or OS gives no AMX tiles (AMX-TILE, AMX-BF16, AMX-INT8 and the tile state)");
+      throw InvalidArgument("cpu attention: this CPU or OS gives no AMX tiles (AMX-TILE, AMX-BF16, AMX-INT8, AVX512-VBMI and the tile state)");
     if (!shape_ok) {
       throw InvalidArgument(fmt::format("cpu attention: the AMX kernel needs head_dim % 64 == 0, head_dim <= 512 and "
                                         "group <= 8 (head_dim {}, group {})", shape.head_dim, shape.group));
@@ -242,7 +242,8 @@ bool cpu_has_amx_kernels() {
     unsigned a = 0, b = 0, c = 0, d = 0;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
     const bool amx_bf16 = (d >> 22) & 1u, amx_tile = (d >> 24) & 1u, amx_int8 = (d >> 25) & 1u;
-    if (!amx_bf16 || !amx_tile || !amx_int8) return false;
+    const bool vbmi = (c >> 1) & 1u;  // the int8s value quads' byte permutes (every AMX CPU has it)
+    if (!amx_bf16 || !amx_tile || !amx_int8 || !vbmi) return false;
     // Linux keeps the 8 KiB tile state off until a process asks for it.
     constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
     return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;

@@ -74,18 +74,22 @@ void softmax_rows_avx512(float* scores, int group, int n, float* inv_l, float* l
 // softmax_rows_avx512. Call only where cpu_has_amx_kernels() (the OS has granted the tile state)
 // and d % 64 == 0, d <= 512, group in 1..8.
 void bf16_item_amx(const Bf16Item&, int group, int d, float scale, float* scores, float* o, float* lse);
-/// int8s on AMX (also AMX-INT8): q.k by tdpbssd, the softmax, P.V with the
-/// value codes widened to bf16 (exact). Same conditions as bf16_item_amx.
+/// int8s on AMX (also AMX-INT8): q.k by tdpbssd, the softmax, P.V by
+/// tdpbusd with P in four base-256 digits and the value codes as they are.
+/// Same conditions as bf16_item_amx.
 void int8s_item_amx(const Int8sItem&, int group, int d, float* scores, float* o, float* lse);
 /// Its scores alone, [group][n]: bitwise the reference's (the bitwise test).
 void int8s_scores_amx(const Int8sItem&, int group, int d, float* scores);
 
-/// uint16 elements of the AMX P.V scratch of an item of n tokens: P as three
-/// bf16 terms [3 * group][n32], V in the tile unit's pair layout [d][n32]
-/// (n32 = n rounded up to 32 tokens), and four 1 KiB fp32 output tiles.
+/// uint16 elements of the AMX P.V scratch of an item of n tokens, either
+/// format's: bf16, P as three bf16 terms [3 * group][n32] and V in the tile
+/// unit's pair layout [d][n32] (n32 = n rounded up to 32 tokens); int8s, P
+/// as four uint8 digits [4 * group][n64] and V in quads [d][n64] bytes (n64:
+/// to 64); then four 1 KiB output tiles.
 inline constexpr size_t amx_pv_scratch_elems(int group, int d, int n) {
-  const size_t n32 = (size_t(n) + 31) / 32 * 32;
-  return (size_t(3) * group + size_t(d)) * n32 + 4 * 16 * 16 * 2;
+  const size_t n32 = (size_t(n) + 31) / 32 * 32, n64 = (size_t(n) + 63) / 64 * 64;
+  const size_t bf16 = (size_t(3) * group + size_t(d)) * n32, int8s = (size_t(4) * group + size_t(d)) * n64 / 2;
+  return (bf16 > int8s ? bf16 : int8s) + 4 * 16 * 16 * 2;
 }
 
 /// uint16 elements of one KV head's packed query (d / 32 chunks of 16 x 32:

@@ -38,11 +38,19 @@
 // int8s: the same item with the codes -- q.k by tdpbssd on 64-channel
 // key-code rows against the int8 query terms (columns h and G + h), exact
 // int32 dots turned into scores by the reference's float arithmetic lane by
-// lane (bitwise the reference's), the value codes widened to bf16 (exact:
-// 8-bit integers) as they are packed, the page's value scale applied per
-// channel as the output tiles are read. (An earlier tdpbssd q.k, two query
-// tiles and a scalar score copy, measured slower than the AVX-512 dpbusd
-// kernel: 3.07 against 2.61 ms per layer, 27B shape, 8K, one thread.)
+// lane (bitwise the reference's). P.V by tdpbusd on the codes as they are:
+// x = 255 p enters as four base-256 digits (uint8: x = D0 + D1 / 256 +
+// D2 / 256^2 + D3 / 256^3, exact to 2^-24 of x -- below the fp32 rounding of
+// 255 p itself), rows digit * G + h; V in quads (for each channel, tokens 4i
+// .. 4i + 3 side by side: a byte interleave as each block is scored, no
+// conversion), 64 tokens a tile step. Each digit's dots are exact int32 sums
+// (< 512 x 255 x 127 < 2^24: exact as fp32 too), weighted and summed from
+// the last digit to the first, then the page's value scale per channel and
+// 1 / (255 l). Against P.V in bf16 with the codes widened (three P terms,
+// two 32-token steps per 64 tokens): half the tile products and no widening.
+// (An earlier tdpbssd q.k, two query tiles and a scalar score copy, measured
+// slower than the AVX-512 dpbusd kernel: 3.07 against 2.61 ms per layer,
+// 27B shape, 8K, one thread.)
 //
 // The tile configuration is loaded per item and phase (another library may
 // have loaded its own) and the tiles are not released after: releasing per
@@ -61,7 +69,7 @@
 // -W(maybe-)uninitialized once inlined (as in kernels_avx512.cpp).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16,amx-int8")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vbmi,amx-tile,amx-bf16,amx-int8")
 #include "transpose16.h"  // after the pragma: compiled for this TU's target
 
 namespace activekv::cpu::detail {
@@ -182,34 +190,77 @@ void block_dots(const T* k, const void* q, int d, Scratch& sc, Ahead ahead) {
   _tile_stored(1, sc.s + kTileRows * 16, kTileBytes);
 }
 
-/// 32 channels of a value row as bf16, in order: bf16 values as they are;
-/// int8 codes widened (exact: integers of at most 8 bits).
-inline __m512i row32(const uint16_t* row) { return _mm512_loadu_si512(row); }
-inline __m512i row32(const int8_t* row) {
-  const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row))));
-  const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 16))));
-  return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
-}
-
-/// The value rows of one block, v [nt][d] (bf16 values or int8 codes; nt <=
-/// 32), into the pair layout P.V reads: vn [d / 16][16][32] bf16 for this
-/// block, channel tile j, token pair i holding (v[2i][c], v[2i + 1][c]) for
+/// The bf16 value rows of the 32-token block at t0, v [nt][d] (nt <= 32),
+/// into the pair layout bf16 P.V reads: at base + t0 * d, [d / 16][16][32]
+/// bf16, channel tile j, token pair i holding (v[2i][c], v[2i + 1][c]) for
 /// its 16 channels c (a B tile, 1 KiB); rows past nt are zero. The 32
 /// channels 32m.. of a row pair become channel tiles 2m (their unpacklo:
 /// channels 8L + 0..3 of each 128-bit lane L) and 2m + 1 (unpackhi: 8L +
 /// 4..7). A block's tiles are contiguous, so its stores fill whole lines of
 /// one 16 KiB stretch (d 256); packed right after the block's q.k, so the
 /// value rows stream in beside the keys and the loads overlap the tile unit.
-template <class T>
-void pack_v_block(const T* v, int d, int nt, uint16_t* vn) {
+void pack_v_block(const uint16_t* v, int d, int nt, int t0, void* base) {
+  uint16_t* vn = static_cast<uint16_t*>(base) + size_t(t0) * d;
   const int nc = d / 32;
   for (int i = 0; i < kTileRows; ++i) {
-    const int t0 = 2 * i, t1 = t0 + 1;
+    const int r0 = 2 * i, r1 = r0 + 1;
     for (int m = 0; m < nc; ++m) {
-      const __m512i a = t0 < nt ? row32(v + size_t(t0) * d + 32 * m) : _mm512_setzero_si512();
-      const __m512i b = t1 < nt ? row32(v + size_t(t1) * d + 32 * m) : _mm512_setzero_si512();
+      const __m512i a = r0 < nt ? _mm512_loadu_si512(v + size_t(r0) * d + 32 * m) : _mm512_setzero_si512();
+      const __m512i b = r1 < nt ? _mm512_loadu_si512(v + size_t(r1) * d + 32 * m) : _mm512_setzero_si512();
       _mm512_store_si512(vn + (size_t(2 * m) * kTileRows + i) * 32, _mm512_unpacklo_epi16(a, b));
       _mm512_store_si512(vn + (size_t(2 * m + 1) * kTileRows + i) * 32, _mm512_unpackhi_epi16(a, b));
+    }
+  }
+}
+
+/// Byte indices of two-row interleaves (permutex2var_epi8: 0..63 the first
+/// row, 64..127 the second): channels 0..31 of both rows, pairwise, then 32..63.
+struct QuadIndex {
+  __m512i pair_lo, pair_hi, quad_lo, quad_hi;
+  QuadIndex() {
+    alignas(64) uint8_t lo[64], hi[64];
+    alignas(64) uint16_t qlo[32], qhi[32];
+    for (int c = 0; c < 32; ++c) {
+      lo[2 * c] = uint8_t(c), lo[2 * c + 1] = uint8_t(64 + c);
+      hi[2 * c] = uint8_t(32 + c), hi[2 * c + 1] = uint8_t(96 + c);
+    }
+    for (int c = 0; c < 16; ++c) {  // words: (a, b) pairs of channel c, then (c, d) pairs of it
+      qlo[2 * c] = uint16_t(c), qlo[2 * c + 1] = uint16_t(32 + c);
+      qhi[2 * c] = uint16_t(16 + c), qhi[2 * c + 1] = uint16_t(48 + c);
+    }
+    pair_lo = _mm512_load_si512(lo);
+    pair_hi = _mm512_load_si512(hi);
+    quad_lo = _mm512_load_si512(qlo);
+    quad_hi = _mm512_load_si512(qhi);
+  }
+};
+
+/// The value codes of the 32-token block at t0, v [nt][d] (nt <= 32), into
+/// the quad layout int8 P.V reads: base [n64 / 64][d / 16][16][64] bytes,
+/// row i of channel tile j of step s holding, for its 16 channels c in
+/// order, the codes of tokens 64s + 4i .. 64s + 4i + 3 (a B tile of
+/// tdpbusd, 1 KiB); the block fills rows (t0 % 64) / 4 .. + 7 of step t0 /
+/// 64, rows past nt zero. A step's second half that no block reaches (an
+/// item of n % 64 <= 32) keeps stale codes: P's digits there are zero, so
+/// they add exact zeros. Two byte permutes pair the rows, two word permutes
+/// make quads: no conversion.
+void pack_v_block(const int8_t* v, int d, int nt, int t0, void* base) {
+  static const QuadIndex ix;
+  int8_t* step = static_cast<int8_t*>(base) + size_t(t0 / 64) * 64 * d;
+  const int row0 = (t0 % 64) / 4;
+  auto row = [&](int r, int m) {
+    return r < nt ? _mm512_loadu_si512(v + size_t(r) * d + 64 * m) : _mm512_setzero_si512();
+  };
+  for (int i = 0; i < 8; ++i) {
+    for (int m = 0; m < d / 64; ++m) {
+      const __m512i a = row(4 * i, m), b = row(4 * i + 1, m), c = row(4 * i + 2, m), e = row(4 * i + 3, m);
+      const __m512i ab_lo = _mm512_permutex2var_epi8(a, ix.pair_lo, b), ab_hi = _mm512_permutex2var_epi8(a, ix.pair_hi, b);
+      const __m512i ce_lo = _mm512_permutex2var_epi8(c, ix.pair_lo, e), ce_hi = _mm512_permutex2var_epi8(c, ix.pair_hi, e);
+      int8_t* out = step + size_t(4 * m) * kTileRows * 64 + size_t(row0 + i) * 64;
+      _mm512_store_si512(out, _mm512_permutex2var_epi16(ab_lo, ix.quad_lo, ce_lo));
+      _mm512_store_si512(out + kTileRows * 64, _mm512_permutex2var_epi16(ab_lo, ix.quad_hi, ce_lo));
+      _mm512_store_si512(out + 2 * kTileRows * 64, _mm512_permutex2var_epi16(ab_hi, ix.quad_lo, ce_hi));
+      _mm512_store_si512(out + 3 * kTileRows * 64, _mm512_permutex2var_epi16(ab_hi, ix.quad_hi, ce_hi));
     }
   }
 }
@@ -235,11 +286,11 @@ constexpr int kPrefetchBlocks = 2;
 /// The q.k pass of an item of n tokens (key rows k, value rows v: [n][d] of
 /// T, bf16 or int8 codes; q: its query tiles): per 32-token block the dots
 /// (block_dots; a last block of fewer rows through a zeroed copy, so no tile
-/// reads past the item), the block's value rows packed into vn ([n32 / 32]
-/// [d / 16][16][32], pack_v_block; none when null), then write(x, t, live)
-/// per 16-token half of the dots (for_each_half).
+/// reads past the item), the block's value rows packed into vn in the
+/// layout of the format's P.V (pack_v_block; none when null), then
+/// write(x, t, live) per 16-token half of the dots (for_each_half).
 template <class T, class Write>
-void score_blocks(const T* k_rows, const T* v_rows, int n, int d, const void* q, uint16_t* vn, Write write) {
+void score_blocks(const T* k_rows, const T* v_rows, int n, int d, const void* q, void* vn, Write write) {
   static const TileConfig cfg = make_config();
   _tile_loadconfig(&cfg);
   Scratch& sc = scratch();
@@ -264,7 +315,7 @@ void score_blocks(const T* k_rows, const T* v_rows, int n, int d, const void* q,
     }
     scratch_written();  // the query's and the tail's stores before the tile loads
     block_dots(k, q, d, sc, ahead);
-    if (vn != nullptr) pack_v_block(v_rows + size_t(t0) * d, d, nt, vn + size_t(t0) * d);
+    if (vn != nullptr) pack_v_block(v_rows + size_t(t0) * d, d, nt, t0, vn);
     scratch_written();  // the dot tiles' stores before the vector loads
     for_each_half(sc, t0, nt, write);
   }
@@ -272,7 +323,7 @@ void score_blocks(const T* k_rows, const T* v_rows, int n, int d, const void* q,
 
 /// bf16 scores [group][n] (scaled q.k: a head's two query terms, columns h
 /// and G + h, summed), the value rows packed into vn on the way.
-void bf16_scores_amx(const Bf16Item& it, int group, int d, float scale, float* scores, uint16_t* vn) {
+void bf16_scores_amx(const Bf16Item& it, int group, int d, float scale, float* scores, void* vn) {
   const __m512 sv = _mm512_set1_ps(scale);
   // The query tiles: packed by the caller, once per KV head (kernels.h).
   score_blocks(it.k, it.v, it.n, d, it.q_tiles, vn, [&](const __m512i* x, int t, __mmask16 live) {
@@ -309,7 +360,7 @@ void pack_int8s_query(const Int8sItem& it, int group, int d, int8_t* out) {
 /// column h, second in G + h) are exact; the scores take the reference's
 /// float arithmetic (attention_int8s.cpp) lane by lane, ((dot + dot_lo /
 /// 127) * s_t) * row_scale[h]: bitwise the reference's scores.
-void int8s_scores_tiles(const Int8sItem& it, int group, int d, float* scores, uint16_t* vn) {
+void int8s_scores_tiles(const Int8sItem& it, int group, int d, float* scores, void* vn) {
   Scratch& sc = scratch();
   pack_int8s_query(it, group, d, sc.q8);
   score_blocks(it.kq, it.vq, it.n, d, sc.q8, vn, [&](const __m512i* x, int t, __mmask16 live) {
@@ -325,19 +376,20 @@ void int8s_scores_tiles(const Int8sItem& it, int group, int d, float* scores, ui
 
 // ---- P.V -------------------------------------------------------------------
 
-/// P.V tile configuration for G heads (R = 3G rows of P terms):
-///   0, 1: P rows 0..15 and 16..R-1 (bf16, 32 tokens a row); 1 unused when R <= 16
-///   2, 3: V channel tiles 2m and 2m + 1 of a 32-channel chunk m (16 token pairs x 16 channels)
-///   4 + 2a + b: O rows of P tile a, channel tile b (fp32)
+/// P.V tile configuration for G heads (R = terms x G rows of P: 3 bf16
+/// terms, or 4 uint8 digits for int8s):
+///   0, 1: P rows 0..15 and 16..R-1 (bf16, 32 tokens a row; uint8, 64); 1 unused when R <= 16
+///   2, 3: V channel tiles 2m and 2m + 1 of a 32-channel chunk m (16 token pairs / quads x 16 channels)
+///   4 + 2a + b: O rows of P tile a, channel tile b (fp32; int32 for int8s)
 struct PvConfigs {
   TileConfig by_group[9];
 };
-PvConfigs make_pv_configs() {
+PvConfigs make_pv_configs(int terms) {
   PvConfigs p;
   for (int g = 1; g <= 8; ++g) {
     TileConfig& c = p.by_group[g];
     for (int a = 0; a < 2; ++a) {
-      const int rows = 3 * g - 16 * a > 16 ? 16 : 3 * g - 16 * a;
+      const int rows = terms * g - 16 * a > 16 ? 16 : terms * g - 16 * a;
       if (rows <= 0) continue;
       c.rows[a] = c.rows[4 + 2 * a] = c.rows[5 + 2 * a] = uint8_t(rows);
       c.colsb[a] = c.colsb[4 + 2 * a] = c.colsb[5 + 2 * a] = kTileBytes;
@@ -399,41 +451,98 @@ void store_chunk(const float* cs, int group, int d, int m, const float* inv_l, c
   }
 }
 
-/// O = P.V / l on the tile unit, NA P tiles (1: 3G <= 16 rows, 2: more).
-template <int NA>
-void pv_tiles(const uint16_t* pt, const uint16_t* vn, int group, int d, int n32, const float* inv_l,
+/// P digits for int8s P.V: P [G][n] fp32 -> pd [4][G][n64] uint8, the
+/// base-256 digits of x = 255 p (x = D0 + D1 / 256 + D2 / 256^2 + D3 /
+/// 256^3 to 2^-24; each digit the floor of the exact residual times 256);
+/// zero past n.
+void pack_p_digits(const float* p, int group, int n, int n64, uint8_t* pd) {
+  const __m512 base = _mm512_set1_ps(256.0f), top = _mm512_set1_ps(255.0f);
+  for (int h = 0; h < group; ++h) {
+    for (int t = 0; t < n64; t += 16) {
+      const __mmask16 live = n - t >= 16 ? __mmask16(0xffff) : n > t ? __mmask16((1u << (n - t)) - 1u) : 0;
+      __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(live, p + size_t(h) * n + t), top);
+      for (int k = 0; k < 4; ++k) {
+        const __m512 digit = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+        _mm_store_si128(reinterpret_cast<__m128i*>(pd + (size_t(k) * group + h) * n64 + t),
+                        _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(digit)));
+        x = _mm512_mul_ps(_mm512_sub_ps(x, digit), base);  // exact: a residual in [0, 1) times a power of 2
+      }
+    }
+  }
+}
+
+/// int8s output tiles of chunk m (cs: int32 tile 4 + t at cs + 256 t) ->
+/// o[h][32m..32m+31]: each head's four digit rows as exact fp32 integers,
+/// weighted 256^-k and summed from the last digit to the first, times the
+/// value scales and 1 / (255 l). Channels are in order (the quad layout).
+void store_chunk_digits(const float* cs, int group, int d, int m, const float* inv_l, const float* vscale, float* o) {
+  const int32_t* ci = reinterpret_cast<const int32_t*>(cs);
+  for (int h = 0; h < group; ++h) {
+    const __m512 inv = _mm512_set1_ps(inv_l[h] / 255.0f);
+    float* out = o + size_t(h) * d + 32 * m;
+    for (int b = 0; b < 2; ++b) {
+      __m512 acc = _mm512_setzero_ps();
+      for (int k = 3; k >= 0; --k) {
+        const int r = k * group + h;
+        const __m512 dots = _mm512_cvtepi32_ps(_mm512_load_si512(ci + (2 * (r / 16) + b) * 256 + (r % 16) * 16));
+        acc = _mm512_fmadd_ps(acc, _mm512_set1_ps(1.0f / 256.0f), dots);  // exact scaling by a power of 2
+      }
+      const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(vscale + 32 * m + 16 * b), acc);
+      _mm512_storeu_ps(out + 16 * b, _mm512_mul_ps(x, inv));
+    }
+  }
+}
+
+/// O = P.V / l on the tile unit, NA P tiles (1: at most 16 rows of P, 2:
+/// more). kInt8: P's uint8 digits against value quads (tdpbusd, 64 tokens a
+/// step), else P's bf16 terms against value pairs (tdpbf16ps, 32 tokens).
+template <int NA, bool kInt8>
+void pv_tiles(const void* p_rows, const void* v_tiles, int group, int d, int n_pad, const float* inv_l,
               const float* vscale, float* cs, NextRows next, float* o) {
-  const int p_stride = 2 * n32;  // bytes between P rows
+  constexpr int kStep = kInt8 ? 64 : 32;                                  // tokens per tile step
+  const char* pt = static_cast<const char*>(p_rows);
+  const char* vn = static_cast<const char*>(v_tiles);
+  const int p_stride = kInt8 ? n_pad : 2 * n_pad;  // bytes between P rows
   // The next item's first rows, prefetched a share per tile step.
-  const int next_lines = (next.bytes + 63) / 64, steps = d / 32 * (n32 / 32);
+  const int next_lines = (next.bytes + 63) / 64, steps = d / 32 * (n_pad / kStep);
   const int lines_per = (next_lines + steps - 1) / steps;
   int next_done = 0;
-  const size_t block = size_t(32) * d;  // uint16 per block of packed value rows
+  const size_t block = size_t(kStep) * d * (kInt8 ? 1 : 2);  // bytes per step of packed value rows
   for (int m = 0; m < d / 32; ++m) {
-    const uint16_t* b0 = vn + size_t(2 * m) * kTileRows * 32;  // block 0's channel tiles 2m, 2m + 1
-    const uint16_t* b1 = b0 + kTileRows * 32;
+    const char* b0 = vn + size_t(2 * m) * kTileRows * kTileBytes;  // step 0's channel tiles 2m, 2m + 1
+    const char* b1 = b0 + kTileRows * kTileBytes;
     _tile_zero(4);
     _tile_zero(5);
     if constexpr (NA == 2) {
       _tile_zero(6);
       _tile_zero(7);
     }
-    for (int s = 0; s < n32 / 32; ++s) {
+    for (int s = 0; s < n_pad / kStep; ++s) {
       if (next_lines > 0) {  // a share of the next item's first rows, into L2 (not needed before it starts)
         for (int l = 0; l < lines_per && next_done < next_lines; ++l, ++next_done) {
           _mm_prefetch(next.k + 64 * next_done, _MM_HINT_T1);
           _mm_prefetch(next.v + 64 * next_done, _MM_HINT_T1);
         }
       }
-      _tile_loadd(0, pt + 32 * s, p_stride);
+      _tile_loadd(0, pt + kTileBytes * s, p_stride);
       _tile_loadd(2, b0 + size_t(s) * block, kTileBytes);
       _tile_loadd(3, b1 + size_t(s) * block, kTileBytes);
-      _tile_dpbf16ps(4, 0, 2);
-      _tile_dpbf16ps(5, 0, 3);
+      if constexpr (kInt8) {  // (literal tile numbers: GCC pastes them into the asm)
+        _tile_dpbusd(4, 0, 2);
+        _tile_dpbusd(5, 0, 3);
+      } else {
+        _tile_dpbf16ps(4, 0, 2);
+        _tile_dpbf16ps(5, 0, 3);
+      }
       if constexpr (NA == 2) {
-        _tile_loadd(1, pt + size_t(16) * n32 + 32 * s, p_stride);
-        _tile_dpbf16ps(6, 1, 2);
-        _tile_dpbf16ps(7, 1, 3);
+        _tile_loadd(1, pt + size_t(16) * p_stride + kTileBytes * s, p_stride);
+        if constexpr (kInt8) {
+          _tile_dpbusd(6, 1, 2);
+          _tile_dpbusd(7, 1, 3);
+        } else {
+          _tile_dpbf16ps(6, 1, 2);
+          _tile_dpbf16ps(7, 1, 3);
+        }
       }
     }
     _tile_stored(4, cs, kTileBytes);
@@ -443,37 +552,47 @@ void pv_tiles(const uint16_t* pt, const uint16_t* vn, int group, int d, int n32,
       _tile_stored(7, cs + 768, kTileBytes);
     }
     scratch_written();  // the tile stores before the vector loads of store_chunk
-    store_chunk(cs, group, d, m, inv_l, vscale, o);
+    if constexpr (kInt8) {
+      store_chunk_digits(cs, group, d, m, inv_l, vscale, o);
+    } else {
+      store_chunk(cs, group, d, m, inv_l, vscale, o);
+    }
   }
 }
 
-/// Where an item's AMX scratch lies (kernels.h: amx_pv_scratch_elems): P's
-/// terms [3G][n32], the packed value rows [n32 / 32][d / 16][16][32], the
-/// output tiles.
+/// Where an item's AMX scratch lies (kernels.h: amx_pv_scratch_elems), bf16:
+/// P's terms [3G][n32] bf16, the value pairs [n32 / 32][d / 16][16][32]
+/// bf16; int8s: P's digits [4G][n64] uint8, the value quads [n64 / 64][d /
+/// 16][16][64] bytes; then the output tiles. Every part 64-byte aligned.
 struct PvScratch {
-  int n32;
-  uint16_t* pt;
-  uint16_t* vn;
+  int n_pad;  // n rounded up to the tile step
+  char* p;
+  char* v;
   float* cs;
-  PvScratch(uint16_t* base, int group, int d, int n)
-      : n32((n + 31) / 32 * 32),
-        pt(base),
-        vn(base + size_t(3 * group) * n32),
-        cs(reinterpret_cast<float*>(vn + size_t(d) * n32)) {}
+  PvScratch(uint16_t* base, int group, int d, int n, bool int8)
+      : n_pad(int8 ? (n + 63) / 64 * 64 : (n + 31) / 32 * 32),
+        p(reinterpret_cast<char*>(base)),
+        v(p + size_t(int8 ? 4 : 3 * 2) * group * n_pad),
+        cs(reinterpret_cast<float*>(v + size_t(d) * n_pad * (int8 ? 1 : 2))) {}
 };
 
 /// O = (vscale *) P.V / l: p [group][n] the softmax's exp(s - m), the value
-/// rows already packed into sc.vn.
+/// rows already packed into sc.v (bf16 pairs, or int8s quads: kInt8).
+template <bool kInt8>
 void pv_amx(const PvScratch& sc, int n, int group, int d, const float* p, const float* inv_l, const float* vscale,
             NextRows next, float* o) {
-  static const PvConfigs cfg = make_pv_configs();
-  pack_p_terms(p, group, n, sc.n32, sc.pt);
+  static const PvConfigs cfg = make_pv_configs(kInt8 ? 4 : 3);
+  if constexpr (kInt8) {
+    pack_p_digits(p, group, n, sc.n_pad, reinterpret_cast<uint8_t*>(sc.p));
+  } else {
+    pack_p_terms(p, group, n, sc.n_pad, reinterpret_cast<uint16_t*>(sc.p));
+  }
   scratch_written();
   _tile_loadconfig(&cfg.by_group[group]);
-  if (3 * group > 16) {
-    pv_tiles<2>(sc.pt, sc.vn, group, d, sc.n32, inv_l, vscale, sc.cs, next, o);
+  if ((kInt8 ? 4 : 3) * group > 16) {
+    pv_tiles<2, kInt8>(sc.p, sc.v, group, d, sc.n_pad, inv_l, vscale, sc.cs, next, o);
   } else {
-    pv_tiles<1>(sc.pt, sc.vn, group, d, sc.n32, inv_l, vscale, sc.cs, next, o);
+    pv_tiles<1, kInt8>(sc.p, sc.v, group, d, sc.n_pad, inv_l, vscale, sc.cs, next, o);
   }
 }
 
@@ -498,11 +617,11 @@ void pack_query_amx(const uint16_t* q_hi, const uint16_t* q_lo, int group, int d
 }
 
 void bf16_item_amx(const Bf16Item& it, int group, int d, float scale, float* scores, float* o, float* lse) {
-  const PvScratch sc(it.pv_tiles, group, d, it.n);
-  bf16_scores_amx(it, group, d, scale, scores, sc.vn);
+  const PvScratch sc(it.pv_tiles, group, d, it.n, false);
+  bf16_scores_amx(it, group, d, scale, scores, sc.v);
   float inv_l[8];
   softmax_rows_avx512(scores, group, it.n, inv_l, lse);
-  pv_amx(sc, it.n, group, d, scores, inv_l, nullptr, it.next, o);
+  pv_amx<false>(sc, it.n, group, d, scores, inv_l, nullptr, it.next, o);
 }
 
 void int8s_scores_amx(const Int8sItem& it, int group, int d, float* scores) {
@@ -510,11 +629,11 @@ void int8s_scores_amx(const Int8sItem& it, int group, int d, float* scores) {
 }
 
 void int8s_item_amx(const Int8sItem& it, int group, int d, float* scores, float* o, float* lse) {
-  const PvScratch sc(it.pv_tiles, group, d, it.n);
-  int8s_scores_tiles(it, group, d, scores, sc.vn);
+  const PvScratch sc(it.pv_tiles, group, d, it.n, true);
+  int8s_scores_tiles(it, group, d, scores, sc.v);
   float inv_l[8];
   softmax_rows_avx512(scores, group, it.n, inv_l, lse);
-  pv_amx(sc, it.n, group, d, scores, inv_l, it.vscale, it.next, o);
+  pv_amx<true>(sc, it.n, group, d, scores, inv_l, it.vscale, it.next, o);
 }
 
 }  // namespace activekv::cpu::detail
