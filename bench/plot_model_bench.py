@@ -9,7 +9,7 @@ resident rows differ by two orders of magnitude.
 usage: plot_model_bench.py bench.json [more.json ...] [-o model_bench.png]
 (an input FILE.json:a.b is the object at keys a, b inside FILE.json, e.g. one
 run of an A/B file; several files of one model, e.g. depths run in separate calls: their rows are joined;
-a later file's row replaces an earlier one of the same format, placement and depth)
+a later file's row replaces an earlier one of the same format, placement, host CPU share and depth)
 """
 import argparse
 import json
@@ -32,6 +32,14 @@ def load(spec):
     return obj
 
 
+def where(r):
+    """The row's placement, with its host CPU share (co-attention) when it had one."""
+    share = r.get("cpu_share")
+    if share in (None, 0, 0.0):
+        return r["kv_placement"]
+    return f"{r['kv_placement']}+cpu {share if share == 'auto' else f'{100 * share:.0f}%'}"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("inputs", nargs="+")
@@ -43,15 +51,15 @@ def main():
     for run in runs:
         for r in run["rows"]:
             if r["kind"] == "tg":
-                latest[(r["kv_format"], r["kv_placement"], r["depth"])] = r
+                latest[(r["kv_format"], where(r), r["depth"])] = r
     tg = list(latest.values())
     if not tg:
         raise SystemExit(f"{', '.join(a.inputs)}: no decode (tg) rows to plot")
     fig, ax = plt.subplots(figsize=(10, 6))
     colors = plt.cm.tab10.colors
-    series = sorted({(r["kv_format"], r["kv_placement"]) for r in tg})
+    series = sorted({(r["kv_format"], where(r)) for r in tg})
     for i, (fmt, pl) in enumerate(series):
-        rs = sorted((r for r in tg if (r["kv_format"], r["kv_placement"]) == (fmt, pl)), key=lambda r: r["depth"])
+        rs = sorted((r for r in tg if (r["kv_format"], where(r)) == (fmt, pl)), key=lambda r: r["depth"])
         x = [r["depth"] for r in rs]
         c = colors[i % len(colors)]
         ax.plot(x, [r["ms_per_token"] for r in rs], "o-", color=c, label=f"ActiveKV {fmt}, {pl}")
