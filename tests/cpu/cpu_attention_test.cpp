@@ -361,6 +361,30 @@ TEST(CpuAttention, PartialsMergeLikeOneCall) {
   for (size_t i = 0; i < whole.lse.size(); ++i) EXPECT_NEAR(merged.lse[i], whole.lse[i], 1e-5);
 }
 
+// attend_pages_splits over `pages`: o [n][nq][d], lse [n][nq], n splits.
+struct SplitPartials {
+  std::vector<float> o, lse;
+  size_t n = 0;
+};
+SplitPartials split_partials(const Case& c, const std::vector<cpu::PageRef>& pages, const cpu::CpuAttentionOptions& opt) {
+  SplitPartials s;
+  s.n = cpu::count_splits(pages, opt.split_tokens);
+  const size_t nq = size_t(c.shape.n_q_heads()), d = size_t(c.shape.head_dim);
+  s.o.resize(s.n * nq * d);
+  s.lse.resize(s.n * nq);
+  cpu::CpuAttentionWorkspace ws;
+  EXPECT_EQ(cpu::attend_pages_splits(c.shape, pages, c.q.data(), opt, ws, s.o.data(), s.lse.data()), s.n);
+  return s;
+}
+
+// Row i of split partials (o [rows][nq][d], lse [rows][nq]) as a one-row Partial.
+attention::Partial split_row(const std::vector<float>& o, const std::vector<float>& lse, size_t i, int nq, int d) {
+  attention::Partial p(1, nq, d);
+  std::memcpy(p.o.data(), o.data() + i * nq * d, size_t(nq) * d * 4);
+  std::memcpy(p.lse.data(), lse.data() + i * nq, size_t(nq) * 4);
+  return p;
+}
+
 TEST(CpuAttention, UnmergedSplitsAreTheCallsPartialsInTokenOrder) {
   // attend_pages_splits is what the GPU engine places among its own partials:
   // one row per page-local split (a partial last page has fewer), and merging
@@ -369,19 +393,10 @@ TEST(CpuAttention, UnmergedSplitsAreTheCallsPartialsInTokenOrder) {
   const auto pages = page_list(c, [](int p) { return p == 1; });
   cpu::CpuAttentionOptions opt;
   opt.split_tokens = 256;
-  const size_t n = cpu::count_splits(pages, opt.split_tokens);
-  ASSERT_EQ(n, size_t(4 + 4 + 3));
-  const int nq = c.shape.n_q_heads(), d = c.shape.head_dim;
-  std::vector<float> so(n * nq * d), sl(n * nq);
-  cpu::CpuAttentionWorkspace ws;
-  ASSERT_EQ(cpu::attend_pages_splits(c.shape, pages, c.q.data(), opt, ws, so.data(), sl.data()), n);
+  const SplitPartials sp = split_partials(c, pages, opt);
+  ASSERT_EQ(sp.n, size_t(4 + 4 + 3));
   std::vector<attention::Partial> rows;
-  for (size_t i = 0; i < n; ++i) {
-    attention::Partial p(1, nq, d);
-    std::memcpy(p.o.data(), so.data() + i * nq * d, size_t(nq) * d * 4);
-    std::memcpy(p.lse.data(), sl.data() + i * nq, size_t(nq) * 4);
-    rows.push_back(std::move(p));
-  }
+  for (size_t i = 0; i < sp.n; ++i) rows.push_back(split_row(sp.o, sp.lse, i, c.shape.n_q_heads(), c.shape.head_dim));
   // Split 5 (page 1, tokens 256..511) alone is attention over exactly those tokens.
   const std::vector<cpu::PageRef> one{cpu::PageRef::from_int8s(c.int8s_views[1], 512)};
   const std::vector<cpu::PageRef> first{cpu::PageRef::from_int8s(c.int8s_views[1], 256)};
@@ -403,18 +418,14 @@ TEST(CpuAttention, SplitRangesMergeInPlaceAsTheirPartialsWould) {
   const auto pages = page_list(c, [](int p) { return p == 2; });
   cpu::CpuAttentionOptions opt;
   opt.split_tokens = 256;
-  const size_t n = cpu::count_splits(pages, opt.split_tokens);
-  ASSERT_EQ(n, size_t(4 + 4 + 3));
+  SplitPartials sp = split_partials(c, pages, opt);
+  ASSERT_EQ(sp.n, size_t(4 + 4 + 3));
   const int nq = c.shape.n_q_heads(), d = c.shape.head_dim;
-  std::vector<float> so(n * nq * d), sl(n * nq);
+  std::vector<float>& so = sp.o;
+  std::vector<float>& sl = sp.lse;
+  const size_t n = sp.n;
   cpu::CpuAttentionWorkspace ws;
-  cpu::attend_pages_splits(c.shape, pages, c.q.data(), opt, ws, so.data(), sl.data());
-  auto row = [&](const std::vector<float>& o, const std::vector<float>& l, size_t i) {
-    attention::Partial p(1, nq, d);
-    std::memcpy(p.o.data(), o.data() + i * nq * d, size_t(nq) * d * 4);
-    std::memcpy(p.lse.data(), l.data() + i * nq, size_t(nq) * 4);
-    return p;
-  };
+  auto row = [&](const std::vector<float>& o, const std::vector<float>& l, size_t i) { return split_row(o, l, i, nq, d); };
   const std::vector<cpu::SplitRange> ranges{{0, 3}, {3, 1}, {4, 7}};
   for (int threads : {1, 2, 5}) {
     std::vector<float> mo = so, ml = sl;
