@@ -62,14 +62,17 @@ void check(const DecodeShape& shape, std::span<const PageRef> pages, const CpuAt
 }
 
 /// Whether the AMX kernels run (q.k and P.V on the tile unit; on top of the AVX-512 kernels).
+// page_size <= 65536: int8s P.V sums n x 255 x 127 per digit in int32 (kernels_amx.cpp).
 bool use_amx(const DecodeShape& shape, Isa isa) {
-  const bool shape_ok = shape.head_dim % 64 == 0 && shape.head_dim <= 512 && shape.group <= 8;
+  const bool shape_ok =
+      shape.head_dim % 64 == 0 && shape.head_dim <= 512 && shape.group <= 8 && shape.page_size <= 65536;
   if (isa == Isa::amx) {
     if (!cpu_has_amx_kernels())
       throw InvalidArgument("cpu attention: this CPU or OS gives no AMX tiles (AMX-TILE, AMX-BF16, AMX-INT8, AVX512-VBMI and the tile state)");
     if (!shape_ok) {
-      throw InvalidArgument(fmt::format("cpu attention: the AMX kernel needs head_dim % 64 == 0, head_dim <= 512 and "
-                                        "group <= 8 (head_dim {}, group {})", shape.head_dim, shape.group));
+      throw InvalidArgument(fmt::format("cpu attention: the AMX kernel needs head_dim % 64 == 0, head_dim <= 512, "
+                                        "group <= 8 and page_size <= 65536 (head_dim {}, group {}, page_size {})",
+                                        shape.head_dim, shape.group, shape.page_size));
     }
     return true;
   }

@@ -40,13 +40,15 @@
 // int32 dots turned into scores by the reference's float arithmetic lane by
 // lane (bitwise the reference's). P.V by tdpbusd on the codes as they are:
 // x = 255 p enters as four base-256 digits (uint8: x = D0 + D1 / 256 +
-// D2 / 256^2 + D3 / 256^3, exact to 2^-24 of x -- below the fp32 rounding of
-// 255 p itself), rows digit * G + h; V in quads (for each channel, tokens 4i
-// .. 4i + 3 side by side: a byte interleave as each block is scored, no
-// conversion), 64 tokens a tile step. Each digit's dots are exact int32 sums
-// (< 512 x 255 x 127 < 2^24: exact as fp32 too), weighted and summed from
-// the last digit to the first, then the page's value scale per channel and
-// 1 / (255 l). Against P.V in bf16 with the codes widened (three P terms,
+// D2 / 256^2 + D3 / 256^3, truncated below 2^-24: an absolute error under
+// 2^-24 / 255 in p, where the row's largest p is 1 and l >= 1; where x >= 1
+// the digits hold x exactly), rows digit * G + h; V in quads (for each
+// channel, tokens 4i .. 4i + 3 side by side: a byte interleave as each block
+// is scored, no conversion), 64 tokens a tile step. Each digit's dots are
+// exact int32 sums (n x 255 x 127: page_size <= 65536, use_amx; exact as
+// fp32 too for items of up to 518 tokens -- the engine's splits are 512 --,
+// else rounded once), weighted and summed from the last digit to the first,
+// then the page's value scale per channel and 1 / (255 l). Against P.V in bf16 with the codes widened (three P terms,
 // two 32-token steps per 64 tokens): half the tile products and no widening.
 // (An earlier tdpbssd q.k, two query tiles and a scalar score copy, measured
 // slower than the AVX-512 dpbusd kernel: 3.07 against 2.61 ms per layer,
@@ -453,8 +455,8 @@ void store_chunk(const float* cs, int group, int d, int m, const float* inv_l, c
 
 /// P digits for int8s P.V: P [G][n] fp32 -> pd [4][G][n64] uint8, the
 /// base-256 digits of x = 255 p (x = D0 + D1 / 256 + D2 / 256^2 + D3 /
-/// 256^3 to 2^-24; each digit the floor of the exact residual times 256);
-/// zero past n.
+/// 256^3, truncated below 2^-24; each digit the floor of the exact residual
+/// times 256); zero past n.
 void pack_p_digits(const float* p, int group, int n, int n64, uint8_t* pd) {
   const __m512 base = _mm512_set1_ps(256.0f), top = _mm512_set1_ps(255.0f);
   for (int h = 0; h < group; ++h) {
